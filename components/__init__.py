@@ -1,0 +1,1 @@
+"""Pipeline steps for PaddlePaddle models: one module per step, each a plain function + CLI."""

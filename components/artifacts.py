@@ -1,0 +1,192 @@
+"""Atomic outputs, content hashes and step manifests shared by every step.
+
+Every step writes its files through these helpers so that a killed step leaves either the
+previous complete output or nothing, never a half-written file that looks complete.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator, Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+_CHUNK = 1 << 20
+
+
+class StepError(RuntimeError):
+    """A readable failure of a pipeline step (bad input, failed check).
+
+    CLIs print the message and exit non-zero instead of showing a traceback.
+    """
+
+
+def sha256_file(path: str | os.PathLike[str]) -> str:
+    """Hex sha256 of a file's bytes."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(_CHUNK), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_tree(path: str | os.PathLike[str]) -> dict[str, str]:
+    """sha256 of every file below ``path`` (or of ``path`` itself), keyed by relative path."""
+    root = Path(path)
+    if root.is_file():
+        return {root.name: sha256_file(root)}
+    return {
+        p.relative_to(root).as_posix(): sha256_file(p)
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
+
+
+def combined_sha256(hashes: Mapping[str, str]) -> str:
+    """One hash over a mapping of name -> hash (order independent)."""
+    joined = "\n".join(f"{k}  {v}" for k, v in sorted(hashes.items()))
+    return sha256_bytes(joined.encode())
+
+
+@contextlib.contextmanager
+def atomic_path(dest: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield a temporary path next to ``dest``; rename it onto ``dest`` on success.
+
+    Works for files and directories. On an exception the temporary is removed and ``dest``
+    is left untouched.
+    """
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent))
+    target = tmp / dest.name
+    try:
+        yield target
+        if not target.exists():
+            raise FileNotFoundError(f"atomic write of {dest} produced nothing")
+        if dest.is_dir() and not dest.is_symlink():
+            old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
+            os.replace(dest, old)
+            os.replace(target, dest)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(target, dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def write_text(dest: str | os.PathLike[str], text: str) -> Path:
+    with atomic_path(dest) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+    return Path(dest)
+
+
+def write_json(dest: str | os.PathLike[str], obj: Any) -> Path:
+    return write_text(dest, json.dumps(obj, indent=2, sort_keys=True, default=_json_default) + "\n")
+
+
+def read_json(path: str | os.PathLike[str]) -> Any:
+    path = Path(path)
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise StepError(f"{path}: file not found (did the previous step run?)") from exc
+    except json.JSONDecodeError as exc:
+        raise StepError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from exc
+
+
+def _json_default(obj: Any) -> Any:
+    if hasattr(obj, "item"):  # numpy scalars
+        return obj.item()
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    if isinstance(obj, Path):
+        return obj.as_posix()
+    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+
+
+def git_sha(cwd: str | os.PathLike[str] | None = None) -> str:
+    """The current commit (with ``-dirty`` when the tree has changes), or ``unknown``."""
+    env_sha = os.environ.get("GIT_SHA")
+    if env_sha:
+        return env_sha
+    try:
+        sha = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return f"{sha}-dirty" if dirty else sha
+
+
+def versions() -> dict[str, str]:
+    """Versions of the runtime pieces that change results."""
+    out = {"python": platform.python_version()}
+    for mod in ("paddle", "numpy"):
+        module = sys.modules.get(mod)
+        if module is not None:
+            out[mod] = getattr(module, "__version__", "unknown")
+    return out
+
+
+def write_manifest(
+    out_dir: str | os.PathLike[str],
+    step: str,
+    *,
+    inputs: Mapping[str, str | os.PathLike[str]],
+    outputs: Mapping[str, str | os.PathLike[str]],
+    params: Mapping[str, Any],
+    extra: Mapping[str, Any] | None = None,
+) -> Path:
+    """Write ``manifest.json``: what a step consumed, produced, with which params and code."""
+    manifest = {
+        "step": step,
+        "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "inputs": {k: _hash_entry(v) for k, v in inputs.items()},
+        "outputs": {k: _hash_entry(v, relative_to=out_dir) for k, v in outputs.items()},
+        "params": dict(params),
+        "git_sha": git_sha(),
+        "versions": versions(),
+    }
+    if extra:
+        manifest.update(extra)
+    return write_json(Path(out_dir) / "manifest.json", manifest)
+
+
+def _hash_entry(
+    path: str | os.PathLike[str], relative_to: str | os.PathLike[str] | None = None
+) -> dict[str, Any]:
+    """Hash a file or directory; outputs are named relative to the step's output dir
+    (they are usually hashed inside a temporary directory before the atomic rename)."""
+    p = Path(path)
+    shown = p.as_posix()
+    if relative_to is not None:
+        try:
+            shown = p.relative_to(relative_to).as_posix()
+        except ValueError:
+            pass
+    if p.is_dir():
+        files = sha256_tree(p)
+        return {"path": shown, "sha256": combined_sha256(files), "files": files}
+    if p.is_file():
+        return {"path": shown, "sha256": sha256_file(p)}
+    return {"path": shown, "sha256": None}

@@ -1,0 +1,54 @@
+"""Command-line edge shared by all steps: logging setup and readable failures."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+
+from components.artifacts import StepError
+
+STEPS = ("ingest", "validate", "train", "export", "evaluate", "track")
+
+
+def setup_logging() -> None:
+    level = os.environ.get("LOG_LEVEL", "INFO").upper()
+    logging.basicConfig(
+        force=True,  # paddle installs its own root handler at import
+        level=level,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+        stream=sys.stderr,
+    )
+    for noisy in ("matplotlib", "PIL", "great_expectations", "alembic", "urllib3"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def run_cli(body: Callable[[], None]) -> int:
+    """Run a step body; a StepError becomes a one-paragraph message and exit code 1."""
+    setup_logging()
+    try:
+        body()
+    except StepError as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        return 1
+    except KeyboardInterrupt:
+        sys.stderr.write("interrupted\n")
+        return 130
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``paddle-mlops STEP [args]``: the same entry points ``dvc.yaml`` calls."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in STEPS:
+        sys.stderr.write(f"usage: paddle-mlops {{{','.join(STEPS)}}} [options]\n")
+        return 2
+    module = importlib.import_module(f"components.{argv[0]}")
+    return int(module.main(argv[1:]))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

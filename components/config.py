@@ -1,0 +1,130 @@
+"""Reading ``params.yaml`` into typed, validated step parameters.
+
+Every tunable number lives in ``params.yaml`` keyed by step. Steps receive frozen dataclasses,
+never the raw dict, and an unknown or mistyped key is reported with the file and dotted field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import types
+import typing
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from components.artifacts import StepError
+
+T = TypeVar("T")
+
+DEFAULT_PARAMS = Path("params.yaml")
+
+
+def load_params(path: str | Path = DEFAULT_PARAMS) -> dict[str, Any]:
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise StepError(f"{path}: params file not found") from exc
+    except yaml.YAMLError as exc:
+        raise StepError(f"{path}: not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise StepError(f"{path}: top level must be a mapping of step name -> params")
+    return data
+
+
+def params_sha256(params: dict[str, Any]) -> str:
+    """Stable hash of a params mapping (key order does not matter)."""
+    return hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()
+
+
+def section(params: dict[str, Any], name: str, cls: type[T], *, source: str = "params.yaml") -> T:
+    """Build dataclass ``cls`` from ``params[name]``, with readable errors."""
+    if name not in params:
+        raise StepError(f"{source}: missing section '{name}'")
+    return from_dict(cls, params[name], where=f"{source}: {name}")
+
+
+def from_dict(cls: type[T], data: Any, *, where: str) -> T:
+    if not isinstance(data, dict):
+        raise StepError(f"{where}: expected a mapping, got {type(data).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise StepError(f"{where}: unknown field(s) {unknown}; allowed: {sorted(fields)}")
+    hints = typing.get_type_hints(cls)
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        kwargs[key] = _coerce(hints[key], value, where=f"{where}.{key}")
+    missing = [
+        n
+        for n, f in fields.items()
+        if n not in kwargs
+        and f.default is dataclasses.MISSING
+        and f.default_factory is dataclasses.MISSING
+    ]
+    if missing:
+        raise StepError(f"{where}: missing required field(s) {missing}")
+    obj = cls(**kwargs)
+    check = getattr(obj, "check", None)
+    if callable(check):
+        try:
+            check()
+        except ValueError as exc:
+            raise StepError(f"{where}: {exc}") from exc
+    return obj
+
+
+def _coerce(tp: Any, value: Any, *, where: str) -> Any:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(arg, value, where=where)
+            except StepError as exc:
+                errors.append(str(exc))
+        raise StepError(errors[0] if errors else f"{where}: invalid value {value!r}")
+    if origin is typing.Literal:
+        if value not in args:
+            raise StepError(f"{where}: {value!r} is not one of {list(args)}")
+        return value
+    if dataclasses.is_dataclass(tp):
+        return from_dict(tp, value, where=where)  # type: ignore[arg-type]
+    if origin in (list, tuple):
+        if not isinstance(value, list | tuple):
+            raise StepError(f"{where}: expected a list, got {value!r}")
+        inner = args[0] if args else Any
+        items = [_coerce(inner, v, where=f"{where}[{i}]") for i, v in enumerate(value)]
+        return tuple(items) if origin is tuple else items
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise StepError(f"{where}: expected a mapping, got {value!r}")
+        return dict(value)
+    if tp is Any:
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise StepError(f"{where}: expected a number, got {value!r}")
+        return float(value)
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise StepError(f"{where}: expected an integer, got {value!r}")
+        return value
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise StepError(f"{where}: expected true/false, got {value!r}")
+        return value
+    if tp is str:
+        if not isinstance(value, str):
+            raise StepError(f"{where}: expected a string, got {value!r}")
+        return value
+    return value

@@ -1,0 +1,178 @@
+"""evaluate: score the exported model on the test split with Paddle Inference.
+
+Writes ``metrics/evaluate.json`` (``accuracy``, ``macro_f1``, ``latency_ms_b1``,
+``latency_ms_b64`` + per-class precision/recall), a confusion matrix as PNG and as a DVC
+plot (one row per test sample: ``actual``, ``predicted``), and ``report.json`` beside them.
+The same function re-scores any exported model on any data set, which is how a challenger
+is later compared with the champion.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from components import dataset
+from components.artifacts import atomic_path, write_json, write_manifest, write_text
+from components.cli import run_cli
+from components.config import load_params, section
+from components.runtime import ModelFiles, PaddlePredictor
+from components.tasks import Task, get_task
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LatencyParams:
+    batch_sizes: list[int] = field(default_factory=lambda: [1, 64])
+    warmup: int = 5
+    repeats: int = 30
+    threads: int = 1
+
+
+@dataclass(frozen=True)
+class EvaluateParams:
+    split: str = "test"
+    batch_size: int = 256
+    latency: LatencyParams = field(default_factory=LatencyParams)
+
+
+@dataclass(frozen=True)
+class EvaluateResult:
+    metrics: dict[str, Any]
+    report: dict[str, Any]
+
+
+def classification_report(
+    y_true: np.ndarray, y_pred: np.ndarray, label_names: list[str]
+) -> dict[str, Any]:
+    from sklearn.metrics import accuracy_score, confusion_matrix, f1_score, precision_recall_fscore_support
+
+    labels = list(range(len(label_names)))
+    precision, recall, f1, support = precision_recall_fscore_support(
+        y_true, y_pred, labels=labels, zero_division=0
+    )
+    return {
+        "accuracy": float(accuracy_score(y_true, y_pred)),
+        "macro_f1": float(f1_score(y_true, y_pred, labels=labels, average="macro",
+                                   zero_division=0)),
+        "per_class": {
+            name: {"precision": float(precision[i]), "recall": float(recall[i]),
+                   "f1": float(f1[i]), "support": int(support[i])}
+            for i, name in enumerate(label_names)
+        },
+        "confusion_matrix": confusion_matrix(y_true, y_pred, labels=labels).tolist(),
+    }
+
+
+def score_model(
+    model_dir: str | Path, task: Task, data_dir: str | Path, split: str = "test",
+    batch_size: int = 256, threads: int = 1,
+) -> tuple[dict[str, Any], np.ndarray, np.ndarray, PaddlePredictor, list[np.ndarray]]:
+    """Run an exported model on a split; returns the report, labels, predictions, predictor."""
+    predictor = PaddlePredictor(ModelFiles.in_dir(model_dir), threads=threads)
+    raw, y_true = task.read_split(data_dir, split)
+    inputs = task.preprocess(raw)
+    y_pred = predictor.predict(inputs, batch_size=batch_size).argmax(axis=1)
+    report = classification_report(y_true, y_pred, dataset.read_label_names(data_dir))
+    return report, y_true, y_pred, predictor, inputs
+
+
+def _confusion_png(dest: Path, matrix: list[list[int]], names: list[str], title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cm = np.asarray(matrix)
+    fig, ax = plt.subplots(figsize=(1 + 0.5 * len(names), 1 + 0.5 * len(names)), dpi=100)
+    ax.imshow(cm, cmap="Blues")
+    ax.set_xticks(range(len(names)), names, rotation=90 if len(names) > 12 else 0)
+    ax.set_yticks(range(len(names)), names)
+    ax.set_xlabel("predicted")
+    ax.set_ylabel("actual")
+    ax.set_title(title)
+    for (i, j), v in np.ndenumerate(cm):
+        if v:
+            ax.text(j, i, str(v), ha="center", va="center",
+                    color="white" if v > cm.max() / 2 else "black", fontsize=8)
+    fig.tight_layout()
+    with atomic_path(dest) as tmp:
+        fig.savefig(tmp, format="png")
+    plt.close(fig)
+
+
+def run(
+    params: EvaluateParams, task: Task, model_dir: str | Path, data_dir: str | Path,
+    out_dir: str | Path, *, metrics_file: str | Path | None = None,
+    plots_file: str | Path | None = None,
+) -> EvaluateResult:
+    model_dir, data_dir, out_dir = Path(model_dir), Path(data_dir), Path(out_dir)
+    metrics_file = Path(metrics_file) if metrics_file else out_dir / "metrics.json"
+    plots_file = Path(plots_file) if plots_file else out_dir / "confusion.csv"
+    report, y_true, y_pred, predictor, inputs = score_model(
+        model_dir, task, data_dir, params.split, params.batch_size, params.latency.threads
+    )
+    names = dataset.read_label_names(data_dir)
+
+    latency: dict[str, float] = {}
+    for bs in params.latency.batch_sizes:
+        idx = np.arange(bs) % inputs[0].shape[0]  # repeat samples if the split is smaller
+        latency[f"latency_ms_b{bs}"] = round(predictor.latency_ms(
+            [x[idx] for x in inputs], warmup=params.latency.warmup,
+            repeats=params.latency.repeats), 4)
+
+    metrics = {"accuracy": report["accuracy"], "macro_f1": report["macro_f1"], **latency,
+               "samples": int(len(y_true)), "latency_threads": params.latency.threads,
+               "per_class_recall": {n: c["recall"] for n, c in report["per_class"].items()},
+               "per_class_precision": {n: c["precision"] for n, c in report["per_class"].items()}}
+    log.info("%s accuracy %.4f macro-F1 %.4f %s", params.split, report["accuracy"],
+             report["macro_f1"], latency)
+
+    with atomic_path(out_dir) as tmp:
+        tmp.mkdir(parents=True)
+        write_json(tmp / "report.json", {**report, **latency, "split": params.split})
+        _confusion_png(tmp / "confusion_matrix.png", report["confusion_matrix"], names,
+                       f"{params.split}: accuracy {report['accuracy']:.4f}")
+        write_manifest(tmp, "evaluate",
+                       inputs={"model": model_dir,
+                               f"{params.split}.npz": dataset.split_path(data_dir, params.split)},
+                       outputs={"report.json": tmp / "report.json"}, params=asdict(params))
+    write_json(metrics_file, metrics)
+    rows = ["actual,predicted"] + [f"{names[a]},{names[p]}" for a, p in zip(y_true, y_pred,
+                                                                             strict=True)]
+    write_text(plots_file, "\n".join(rows) + "\n")
+    return EvaluateResult(metrics=metrics, report=report)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m components.evaluate", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--model", default="outputs/export")
+    parser.add_argument("--data", default="outputs/ingest")
+    parser.add_argument("--out", default="outputs/evaluate")
+    parser.add_argument("--metrics", default="metrics/evaluate.json")
+    parser.add_argument("--plots", default="plots/confusion.csv")
+    args = parser.parse_args(argv)
+
+    def _go() -> None:
+        all_params = load_params(args.params)
+        params = section(all_params, "evaluate", EvaluateParams, source=args.params)
+        task_params = all_params.get("task", {})
+        task = get_task(task_params.get("name", ""), task_params.get("options"))
+        run(params, task, args.model, args.data, args.out, metrics_file=args.metrics,
+            plots_file=args.plots)
+
+    return run_cli(_go)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

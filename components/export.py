@@ -1,0 +1,187 @@
+"""export: serialise the trained model for inference and prove the export is faithful.
+
+Writes to the output directory:
+
+- ``model.json`` + ``model.pdiparams``: ``paddle.jit.save`` (PIR) with the task's
+  ``InputSpec`` whose batch dimension is dynamic (-1).
+- ``legacy/model.pdmodel`` + ``legacy/model.pdiparams``: the same program in the legacy
+  format, for runtimes that only read that (OpenVINO's Paddle frontend).
+- ``signature.json``: inputs/outputs (served names, shapes, dtypes; runtime tensor names per
+  format), preprocessing, label names.
+- ``parity.json``: the parity check result; ``manifest.json``.
+
+Parity: each format is loaded with Paddle Inference and run on ``parity.samples`` held-out
+(validation) samples at batch 1 and at the full batch. The stage fails unless, for every
+logit, ``|exported - dygraph| <= atol + rtol * |dygraph|`` (defaults ``atol=1e-4``,
+``rtol=1e-3``: float32 kernels differ between dygraph and the inference passes only by
+reassociation) and the top-1 class agrees on every sample.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import paddle
+
+from components import dataset
+from components.artifacts import StepError, atomic_path, read_json, write_json, write_manifest
+from components.cli import run_cli
+from components.config import load_params, section
+from components.runtime import ModelFiles, PaddlePredictor
+from components.tasks import Task, get_task
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ParityParams:
+    samples: int = 64
+    atol: float = 1e-4
+    rtol: float = 1e-3
+
+
+@dataclass(frozen=True)
+class ExportParams:
+    parity: ParityParams = field(default_factory=ParityParams)
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    out_dir: Path
+    parity: dict[str, Any]
+
+
+def load_trained(task: Task, train_dir: str | Path) -> tuple[paddle.nn.Layer, dict[str, Any]]:
+    """Rebuild the task's model and load the trained weights from ``train_dir``."""
+    train_dir = Path(train_dir)
+    meta = read_json(train_dir / "model_meta.json")
+    model = task.build_model(int(meta["num_classes"]))
+    weights = train_dir / "model.pdparams"
+    if not weights.exists():
+        raise StepError(f"{weights}: trained weights not found (run train first)")
+    missing, unexpected = model.set_state_dict(paddle.load(str(weights)))
+    if missing or unexpected:
+        raise StepError(
+            f"{weights}: weights do not fit the task's model (missing {missing}, "
+            f"unexpected {unexpected}); were task.options changed after training?"
+        )
+    model.eval()
+    return model, meta
+
+
+def check_parity(
+    model: paddle.nn.Layer, predictor: PaddlePredictor, inputs: list[np.ndarray],
+    params: ParityParams,
+) -> dict[str, Any]:
+    """Compare the exported program with the dygraph model; returns a JSON-able report."""
+    with paddle.no_grad():
+        ref = model(*[paddle.to_tensor(x) for x in inputs]).numpy()
+    full = predictor.run(inputs)[0]
+    single = np.concatenate([predictor.run([x[i : i + 1] for x in inputs])[0]
+                             for i in range(inputs[0].shape[0])])
+    report: dict[str, Any] = {"samples": int(ref.shape[0]), "atol": params.atol,
+                              "rtol": params.rtol}
+    ok = True
+    for name, got in (("batch_full", full), ("batch_1", single)):
+        if got.shape != ref.shape:
+            raise StepError(f"{predictor.files.program}: output shape {list(got.shape)} "
+                            f"!= dygraph {list(ref.shape)} ({name})")
+        diff = np.abs(got - ref)
+        bound = params.atol + params.rtol * np.abs(ref)
+        top1 = float((got.argmax(1) == ref.argmax(1)).mean())
+        passed = bool((diff <= bound).all() and top1 == 1.0)
+        report[name] = {"max_abs_diff": float(diff.max()), "violations": int((diff > bound).sum()),
+                        "top1_agreement": top1, "passed": passed}
+        ok = ok and passed
+    report["passed"] = ok
+    return report
+
+
+def run(
+    params: ExportParams, task: Task, train_dir: str | Path, data_dir: str | Path,
+    out_dir: str | Path,
+) -> ExportResult:
+    train_dir, data_dir, out_dir = Path(train_dir), Path(data_dir), Path(out_dir)
+    model, meta = load_trained(task, train_dir)
+    spec = task.paddle_input_specs()
+    raw, _ = task.read_split(data_dir, "val")
+    held_out = [x[: params.parity.samples] for x in task.preprocess(raw[: params.parity.samples])]
+
+    with atomic_path(out_dir) as tmp:
+        tmp.mkdir(parents=True)
+        paddle.jit.save(model, str(tmp / "model"), input_spec=spec)
+        with paddle.pir_utils.OldIrGuard():
+            paddle.jit.save(model, str(tmp / "legacy" / "model"), input_spec=spec)
+        formats, parity = {}, {}
+        for fmt, directory in (("pir", tmp), ("legacy", tmp / "legacy")):
+            files = ModelFiles.in_dir(directory)
+            predictor = PaddlePredictor(files)
+            parity[fmt] = check_parity(model, predictor, held_out, params.parity)
+            formats[fmt] = {
+                "program": files.program.relative_to(tmp).as_posix(),
+                "params": files.params.relative_to(tmp).as_posix(),
+                "input_names": predictor.input_names,
+                "output_names": predictor.output_names,
+            }
+            log.info("parity %s: %s", fmt, {k: v for k, v in parity[fmt].items()
+                                            if k.startswith("batch")})
+        num_classes = int(meta["num_classes"])
+        signature = {
+            "task": task.name,
+            "inputs": [s.to_json() for s in task.input_specs()],
+            "outputs": [s.to_json() for s in task.output_specs(num_classes)],
+            "formats": formats,
+            "preprocessing": task.preprocessing_doc(),
+            "label_names": dataset.read_label_names(data_dir),
+            "paddle_version": paddle.__version__,
+        }
+        write_json(tmp / "signature.json", signature)
+        write_json(tmp / "parity.json", parity)
+        write_manifest(
+            tmp, "export",
+            inputs={"model.pdparams": train_dir / "model.pdparams"},
+            outputs={p.relative_to(tmp).as_posix(): p for p in sorted(tmp.rglob("*"))
+                     if p.is_file()},
+            params=asdict(params),
+        )
+        failed = [f for f, r in parity.items() if not r["passed"]]
+        if failed:
+            details = "; ".join(
+                f"{f}: {k} max |diff| {parity[f][k]['max_abs_diff']:.3g}, "
+                f"{parity[f][k]['violations']} logits beyond tolerance, top-1 agreement "
+                f"{parity[f][k]['top1_agreement']:.3f}"
+                for f in failed for k in ("batch_full", "batch_1") if not parity[f][k]["passed"]
+            )
+            raise StepError(f"{out_dir}: exported model differs from the trained model "
+                            f"(atol {params.parity.atol}, rtol {params.parity.rtol}): {details}")
+    return ExportResult(out_dir=out_dir, parity=parity)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m components.export", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--train", default="outputs/train")
+    parser.add_argument("--data", default="outputs/ingest")
+    parser.add_argument("--out", default="outputs/export")
+    args = parser.parse_args(argv)
+
+    def _go() -> None:
+        all_params = load_params(args.params)
+        params = section(all_params, "export", ExportParams, source=args.params)
+        task_params = all_params.get("task", {})
+        task = get_task(task_params.get("name", ""), task_params.get("options"))
+        run(params, task, args.train, args.data, args.out)
+
+    return run_cli(_go)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

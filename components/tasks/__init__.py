@@ -1,0 +1,38 @@
+"""Tasks: the only code that knows a model family.
+
+A task owns the model, the dataset reader, the preprocessing and the input spec. Steps ask
+``get_task(name, options)`` for it and never branch on the task name, so adding a task means
+adding a module here and a line in ``_REGISTRY`` — no step changes.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from components.artifacts import StepError
+from components.tasks.base import Task
+
+# name -> "module:Class"; imported lazily so one task's heavy deps never load for another.
+_REGISTRY: dict[str, str] = {
+    "digits": "components.tasks.digits:DigitsTask",
+}
+
+
+def available_tasks() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def get_task(name: str, options: dict[str, Any] | None = None) -> Task:
+    try:
+        target = _REGISTRY[name]
+    except KeyError as exc:
+        raise StepError(
+            f"params.yaml: task.name '{name}' is not a known task; choose one of {available_tasks()}"
+        ) from exc
+    module_name, cls_name = target.split(":")
+    cls = getattr(importlib.import_module(module_name), cls_name)
+    return cls.from_options(options or {})
+
+
+__all__ = ["Task", "available_tasks", "get_task"]

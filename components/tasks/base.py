@@ -1,0 +1,70 @@
+"""The interface every task implements."""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import paddle
+
+from components import dataset
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One model input or output as served: name, shape (-1 = dynamic) and dtype."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
+
+
+class Task(abc.ABC):
+    """A model family with its data reader, preprocessing and input signature."""
+
+    name: ClassVar[str]
+
+    @classmethod
+    @abc.abstractmethod
+    def from_options(cls, options: dict[str, Any]) -> Task:
+        """Build the task from ``params.yaml: task.options`` (validated, readable errors)."""
+
+    @abc.abstractmethod
+    def build_model(self, num_classes: int) -> paddle.nn.Layer:
+        """A freshly initialised model (the caller seeds paddle first)."""
+
+    @abc.abstractmethod
+    def input_specs(self) -> list[TensorSpec]:
+        """Model inputs in forward() order, batch dimension -1."""
+
+    def output_specs(self, num_classes: int) -> list[TensorSpec]:
+        return [TensorSpec("logits", (-1, num_classes), "float32")]
+
+    @abc.abstractmethod
+    def preprocess(self, raw: np.ndarray) -> list[np.ndarray]:
+        """Turn a batch of stored samples into model inputs (one array per input spec)."""
+
+    def augment(self, inputs: list[np.ndarray], rng: np.random.Generator) -> list[np.ndarray]:
+        """Training-time augmentation of a preprocessed batch (default: none)."""
+        return inputs
+
+    @abc.abstractmethod
+    def preprocessing_doc(self) -> dict[str, Any]:
+        """How a client turns a raw sample into model input; written into signature.json."""
+
+    def read_split(self, data_dir: str | Path, split: str) -> tuple[np.ndarray, np.ndarray]:
+        """Stored samples and int64 labels of one split."""
+        data = dataset.read_split(data_dir, split)
+        return data.images, data.labels.astype(np.int64)
+
+    def paddle_input_specs(self) -> list[paddle.static.InputSpec]:
+        return [
+            paddle.static.InputSpec(shape=list(s.shape), dtype=s.dtype, name=s.name)
+            for s in self.input_specs()
+        ]

@@ -1,0 +1,88 @@
+"""Handwritten digits: a LeNet-style CNN on single-channel images resized to 28x28."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import paddle
+from paddle import nn
+
+from components.config import from_dict
+from components.tasks.vision import ImageClassificationTask
+
+
+@dataclass(frozen=True)
+class DigitsOptions:
+    image_size: list[int] = field(default_factory=lambda: [28, 28])
+    mean: list[float] = field(default_factory=lambda: [0.5])
+    std: list[float] = field(default_factory=lambda: [0.5])
+    conv_channels: list[int] = field(default_factory=lambda: [6, 16])
+    hidden: list[int] = field(default_factory=lambda: [120, 84])
+    augment_shift: int = 0  # training-time random shift in pixels (after resize)
+
+    def check(self) -> None:
+        if len(self.image_size) != 2 or min(self.image_size) < 8:
+            raise ValueError(f"image_size must be [H, W] with H, W >= 8, got {self.image_size}")
+        if len(self.conv_channels) != 2:
+            raise ValueError("conv_channels must list two layer widths")
+
+
+class LeNet(nn.Layer):
+    """LeNet-5 shape: conv-pool-conv-pool-fc-fc-fc, sized for the configured input."""
+
+    def __init__(
+        self,
+        num_classes: int,
+        in_channels: int,
+        image_size: tuple[int, int],
+        conv_channels: list[int],
+        hidden: list[int],
+    ):
+        super().__init__()
+        c1, c2 = conv_channels
+        self.features = nn.Sequential(
+            nn.Conv2D(in_channels, c1, 3, stride=1, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2D(2, 2),
+            nn.Conv2D(c1, c2, 5, stride=1, padding=0),
+            nn.ReLU(),
+            nn.MaxPool2D(2, 2),
+        )
+        h, w = image_size
+        fh, fw = ((h // 2) - 4) // 2, ((w // 2) - 4) // 2
+        layers: list[nn.Layer] = []
+        width = c2 * fh * fw
+        for size in hidden:
+            layers += [nn.Linear(width, size), nn.ReLU()]
+            width = size
+        layers.append(nn.Linear(width, num_classes))
+        self.classifier = nn.Sequential(*layers)
+
+    def forward(self, image: paddle.Tensor) -> paddle.Tensor:
+        x = self.features(image)
+        x = paddle.flatten(x, 1)
+        return self.classifier(x)
+
+
+class DigitsTask(ImageClassificationTask):
+    name = "digits"
+
+    def __init__(self, options: DigitsOptions):
+        super().__init__(
+            tuple(options.image_size), options.mean, options.std, options.augment_shift
+        )
+        self.options = options
+
+    @classmethod
+    def from_options(cls, options: dict[str, Any]) -> DigitsTask:
+        return cls(from_dict(DigitsOptions, options, where="params.yaml: task.options"))
+
+    def build_model(self, num_classes: int) -> nn.Layer:
+        return LeNet(
+            num_classes,
+            self.channels,
+            self.image_size,
+            self.options.conv_channels,
+            self.options.hidden,
+        )

@@ -1,0 +1,94 @@
+"""Shared pieces of image-classification tasks (digits, image folders)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import paddle
+from paddle.vision import transforms as T
+from tqdm import tqdm
+
+from components.tasks.base import Task, TensorSpec
+
+
+class ImageClassificationTask(Task):
+    """Images stored as uint8 NHWC; preprocessing built from ``paddle.vision.transforms``."""
+
+    def __init__(
+        self,
+        image_size: tuple[int, int],
+        mean: list[float],
+        std: list[float],
+        augment_shift: int = 0,
+    ):
+        if len(mean) != len(std):
+            raise ValueError(f"mean {mean} and std {std} must have the same length")
+        self.image_size = tuple(image_size)
+        self.mean = list(mean)
+        self.std = list(std)
+        self.channels = len(mean)
+        self.augment_shift = augment_shift
+        # Resize works on HWC numpy images (OpenCV backend); ToTensor scales uint8 to [0, 1]
+        # and moves channels first; Normalize then applies the seed's mean/std.
+        self._transform = T.Compose(
+            [
+                T.Resize(self.image_size),
+                T.ToTensor(data_format="CHW"),
+                T.Normalize(mean=self.mean, std=self.std, data_format="CHW"),
+            ]
+        )
+
+    def input_specs(self) -> list[TensorSpec]:
+        h, w = self.image_size
+        return [TensorSpec("image", (-1, self.channels, h, w), "float32")]
+
+    def preprocess(self, raw: np.ndarray) -> list[np.ndarray]:
+        if raw.ndim != 4 or raw.shape[-1] != self.channels:
+            raise ValueError(
+                f"expected images shaped [N, H, W, {self.channels}], got {list(raw.shape)}"
+            )
+        h, w = self.image_size
+        out = np.empty((raw.shape[0], self.channels, h, w), dtype=np.float32)
+        items = range(raw.shape[0])
+        if raw.shape[0] > 2000:
+            items = tqdm(items, desc="preprocess", unit="img", leave=False)
+        with paddle.no_grad():
+            for i in items:
+                out[i] = self._transform(np.ascontiguousarray(raw[i])).numpy()
+        return [out]
+
+    def augment(self, inputs: list[np.ndarray], rng: np.random.Generator) -> list[np.ndarray]:
+        """Shift each image by up to ``augment_shift`` pixels, filling with black."""
+        if self.augment_shift <= 0:
+            return inputs
+        (images,) = inputs
+        s = self.augment_shift
+        n, c, h, w = images.shape
+        # The value a black (0) pixel has after Normalize, per channel.
+        fill = ((0.0 - np.asarray(self.mean)) / np.asarray(self.std)).astype(np.float32)
+        padded = np.empty((n, c, h + 2 * s, w + 2 * s), dtype=np.float32)
+        padded[:] = fill[None, :, None, None]
+        padded[:, :, s : s + h, s : s + w] = images
+        dy = rng.integers(0, 2 * s + 1, size=n)
+        dx = rng.integers(0, 2 * s + 1, size=n)
+        rows = dy[:, None] + np.arange(h)[None, :]
+        cols = dx[:, None] + np.arange(w)[None, :]
+        out = padded[np.arange(n)[:, None, None, None], np.arange(c)[None, :, None, None],
+                     rows[:, None, :, None], cols[:, None, None, :]]
+        return [np.ascontiguousarray(out)]
+
+    def preprocessing_doc(self) -> dict[str, Any]:
+        h, w = self.image_size
+        return {
+            "input_layout": "NHWC uint8 0-255 (as stored by ingest)",
+            "steps": [
+                {"op": "Resize", "size": [h, w], "interpolation": "bilinear"},
+                {"op": "ToTensor", "scale": "1/255", "layout": "CHW"},
+                {"op": "Normalize", "mean": self.mean, "std": self.std},
+            ],
+            "paddle": (
+                f"Compose([Resize(({h}, {w})), ToTensor(data_format='CHW'), "
+                f"Normalize(mean={self.mean}, std={self.std}, data_format='CHW')])"
+            ),
+        }

@@ -1,0 +1,613 @@
+"""validate: check an ingested data set with a Great Expectations suite before training.
+
+Reads ``train.npz``, ``val.npz``, ``test.npz`` and ``labels.json`` (see ``components.dataset``)
+without changing dtypes, turns them into three kinds of tables and validates them with Great
+Expectations (an in-memory context; nothing is sent anywhere):
+
+- one ``samples`` table per split file, one row per sample: label, image shape, image and label
+  dtype, pixel range, NaNs and a sha256 of the sample's bytes. Expectations: columns, dtypes,
+  image shape (``validate.image_shape`` or the train split's), pixel range, label set, no nulls,
+  every class present, row count within ``validate.min_rows``..``validate.max_rows``.
+- ``class_counts``: the fraction of each class per split, which must lie within
+  ``validate.class_fraction_min``..``validate.class_fraction_max``.
+- ``split_hashes``: the distinct samples of each split; a sample may appear in only one split.
+
+Outputs (written atomically, also when the data fails): ``result.json`` (the Great Expectations
+validation results), ``data_docs/index.html`` (the Data Docs site), ``summary.json`` and
+``manifest.json``. A failed expectation makes the step exit non-zero with one readable line per
+broken rule, naming the file, column, rule, what was expected and what was found.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import logging
+import os
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from components import dataset
+from components.artifacts import StepError, atomic_path, write_json, write_manifest
+from components.cli import run_cli
+from components.config import load_params, section
+
+# Before Great Expectations is first imported (lazily, below): no usage statistics sent anywhere.
+os.environ["GX_ANALYTICS_ENABLED"] = "false"
+
+log = logging.getLogger(__name__)
+
+LABEL_DTYPE = "int64"  # the documented on-disk label dtype (components.dataset)
+SITE_NAME = "validate"
+EXAMPLES = 3  # unexpected values quoted per failure line
+PARTIAL_COUNT = 20  # unexpected values Great Expectations keeps per expectation
+
+SAMPLE_COLUMNS = [
+    "file", "index", "split", "label", "label_dtype", "ndim", "height", "width", "channels",
+    "dtype", "pixel_min", "pixel_max", "has_nan", "sample_sha",
+]  # fmt: skip
+CLASS_COUNT_COLUMNS = ["file", "split", "label", "count", "fraction"]
+SPLIT_HASH_COLUMNS = ["file", "split", "index", "sample_sha"]
+
+
+@dataclass(frozen=True)
+class ValidateParams:
+    image_shape: list[int] | None = None  # [H, W, C]; None = every split must match train
+    pixel_min: float = 0
+    pixel_max: float = 255
+    expected_dtype: str = "uint8"
+    min_rows: int = 10  # per split
+    max_rows: int = 10_000_000  # per split
+    class_fraction_min: float = 0.02  # of the split, for every class
+    class_fraction_max: float = 0.5
+
+    def check(self) -> None:
+        if self.image_shape is not None and (
+            len(self.image_shape) != 3 or any(d <= 0 for d in self.image_shape)
+        ):
+            raise ValueError(f"image_shape must be [H, W, C] > 0, got {self.image_shape}")
+        if self.pixel_min > self.pixel_max:
+            raise ValueError(f"pixel_min {self.pixel_min} > pixel_max {self.pixel_max}")
+        try:
+            np.dtype(self.expected_dtype)
+        except TypeError as exc:
+            raise ValueError(f"expected_dtype {self.expected_dtype!r} is not a dtype") from exc
+        if not 0 <= self.min_rows <= self.max_rows:
+            raise ValueError(
+                f"need 0 <= min_rows <= max_rows, got {self.min_rows}, {self.max_rows}"
+            )
+        if not 0 <= self.class_fraction_min <= self.class_fraction_max <= 1:
+            raise ValueError(
+                "need 0 <= class_fraction_min <= class_fraction_max <= 1, got "
+                f"{self.class_fraction_min}, {self.class_fraction_max}"
+            )
+
+
+@dataclass(frozen=True)
+class ValidateResult:
+    success: bool
+    failures: list[str]
+    evaluated: int
+
+
+# --------------------------------------------------------------------------- tables
+
+
+def _file(split: str) -> str:
+    return dataset.split_path(".", split).name
+
+
+def image_dims(images: np.ndarray) -> list[int]:
+    """[H, W, C] of an [N, H, W, C] array; missing axes are 0 (the ``ndim`` rule reports them)."""
+    return [int(d) for d in (*images.shape[1:4], *([0] * max(0, 4 - images.ndim)))]
+
+
+def sample_table(split: str, data: dataset.Split) -> pd.DataFrame:
+    """One row per sample, computed on the raw arrays (no casting of the stored data)."""
+    images, labels = data.images, data.labels
+    if images.ndim < 1 or labels.ndim != 1:
+        raise StepError(
+            f"{_file(split)}: 'images' must be [N, H, W, C] and 'labels' [N]; got shapes "
+            f"{list(images.shape)} and {list(labels.shape)}"
+        )
+    n_img, n_lbl = int(images.shape[0]), int(labels.shape[0])
+    n = max(n_img, n_lbl)
+    flat = images.reshape(n_img, int(np.prod(images.shape[1:], dtype=np.int64)))
+    if np.issubdtype(images.dtype, np.integer) or images.dtype == np.bool_:
+        wide: type = np.int64
+        has_nan = np.zeros(n_img, dtype=bool)
+    else:
+        wide = np.float64
+        has_nan = np.isnan(flat).any(axis=1) if flat.shape[1] else np.zeros(n_img, dtype=bool)
+    if flat.shape[1]:
+        pmin = flat.min(axis=1).astype(wide)
+        pmax = flat.max(axis=1).astype(wide)
+    else:
+        pmin = pmax = np.full(n_img, np.nan)
+    dims = image_dims(images)
+    cols: dict[str, Any] = {
+        "ndim": np.full(n_img, images.ndim - 1, dtype=np.int64),
+        "height": np.full(n_img, dims[0], dtype=np.int64),
+        "width": np.full(n_img, dims[1], dtype=np.int64),
+        "channels": np.full(n_img, dims[2], dtype=np.int64),
+        "dtype": [str(images.dtype)] * n_img,
+        "pixel_min": pmin,
+        "pixel_max": pmax,
+        "has_nan": has_nan,
+        "sample_sha": [hashlib.sha256(img.tobytes()).hexdigest() for img in images],
+    }
+    frame = pd.DataFrame(cols, index=pd.RangeIndex(n_img)).reindex(pd.RangeIndex(n))
+    frame.insert(0, "file", _file(split))
+    frame.insert(1, "index", np.arange(n, dtype=np.int64))
+    frame.insert(2, "split", split)
+    label_col = pd.Series(labels, index=pd.RangeIndex(n_lbl)).reindex(pd.RangeIndex(n))
+    frame.insert(3, "label", label_col)
+    frame.insert(4, "label_dtype", str(labels.dtype))
+    return frame[SAMPLE_COLUMNS]
+
+
+def class_count_table(samples: dict[str, pd.DataFrame], num_classes: int) -> pd.DataFrame:
+    """Fraction of each valid, present class per split (absent classes and invalid labels are
+    reported by the samples suite, so they are not repeated here)."""
+    rows = []
+    for split, frame in samples.items():
+        total = len(frame)
+        counts = frame["label"].value_counts(dropna=True)
+        for label, count in counts.items():
+            if float(label).is_integer() and 0 <= int(label) < num_classes:
+                rows.append((_file(split), split, int(label), int(count), int(count) / total))
+    table = pd.DataFrame(rows, columns=CLASS_COUNT_COLUMNS)
+    return table.sort_values(["file", "label"], ignore_index=True)
+
+
+def split_hash_table(samples: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    """Distinct samples per split, sorted by hash so that shared samples sit side by side."""
+    parts = [f[SPLIT_HASH_COLUMNS].dropna(subset=["sample_sha"]) for f in samples.values()]
+    table = pd.concat(parts, ignore_index=True).drop_duplicates(["split", "sample_sha"])
+    return table.sort_values(["sample_sha", "file"], ignore_index=True)
+
+
+# --------------------------------------------------------------------------- suites
+
+
+def _samples_expectations(
+    params: ValidateParams, num_classes: int, shape: Sequence[int]
+) -> list[Any]:
+    import great_expectations.expectations as gxe
+
+    classes = list(range(num_classes))
+    lo, hi = params.pixel_min, params.pixel_max
+    out: list[Any] = [
+        gxe.ExpectTableColumnsToMatchSet(
+            column_set=SAMPLE_COLUMNS, exact_match=True, description="schema"
+        ),
+        gxe.ExpectTableRowCountToBeBetween(
+            min_value=params.min_rows, max_value=params.max_rows, description="row count per split"
+        ),
+    ]
+    out += [
+        gxe.ExpectColumnValuesToNotBeNull(column=c, description="no nulls") for c in SAMPLE_COLUMNS
+    ]
+    out += [
+        gxe.ExpectColumnValuesToBeInSet(
+            column="dtype", value_set=[params.expected_dtype], description="image dtype"
+        ),
+        gxe.ExpectColumnValuesToBeInSet(
+            column="label_dtype", value_set=[LABEL_DTYPE], description="label dtype"
+        ),
+        gxe.ExpectColumnValuesToBeInSet(column="ndim", value_set=[3], description="image rank"),
+    ]
+    out += [
+        gxe.ExpectColumnValuesToBeInSet(column=c, value_set=[int(d)], description="image shape")
+        for c, d in zip(("height", "width", "channels"), shape, strict=True)
+    ]
+    out += [
+        gxe.ExpectColumnValuesToBeBetween(
+            column=c, min_value=lo, max_value=hi, description="pixel range"
+        )
+        for c in ("pixel_min", "pixel_max")
+    ]
+    out += [
+        gxe.ExpectColumnValuesToBeInSet(column="has_nan", value_set=[False], description="no NaN"),
+        gxe.ExpectColumnValuesToBeInSet(column="label", value_set=classes, description="label set"),
+        gxe.ExpectColumnDistinctValuesToContainSet(
+            column="label", value_set=classes, description="every class present"
+        ),
+    ]
+    return out
+
+
+def _class_count_expectations(params: ValidateParams) -> list[Any]:
+    import great_expectations.expectations as gxe
+
+    return [
+        gxe.ExpectTableColumnsToMatchSet(
+            column_set=CLASS_COUNT_COLUMNS, exact_match=True, description="schema"
+        ),
+        *[
+            gxe.ExpectColumnValuesToNotBeNull(column=c, description="no nulls")
+            for c in CLASS_COUNT_COLUMNS
+        ],
+        gxe.ExpectColumnValuesToBeBetween(
+            column="fraction",
+            min_value=params.class_fraction_min,
+            max_value=params.class_fraction_max,
+            description="class balance",
+        ),
+    ]
+
+
+def _split_hash_expectations() -> list[Any]:
+    import great_expectations.expectations as gxe
+
+    return [
+        gxe.ExpectTableColumnsToMatchSet(
+            column_set=SPLIT_HASH_COLUMNS, exact_match=True, description="schema"
+        ),
+        gxe.ExpectColumnValuesToBeUnique(column="sample_sha", description="no leakage"),
+    ]
+
+
+@dataclass(frozen=True)
+class _Table:
+    name: str  # also the Data Docs asset name
+    frame: pd.DataFrame
+    suite: str
+    index_columns: list[str]  # identify an unexpected row in messages
+
+
+def _context(docs_dir: Path) -> Any:
+    import great_expectations as gx
+    from great_expectations.data_context.types.base import (
+        DataContextConfig,
+        InMemoryStoreBackendDefaults,
+        ProgressBarsConfig,
+    )
+
+    config = DataContextConfig(
+        store_backend_defaults=InMemoryStoreBackendDefaults(),
+        analytics_enabled=False,
+        progress_bars=ProgressBarsConfig(globally=False),
+        data_docs_sites={
+            SITE_NAME: {
+                "class_name": "SiteBuilder",
+                "show_how_to_buttons": False,
+                "store_backend": {
+                    "class_name": "TupleFilesystemStoreBackend",
+                    "base_directory": str(docs_dir),
+                },
+                "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"},
+            }
+        },
+    )
+    return gx.get_context(project_config=config, mode="ephemeral")
+
+
+def _run_suites(
+    tables: list[_Table], suites: dict[str, list[Any]], docs_dir: Path
+) -> list[tuple[_Table, Any]]:
+    """Validate every table against its suite; build the Data Docs site into ``docs_dir``."""
+    import great_expectations as gx
+
+    context = _context(docs_dir)
+    source = context.data_sources.add_pandas("ingested")
+    gx_suites = {}
+    for name, expectations in suites.items():
+        suite = context.suites.add(gx.ExpectationSuite(name=name))
+        for expectation in expectations:
+            suite.add_expectation(expectation)
+        gx_suites[name] = suite
+    results = []
+    for table in tables:
+        batch = source.add_dataframe_asset(table.name).add_batch_definition_whole_dataframe("all")
+        definition = context.validation_definitions.add(
+            gx.ValidationDefinition(name=table.name, data=batch, suite=gx_suites[table.suite])
+        )
+        result = definition.run(
+            batch_parameters={"dataframe": table.frame},
+            result_format={
+                "result_format": "SUMMARY",
+                "partial_unexpected_count": PARTIAL_COUNT,
+                "unexpected_index_column_names": table.index_columns,
+            },
+        )
+        results.append((table, result))
+    context.build_data_docs(site_names=[SITE_NAME])
+    return results
+
+
+# --------------------------------------------------------------------------- messages
+
+
+def _num(value: Any) -> str:
+    if isinstance(value, bool | np.bool_):
+        return str(bool(value))
+    if isinstance(value, int | float | np.integer | np.floating):
+        v = float(value)
+        if np.isnan(v):
+            return "NaN"
+        return str(int(v)) if v.is_integer() else f"{v:.4g}"
+    if isinstance(value, str):
+        return repr(value)
+    return str(value)
+
+
+def _set(values: Iterable[Any]) -> str:
+    vals = list(values)
+    ints = [v for v in vals if isinstance(v, int | np.integer) and not isinstance(v, bool)]
+    if len(ints) == len(vals) >= 3 and sorted(ints) == list(range(min(ints), max(ints) + 1)):
+        return f"{{{min(ints)}..{max(ints)}}}"
+    return "{" + ", ".join(_num(v) for v in vals) + "}"
+
+
+def _range(kwargs: dict[str, Any]) -> str:
+    lo, hi = kwargs.get("min_value"), kwargs.get("max_value")
+    if lo is None:
+        return f"<= {_num(hi)}"
+    if hi is None:
+        return f">= {_num(lo)}"
+    return f"within [{_num(lo)}, {_num(hi)}]"
+
+
+def _int_like(value: Any) -> Any:
+    """Great Expectations returns index values as strings when index columns mix types."""
+    if isinstance(value, str) and value.lstrip("-").isdigit():
+        return int(value)
+    return value
+
+
+def _group_by_file(rows: list[dict[str, Any]], table: _Table) -> dict[str, list[dict[str, Any]]]:
+    if "file" not in table.index_columns:
+        return {table.name: rows}
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        groups.setdefault(str(row.get("file")), []).append(row)
+    return groups
+
+
+def _examples(rows: list[dict[str, Any]], column: str, table: _Table, *, nulls: bool) -> str:
+    """`` (e.g. 42 at index 3, 'int16' at indices 0, 1, 2)`` from the unexpected rows GE kept."""
+    if not rows:
+        return ""
+    if table.index_columns != ["index"]:  # e.g. class_counts: "label 3: 0.61"
+        keys = [c for c in table.index_columns if c != "file"]
+        shown = [
+            ", ".join(f"{c} {_num(_int_like(r.get(c)))}" for c in keys) + f": {_num(r.get(column))}"
+            for r in rows[:EXAMPLES]
+        ]
+        return f" (e.g. {'; '.join(shown)})"
+    by_value: dict[str, list[str]] = {}
+    for row in rows:
+        key = "" if nulls else _num(row.get(column))
+        by_value.setdefault(key, []).append(str(_int_like(row.get("index"))))
+    parts = []
+    for value, idx in list(by_value.items())[:EXAMPLES]:
+        more = ", ..." if len(idx) > EXAMPLES else ""
+        where = (
+            f"at index {idx[0]}"
+            if len(idx) == 1
+            else (f"at indices {', '.join(idx[:EXAMPLES])}{more}")
+        )
+        parts.append(f"{value} {where}".strip())
+    return f" (e.g. {', '.join(parts)})"
+
+
+def describe_failure(table: _Table, result: Any) -> list[str]:
+    """Readable line(s) for one failed expectation: file, column, rule, expected vs found."""
+    config = result.expectation_config
+    kind, kwargs = config.type, dict(config.kwargs)
+    res = result.result or {}
+    column = kwargs.get("column")
+    where = f"column '{column}'" if column else "table"
+    info = result.exception_info or {}
+    if info.get("raised_exception"):
+        first = str(info.get("exception_message") or "unknown error").strip().splitlines()
+        return [
+            f"{table.name}: {where}: {config.description}: could not be evaluated "
+            f"({first[0] if first else 'unknown error'})"
+        ]
+
+    if kind == "expect_table_columns_to_match_set":
+        mismatch = (res.get("details") or {}).get("mismatched") or {}
+        return [
+            f"{table.name}: table: columns must be {_set(kwargs['column_set'])}; missing "
+            f"{sorted(mismatch.get('missing', []))}, unexpected "
+            f"{sorted(mismatch.get('unexpected', []))}"
+        ]
+    if kind == "expect_table_row_count_to_be_between":
+        return [
+            f"{table.name}: table: row count must be {_range(kwargs)}; "
+            f"found {res.get('observed_value')}"
+        ]
+    if kind == "expect_column_distinct_values_to_contain_set":
+        missing = res.get("partial_missing_list") or []
+        more = int(res.get("missing_count") or len(missing)) - len(missing)
+        extra = f" and {more} more" if more > 0 else ""
+        return [f"{table.name}: {where}: every class must appear; missing {_set(missing)}{extra}"]
+    if kind == "expect_column_values_to_be_unique":
+        return [_describe_leak(table, column, res)]
+
+    rows = list(res.get("partial_unexpected_index_list") or [])
+    nulls = kind == "expect_column_values_to_not_be_null"
+    found = "nulls" if nulls else "unexpected"
+    if nulls:
+        rule = "values must not be null"
+    elif kind == "expect_column_values_to_be_in_set":
+        rule = f"values must be in {_set(kwargs['value_set'])}"
+    elif kind == "expect_column_values_to_be_between" and column == "fraction":
+        rule = f"each class must make up a fraction {_range(kwargs)} of the split"
+        found = "class(es) outside"
+    elif kind == "expect_column_values_to_be_between":
+        rule = f"values must be {_range(kwargs)}"
+    else:
+        rule = f"{config.description or kind} failed"
+    total = int(res.get("unexpected_count") or 0)
+    groups = _group_by_file(rows, table)
+    lines = []
+    for name, file_rows in groups.items():
+        count = total if len(groups) == 1 else len(file_rows)
+        example = _examples(file_rows, str(column), table, nulls=nulls)
+        lines.append(f"{name}: {where}: {rule}; found {count} {found}{example}")
+    return lines or [f"{table.name}: {where}: {rule}; found {total} {found}"]
+
+
+def _describe_leak(table: _Table, column: str | None, res: dict[str, Any]) -> str:
+    rows = list(res.get("partial_unexpected_index_list") or [])
+    by_sha: dict[str, list[str]] = {}
+    files: list[str] = []
+    for row in rows:
+        file = str(row.get("file"))
+        by_sha.setdefault(str(row.get(column)), []).append(f"{file}[{_int_like(row.get('index'))}]")
+        if file not in files:
+            files.append(file)
+    pairs = [" == ".join(v) for v in by_sha.values() if len(v) > 1][:EXAMPLES]
+    example = f" (e.g. {'; '.join(pairs)})" if pairs else ""
+    return (
+        f"{', '.join(sorted(files)) or table.name}: column '{column}': a sample may appear in "
+        f"only one split; found {res.get('unexpected_count')} rows whose sample is in another "
+        f"split{example}"
+    )
+
+
+# --------------------------------------------------------------------------- step
+
+
+def run(params: ValidateParams, data_dir: str | Path, out_dir: str | Path) -> ValidateResult:
+    """Validate the ingested data set in ``data_dir``; write results to ``out_dir``.
+
+    Raises ``StepError`` listing every broken expectation after the outputs are written.
+    """
+    data_dir, out_dir = Path(data_dir), Path(out_dir)
+    names = dataset.read_label_names(data_dir)
+    splits = {s: dataset.read_split(data_dir, s) for s in dataset.SPLITS}
+    samples = {s: sample_table(s, d) for s, d in splits.items()}
+    if params.image_shape is not None:
+        shape = [int(d) for d in params.image_shape]
+    else:
+        shape = image_dims(splits["train"].images)
+    log.info(
+        "validating %s against image shape %s, %d classes",
+        {s: len(f) for s, f in samples.items()},
+        shape,
+        len(names),
+    )
+
+    tables = [_Table(_file(s), f, "samples", ["index"]) for s, f in samples.items()]
+    tables.append(
+        _Table(
+            "class_counts",
+            class_count_table(samples, len(names)),
+            "class_counts",
+            ["file", "label"],
+        )
+    )
+    tables.append(
+        _Table("split_hashes", split_hash_table(samples), "split_hashes", ["file", "index"])
+    )
+    suites = {
+        "samples": _samples_expectations(params, len(names), shape),
+        "class_counts": _class_count_expectations(params),
+        "split_hashes": _split_hash_expectations(),
+    }
+
+    with atomic_path(out_dir) as tmp:
+        tmp.mkdir(parents=True)
+        try:
+            results = _run_suites(tables, suites, (tmp / "data_docs").resolve())
+        except StepError:
+            raise
+        except Exception as exc:  # no Great Expectations traceback reaches the user
+            log.debug("great_expectations failed", exc_info=True)
+            raise StepError(
+                f"validate: Great Expectations failed: {type(exc).__name__}: "
+                f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+            ) from exc
+        failures: list[str] = []
+        evaluated = failed = 0
+        for table, result in results:
+            for expectation in result.results:
+                evaluated += 1
+                if not expectation.success:
+                    failed += 1
+                    failures.extend(describe_failure(table, expectation))
+        success = failed == 0
+        write_json(
+            tmp / "result.json",
+            {
+                "success": success,
+                "validation_results": [r.to_json_dict() for _, r in results],
+            },
+        )
+        write_json(
+            tmp / "summary.json",
+            {
+                "success": success,
+                "evaluated": evaluated,
+                "failed": failed,
+                "failures": failures,
+                "image_shape": shape,
+                "rows": {t.name: len(t.frame) for t in tables},
+                "data_docs": "data_docs/index.html",
+            },
+        )
+        inputs: dict[str, str | Path] = {
+            _file(s): dataset.split_path(data_dir, s) for s in dataset.SPLITS
+        }
+        inputs["labels.json"] = data_dir / "labels.json"
+        write_manifest(
+            tmp,
+            "validate",
+            inputs=inputs,
+            outputs={
+                "result.json": tmp / "result.json",
+                "summary.json": tmp / "summary.json",
+                "data_docs": tmp / "data_docs",
+            },
+            params=asdict(params),
+            extra={"success": success, "evaluated": evaluated, "failed": failed},
+        )
+
+    log.info(
+        "validate: %d expectations evaluated, %d failed; Data Docs at %s",
+        evaluated,
+        failed,
+        out_dir / "data_docs" / "index.html",
+    )
+    if not success:
+        raise StepError(
+            f"data validation failed ({failed} of {evaluated} expectations; details in "
+            f"{out_dir / 'summary.json'}):\n" + "\n".join(f"  - {f}" for f in failures)
+        )
+    return ValidateResult(success=True, failures=[], evaluated=evaluated)
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m components.validate",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--data", default="outputs/ingest", help="ingested data set directory")
+    parser.add_argument("--out", default="outputs/validate")
+    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+
+    def _go() -> None:
+        params = section(load_params(args.params), "validate", ValidateParams, source=args.params)
+        result = run(params, args.data, args.out)
+        log.info("validate passed: %d expectations", result.evaluated)
+
+    return run_cli(_go)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
