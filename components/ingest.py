@@ -26,6 +26,7 @@ import io
 import logging
 import struct
 import sys
+import zlib
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -122,8 +123,10 @@ def parse_idx(data: bytes, name: str) -> np.ndarray:
     if data[:2] == b"\x1f\x8b":
         try:
             data = gzip.decompress(data)
-        except (EOFError, OSError, gzip.BadGzipFile) as exc:
-            raise StepError(f"{name}: corrupt or truncated gzip stream ({exc})") from exc
+        except EOFError as exc:  # the stream ends early: a cut-off download or copy
+            raise StepError(f"{name}: {_describe_truncated_gzip(data)}") from exc
+        except (OSError, zlib.error) as exc:
+            raise StepError(f"{name}: corrupt gzip stream ({exc})") from exc
     if len(data) < 4 or data[0] != 0 or data[1] != 0:
         raise StepError(f"{name}: not an IDX file (magic must start with two zero bytes)")
     code, ndim = data[2], data[3]
@@ -143,6 +146,25 @@ def parse_idx(data: bytes, name: str) -> np.ndarray:
             f"= {expected} bytes of data, file has {body}"
         )
     return np.frombuffer(data, dtype=dtype, offset=header).reshape(dims)
+
+
+def _describe_truncated_gzip(data: bytes) -> str:
+    """What a truncated gzip stream holds: its decompressed size and the IDX size it declares."""
+    try:
+        partial = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS).decompress(data)
+    except zlib.error:
+        partial = b""
+    text = (
+        f"truncated gzip stream: {len(data)} compressed bytes decompress to only "
+        f"{len(partial)} bytes"
+    )
+    if len(partial) >= 4 and partial[:2] == b"\0\0" and partial[2] in _IDX_DTYPES:
+        header = 4 + 4 * partial[3]
+        if len(partial) >= header:
+            dims = struct.unpack(f">{partial[3]}I", partial[4:header])
+            size = header + int(np.prod(dims)) * np.dtype(_IDX_DTYPES[partial[2]]).itemsize
+            text += f", its IDX header declares {size} bytes (shape {list(dims)})"
+    return text
 
 
 def read_mnist_idx(params: IngestParams) -> RawData:

@@ -104,6 +104,7 @@ def run(
         step: read_json(getattr(outputs, step) / "manifest.json")
         for step in ("ingest", "validate", "train", "export", "evaluate")
     }
+    ge_summary = read_json(outputs.validate / "summary.json")
     train_metrics = read_json(outputs.metrics / "train.json")
     eval_metrics = read_json(outputs.metrics / "evaluate.json")
     history = read_json(outputs.train / "history.json")
@@ -116,6 +117,7 @@ def run(
         "params_sha256": params_sha256(dict(all_params)),
         "task": task_name,
         "amp_effective": str(train_metrics.get("amp_effective")),
+        "ge_success": str(bool(ge_summary.get("success"))).lower(),
     }
 
     try:
@@ -128,7 +130,8 @@ def run(
         flat = {k: str(v) for k, v in flatten(all_params)}
         mlflow.log_params({k: v[:6000] for k, v in flat.items()})
         mlflow.log_metrics({**_numeric(train_metrics, "train."),
-                            **_numeric(eval_metrics, "test.")})
+                            **_numeric(eval_metrics, "test."),
+                            "ge_success": float(bool(ge_summary.get("success")))})
         for row in history:
             epoch = int(row["epoch"])
             mlflow.log_metrics({k: float(v) for k, v in row.items() if k != "epoch"}, step=epoch)
@@ -149,7 +152,9 @@ def run(
             "evaluate": [(outputs.evaluate, None)],
         }
         step_metrics = {"train": train_metrics, "evaluate": eval_metrics,
-                        "validate": read_json(outputs.validate / "summary.json")}
+                        "validate": {"success": float(bool(ge_summary.get("success"))),
+                                     "expectations_evaluated": ge_summary.get("evaluated", 0),
+                                     "expectations_failed": ge_summary.get("failed", 0)}}
         for step, files in step_files.items():
             with mlflow.start_run(run_name=step, nested=True,
                                   tags={**tags, "step": step}):

@@ -1,0 +1,618 @@
+"""ingest: every source kind against real files and real servers (HTTP, S3-compatible)."""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import hashlib
+import http.server
+import json
+import shutil
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from PIL import Image
+
+from components import dataset
+from components.artifacts import StepError, sha256_file
+from components.config import load_params
+from components.ingest import IngestParams, IngestResult, SplitParams, run, write_idx
+
+REPO = Path(__file__).resolve().parents[1]
+IMAGES = "small-images-idx3-ubyte"
+LABELS = "small-labels-idx1-ubyte"
+N_SMALL, N_CLASSES, H, W = 120, 4, 10, 12
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _load(out: Path) -> dict[str, dataset.Split]:
+    return {s: dataset.read_split(out, s) for s in dataset.SPLITS}
+
+
+def _assert_same_data(a: Path, b: Path) -> None:
+    """Two ingest outputs hold the same arrays, class names and file bytes."""
+    da, db = _load(a), _load(b)
+    for split in dataset.SPLITS:
+        np.testing.assert_array_equal(da[split].images, db[split].images, err_msg=split)
+        np.testing.assert_array_equal(da[split].labels, db[split].labels, err_msg=split)
+        assert sha256_file(dataset.split_path(a, split)) == sha256_file(
+            dataset.split_path(b, split)
+        )
+    assert dataset.read_label_names(a) == dataset.read_label_names(b)
+
+
+def _manifest(out: Path) -> dict:
+    return json.loads((out / "manifest.json").read_text())
+
+
+def _idx(source: str | Path, images: str = IMAGES, labels: str = LABELS, **kw) -> IngestParams:
+    return IngestParams(source=str(source), kind="mnist_idx", idx_files=[[images, labels]], **kw)
+
+
+def _image_hashes(split: dataset.Split) -> set[bytes]:
+    return {hashlib.sha256(img.tobytes()).digest() for img in split.images}
+
+
+def _step_error(params: IngestParams, out: Path) -> str:
+    with pytest.raises(StepError) as info:
+        run(params, out)
+    assert not out.exists(), "a failed ingest must not leave an output directory"
+    return str(info.value)
+
+
+# --------------------------------------------------------------------------- builtin:digits
+
+
+@pytest.fixture(scope="module")
+def digits(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, IngestResult]:
+    out = tmp_path_factory.mktemp("digits") / "data"
+    return out, run(IngestParams(source="builtin:digits", kind="builtin"), out)
+
+
+def test_builtin_digits_counts_and_stratification(digits: tuple[Path, IngestResult]) -> None:
+    out, result = digits
+    data = _load(out)
+    sizes = {s: len(d) for s, d in data.items()}
+    assert sum(sizes.values()) == 1797
+    split = SplitParams()
+    assert sizes["val"] / 1797 == pytest.approx(split.val_fraction, abs=0.01)
+    assert sizes["test"] / 1797 == pytest.approx(split.test_fraction, abs=0.01)
+    per_class = np.bincount(np.concatenate([d.labels for d in data.values()]), minlength=10)
+    fractions = {"val": split.val_fraction, "test": split.test_fraction}
+    fractions["train"] = 1 - split.val_fraction - split.test_fraction
+    for name, d in data.items():
+        assert d.images.dtype == np.uint8 and d.images.shape[1:] == (8, 8, 1), name
+        assert d.labels.dtype == np.int64
+        assert set(d.labels.tolist()) == set(range(10)), f"{name} misses a class"
+        # stratified: every class is split in the configured proportions
+        got = np.bincount(d.labels, minlength=10)
+        assert np.abs(got - per_class * fractions[name]).max() <= 2, (name, got)
+    assert data["train"].images.max() == 255 and data["train"].images.min() == 0
+    assert dataset.read_label_names(out) == [str(i) for i in range(10)]
+    # no sample leaks between splits (identical images are kept together)
+    tr, va, te = (_image_hashes(data[s]) for s in dataset.SPLITS)
+    assert not (tr & va) and not (tr & te) and not (va & te)
+    assert result.counts == {
+        s: {str(k): int((data[s].labels == k).sum()) for k in range(10)} for s in dataset.SPLITS
+    }
+
+
+def test_builtin_digits_manifest(digits: tuple[Path, IngestResult]) -> None:
+    out, result = digits
+    m = _manifest(out)
+    assert m["step"] == "ingest"
+    assert m["source"] == "builtin:digits" and m["kind"] == "builtin"
+    assert set(m["input_sha256"]) == {"builtin:digits"}
+    assert len(m["input_sha256"]["builtin:digits"]) == 64
+    for name in ("train.npz", "val.npz", "test.npz", "labels.json"):
+        assert m["outputs"][name]["sha256"] == sha256_file(out / name), name
+    assert m["counts"] == result.counts
+    assert set(m["counts"]) == set(dataset.SPLITS)
+    for split, per_class in m["counts"].items():
+        assert set(per_class) == {str(i) for i in range(10)}
+        assert sum(per_class.values()) == m["totals"][split] == len(dataset.read_split(out, split))
+    assert sum(m["totals"].values()) == 1797
+    assert m["image_shape"] == [8, 8, 1]
+    assert m["params"]["split"] == {"val_fraction": 0.15, "test_fraction": 0.15, "seed": 42}
+
+
+def test_builtin_split_is_deterministic_per_seed(
+    digits: tuple[Path, IngestResult], tmp_path: Path
+) -> None:
+    out, result = digits
+    again = run(IngestParams(source="builtin:digits", kind="builtin"), tmp_path / "again")
+    for split in dataset.SPLITS:
+        name = f"{split}.npz"
+        assert sha256_file(tmp_path / "again" / name) == sha256_file(out / name), name
+    assert again.data_sha256 == result.data_sha256
+
+    other = IngestParams(source="builtin:digits", kind="builtin", split=SplitParams(seed=7))
+    changed = run(other, tmp_path / "seed7")
+    assert changed.data_sha256 != result.data_sha256
+    for split in dataset.SPLITS:
+        assert sha256_file(tmp_path / "seed7" / f"{split}.npz") != sha256_file(
+            out / f"{split}.npz"
+        ), split
+    # a different seed changes which samples go where, not how many
+    assert _manifest(tmp_path / "seed7")["totals"] == _manifest(out)["totals"]
+
+
+def test_unknown_builtin_is_rejected(tmp_path: Path) -> None:
+    message = _step_error(IngestParams(source="builtin:cifar", kind="builtin"), tmp_path / "o")
+    assert "builtin:cifar" in message and "builtin:digits" in message
+
+
+# --------------------------------------------------------------------------- materialize
+
+
+def _dvc_dir_md5(root: Path) -> str:
+    """DVC's hash of a tracked directory (md5 of its sorted JSON listing)."""
+    entries = [
+        {"md5": hashlib.md5(p.read_bytes()).hexdigest(), "relpath": p.relative_to(root).as_posix()}
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    ]
+    return hashlib.md5(json.dumps(entries, sort_keys=True).encode()).hexdigest()
+
+
+def test_materialize_matches_params_and_data_dvc(
+    tmp_path: Path, digits: tuple[Path, IngestResult]
+) -> None:
+    raw = tmp_path / "data" / "raw"
+    out = raw / "digits"
+    proc = subprocess.run(
+        [sys.executable, "-m", "components.ingest", "materialize", "--out", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    declared = load_params(REPO / "params.yaml")["ingest"]["sha256"]
+    assert {p.name: sha256_file(p) for p in out.iterdir()} == declared
+
+    # data.dvc tracks data/raw: same files, same size, same directory hash
+    tracked = yaml.safe_load((REPO / "data.dvc").read_text())["outs"][0]
+    assert tracked["path"] == "data/raw"
+    assert tracked["nfiles"] == 2
+    assert tracked["size"] == sum(p.stat().st_size for p in out.iterdir())
+    assert tracked["md5"] == _dvc_dir_md5(raw) + ".dir"
+
+    # the repo's ingest params, pointed at the materialized files, verify and reproduce
+    # exactly the built-in data set
+    params = load_params(REPO / "params.yaml")["ingest"]
+    ingested = run(
+        _idx(out, *params["idx_files"][0], sha256=params["sha256"]), tmp_path / "ingested"
+    )
+    assert ingested.data_sha256 == digits[1].data_sha256
+    _assert_same_data(tmp_path / "ingested", digits[0])
+
+
+# --------------------------------------------------------------------------- MNIST IDX
+
+
+def _small_arrays() -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, size=(N_SMALL, H, W), dtype=np.uint8)
+    labels = (np.arange(N_SMALL) % N_CLASSES).astype(np.uint8)
+    return images, labels
+
+
+@pytest.fixture(scope="module")
+def idx_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """IDX files, raw and gzip-compressed, for 120 random 10x12 images in 4 classes."""
+    root = tmp_path_factory.mktemp("idx")
+    images, labels = _small_arrays()
+    write_idx(root / IMAGES, images)
+    write_idx(root / LABELS, labels)
+    for name in (IMAGES, LABELS):
+        (root / f"{name}.gz").write_bytes(gzip.compress((root / name).read_bytes(), mtime=0))
+    return root
+
+
+@pytest.fixture(scope="module")
+def idx_local(idx_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("idx-local") / "data"
+    run(_idx(idx_dir), out)
+    return out
+
+
+def test_idx_raw_roundtrip(idx_dir: Path, idx_local: Path) -> None:
+    images, labels = _small_arrays()
+    data = _load(idx_local)
+    assert sum(len(d) for d in data.values()) == N_SMALL
+    got = {
+        hashlib.sha256(i.tobytes()).digest(): int(lbl)
+        for d in data.values()
+        for i, lbl in zip(d.images, d.labels, strict=True)
+    }
+    want = {
+        hashlib.sha256(i[..., None].tobytes()).digest(): int(lbl)
+        for i, lbl in zip(images, labels, strict=True)
+    }
+    assert got == want, "every sample must arrive once, unchanged, with its label"
+    for d in data.values():
+        assert d.images.shape[1:] == (H, W, 1)
+        assert set(d.labels.tolist()) == set(range(N_CLASSES))
+    m = _manifest(idx_local)
+    assert m["source"] == str(idx_dir)
+    assert m["input_sha256"] == {n: sha256_file(idx_dir / n) for n in (IMAGES, LABELS)}
+
+
+def test_idx_gzip_equals_raw(idx_dir: Path, idx_local: Path, tmp_path: Path) -> None:
+    out = tmp_path / "gz"
+    run(_idx(idx_dir, f"{IMAGES}.gz", f"{LABELS}.gz"), out)
+    _assert_same_data(out, idx_local)
+    assert _manifest(out)["input_sha256"] == {
+        f"{n}.gz": sha256_file(idx_dir / f"{n}.gz") for n in (IMAGES, LABELS)
+    }
+
+
+def test_idx_declared_sha256_accepted(idx_dir: Path, idx_local: Path, tmp_path: Path) -> None:
+    declared = {n: sha256_file(idx_dir / n).upper() for n in (IMAGES, LABELS)}
+    run(_idx(idx_dir, sha256=declared), tmp_path / "ok")
+    _assert_same_data(tmp_path / "ok", idx_local)
+
+
+def test_idx_sha256_mismatch_names_file_and_hashes(idx_dir: Path, tmp_path: Path) -> None:
+    actual = sha256_file(idx_dir / LABELS)
+    wrong = "0" * 64
+    message = _step_error(_idx(idx_dir, sha256={LABELS: wrong}), tmp_path / "o")
+    assert str(idx_dir / LABELS) in message
+    assert actual in message and wrong in message
+
+
+def test_idx_sha256_for_unknown_file_is_rejected(idx_dir: Path, tmp_path: Path) -> None:
+    message = _step_error(_idx(idx_dir, sha256={"other-file": "0" * 64}), tmp_path / "o")
+    assert "other-file" in message
+
+
+def _copy_idx(idx_dir: Path, dest: Path) -> Path:
+    shutil.copytree(idx_dir, dest)
+    return dest
+
+
+def test_idx_truncated_file(idx_dir: Path, tmp_path: Path) -> None:
+    src = _copy_idx(idx_dir, tmp_path / "src")
+    blob = (src / IMAGES).read_bytes()
+    (src / IMAGES).write_bytes(blob[:-10])
+    message = _step_error(_idx(src), tmp_path / "o")
+    expected = N_SMALL * H * W
+    assert str(src / IMAGES) in message
+    assert "truncated" in message
+    assert str(expected) in message and str(expected - 10) in message
+    assert str([N_SMALL, H, W]) in message
+
+
+def test_idx_trailing_bytes(idx_dir: Path, tmp_path: Path) -> None:
+    src = _copy_idx(idx_dir, tmp_path / "src")
+    (src / LABELS).write_bytes((src / LABELS).read_bytes() + b"\0\0\0")
+    message = _step_error(_idx(src), tmp_path / "o")
+    assert str(src / LABELS) in message and "trailing" in message
+    assert str(N_SMALL) in message and str(N_SMALL + 3) in message
+
+
+@pytest.mark.parametrize("keep", [0.5, 0.98])
+def test_idx_truncated_gzip(idx_dir: Path, tmp_path: Path, keep: float) -> None:
+    src = _copy_idx(idx_dir, tmp_path / "src")
+    gz = src / f"{IMAGES}.gz"
+    blob = gz.read_bytes()
+    gz.write_bytes(blob[: int(len(blob) * keep)])
+    message = _step_error(_idx(src, f"{IMAGES}.gz", f"{LABELS}.gz"), tmp_path / "o")
+    assert str(gz) in message
+    assert "truncated" in message
+    declared = 4 + 4 * 3 + N_SMALL * H * W  # header + data the IDX header promises
+    assert f"declares {declared} bytes" in message
+    assert "decompress" in message
+
+
+@pytest.mark.parametrize("offset", [12, 200])
+def test_idx_corrupt_gzip(idx_dir: Path, tmp_path: Path, offset: int) -> None:
+    """Damage inside the deflate stream (zlib error) or its payload (CRC error)."""
+    src = _copy_idx(idx_dir, tmp_path / "src")
+    gz = src / f"{IMAGES}.gz"
+    blob = bytearray(gz.read_bytes())
+    blob[offset : offset + 4] = b"\xff\x00\xff\x00"
+    gz.write_bytes(bytes(blob))
+    message = _step_error(_idx(src, f"{IMAGES}.gz", f"{LABELS}.gz"), tmp_path / "o")
+    assert str(gz) in message and "corrupt gzip" in message
+
+
+def test_idx_truncated_header(idx_dir: Path, tmp_path: Path) -> None:
+    src = _copy_idx(idx_dir, tmp_path / "src")
+    (src / IMAGES).write_bytes((src / IMAGES).read_bytes()[:9])
+    message = _step_error(_idx(src), tmp_path / "o")
+    assert str(src / IMAGES) in message and "truncated" in message
+
+
+def test_idx_not_idx(idx_dir: Path, tmp_path: Path) -> None:
+    src = _copy_idx(idx_dir, tmp_path / "src")
+    (src / IMAGES).write_text("<html>404 Not Found</html>")
+    message = _step_error(_idx(src), tmp_path / "o")
+    assert str(src / IMAGES) in message and "not an IDX file" in message
+
+
+def test_idx_label_count_mismatch(tmp_path: Path) -> None:
+    images, labels = _small_arrays()
+    write_idx(tmp_path / IMAGES, images)
+    write_idx(tmp_path / LABELS, labels[:-5])
+    message = _step_error(_idx(tmp_path), tmp_path / "o")
+    assert str(tmp_path / IMAGES) in message and LABELS in message
+    assert f"{N_SMALL} images" in message and f"{N_SMALL - 5} labels" in message
+
+
+def test_idx_missing_file(idx_dir: Path, tmp_path: Path) -> None:
+    message = _step_error(_idx(idx_dir, IMAGES, "nope-labels"), tmp_path / "o")
+    assert str(idx_dir / "nope-labels") in message and "not found" in message
+
+
+def test_idx_duplicates_stay_together(tmp_path: Path) -> None:
+    images, labels = _small_arrays()
+    dup_images = np.concatenate([images, np.repeat(images[:8], 4, axis=0)])
+    dup_labels = np.concatenate([labels, np.repeat(labels[:8], 4)])
+    write_idx(tmp_path / IMAGES, dup_images)
+    write_idx(tmp_path / LABELS, dup_labels)
+    out = tmp_path / "o"
+    run(_idx(tmp_path), out)
+    data = _load(out)
+    assert sum(len(d) for d in data.values()) == len(dup_labels)
+    tr, va, te = (_image_hashes(data[s]) for s in dataset.SPLITS)
+    assert not (tr & va) and not (tr & te) and not (va & te)
+    for img in images[:8]:
+        key = hashlib.sha256(img[..., None].tobytes()).digest()
+        homes = [
+            s
+            for s in dataset.SPLITS
+            for i in data[s].images
+            if hashlib.sha256(i.tobytes()).digest() == key
+        ]
+        assert len(homes) == 5 and len(set(homes)) == 1
+
+
+def test_idx_identical_images_with_different_labels(tmp_path: Path) -> None:
+    images, labels = _small_arrays()
+    images[7] = images[3]
+    labels[7] = (labels[3] + 1) % N_CLASSES
+    write_idx(tmp_path / IMAGES, images)
+    write_idx(tmp_path / LABELS, labels)
+    message = _step_error(_idx(tmp_path), tmp_path / "o")
+    assert "different labels" in message and "[3, 7]" in message
+
+
+# --------------------------------------------------------------------------- http(s)://
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def http_url(idx_dir: Path) -> Iterator[str]:
+    handler = functools.partial(_QuietHandler, directory=str(idx_dir))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+
+
+def test_http_gzip_equals_local(
+    http_url: str, idx_dir: Path, idx_local: Path, tmp_path: Path
+) -> None:
+    declared = {f"{n}.gz": sha256_file(idx_dir / f"{n}.gz") for n in (IMAGES, LABELS)}
+    params = _idx(http_url, f"{IMAGES}.gz", f"{LABELS}.gz", sha256=declared)
+    run(params, tmp_path / "http")
+    _assert_same_data(tmp_path / "http", idx_local)
+    assert _manifest(tmp_path / "http")["source"] == http_url
+
+
+def test_http_missing_file(http_url: str, tmp_path: Path) -> None:
+    message = _step_error(_idx(http_url, IMAGES, "missing.gz"), tmp_path / "o")
+    assert f"{http_url}missing.gz" in message and "not found" in message
+
+
+# --------------------------------------------------------------------------- s3://
+
+
+@pytest.fixture(scope="module")
+def s3_prefix(idx_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real S3-compatible server (moto) holding the IDX files under s3://raw-data/mnist/."""
+    s3fs = pytest.importorskip("s3fs")
+    moto_server = pytest.importorskip("moto.server")
+    boto3 = pytest.importorskip("boto3")
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    aws = tmp_path_factory.mktemp("aws")
+    with pytest.MonkeyPatch.context() as mp:
+        # isolate from any real AWS configuration on the machine
+        for var in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_REGION"):
+            mp.delenv(var, raising=False)
+        mp.setenv("AWS_CONFIG_FILE", str(aws / "config"))
+        mp.setenv("AWS_SHARED_CREDENTIALS_FILE", str(aws / "credentials"))
+        mp.setenv("AWS_EC2_METADATA_DISABLED", "true")
+        mp.setenv("AWS_ACCESS_KEY_ID", "testing")
+        mp.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+        mp.setenv("AWS_DEFAULT_REGION", "us-east-1")
+        # botocore (and so aiobotocore/s3fs) reads the service-specific endpoint from the env
+        mp.setenv("AWS_ENDPOINT_URL_S3", f"http://{host}:{port}")
+        client = boto3.client("s3")
+        client.create_bucket(Bucket="raw-data")
+        for path in sorted(idx_dir.iterdir()):
+            client.put_object(Bucket="raw-data", Key=f"mnist/{path.name}", Body=path.read_bytes())
+        s3fs.S3FileSystem.clear_instance_cache()
+        try:
+            yield "s3://raw-data/mnist"
+        finally:
+            s3fs.S3FileSystem.clear_instance_cache()
+            server.stop()
+
+
+def test_s3_equals_local(s3_prefix: str, idx_dir: Path, idx_local: Path, tmp_path: Path) -> None:
+    declared = {n: sha256_file(idx_dir / n) for n in (IMAGES, f"{LABELS}.gz")}
+    run(_idx(s3_prefix, IMAGES, f"{LABELS}.gz", sha256=declared), tmp_path / "s3")
+    _assert_same_data(tmp_path / "s3", idx_local)
+    assert _manifest(tmp_path / "s3")["input_sha256"] == declared
+
+
+def test_s3_missing_object(s3_prefix: str, tmp_path: Path) -> None:
+    message = _step_error(_idx(s3_prefix, IMAGES, "nope"), tmp_path / "o")
+    assert f"{s3_prefix}/nope" in message and "not found" in message
+
+
+# --------------------------------------------------------------------------- image folder
+
+CLASSES = ("circle", "square", "triangle")
+
+
+@pytest.fixture(scope="module")
+def image_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """3 classes x 12 PNGs (L and RGB, 16x16 and 24x20) plus one 16x16 JPEG."""
+    root = tmp_path_factory.mktemp("images") / "folder"
+    rng = np.random.default_rng(1)
+    for c, cls in enumerate(CLASSES):
+        (root / cls).mkdir(parents=True)
+        for i in range(12):
+            h, w = (16, 16) if i < 10 else (24, 20)
+            shape = (h, w) if i % 2 == 0 else (h, w, 3)
+            arr = rng.integers(0, 256, size=shape, dtype=np.uint8)
+            arr[0, 0] = c * 12 + i  # every file differs
+            Image.fromarray(arr).save(root / cls / f"{i:02d}.png")
+    jpeg = (rng.integers(0, 256, size=(16, 16, 3)) // 64 * 64).astype(np.uint8)
+    Image.fromarray(jpeg).save(root / CLASSES[0] / "photo.JPG", quality=95)
+    return root
+
+
+def _folder(root: Path, **kw) -> IngestParams:
+    return IngestParams(source=str(root), kind="image_folder", **kw)
+
+
+def test_image_folder_grayscale(image_root: Path, tmp_path: Path) -> None:
+    out = tmp_path / "gray"
+    result = run(_folder(image_root, image_mode="L", image_size=[16, 16]), out)
+    data = _load(out)
+    assert sum(len(d) for d in data.values()) == 37
+    for d in data.values():
+        assert d.images.dtype == np.uint8 and d.images.shape[1:] == (16, 16, 1)
+        assert set(d.labels.tolist()) == {0, 1, 2}
+    assert dataset.read_label_names(out) == list(CLASSES)
+    totals = {c: sum(result.counts[s][c] for s in dataset.SPLITS) for c in CLASSES}
+    assert totals == {"circle": 13, "square": 12, "triangle": 12}
+    # a grayscale PNG already at the target size arrives pixel for pixel, with its label
+    expected = np.asarray(Image.open(image_root / "square" / "04.png"))[..., None]
+    found = [
+        (s, int(lbl))
+        for s, d in data.items()
+        for img, lbl in zip(d.images, d.labels, strict=True)
+        if np.array_equal(img, expected)
+    ]
+    assert len(found) == 1 and found[0][1] == CLASSES.index("square")
+    m = _manifest(out)
+    assert len(m["input_sha256"]) == 37
+    assert m["input_sha256"]["circle/photo.JPG"] == sha256_file(image_root / "circle/photo.JPG")
+
+
+def test_image_folder_rgb_resized(image_root: Path, tmp_path: Path) -> None:
+    out = tmp_path / "rgb"
+    run(_folder(image_root, image_mode="RGB", image_size=[8, 10]), out)
+    data = _load(out)
+    assert sum(len(d) for d in data.values()) == 37
+    for d in data.values():
+        assert d.images.shape[1:] == (8, 10, 3)  # [H, W, C]
+        assert set(d.labels.tolist()) == {0, 1, 2}
+
+
+def test_image_folder_mixed_sizes_need_image_size(image_root: Path, tmp_path: Path) -> None:
+    message = _step_error(_folder(image_root), tmp_path / "o")
+    assert str(image_root) in message and "different sizes" in message
+    assert "image_size" in message
+
+
+@pytest.mark.parametrize("corruption", ["garbage", "truncated"])
+def test_image_folder_corrupt_file(image_root: Path, tmp_path: Path, corruption: str) -> None:
+    root = tmp_path / "folder"
+    shutil.copytree(image_root, root)
+    bad = root / "square" / "05.png"
+    blob = bad.read_bytes()
+    bad.write_bytes(b"not an image at all" if corruption == "garbage" else blob[: len(blob) // 2])
+    message = _step_error(_folder(root, image_size=[16, 16]), tmp_path / "o")
+    assert str(bad) in message and "not a readable image" in message
+
+
+def test_image_folder_needs_two_classes(image_root: Path, tmp_path: Path) -> None:
+    root = tmp_path / "folder"
+    shutil.copytree(image_root / "circle", root / "circle")
+    (root / "stray.png").write_bytes((image_root / "square" / "00.png").read_bytes())
+    message = _step_error(_folder(root, image_size=[16, 16]), tmp_path / "o")
+    assert str(root) in message and "at least two" in message
+
+
+def test_image_folder_missing(tmp_path: Path) -> None:
+    message = _step_error(_folder(tmp_path / "nowhere"), tmp_path / "o")
+    assert str(tmp_path / "nowhere") in message and "not found" in message
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def _cli(params: Path, out: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "components.ingest", "--params", str(params), "--out", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def _write_params(path: Path, idx_dir: Path, sha: dict[str, str]) -> Path:
+    ingest = {
+        "source": str(idx_dir),
+        "kind": "mnist_idx",
+        "idx_files": [[IMAGES, LABELS]],
+        "sha256": sha,
+    }
+    path.write_text(yaml.safe_dump({"ingest": ingest}))
+    return path
+
+
+def test_cli_wrong_sha256_fails_cleanly(idx_dir: Path, tmp_path: Path) -> None:
+    wrong = "f" * 64
+    params = _write_params(tmp_path / "params.yaml", idx_dir, {IMAGES: wrong})
+    out = tmp_path / "outputs" / "ingest"
+    proc = _cli(params, out)
+    assert proc.returncode == 1, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, proc.stderr
+    assert str(idx_dir / IMAGES) in errors[0] and wrong in errors[0]
+    assert sha256_file(idx_dir / IMAGES) in errors[0]
+    assert "Traceback" not in proc.stderr
+    assert not out.exists()
+    assert not out.parent.exists() or list(out.parent.iterdir()) == []
+
+
+def test_cli_failure_keeps_previous_output(idx_dir: Path, tmp_path: Path) -> None:
+    good = {n: sha256_file(idx_dir / n) for n in (IMAGES, LABELS)}
+    out = tmp_path / "outputs" / "ingest"
+    ok = _cli(_write_params(tmp_path / "good.yaml", idx_dir, good), out)
+    assert ok.returncode == 0, ok.stderr
+    before = {p.name: sha256_file(p) for p in out.iterdir()}
+    assert set(before) == {"train.npz", "val.npz", "test.npz", "labels.json", "manifest.json"}
+
+    bad = _cli(_write_params(tmp_path / "bad.yaml", idx_dir, {LABELS: "0" * 64}), out)
+    assert bad.returncode == 1 and "Traceback" not in bad.stderr
+    assert {p.name: sha256_file(p) for p in out.iterdir()} == before
+    assert [p.name for p in out.parent.iterdir()] == ["ingest"]

@@ -1,0 +1,171 @@
+"""The whole pipeline through the real DVC CLI in a temporary git repository.
+
+This is what a user does: clone, materialise data/raw (tracked by data.dvc), ``dvc repro``,
+read metrics and plots, change a param, push and pull data, and read the MLflow run back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from components.artifacts import sha256_tree
+from tests.conftest import copy_repo
+
+BIN = str(Path(sys.executable).parent)
+
+
+def sh(repo: Path, *cmd: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PATH": BIN + os.pathsep + os.environ["PATH"],
+           "PYTHONPATH": str(repo)}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    proc = subprocess.run(list(cmd), cwd=repo, env=env, capture_output=True, text=True,
+                          timeout=900)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{cmd} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def set_params(repo: Path, **updates: dict) -> None:
+    path = repo / "params.yaml"
+    params = yaml.safe_load(path.read_text())
+    for section, values in updates.items():
+        params[section] = _merge(params[section], values)
+    path.write_text(yaml.safe_dump(params, sort_keys=False))
+
+
+def _merge(base: dict, new: dict) -> dict:
+    out = dict(base)
+    for k, v in new.items():
+        out[k] = _merge(base.get(k, {}), v) if isinstance(v, dict) else v
+    return out
+
+
+def ran(proc: subprocess.CompletedProcess[str]) -> list[str]:
+    text = proc.stdout + proc.stderr
+    return [s for s in ("ingest", "validate", "train", "export", "evaluate", "track")
+            if f"Running stage '{s}'" in text]
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    repo = copy_repo(tmp_path_factory.mktemp("clone"))
+    sh(repo, "git", "init", "-q")
+    sh(repo, "git", "add", "-A")
+    sh(repo, "git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "clone")
+    # tiny params: the point is the wiring, not the accuracy
+    set_params(repo, task={"options": {"conv_channels": [6, 16]}},
+               train={"epochs": 3},
+               evaluate={"latency": {"warmup": 1, "repeats": 3}})
+    return repo
+
+
+def test_fresh_clone_materialises_data_byte_identically(repo):
+    assert not (repo / "data" / "raw").exists()
+    sh(repo, sys.executable, "-m", "components.ingest", "materialize", "--out",
+       "data/raw/digits")
+    # what `make data` does: cache it, and prove the hash equals the committed data.dvc
+    sh(repo, "dvc", "commit", "-f", "-q", "data.dvc")
+    sh(repo, "git", "diff", "--exit-code", "--", "data.dvc")
+    status = sh(repo, "dvc", "status", "data.dvc")
+    assert "up to date" in status.stdout, status.stdout
+
+
+def test_repro_runs_every_stage_and_writes_the_contract(repo):
+    proc = sh(repo, "dvc", "repro")
+    assert ran(proc) == ["ingest", "validate", "train", "export", "evaluate", "track"]
+    train = json.loads((repo / "metrics" / "train.json").read_text())
+    evaluate = json.loads((repo / "metrics" / "evaluate.json").read_text())
+    assert {"best_val_accuracy", "epochs_run", "samples_per_second", "amp_effective"} <= set(train)
+    assert train["amp_effective"] == "off" and train["epochs_run"] == 3
+    assert {"accuracy", "macro_f1", "latency_ms_b1", "latency_ms_b64"} <= set(evaluate)
+    assert evaluate["accuracy"] > 0.5
+
+    shown = json.loads(sh(repo, "dvc", "metrics", "show", "--json").stdout)
+    data = json.dumps(shown)
+    assert "best_val_accuracy" in data and "latency_ms_b64" in data
+    sh(repo, "dvc", "plots", "show", "-o", "plots_html")
+    html = (repo / "plots_html" / "index.html").read_text()
+    assert "val_accuracy" in html and "confusion" in html.lower()
+
+
+def test_second_repro_runs_nothing(repo):
+    proc = sh(repo, "dvc", "repro")
+    assert ran(proc) == []
+    assert "Data and pipelines are up to date" in proc.stdout
+
+
+def test_changing_train_params_reruns_train_and_downstream_only(repo):
+    set_params(repo, train={"learning_rate": 0.002})
+    proc = sh(repo, "dvc", "repro")
+    assert ran(proc) == ["train", "export", "evaluate", "track"]
+
+
+def test_mlflow_run_holds_params_metrics_curves_and_artifacts(repo):
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{repo / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("digits")
+    assert exp is not None
+    runs = client.search_runs([exp.experiment_id], "tags.mlflow.parentRunId IS NULL",
+                              order_by=["attributes.start_time DESC"])
+    assert len(runs) == 2  # one per pipeline execution that changed something
+    parent = runs[0]
+    run_json = json.loads((repo / "outputs" / "track" / "run.json").read_text())
+    assert parent.info.run_id == run_json["run_id"]
+    tags = parent.data.tags
+    assert len(tags["git_sha"]) >= 40 and len(tags["data_sha256"]) == 64
+    assert len(tags["params_sha256"]) == 64 and tags["task"] == "digits"
+    assert parent.data.params["train.learning_rate"] == "0.002"
+    assert parent.data.metrics["test.accuracy"] > 0.5
+    history = client.get_metric_history(parent.info.run_id, "val_accuracy")
+    assert sorted(m.step for m in history) == [1, 2, 3]
+
+    children = client.search_runs([exp.experiment_id],
+                                  f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    assert sorted(c.data.tags["step"] for c in children) == [
+        "evaluate", "export", "ingest", "train", "validate"]
+    by_step = {c.data.tags["step"]: c for c in children}
+    assert by_step["validate"].data.metrics["success"] == 1.0
+
+    def files(run_id: str, path: str = "") -> set[str]:
+        out = set()
+        for f in client.list_artifacts(run_id, path):
+            out |= files(run_id, f.path) if f.is_dir else {f.path}
+        return out
+
+    parent_files = files(parent.info.run_id)
+    assert {"model/model.json", "model/model.pdiparams", "model/signature.json",
+            "model/legacy/model.pdmodel", "plots/train.csv"} <= parent_files
+    validate_files = files(by_step["validate"].info.run_id)
+    assert "great_expectations/data_docs/index.html" in validate_files
+    assert "great_expectations/result.json" in validate_files
+    assert "manifest.json" in files(by_step["ingest"].info.run_id)
+
+
+def test_failed_validation_stops_the_pipeline(repo):
+    set_params(repo, validate={"class_fraction_max": 0.05})
+    proc = sh(repo, "dvc", "repro", check=False)
+    assert proc.returncode != 0
+    assert ran(proc) == ["validate"]
+    assert "column 'fraction'" in proc.stderr and "train.npz" in proc.stderr
+    set_params(repo, validate={"class_fraction_max": 0.5})
+
+
+def test_push_and_pull_raw_data_through_a_remote(repo, tmp_path):
+    remote = tmp_path / "remote"
+    sh(repo, "dvc", "remote", "add", "-d", "--local", "storage", str(remote))
+    sh(repo, "dvc", "push", "data.dvc")
+    before = sha256_tree(repo / "data" / "raw")
+    shutil.rmtree(repo / "data" / "raw")
+    shutil.rmtree(repo / ".dvc" / "cache")
+    sh(repo, "dvc", "pull", "data.dvc")
+    assert sha256_tree(repo / "data" / "raw") == before
+    assert "up to date" in sh(repo, "dvc", "status", "data.dvc").stdout
