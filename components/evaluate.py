@@ -53,7 +53,12 @@ class EvaluateResult:
 def classification_report(
     y_true: np.ndarray, y_pred: np.ndarray, label_names: list[str]
 ) -> dict[str, Any]:
-    from sklearn.metrics import accuracy_score, confusion_matrix, f1_score, precision_recall_fscore_support
+    from sklearn.metrics import (
+        accuracy_score,
+        confusion_matrix,
+        f1_score,
+        precision_recall_fscore_support,
+    )
 
     labels = list(range(len(label_names)))
     precision, recall, f1, support = precision_recall_fscore_support(
@@ -61,11 +66,16 @@ def classification_report(
     )
     return {
         "accuracy": float(accuracy_score(y_true, y_pred)),
-        "macro_f1": float(f1_score(y_true, y_pred, labels=labels, average="macro",
-                                   zero_division=0)),
+        "macro_f1": float(
+            f1_score(y_true, y_pred, labels=labels, average="macro", zero_division=0)
+        ),
         "per_class": {
-            name: {"precision": float(precision[i]), "recall": float(recall[i]),
-                   "f1": float(f1[i]), "support": int(support[i])}
+            name: {
+                "precision": float(precision[i]),
+                "recall": float(recall[i]),
+                "f1": float(f1[i]),
+                "support": int(support[i]),
+            }
             for i, name in enumerate(label_names)
         },
         "confusion_matrix": confusion_matrix(y_true, y_pred, labels=labels).tolist(),
@@ -73,8 +83,12 @@ def classification_report(
 
 
 def score_model(
-    model_dir: str | Path, task: Task, data_dir: str | Path, split: str = "test",
-    batch_size: int = 256, threads: int = 1,
+    model_dir: str | Path,
+    task: Task,
+    data_dir: str | Path,
+    split: str = "test",
+    batch_size: int = 256,
+    threads: int = 1,
 ) -> tuple[dict[str, Any], np.ndarray, np.ndarray, PaddlePredictor, list[np.ndarray]]:
     """Run an exported model on a split; returns the report, labels, predictions, predictor."""
     predictor = PaddlePredictor(ModelFiles.in_dir(model_dir), threads=threads)
@@ -101,8 +115,15 @@ def _confusion_png(dest: Path, matrix: list[list[int]], names: list[str], title:
     ax.set_title(title)
     for (i, j), v in np.ndenumerate(cm):
         if v:
-            ax.text(j, i, str(v), ha="center", va="center",
-                    color="white" if v > cm.max() / 2 else "black", fontsize=8)
+            ax.text(
+                j,
+                i,
+                str(v),
+                ha="center",
+                va="center",
+                color="white" if v > cm.max() / 2 else "black",
+                fontsize=8,
+            )
     fig.tight_layout()
     with atomic_path(dest) as tmp:
         fig.savefig(tmp, format="png")
@@ -110,8 +131,13 @@ def _confusion_png(dest: Path, matrix: list[list[int]], names: list[str], title:
 
 
 def run(
-    params: EvaluateParams, task: Task, model_dir: str | Path, data_dir: str | Path,
-    out_dir: str | Path, *, metrics_file: str | Path | None = None,
+    params: EvaluateParams,
+    task: Task,
+    model_dir: str | Path,
+    data_dir: str | Path,
+    out_dir: str | Path,
+    *,
+    metrics_file: str | Path | None = None,
     plots_file: str | Path | None = None,
 ) -> EvaluateResult:
     model_dir, data_dir, out_dir = Path(model_dir), Path(data_dir), Path(out_dir)
@@ -125,35 +151,64 @@ def run(
     latency: dict[str, float] = {}
     for bs in params.latency.batch_sizes:
         idx = np.arange(bs) % inputs[0].shape[0]  # repeat samples if the split is smaller
-        latency[f"latency_ms_b{bs}"] = round(predictor.latency_ms(
-            [x[idx] for x in inputs], warmup=params.latency.warmup,
-            repeats=params.latency.repeats), 4)
+        latency[f"latency_ms_b{bs}"] = round(
+            predictor.latency_ms(
+                [x[idx] for x in inputs],
+                warmup=params.latency.warmup,
+                repeats=params.latency.repeats,
+            ),
+            4,
+        )
 
-    metrics = {"accuracy": report["accuracy"], "macro_f1": report["macro_f1"], **latency,
-               "samples": int(len(y_true)), "latency_threads": params.latency.threads,
-               "worst_class_recall": min(c["recall"] for c in report["per_class"].values())}
-    log.info("%s accuracy %.4f macro-F1 %.4f %s", params.split, report["accuracy"],
-             report["macro_f1"], latency)
+    metrics = {
+        "accuracy": report["accuracy"],
+        "macro_f1": report["macro_f1"],
+        **latency,
+        "samples": int(len(y_true)),
+        "latency_threads": params.latency.threads,
+        "worst_class_recall": min(c["recall"] for c in report["per_class"].values()),
+    }
+    log.info(
+        "%s accuracy %.4f macro-F1 %.4f %s",
+        params.split,
+        report["accuracy"],
+        report["macro_f1"],
+        latency,
+    )
 
     with atomic_path(out_dir) as tmp:
         tmp.mkdir(parents=True)
         write_json(tmp / "report.json", {**report, **latency, "split": params.split})
-        _confusion_png(tmp / "confusion_matrix.png", report["confusion_matrix"], names,
-                       f"{params.split}: accuracy {report['accuracy']:.4f}")
-        write_manifest(tmp, "evaluate",
-                       inputs={"model": model_dir,
-                               f"{params.split}.npz": dataset.split_path(data_dir, params.split)},
-                       outputs={"report.json": tmp / "report.json"}, params=asdict(params))
+        _confusion_png(
+            tmp / "confusion_matrix.png",
+            report["confusion_matrix"],
+            names,
+            f"{params.split}: accuracy {report['accuracy']:.4f}",
+        )
+        write_manifest(
+            tmp,
+            "evaluate",
+            inputs={
+                "model": model_dir,
+                f"{params.split}.npz": dataset.split_path(data_dir, params.split),
+            },
+            outputs={"report.json": tmp / "report.json"},
+            params=asdict(params),
+        )
     write_json(metrics_file, metrics)
-    rows = ["actual,predicted"] + [f"{names[a]},{names[p]}" for a, p in zip(y_true, y_pred,
-                                                                             strict=True)]
+    rows = ["actual,predicted"] + [
+        f"{names[a]},{names[p]}" for a, p in zip(y_true, y_pred, strict=True)
+    ]
     write_text(plots_file, "\n".join(rows) + "\n")
     return EvaluateResult(metrics=metrics, report=report)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m components.evaluate", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m components.evaluate",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--params", default="params.yaml")
     parser.add_argument("--model", default="outputs/export")
     parser.add_argument("--data", default="outputs/ingest")
@@ -167,8 +222,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         params = section(all_params, "evaluate", EvaluateParams, source=args.params)
         task_params = all_params.get("task", {})
         task = get_task(task_params.get("name", ""), task_params.get("options"))
-        run(params, task, args.model, args.data, args.out, metrics_file=args.metrics,
-            plots_file=args.plots)
+        run(
+            params,
+            task,
+            args.model,
+            args.data,
+            args.out,
+            metrics_file=args.metrics,
+            plots_file=args.plots,
+        )
 
     return run_cli(_go)
 

@@ -77,35 +77,50 @@ def load_trained(task: Task, train_dir: str | Path) -> tuple[paddle.nn.Layer, di
 
 
 def check_parity(
-    model: paddle.nn.Layer, predictor: PaddlePredictor, inputs: list[np.ndarray],
+    model: paddle.nn.Layer,
+    predictor: PaddlePredictor,
+    inputs: list[np.ndarray],
     params: ParityParams,
 ) -> dict[str, Any]:
     """Compare the exported program with the dygraph model; returns a JSON-able report."""
     with paddle.no_grad():
         ref = model(*[paddle.to_tensor(x) for x in inputs]).numpy()
     full = predictor.run(inputs)[0]
-    single = np.concatenate([predictor.run([x[i : i + 1] for x in inputs])[0]
-                             for i in range(inputs[0].shape[0])])
-    report: dict[str, Any] = {"samples": int(ref.shape[0]), "atol": params.atol,
-                              "rtol": params.rtol}
+    single = np.concatenate(
+        [predictor.run([x[i : i + 1] for x in inputs])[0] for i in range(inputs[0].shape[0])]
+    )
+    report: dict[str, Any] = {
+        "samples": int(ref.shape[0]),
+        "atol": params.atol,
+        "rtol": params.rtol,
+    }
     ok = True
     for name, got in (("batch_full", full), ("batch_1", single)):
         if got.shape != ref.shape:
-            raise StepError(f"{predictor.files.program}: output shape {list(got.shape)} "
-                            f"!= dygraph {list(ref.shape)} ({name})")
+            raise StepError(
+                f"{predictor.files.program}: output shape {list(got.shape)} "
+                f"!= dygraph {list(ref.shape)} ({name})"
+            )
         diff = np.abs(got - ref)
         bound = params.atol + params.rtol * np.abs(ref)
         top1 = float((got.argmax(1) == ref.argmax(1)).mean())
         passed = bool((diff <= bound).all() and top1 == 1.0)
-        report[name] = {"max_abs_diff": float(diff.max()), "violations": int((diff > bound).sum()),
-                        "top1_agreement": top1, "passed": passed}
+        report[name] = {
+            "max_abs_diff": float(diff.max()),
+            "violations": int((diff > bound).sum()),
+            "top1_agreement": top1,
+            "passed": passed,
+        }
         ok = ok and passed
     report["passed"] = ok
     return report
 
 
 def run(
-    params: ExportParams, task: Task, train_dir: str | Path, data_dir: str | Path,
+    params: ExportParams,
+    task: Task,
+    train_dir: str | Path,
+    data_dir: str | Path,
     out_dir: str | Path,
 ) -> ExportResult:
     train_dir, data_dir, out_dir = Path(train_dir), Path(data_dir), Path(out_dir)
@@ -130,8 +145,11 @@ def run(
                 "input_names": predictor.input_names,
                 "output_names": predictor.output_names,
             }
-            log.info("parity %s: %s", fmt, {k: v for k, v in parity[fmt].items()
-                                            if k.startswith("batch")})
+            log.info(
+                "parity %s: %s",
+                fmt,
+                {k: v for k, v in parity[fmt].items() if k.startswith("batch")},
+            )
         num_classes = int(meta["num_classes"])
         signature = {
             "task": task.name,
@@ -145,10 +163,12 @@ def run(
         write_json(tmp / "signature.json", signature)
         write_json(tmp / "parity.json", parity)
         write_manifest(
-            tmp, "export",
+            tmp,
+            "export",
             inputs={"model.pdparams": train_dir / "model.pdparams"},
-            outputs={p.relative_to(tmp).as_posix(): p for p in sorted(tmp.rglob("*"))
-                     if p.is_file()},
+            outputs={
+                p.relative_to(tmp).as_posix(): p for p in sorted(tmp.rglob("*")) if p.is_file()
+            },
             params=asdict(params),
         )
         failed = [f for f, r in parity.items() if not r["passed"]]
@@ -157,16 +177,23 @@ def run(
                 f"{f}: {k} max |diff| {parity[f][k]['max_abs_diff']:.3g}, "
                 f"{parity[f][k]['violations']} logits beyond tolerance, top-1 agreement "
                 f"{parity[f][k]['top1_agreement']:.3f}"
-                for f in failed for k in ("batch_full", "batch_1") if not parity[f][k]["passed"]
+                for f in failed
+                for k in ("batch_full", "batch_1")
+                if not parity[f][k]["passed"]
             )
-            raise StepError(f"{out_dir}: exported model differs from the trained model "
-                            f"(atol {params.parity.atol}, rtol {params.parity.rtol}): {details}")
+            raise StepError(
+                f"{out_dir}: exported model differs from the trained model "
+                f"(atol {params.parity.atol}, rtol {params.parity.rtol}): {details}"
+            )
     return ExportResult(out_dir=out_dir, parity=parity)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m components.export", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m components.export",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--params", default="params.yaml")
     parser.add_argument("--train", default="outputs/train")
     parser.add_argument("--data", default="outputs/ingest")

@@ -123,15 +123,20 @@ def run(
     try:
         mlflow.set_experiment(params.experiment)
     except Exception as exc:  # MLflow raises its own exception types for bad URIs/backends
-        raise StepError(f"MLflow tracking at {uri}: cannot open experiment "
-                        f"'{params.experiment}' ({exc})") from exc
+        raise StepError(
+            f"MLflow tracking at {uri}: cannot open experiment '{params.experiment}' ({exc})"
+        ) from exc
     run_name = f"{params.run_name_prefix}-{task_name}-{sha[:8]}"
     with mlflow.start_run(run_name=run_name, tags=tags) as parent:
         flat = {k: str(v) for k, v in flatten(all_params)}
         mlflow.log_params({k: v[:6000] for k, v in flat.items()})
-        mlflow.log_metrics({**_numeric(train_metrics, "train."),
-                            **_numeric(eval_metrics, "test."),
-                            "ge_success": float(bool(ge_summary.get("success")))})
+        mlflow.log_metrics(
+            {
+                **_numeric(train_metrics, "train."),
+                **_numeric(eval_metrics, "test."),
+                "ge_success": float(bool(ge_summary.get("success"))),
+            }
+        )
         for row in history:
             epoch = int(row["epoch"])
             mlflow.log_metrics({k: float(v) for k, v in row.items() if k != "epoch"}, step=epoch)
@@ -140,24 +145,34 @@ def run(
         _log_dir(mlflow, outputs.metrics, "metrics")
 
         step_files: dict[str, list[tuple[Path, str | None]]] = {
-            "ingest": [(outputs.ingest / "manifest.json", None),
-                       (outputs.ingest / "labels.json", None)],
+            "ingest": [
+                (outputs.ingest / "manifest.json", None),
+                (outputs.ingest / "labels.json", None),
+            ],
             "validate": [(outputs.validate, "great_expectations")],
-            "train": [(outputs.train / "manifest.json", None),
-                      (outputs.train / "history.json", None),
-                      (outputs.train / "model_meta.json", None)],
-            "export": [(outputs.export / "manifest.json", None),
-                       (outputs.export / "parity.json", None),
-                       (outputs.export / "signature.json", None)],
+            "train": [
+                (outputs.train / "manifest.json", None),
+                (outputs.train / "history.json", None),
+                (outputs.train / "model_meta.json", None),
+            ],
+            "export": [
+                (outputs.export / "manifest.json", None),
+                (outputs.export / "parity.json", None),
+                (outputs.export / "signature.json", None),
+            ],
             "evaluate": [(outputs.evaluate, None)],
         }
-        step_metrics = {"train": train_metrics, "evaluate": eval_metrics,
-                        "validate": {"success": float(bool(ge_summary.get("success"))),
-                                     "expectations_evaluated": ge_summary.get("evaluated", 0),
-                                     "expectations_failed": ge_summary.get("failed", 0)}}
+        step_metrics = {
+            "train": train_metrics,
+            "evaluate": eval_metrics,
+            "validate": {
+                "success": float(bool(ge_summary.get("success"))),
+                "expectations_evaluated": ge_summary.get("evaluated", 0),
+                "expectations_failed": ge_summary.get("failed", 0),
+            },
+        }
         for step, files in step_files.items():
-            with mlflow.start_run(run_name=step, nested=True,
-                                  tags={**tags, "step": step}):
+            with mlflow.start_run(run_name=step, nested=True, tags={**tags, "step": step}):
                 section_params = all_params.get(step, {})
                 if isinstance(section_params, Mapping) and section_params:
                     mlflow.log_params({k: str(v)[:6000] for k, v in flatten(section_params)})
@@ -169,21 +184,31 @@ def run(
                     for row in history:
                         mlflow.log_metrics(
                             {k: float(v) for k, v in row.items() if k != "epoch"},
-                            step=int(row["epoch"]))
+                            step=int(row["epoch"]),
+                        )
                 for path, artifact_path in files:
                     _log_dir(mlflow, path, artifact_path)
         result = TrackResult(parent.info.run_id, parent.info.experiment_id, uri)
-    write_json(out_dir / "run.json", {"run_id": result.run_id,
-                                      "experiment_id": result.experiment_id,
-                                      "experiment": params.experiment,
-                                      "tracking_uri": uri, "tags": tags})
+    write_json(
+        out_dir / "run.json",
+        {
+            "run_id": result.run_id,
+            "experiment_id": result.experiment_id,
+            "experiment": params.experiment,
+            "tracking_uri": uri,
+            "tags": tags,
+        },
+    )
     log.info("MLflow run %s in experiment '%s' at %s", result.run_id, params.experiment, uri)
     return result
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m components.track", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m components.track",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--params", default="params.yaml")
     parser.add_argument("--out", default="outputs/track")
     args = parser.parse_args(argv)

@@ -219,8 +219,9 @@ def run(
     scaler = None
     if amp.enabled:
         if amp.level == "O2":
-            model, opt = paddle.amp.decorate(models=model, optimizers=opt, level="O2",
-                                             dtype=amp.dtype)
+            model, opt = paddle.amp.decorate(
+                models=model, optimizers=opt, level="O2", dtype=amp.dtype
+            )
         if amp.dtype == "float16":
             scaler = paddle.amp.GradScaler(init_loss_scaling=2.0**15)
 
@@ -240,8 +241,13 @@ def run(
         log.info("resuming from checkpoint after epoch %d", state["epoch"])
 
     stopped = state is not None and state.get("stopped", False)
-    epochs = tqdm(range(start_epoch, params.epochs + 1), desc="train", unit="epoch",
-                  initial=start_epoch - 1, total=params.epochs)
+    epochs = tqdm(
+        range(start_epoch, params.epochs + 1),
+        desc="train",
+        unit="epoch",
+        initial=start_epoch - 1,
+        total=params.epochs,
+    )
     for epoch in epochs:
         if stopped:
             break
@@ -255,8 +261,11 @@ def run(
             idx = order[start : start + params.batch_size]
             batch = [paddle.to_tensor(x) for x in task.augment([x[idx] for x in x_train], rng)]
             y = paddle.to_tensor(y_train[idx])
-            with paddle.amp.auto_cast(enable=amp.enabled, level=amp.level if amp.enabled else "O1",
-                                      dtype=amp.dtype if amp.enabled else "float16"):
+            with paddle.amp.auto_cast(
+                enable=amp.enabled,
+                level=amp.level if amp.enabled else "O1",
+                dtype=amp.dtype if amp.enabled else "float16",
+            ):
                 logits = model(*batch)
             loss = F.cross_entropy(logits.astype("float32"), y)  # loss always in fp32
             if scaler is not None:
@@ -308,8 +317,12 @@ def run(
             },
         )
         if stopped:
-            log.info("early stopping after epoch %d (best epoch %d, val_accuracy %.4f)",
-                     epoch, best["epoch"], best["val_accuracy"])
+            log.info(
+                "early stopping after epoch %d (best epoch %d, val_accuracy %.4f)",
+                epoch,
+                best["epoch"],
+                best["val_accuracy"],
+            )
     epochs.close()
 
     result = TrainResult(
@@ -324,13 +337,16 @@ def run(
     with atomic_path(out_dir) as tmp:
         tmp.mkdir(parents=True)
         paddle.save(best_state, str(tmp / "model.pdparams"))
-        write_json(tmp / "model_meta.json", {
-            "task": task.name,
-            "task_params": task_params or {},
-            "num_classes": num_classes,
-            "label_names": label_names,
-            "best_epoch": result.best_epoch,
-        })
+        write_json(
+            tmp / "model_meta.json",
+            {
+                "task": task.name,
+                "task_params": task_params or {},
+                "num_classes": num_classes,
+                "label_names": label_names,
+                "best_epoch": result.best_epoch,
+            },
+        )
         write_json(tmp / "history.json", history)
         write_manifest(
             tmp,
@@ -340,18 +356,26 @@ def run(
             params=asdict(params),
             extra={"amp": asdict(amp), "device": device, "fingerprint": fingerprint},
         )
-    write_json(metrics_file, {
-        "best_val_accuracy": result.best_val_accuracy,
-        "best_epoch": result.best_epoch,
-        "epochs_run": result.epochs_run,
-        "samples_per_second": round(result.samples_per_second, 2),
-        "amp_effective": result.amp_effective,
-        "amp_requested": params.amp,
-    })
+    write_json(
+        metrics_file,
+        {
+            "best_val_accuracy": result.best_val_accuracy,
+            "best_epoch": result.best_epoch,
+            "epochs_run": result.epochs_run,
+            "samples_per_second": round(result.samples_per_second, 2),
+            "amp_effective": result.amp_effective,
+            "amp_requested": params.amp,
+        },
+    )
     write_text(plots_file, _curves_csv(history))
-    log.info("best val_accuracy %.4f at epoch %d; %d epochs, %.0f samples/s, amp=%s",
-             result.best_val_accuracy, result.best_epoch, result.epochs_run,
-             result.samples_per_second, result.amp_effective)
+    log.info(
+        "best val_accuracy %.4f at epoch %d; %d epochs, %.0f samples/s, amp=%s",
+        result.best_val_accuracy,
+        result.best_epoch,
+        result.epochs_run,
+        result.samples_per_second,
+        result.amp_effective,
+    )
     return result
 
 
@@ -366,8 +390,11 @@ def _curves_csv(history: list[dict[str, float]]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m components.train", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m components.train",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--params", default="params.yaml")
     parser.add_argument("--data", default="outputs/ingest")
     parser.add_argument("--out", default="outputs/train")
@@ -381,8 +408,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         params = section(all_params, "train", TrainParams, source=args.params)
         task_params = all_params.get("task", {})
         task = get_task(task_params.get("name", ""), task_params.get("options"))
-        run(params, task, args.data, args.out, checkpoint_dir=args.checkpoints,
-            metrics_file=args.metrics, plots_file=args.plots, task_params=task_params)
+        run(
+            params,
+            task,
+            args.data,
+            args.out,
+            checkpoint_dir=args.checkpoints,
+            metrics_file=args.metrics,
+            plots_file=args.plots,
+            task_params=task_params,
+        )
 
     return run_cli(_go)
 

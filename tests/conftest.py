@@ -40,14 +40,20 @@ def trained(tmp_path_factory: pytest.TempPathFactory, digits_data: Path, digits_
     from components.train import TrainParams, run
 
     root = tmp_path_factory.mktemp("trained")
-    run(TrainParams(epochs=4, batch_size=64), digits_task, digits_data, root / "train",
-        checkpoint_dir=root / "ckpt")
+    run(
+        TrainParams(epochs=4, batch_size=64),
+        digits_task,
+        digits_data,
+        root / "train",
+        checkpoint_dir=root / "ckpt",
+    )
     return root / "train"
 
 
 @pytest.fixture(scope="session")
-def exported(tmp_path_factory: pytest.TempPathFactory, trained: Path, digits_data: Path,
-             digits_task) -> Path:
+def exported(
+    tmp_path_factory: pytest.TempPathFactory, trained: Path, digits_data: Path, digits_task
+) -> Path:
     from components.export import ExportParams, run
 
     out = tmp_path_factory.mktemp("export") / "export"
@@ -55,19 +61,31 @@ def exported(tmp_path_factory: pytest.TempPathFactory, trained: Path, digits_dat
     return out
 
 
-def run_module(module: str, *args: str, cwd: Path = REPO, env: dict | None = None,
-               timeout: float = 600) -> subprocess.CompletedProcess[str]:
+def run_module(
+    module: str, *args: str, cwd: Path = REPO, env: dict | None = None, timeout: float = 600
+) -> subprocess.CompletedProcess[str]:
     """Run ``python -m module args`` like dvc.yaml does."""
     full_env = {**os.environ, **(env or {})}
     full_env["PYTHONPATH"] = str(REPO) + os.pathsep + full_env.get("PYTHONPATH", "")
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=full_env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=cwd,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def copy_repo(dest: Path) -> Path:
     """Copy the tracked project files (what a fresh clone has) into ``dest``."""
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO,
-                           capture_output=True, text=True, check=True).stdout.split()
+    files = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     for rel in files:
         src = REPO / rel
         if src.is_file():

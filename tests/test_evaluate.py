@@ -12,11 +12,17 @@ from components.evaluate import EvaluateParams, LatencyParams, run
 from components.export import load_trained
 
 
-def test_evaluate_scores_the_exported_model(exported, trained, digits_task, digits_data,
-                                            tmp_path):
+def test_evaluate_scores_the_exported_model(exported, trained, digits_task, digits_data, tmp_path):
     params = EvaluateParams(latency=LatencyParams(warmup=1, repeats=3))
-    result = run(params, digits_task, exported, digits_data, tmp_path / "eval",
-                 metrics_file=tmp_path / "evaluate.json", plots_file=tmp_path / "confusion.csv")
+    result = run(
+        params,
+        digits_task,
+        exported,
+        digits_data,
+        tmp_path / "eval",
+        metrics_file=tmp_path / "evaluate.json",
+        plots_file=tmp_path / "confusion.csv",
+    )
     metrics = read_json(tmp_path / "evaluate.json")
     for key in ("accuracy", "macro_f1", "latency_ms_b1", "latency_ms_b64"):
         assert isinstance(metrics[key], float), key
@@ -35,8 +41,9 @@ def test_evaluate_scores_the_exported_model(exported, trained, digits_task, digi
     assert cm.shape == (10, 10) and cm.sum() == 269
     assert abs(np.trace(cm) / cm.sum() - metrics["accuracy"]) < 1e-9
     assert set(report["per_class"]) == {str(i) for i in range(10)}
-    assert all({"precision", "recall", "f1", "support"} <= set(v)
-               for v in report["per_class"].values())
+    assert all(
+        {"precision", "recall", "f1", "support"} <= set(v) for v in report["per_class"].values()
+    )
     with open(tmp_path / "confusion.csv", newline="") as fh:
         rows = list(csv.DictReader(fh))
     assert len(rows) == 269 and set(rows[0]) == {"actual", "predicted"}

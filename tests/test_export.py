@@ -32,8 +32,9 @@ def test_export_writes_both_formats_and_signature(exported, digits_task):
 
 @pytest.mark.parametrize("fmt", ["pir", "legacy"])
 @pytest.mark.parametrize("batch", [1, 7, 64])
-def test_exported_model_has_a_dynamic_batch(exported, trained, digits_task, digits_data, fmt,
-                                             batch):
+def test_exported_model_has_a_dynamic_batch(
+    exported, trained, digits_task, digits_data, fmt, batch
+):
     directory = exported if fmt == "pir" else exported / "legacy"
     predictor = PaddlePredictor(ModelFiles.in_dir(directory))
     raw, _ = digits_task.read_split(digits_data, "test")
@@ -46,8 +47,9 @@ def test_exported_model_has_a_dynamic_batch(exported, trained, digits_task, digi
     np.testing.assert_allclose(out, ref, atol=1e-4, rtol=1e-3)
 
 
-def test_parity_check_rejects_a_different_model(exported, trained, digits_task, digits_data,
-                                                tmp_path):
+def test_parity_check_rejects_a_different_model(
+    exported, trained, digits_task, digits_data, tmp_path
+):
     model, _ = load_trained(digits_task, trained)
     paddle.seed(1234)
     other = digits_task.build_model(10)

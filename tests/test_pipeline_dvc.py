@@ -23,11 +23,9 @@ BIN = str(Path(sys.executable).parent)
 
 
 def sh(repo: Path, *cmd: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PATH": BIN + os.pathsep + os.environ["PATH"],
-           "PYTHONPATH": str(repo)}
+    env = {**os.environ, "PATH": BIN + os.pathsep + os.environ["PATH"], "PYTHONPATH": str(repo)}
     env.pop("MLFLOW_TRACKING_URI", None)
-    proc = subprocess.run(list(cmd), cwd=repo, env=env, capture_output=True, text=True,
-                          timeout=900)
+    proc = subprocess.run(list(cmd), cwd=repo, env=env, capture_output=True, text=True, timeout=900)
     if check and proc.returncode != 0:
         raise AssertionError(f"{cmd} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return proc
@@ -50,8 +48,11 @@ def _merge(base: dict, new: dict) -> dict:
 
 def ran(proc: subprocess.CompletedProcess[str]) -> list[str]:
     text = proc.stdout + proc.stderr
-    return [s for s in ("ingest", "validate", "train", "export", "evaluate", "track")
-            if f"Running stage '{s}'" in text]
+    return [
+        s
+        for s in ("ingest", "validate", "train", "export", "evaluate", "track")
+        if f"Running stage '{s}'" in text
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -61,16 +62,18 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     sh(repo, "git", "add", "-A")
     sh(repo, "git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "clone")
     # tiny params: the point is the wiring, not the accuracy
-    set_params(repo, task={"options": {"conv_channels": [6, 16]}},
-               train={"epochs": 3},
-               evaluate={"latency": {"warmup": 1, "repeats": 3}})
+    set_params(
+        repo,
+        task={"options": {"conv_channels": [6, 16]}},
+        train={"epochs": 3},
+        evaluate={"latency": {"warmup": 1, "repeats": 3}},
+    )
     return repo
 
 
 def test_fresh_clone_materialises_data_byte_identically(repo):
     assert not (repo / "data" / "raw").exists()
-    sh(repo, sys.executable, "-m", "components.ingest", "materialize", "--out",
-       "data/raw/digits")
+    sh(repo, sys.executable, "-m", "components.ingest", "materialize", "--out", "data/raw/digits")
     # what `make data` does: cache it, and prove the hash equals the committed data.dvc
     sh(repo, "dvc", "commit", "-f", "-q", "data.dvc")
     sh(repo, "git", "diff", "--exit-code", "--", "data.dvc")
@@ -114,8 +117,11 @@ def test_mlflow_run_holds_params_metrics_curves_and_artifacts(repo):
     client = MlflowClient(tracking_uri=f"sqlite:///{repo / 'mlflow.db'}")
     exp = client.get_experiment_by_name("digits")
     assert exp is not None
-    runs = client.search_runs([exp.experiment_id], "tags.mlflow.parentRunId IS NULL",
-                              order_by=["attributes.start_time DESC"])
+    runs = client.search_runs(
+        [exp.experiment_id],
+        "tags.mlflow.parentRunId IS NULL",
+        order_by=["attributes.start_time DESC"],
+    )
     assert len(runs) == 2  # one per pipeline execution that changed something
     parent = runs[0]
     run_json = json.loads((repo / "outputs" / "track" / "run.json").read_text())
@@ -128,10 +134,16 @@ def test_mlflow_run_holds_params_metrics_curves_and_artifacts(repo):
     history = client.get_metric_history(parent.info.run_id, "val_accuracy")
     assert sorted(m.step for m in history) == [1, 2, 3]
 
-    children = client.search_runs([exp.experiment_id],
-                                  f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    children = client.search_runs(
+        [exp.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'"
+    )
     assert sorted(c.data.tags["step"] for c in children) == [
-        "evaluate", "export", "ingest", "train", "validate"]
+        "evaluate",
+        "export",
+        "ingest",
+        "train",
+        "validate",
+    ]
     by_step = {c.data.tags["step"]: c for c in children}
     assert by_step["validate"].data.metrics["success"] == 1.0
 
@@ -142,8 +154,13 @@ def test_mlflow_run_holds_params_metrics_curves_and_artifacts(repo):
         return out
 
     parent_files = files(parent.info.run_id)
-    assert {"model/model.json", "model/model.pdiparams", "model/signature.json",
-            "model/legacy/model.pdmodel", "plots/train.csv"} <= parent_files
+    assert {
+        "model/model.json",
+        "model/model.pdiparams",
+        "model/signature.json",
+        "model/legacy/model.pdmodel",
+        "plots/train.csv",
+    } <= parent_files
     validate_files = files(by_step["validate"].info.run_id)
     assert "great_expectations/data_docs/index.html" in validate_files
     assert "great_expectations/result.json" in validate_files

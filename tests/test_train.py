@@ -38,9 +38,15 @@ def test_train_writes_metrics_curves_and_warns_about_amp(
     tmp_path, digits_data, digits_task, caplog
 ):
     caplog.set_level(logging.WARNING, logger="components.train")
-    result = run(TrainParams(epochs=2, amp="auto"), digits_task, digits_data, tmp_path / "out",
-                 checkpoint_dir=tmp_path / "ckpt", metrics_file=tmp_path / "m.json",
-                 plots_file=tmp_path / "curves.csv")
+    result = run(
+        TrainParams(epochs=2, amp="auto"),
+        digits_task,
+        digits_data,
+        tmp_path / "out",
+        checkpoint_dir=tmp_path / "ckpt",
+        metrics_file=tmp_path / "m.json",
+        plots_file=tmp_path / "curves.csv",
+    )
     metrics = read_json(tmp_path / "m.json")
     assert metrics["amp_effective"] == "off"
     assert metrics["amp_requested"] == "auto"
@@ -69,11 +75,11 @@ def test_early_stopping_stops_before_max_epochs(tmp_path, digits_data, digits_ta
 def test_checkpoint_from_other_params_is_not_resumed(tmp_path, digits_data, digits_task):
     ckpt = tmp_path / "ckpt"
     run(TrainParams(epochs=2), digits_task, digits_data, tmp_path / "a", checkpoint_dir=ckpt)
-    same = run(TrainParams(epochs=3), digits_task, digits_data, tmp_path / "b",
-               checkpoint_dir=ckpt)
+    same = run(TrainParams(epochs=3), digits_task, digits_data, tmp_path / "b", checkpoint_dir=ckpt)
     assert same.resumed_from_epoch is None  # epochs changed -> fingerprint differs
-    again = run(TrainParams(epochs=3), digits_task, digits_data, tmp_path / "c",
-                checkpoint_dir=ckpt)
+    again = run(
+        TrainParams(epochs=3), digits_task, digits_data, tmp_path / "c", checkpoint_dir=ckpt
+    )
     assert again.resumed_from_epoch == 4  # the finished run is picked up, nothing retrained
     assert again.epochs_run == 3
 
@@ -90,10 +96,27 @@ def _params_file(tmp_path: Path, epochs: int) -> Path:
 def _train_cli(params: Path, data: Path, out: Path, ckpt: Path) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     return subprocess.Popen(
-        [sys.executable, "-m", "components.train", "--params", str(params), "--data", str(data),
-         "--out", str(out), "--checkpoints", str(ckpt), "--metrics", str(out) + ".json",
-         "--plots", str(out) + ".csv"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "components.train",
+            "--params",
+            str(params),
+            "--data",
+            str(data),
+            "--out",
+            str(out),
+            "--checkpoints",
+            str(ckpt),
+            "--metrics",
+            str(out) + ".json",
+            "--plots",
+            str(out) + ".csv",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 
@@ -144,9 +167,20 @@ def test_bad_params_give_a_readable_error(tmp_path):
     path = tmp_path / "params.yaml"
     path.write_text(yaml.safe_dump(params))
     proc = subprocess.run(
-        [sys.executable, "-m", "components.train", "--params", str(path), "--data",
-         str(tmp_path / "nodata")],
-        env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=120)
+        [
+            sys.executable,
+            "-m",
+            "components.train",
+            "--params",
+            str(path),
+            "--data",
+            str(tmp_path / "nodata"),
+        ],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 1
     assert "train.amp: 'O3' is not one of ['auto', 'off', 'O1', 'O2']" in proc.stderr
     assert "Traceback" not in proc.stderr

@@ -28,7 +28,8 @@ def get_task(name: str, options: dict[str, Any] | None = None) -> Task:
         target = _REGISTRY[name]
     except KeyError as exc:
         raise StepError(
-            f"params.yaml: task.name '{name}' is not a known task; choose one of {available_tasks()}"
+            f"params.yaml: task.name '{name}' is not a known task; "
+            f"choose one of {available_tasks()}"
         ) from exc
     module_name, cls_name = target.split(":")
     cls = getattr(importlib.import_module(module_name), cls_name)

@@ -74,8 +74,12 @@ class ImageClassificationTask(Task):
         dx = rng.integers(0, 2 * s + 1, size=n)
         rows = dy[:, None] + np.arange(h)[None, :]
         cols = dx[:, None] + np.arange(w)[None, :]
-        out = padded[np.arange(n)[:, None, None, None], np.arange(c)[None, :, None, None],
-                     rows[:, None, :, None], cols[:, None, None, :]]
+        out = padded[
+            np.arange(n)[:, None, None, None],
+            np.arange(c)[None, :, None, None],
+            rows[:, None, :, None],
+            cols[:, None, None, :],
+        ]
         return [np.ascontiguousarray(out)]
 
     def preprocessing_doc(self) -> dict[str, Any]:
