@@ -154,10 +154,7 @@ def _describe_truncated_gzip(data: bytes) -> str:
         partial = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS).decompress(data)
     except zlib.error:
         partial = b""
-    text = (
-        f"truncated gzip stream: {len(data)} compressed bytes decompress to only "
-        f"{len(partial)} bytes"
-    )
+    text = f"truncated gzip stream: {len(data)} compressed bytes decompress to {len(partial)} bytes"
     if len(partial) >= 4 and partial[:2] == b"\0\0" and partial[2] in _IDX_DTYPES:
         header = 4 + 4 * partial[3]
         if len(partial) >= header:
@@ -259,8 +256,10 @@ def read_image_folder(params: IngestParams) -> RawData:
         )
     names = list(params.label_names) if params.label_names else classes
     if len(names) != len(classes):
-        raise StepError(f"params.yaml: ingest.label_names has {len(names)} names, {root} "
-                        f"has {len(classes)} class folders")
+        raise StepError(
+            f"params.yaml: ingest.label_names has {len(names)} names, {root} "
+            f"has {len(classes)} class folders"
+        )
     return RawData(np.stack(images), np.asarray(labels, np.int64), names, hashes)
 
 
@@ -408,8 +407,11 @@ def materialize_builtin_digits(out_dir: str | Path) -> dict[str, str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m components.ingest", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m components.ingest",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="command")
     p_run = sub.add_parser("run", help="ingest the configured source (default)")
     p_run.add_argument("--params", default="params.yaml")
