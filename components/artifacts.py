@@ -127,7 +127,18 @@ def git_sha(cwd: str | os.PathLike[str] | None = None) -> str:
             ["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, check=True
         ).stdout.strip()
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
+            # files the pipeline itself rewrites do not make the code "dirty"
+            [
+                "git",
+                "status",
+                "--porcelain",
+                "--untracked-files=no",
+                "--",
+                ".",
+                ":(exclude)dvc.lock",
+                ":(exclude)metrics",
+                ":(exclude)plots",
+            ],
             cwd=cwd,
             capture_output=True,
             text=True,
