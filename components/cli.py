@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from components.artifacts import StepError
+
+if TYPE_CHECKING:
+    from components.tasks import Task
+
+T = TypeVar("T")
 
 STEPS = ("ingest", "validate", "train", "export", "evaluate", "track")
 
@@ -38,6 +45,35 @@ def run_cli(body: Callable[[], None]) -> int:
         sys.stderr.write("interrupted\n")
         return 130
     return 0
+
+
+def step_parser(module: str, doc: str | None) -> argparse.ArgumentParser:
+    """The argument parser every step CLI starts from (``--params`` included)."""
+    parser = argparse.ArgumentParser(
+        prog=f"python -m {module}",
+        description=doc,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--params", default="params.yaml", help="params file (default: %(default)s)"
+    )
+    return parser
+
+
+def step_params(path: str, name: str, cls: type[T]) -> tuple[T, dict[str, Any]]:
+    """``params.yaml`` section ``name`` as ``cls``, plus the whole params mapping."""
+    from components.config import load_params, section
+
+    all_params = load_params(path)
+    return section(all_params, name, cls, source=path), all_params
+
+
+def task_from_params(all_params: dict[str, Any]) -> Task:
+    """The task named by ``task.name`` with ``task.options``."""
+    from components.tasks import get_task
+
+    task_params = all_params.get("task") or {}
+    return get_task(str(task_params.get("name", "")), task_params.get("options"))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

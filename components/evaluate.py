@@ -9,7 +9,6 @@ is later compared with the champion.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import sys
 from collections.abc import Sequence
@@ -21,10 +20,9 @@ import numpy as np
 
 from components import dataset
 from components.artifacts import atomic_path, write_json, write_manifest, write_text
-from components.cli import run_cli
-from components.config import load_params, section
+from components.cli import run_cli, step_params, step_parser, task_from_params
 from components.runtime import ModelFiles, PaddlePredictor
-from components.tasks import Task, get_task
+from components.tasks import Task
 
 log = logging.getLogger(__name__)
 
@@ -204,12 +202,7 @@ def run(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m components.evaluate",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--params", default="params.yaml")
+    parser = step_parser("components.evaluate", __doc__)
     parser.add_argument("--model", default="outputs/export")
     parser.add_argument("--data", default="outputs/ingest")
     parser.add_argument("--out", default="outputs/evaluate")
@@ -218,10 +211,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     def _go() -> None:
-        all_params = load_params(args.params)
-        params = section(all_params, "evaluate", EvaluateParams, source=args.params)
-        task_params = all_params.get("task", {})
-        task = get_task(task_params.get("name", ""), task_params.get("options"))
+        params, all_params = step_params(args.params, "evaluate", EvaluateParams)
+        task = task_from_params(all_params)
         run(
             params,
             task,

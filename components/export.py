@@ -19,7 +19,6 @@ reassociation) and the top-1 class agrees on every sample.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import sys
 from collections.abc import Sequence
@@ -32,10 +31,9 @@ import paddle
 
 from components import dataset
 from components.artifacts import StepError, atomic_path, read_json, write_json, write_manifest
-from components.cli import run_cli
-from components.config import load_params, section
+from components.cli import run_cli, step_params, step_parser, task_from_params
 from components.runtime import ModelFiles, PaddlePredictor
-from components.tasks import Task, get_task
+from components.tasks import Task
 
 log = logging.getLogger(__name__)
 
@@ -189,22 +187,15 @@ def run(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m components.export",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--params", default="params.yaml")
+    parser = step_parser("components.export", __doc__)
     parser.add_argument("--train", default="outputs/train")
     parser.add_argument("--data", default="outputs/ingest")
     parser.add_argument("--out", default="outputs/export")
     args = parser.parse_args(argv)
 
     def _go() -> None:
-        all_params = load_params(args.params)
-        params = section(all_params, "export", ExportParams, source=args.params)
-        task_params = all_params.get("task", {})
-        task = get_task(task_params.get("name", ""), task_params.get("options"))
+        params, all_params = step_params(args.params, "export", ExportParams)
+        task = task_from_params(all_params)
         run(params, task, args.train, args.data, args.out)
 
     return run_cli(_go)

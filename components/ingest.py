@@ -38,8 +38,7 @@ from tqdm import tqdm
 
 from components import dataset
 from components.artifacts import StepError, atomic_path, sha256_bytes, write_manifest
-from components.cli import run_cli
-from components.config import load_params, section
+from components.cli import run_cli, step_params
 
 log = logging.getLogger(__name__)
 
@@ -428,7 +427,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for name, digest in materialize_builtin_digits(args.out).items():
                 log.info("wrote %s/%s sha256=%s", args.out, name, digest)
             return
-        params = section(load_params(args.params), "ingest", IngestParams, source=args.params)
+        params, _ = step_params(args.params, "ingest", IngestParams)
         result = run(params, args.out)
         log.info("ingest done: %s (data sha256 %s)", result.out_dir, result.data_sha256)
 

@@ -13,7 +13,6 @@ directory (no server needed). ``run.json`` in the output directory names the run
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import sys
@@ -29,8 +28,8 @@ from components.artifacts import (
     read_json,
     write_json,
 )
-from components.cli import run_cli
-from components.config import load_params, params_sha256, section
+from components.cli import run_cli, step_params, step_parser
+from components.config import params_sha256
 
 log = logging.getLogger(__name__)
 
@@ -204,18 +203,12 @@ def run(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m components.track",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--params", default="params.yaml")
+    parser = step_parser("components.track", __doc__)
     parser.add_argument("--out", default="outputs/track")
     args = parser.parse_args(argv)
 
     def _go() -> None:
-        all_params = load_params(args.params)
-        params = section(all_params, "track", TrackParams, source=args.params)
+        params, all_params = step_params(args.params, "track", TrackParams)
         run(params, all_params, StepOutputs(), args.out)
 
     return run_cli(_go)

@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import argparse
 import csv
 import io
 import logging
@@ -39,9 +38,9 @@ from components.artifacts import (
     write_manifest,
     write_text,
 )
-from components.cli import run_cli
-from components.config import load_params, params_sha256, section
-from components.tasks import Task, get_task
+from components.cli import run_cli, step_params, step_parser, task_from_params
+from components.config import params_sha256
+from components.tasks import Task
 
 log = logging.getLogger(__name__)
 
@@ -390,12 +389,7 @@ def _curves_csv(history: list[dict[str, float]]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m components.train",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--params", default="params.yaml")
+    parser = step_parser("components.train", __doc__)
     parser.add_argument("--data", default="outputs/ingest")
     parser.add_argument("--out", default="outputs/train")
     parser.add_argument("--checkpoints", default="checkpoints/train")
@@ -404,10 +398,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     def _go() -> None:
-        all_params = load_params(args.params)
-        params = section(all_params, "train", TrainParams, source=args.params)
-        task_params = all_params.get("task", {})
-        task = get_task(task_params.get("name", ""), task_params.get("options"))
+        params, all_params = step_params(args.params, "train", TrainParams)
+        task, task_params = task_from_params(all_params), all_params.get("task", {})
         run(
             params,
             task,

@@ -20,7 +20,6 @@ broken rule, naming the file, column, rule, what was expected and what was found
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import logging
 import os
@@ -35,8 +34,7 @@ import pandas as pd
 
 from components import dataset
 from components.artifacts import StepError, atomic_path, write_json, write_manifest
-from components.cli import run_cli
-from components.config import load_params, section
+from components.cli import run_cli, step_params, step_parser
 
 # Before Great Expectations is first imported (lazily, below): no usage statistics sent anywhere.
 os.environ["GX_ANALYTICS_ENABLED"] = "false"
@@ -591,18 +589,13 @@ def run(params: ValidateParams, data_dir: str | Path, out_dir: str | Path) -> Va
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m components.validate",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--params", default="params.yaml")
+    parser = step_parser("components.validate", __doc__)
     parser.add_argument("--data", default="outputs/ingest", help="ingested data set directory")
     parser.add_argument("--out", default="outputs/validate")
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
 
     def _go() -> None:
-        params = section(load_params(args.params), "validate", ValidateParams, source=args.params)
+        params, _ = step_params(args.params, "validate", ValidateParams)
         result = run(params, args.data, args.out)
         log.info("validate passed: %d expectations", result.evaluated)
 
