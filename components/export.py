@@ -19,7 +19,9 @@ reassociation) and the top-1 class agrees on every sample.
 
 from __future__ import annotations
 
+import json
 import logging
+import shutil
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -74,6 +76,28 @@ def load_trained(task: Task, train_dir: str | Path) -> tuple[paddle.nn.Layer, di
     return model, meta
 
 
+def save_legacy(model: paddle.nn.Layer, spec: list, prefix: str | Path) -> None:
+    """``paddle.jit.save`` in the legacy ProgramDesc format (``prefix.pdmodel``)."""
+    with paddle.pir_utils.OldIrGuard():
+        paddle.jit.save(model, str(prefix), input_spec=spec)
+
+
+def bundle_int8(qat_dir: Path, dest: Path) -> dict[str, Any]:
+    """Copy the gated int8 artifacts of the qat step next to the fp32 export."""
+    gate = qat_dir / "gate.json"
+    if not gate.exists() or not json.loads(gate.read_text()).get("passed"):
+        raise StepError(f"{gate}: no int8 model that passed the QAT gate; run qat first")
+    formats = {}
+    for fmt, program in (("paddle", "model.pdmodel"), ("openvino", "model.xml")):
+        shutil.copytree(qat_dir / fmt, dest / fmt)
+        params_file = "model.pdiparams" if fmt == "paddle" else "model.bin"
+        formats[f"int8_{fmt}"] = {
+            "program": f"{dest.name}/{fmt}/{program}",
+            "params": f"{dest.name}/{fmt}/{params_file}",
+        }
+    return formats
+
+
 def check_parity(
     model: paddle.nn.Layer,
     predictor: PaddlePredictor,
@@ -120,7 +144,10 @@ def run(
     train_dir: str | Path,
     data_dir: str | Path,
     out_dir: str | Path,
+    *,
+    qat_dir: str | Path | None = None,
 ) -> ExportResult:
+    """Export fp32 (PIR + legacy), check parity, and bundle the int8 model from ``qat_dir``."""
     train_dir, data_dir, out_dir = Path(train_dir), Path(data_dir), Path(out_dir)
     model, meta = load_trained(task, train_dir)
     spec = task.paddle_input_specs()
@@ -130,8 +157,7 @@ def run(
     with atomic_path(out_dir) as tmp:
         tmp.mkdir(parents=True)
         paddle.jit.save(model, str(tmp / "model"), input_spec=spec)
-        with paddle.pir_utils.OldIrGuard():
-            paddle.jit.save(model, str(tmp / "legacy" / "model"), input_spec=spec)
+        save_legacy(model, spec, tmp / "legacy" / "model")
         formats, parity = {}, {}
         for fmt, directory in (("pir", tmp), ("legacy", tmp / "legacy")):
             files = ModelFiles.in_dir(directory)
@@ -148,6 +174,8 @@ def run(
                 fmt,
                 {k: v for k, v in parity[fmt].items() if k.startswith("batch")},
             )
+        if qat_dir is not None:
+            formats.update(bundle_int8(Path(qat_dir), tmp / "int8"))
         num_classes = int(meta["num_classes"])
         signature = {
             "task": task.name,
@@ -191,12 +219,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--train", default="outputs/train")
     parser.add_argument("--data", default="outputs/ingest")
     parser.add_argument("--out", default="outputs/export")
+    parser.add_argument("--qat", default=None, help="gated int8 bundle to include (qat output)")
     args = parser.parse_args(argv)
 
     def _go() -> None:
         params, all_params = step_params(args.params, "export", ExportParams)
         task = task_from_params(all_params)
-        run(params, task, args.train, args.data, args.out)
+        run(params, task, args.train, args.data, args.out, qat_dir=args.qat)
 
     return run_cli(_go)
 

@@ -50,6 +50,7 @@ class StepOutputs:
     validate: Path = Path("outputs/validate")
     train: Path = Path("outputs/train")
     export: Path = Path("outputs/export")
+    qat: Path = Path("outputs/qat")
     evaluate: Path = Path("outputs/evaluate")
     metrics: Path = Path("metrics")
     plots: Path = Path("plots")
@@ -101,11 +102,12 @@ def run(
     mlflow.set_tracking_uri(uri)
     manifests = {
         step: read_json(getattr(outputs, step) / "manifest.json")
-        for step in ("ingest", "validate", "train", "export", "evaluate")
+        for step in ("ingest", "validate", "train", "qat", "export", "evaluate")
     }
     ge_summary = read_json(outputs.validate / "summary.json")
     train_metrics = read_json(outputs.metrics / "train.json")
     eval_metrics = read_json(outputs.metrics / "evaluate.json")
+    qat_metrics = read_json(outputs.metrics / "qat.json")
     history = read_json(outputs.train / "history.json")
     data_sha = combined_sha256(manifests["ingest"].get("input_sha256", {}))
     sha = git_sha()
@@ -117,6 +119,7 @@ def run(
         "task": task_name,
         "amp_effective": str(train_metrics.get("amp_effective")),
         "ge_success": str(bool(ge_summary.get("success"))).lower(),
+        "qat_gate_passed": str(bool(qat_metrics.get("gate_passed"))).lower(),
     }
 
     try:
@@ -133,6 +136,8 @@ def run(
             {
                 **_numeric(train_metrics, "train."),
                 **_numeric(eval_metrics, "test."),
+                **_numeric(qat_metrics, "qat."),
+                "qat.gate_passed": float(bool(qat_metrics.get("gate_passed"))),
                 "ge_success": float(bool(ge_summary.get("success"))),
             }
         )
@@ -154,6 +159,10 @@ def run(
                 (outputs.train / "history.json", None),
                 (outputs.train / "model_meta.json", None),
             ],
+            "qat": [
+                (outputs.qat / "manifest.json", None),
+                (outputs.qat / "gate.json", None),
+            ],
             "export": [
                 (outputs.export / "manifest.json", None),
                 (outputs.export / "parity.json", None),
@@ -164,6 +173,7 @@ def run(
         step_metrics = {
             "train": train_metrics,
             "evaluate": eval_metrics,
+            "qat": {**qat_metrics, "gate_passed": float(bool(qat_metrics.get("gate_passed")))},
             "validate": {
                 "success": float(bool(ge_summary.get("success"))),
                 "expectations_evaluated": ge_summary.get("evaluated", 0),

@@ -1,0 +1,397 @@
+"""qat: quantization-aware fine-tuning to a real int8 model, gated against its fp32 parent.
+
+Route (measured on Paddle 3.3.1 / OpenVINO 2026.4, see docs/qat.md):
+
+- ``paddle.quantization.ImperativeQuantAware`` inserts fake-quant ops: per-channel abs-max
+  weights and moving-average abs-max activations. The newer ``paddle.quantization.QAT`` API
+  is not used: in 3.3 its ``convert`` fails (``zero_points()`` returns None), its PIR export
+  with a dynamic batch fails, and its export keeps weights float32 on disk.
+- Fine-tuning distils from the fp32 parent (KL on temperature-softened logits, weight
+  ``distill_weight``) besides the label loss, so the int8 model keeps the parent's decisions
+  instead of merely its accuracy; training-time augmentation comes from the task.
+- ``save_quantized_model(..., onnx_format=True)`` writes a legacy Paddle program with
+  ``quantize_linear``/``dequantize_linear`` ops and int8 weights (``paddle/``), which Paddle
+  Inference runs, and from which OpenVINO's Paddle frontend builds FakeQuantize ops that its
+  CPU plugin executes in int8 (``openvino/model.xml|bin``, int8 weights).
+
+The gate compares int8 with its fp32 parent on the same split, in the same runtime and thread
+count: overall accuracy drop and worst per-class recall drop (in points), in both OpenVINO and
+Paddle Inference. Outputs and ``metrics/qat.json`` are written either way; a failed gate then
+stops the stage with one line per broken rule.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import paddle
+import paddle.nn.functional as F
+from tqdm import tqdm
+
+from components import dataset
+from components.artifacts import StepError, atomic_path, write_json, write_manifest
+from components.cli import run_cli, step_params, step_parser, task_from_params
+from components.evaluate import classification_report
+from components.export import load_trained, save_legacy
+from components.ov_runtime import OVPredictor, read_model, save_ir
+from components.runtime import ModelFiles, PaddlePredictor
+from components.tasks import Task
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class QatLatency:
+    batch_sizes: list[int] = field(default_factory=lambda: [1, 64])
+    warmup: int = 5
+    repeats: int = 30
+    threads: int = 1
+
+
+@dataclass(frozen=True)
+class QatParams:
+    epochs: int = 3
+    learning_rate: float = 5e-5
+    batch_size: int = 32
+    seed: int = 42
+    distill_weight: float = 0.9  # 0 = labels only, 1 = parent's soft labels only
+    distill_temperature: float = 2.0
+    weight_quantize: Literal["channel_wise_abs_max", "abs_max"] = "channel_wise_abs_max"
+    activation_quantize: Literal["moving_average_abs_max", "abs_max"] = "moving_average_abs_max"
+    moving_rate: float = 0.9
+    split: str = "test"
+    max_accuracy_drop: float = 0.5  # points (percent) of accuracy
+    max_class_drop: float = 2.0  # points of recall, worst class
+    latency: QatLatency = field(default_factory=QatLatency)
+
+    def check(self) -> None:
+        if self.epochs < 0 or self.batch_size < 1:
+            raise ValueError("epochs must be >= 0 and batch_size >= 1")
+        if not 0.0 <= self.distill_weight <= 1.0:
+            raise ValueError("distill_weight must be within [0, 1]")
+        if self.max_accuracy_drop < 0 or self.max_class_drop < 0:
+            raise ValueError("max_accuracy_drop and max_class_drop must be >= 0")
+
+
+@dataclass(frozen=True)
+class GateDecision:
+    passed: bool
+    reasons: list[str]
+
+
+@dataclass(frozen=True)
+class QatResult:
+    out_dir: Path
+    metrics: dict[str, Any]
+    gate: GateDecision
+
+
+# --------------------------------------------------------------------------- fine-tuning
+
+
+def quantizer(params: QatParams) -> Any:
+    from paddle.quantization import ImperativeQuantAware
+
+    return ImperativeQuantAware(
+        weight_quantize_type=params.weight_quantize,
+        activation_quantize_type=params.activation_quantize,
+        moving_rate=params.moving_rate,
+        onnx_format=True,  # quantize_linear/dequantize_linear + int8 weights on save
+    )
+
+
+def finetune(
+    student: paddle.nn.Layer,
+    teacher: paddle.nn.Layer,
+    task: Task,
+    data_dir: Path,
+    params: QatParams,
+) -> list[dict[str, float]]:
+    """Fine-tune the fake-quantized ``student`` with labels + distillation from ``teacher``."""
+    x_raw, y = task.read_split(data_dir, "train")
+    x_val_raw, y_val = task.read_split(data_dir, "val")
+    inputs, val_inputs = task.preprocess(x_raw), task.preprocess(x_val_raw)
+    opt = paddle.optimizer.Adam(learning_rate=params.learning_rate, parameters=student.parameters())
+    t, w = params.distill_temperature, params.distill_weight
+    teacher.eval()
+    history = []
+    for epoch in tqdm(range(1, params.epochs + 1), desc="qat", unit="epoch"):
+        paddle.seed(params.seed * 1000 + epoch)
+        rng = np.random.default_rng([params.seed, epoch, 1])
+        order = rng.permutation(len(y))
+        student.train()
+        total = 0.0
+        for start in range(0, len(y), params.batch_size):
+            idx = order[start : start + params.batch_size]
+            batch = [paddle.to_tensor(x) for x in task.augment([x[idx] for x in inputs], rng)]
+            logits = student(*batch)
+            with paddle.no_grad():
+                soft = F.softmax(teacher(*batch) / t, axis=1)
+            distill = F.kl_div(F.log_softmax(logits / t, axis=1), soft, reduction="batchmean")
+            hard = F.cross_entropy(logits, paddle.to_tensor(y[idx]))
+            loss = (1.0 - w) * hard + w * distill * t * t
+            loss.backward()
+            opt.step()
+            opt.clear_grad()
+            total += float(loss) * len(idx)
+        student.eval()
+        with paddle.no_grad():
+            pred = student(*[paddle.to_tensor(x) for x in val_inputs]).numpy().argmax(1)
+        history.append(
+            {"epoch": epoch, "loss": total / len(y), "val_accuracy": float((pred == y_val).mean())}
+        )
+        log.info("qat epoch %d: %s", epoch, history[-1])
+    student.eval()
+    return history
+
+
+# --------------------------------------------------------------------------- comparison
+
+
+def model_bytes(files: Sequence[Path]) -> int:
+    return int(sum(Path(f).stat().st_size for f in files))
+
+
+def score(predictor: Any, inputs: list[np.ndarray], labels: np.ndarray, names: list[str]) -> dict:
+    pred = predictor.predict(inputs).argmax(axis=1)
+    report = classification_report(labels, pred, names)
+    return {
+        "accuracy": report["accuracy"],
+        "recall": {n: c["recall"] for n, c in report["per_class"].items()},
+    }
+
+
+def drops(fp32: dict[str, Any], int8: dict[str, Any]) -> dict[str, Any]:
+    """Accuracy and worst per-class recall drop of int8 vs fp32, in points."""
+    per_class = {n: (fp32["recall"][n] - int8["recall"][n]) * 100.0 for n in fp32["recall"]}
+    worst = max(per_class, key=per_class.__getitem__)
+    return {
+        "accuracy_drop": (fp32["accuracy"] - int8["accuracy"]) * 100.0,
+        "worst_class": worst,
+        "worst_class_drop": per_class[worst],
+    }
+
+
+def gate(comparisons: dict[str, dict[str, Any]], params: QatParams) -> GateDecision:
+    """Apply the thresholds to each runtime's fp32-vs-int8 comparison."""
+    reasons = []
+    for runtime, c in comparisons.items():
+        d = c["drops"]
+        if d["accuracy_drop"] > params.max_accuracy_drop:
+            reasons.append(
+                f"{runtime}: int8 accuracy {c['int8']['accuracy']:.4f} is "
+                f"{d['accuracy_drop']:.2f} points below its fp32 parent "
+                f"{c['fp32']['accuracy']:.4f} (qat.max_accuracy_drop {params.max_accuracy_drop})"
+            )
+        if d["worst_class_drop"] > params.max_class_drop:
+            name = d["worst_class"]
+            reasons.append(
+                f"{runtime}: class '{name}' recall fell {d['worst_class_drop']:.2f} points "
+                f"({c['fp32']['recall'][name]:.4f} -> {c['int8']['recall'][name]:.4f}; "
+                f"qat.max_class_drop {params.max_class_drop})"
+            )
+    return GateDecision(passed=not reasons, reasons=reasons)
+
+
+def compare(
+    int8_dir: Path,
+    fp32_dir: Path,
+    task: Task,
+    data_dir: Path,
+    params: QatParams,
+) -> dict[str, Any]:
+    """Score, size and time an int8 bundle against its fp32 parent bundle.
+
+    Each bundle holds ``paddle/model.pdmodel|pdiparams`` and ``openvino/model.xml|bin``.
+    """
+    raw, labels = task.read_split(data_dir, params.split)
+    inputs = task.preprocess(raw)
+    names = dataset.read_label_names(data_dir)
+    threads = params.latency.threads
+    ov = {
+        k: OVPredictor(d / "openvino" / "model.xml", threads=threads)
+        for k, d in (("fp32", fp32_dir), ("int8", int8_dir))
+    }
+    pi = {
+        k: PaddlePredictor(ModelFiles.in_dir(d / "paddle"), threads=threads)
+        for k, d in (("fp32", fp32_dir), ("int8", int8_dir))
+    }
+    comparisons = {}
+    for runtime, predictors in (("openvino", ov), ("paddle_inference", pi)):
+        scores = {k: score(p, inputs, labels, names) for k, p in predictors.items()}
+        comparisons[runtime] = {**scores, "drops": drops(scores["fp32"], scores["int8"])}
+
+    latency: dict[str, float] = {}
+    for bs in params.latency.batch_sizes:
+        idx = np.arange(bs) % len(labels)
+        batch = [x[idx] for x in inputs]
+        for k, p in ov.items():
+            latency[f"{k}_ms_b{bs}"] = p.latency_ms(
+                batch, warmup=params.latency.warmup, repeats=params.latency.repeats
+            )
+
+    def files(d: Path, fmt: str) -> list[Path]:
+        pattern = (
+            ("model.pdmodel", "model.pdiparams") if fmt == "paddle" else ("model.xml", "model.bin")
+        )
+        return [d / fmt / name for name in pattern]
+
+    sizes = {
+        f"{k}_{fmt}_bytes": model_bytes(files(d, fmt))
+        for k, d in (("fp32", fp32_dir), ("int8", int8_dir))
+        for fmt in ("paddle", "openvino")
+    }
+    sizes["fp32_openvino_weights_bytes"] = model_bytes([fp32_dir / "openvino" / "model.bin"])
+    sizes["int8_openvino_weights_bytes"] = model_bytes([int8_dir / "openvino" / "model.bin"])
+    return {
+        "comparisons": comparisons,
+        "latency": latency,
+        "sizes": sizes,
+        "int8_layer_precisions": ov["int8"].precision_by_layer_type(),
+        "threads": threads,
+        "samples": int(len(labels)),
+    }
+
+
+def summarize(result: dict[str, Any], decision: GateDecision) -> dict[str, Any]:
+    """The flat ``metrics/qat.json`` contract."""
+    ov = result["comparisons"]["openvino"]
+    pi = result["comparisons"]["paddle_inference"]
+    s, lat = result["sizes"], result["latency"]
+    metrics = {
+        "accuracy": ov["int8"]["accuracy"],
+        "fp32_accuracy": ov["fp32"]["accuracy"],
+        "accuracy_drop": round(ov["drops"]["accuracy_drop"], 4),
+        "worst_class_drop": round(ov["drops"]["worst_class_drop"], 4),
+        "paddle_inference_accuracy": pi["int8"]["accuracy"],
+        "paddle_inference_accuracy_drop": round(pi["drops"]["accuracy_drop"], 4),
+        "size_ratio": round(s["int8_paddle_bytes"] / s["fp32_paddle_bytes"], 4),
+        "size_ratio_openvino": round(s["int8_openvino_bytes"] / s["fp32_openvino_bytes"], 4),
+        "size_ratio_openvino_weights": round(
+            s["int8_openvino_weights_bytes"] / s["fp32_openvino_weights_bytes"], 4
+        ),
+        "latency_threads": result["threads"],
+        "gate_passed": decision.passed,
+    }
+    for key in sorted(lat):
+        if key.startswith("int8_ms_b"):
+            bs = key.removeprefix("int8_ms_b")
+            metrics[f"latency_ratio_b{bs}"] = round(lat[key] / lat[f"fp32_ms_b{bs}"], 4)
+            metrics[f"int8_latency_ms_b{bs}"] = round(lat[key], 4)
+            metrics[f"fp32_latency_ms_b{bs}"] = round(lat[f"fp32_ms_b{bs}"], 4)
+    return metrics
+
+
+# --------------------------------------------------------------------------- step
+
+
+def write_bundle(directory: Path, paddle_writer: Any) -> None:
+    """``paddle/model.pdmodel|pdiparams`` via ``paddle_writer(prefix)``, then its OpenVINO IR."""
+    paddle_writer(directory / "paddle" / "model")
+    save_ir(
+        read_model(directory / "paddle" / "model.pdmodel"), directory / "openvino" / "model.xml"
+    )
+
+
+def run(
+    params: QatParams,
+    task: Task,
+    train_dir: str | Path,
+    data_dir: str | Path,
+    out_dir: str | Path,
+    *,
+    metrics_file: str | Path | None = None,
+) -> QatResult:
+    train_dir, data_dir, out_dir = Path(train_dir), Path(data_dir), Path(out_dir)
+    metrics_file = Path(metrics_file) if metrics_file else out_dir / "metrics.json"
+    spec = task.paddle_input_specs()
+    teacher, _ = load_trained(task, train_dir)
+    student, _ = load_trained(task, train_dir)
+    quant = quantizer(params)
+    student.train()
+    quant.quantize(student)  # must see the model in train mode
+    history = finetune(student, teacher, task, data_dir, params)
+
+    with atomic_path(out_dir) as tmp, tempfile.TemporaryDirectory() as ref:
+        tmp.mkdir(parents=True)
+        write_bundle(tmp, lambda p: quant.save_quantized_model(student, str(p), input_spec=spec))
+        # the fp32 parent in the same two formats, only to compare against
+        write_bundle(Path(ref), lambda p: save_legacy(teacher, spec, p))
+        result = compare(tmp, Path(ref), task, data_dir, params)
+        decision = gate(result["comparisons"], params)
+        metrics = summarize(result, decision)
+        write_json(tmp / "gate.json", {**asdict(decision), **result, "history": history})
+        write_manifest(
+            tmp,
+            "qat",
+            inputs={"model.pdparams": train_dir / "model.pdparams"},
+            outputs={
+                p.relative_to(tmp).as_posix(): p
+                for p in sorted(tmp.rglob("*"))
+                if p.is_file() and p.name != "gate.json"
+            },
+            params=asdict(params),
+            extra={"gate_passed": decision.passed},
+        )
+    write_json(metrics_file, metrics)
+    log.info(
+        "int8 accuracy %.4f (fp32 %.4f), size ratio %.3f, latency ratio %s, gate %s",
+        metrics["accuracy"],
+        metrics["fp32_accuracy"],
+        metrics["size_ratio"],
+        {k: v for k, v in metrics.items() if k.startswith("latency_ratio")},
+        "passed" if decision.passed else "FAILED",
+    )
+    if not decision.passed:
+        raise StepError(
+            "QAT gate failed: the int8 model is worse than its fp32 parent "
+            f"(details in {out_dir / 'gate.json'}):\n"
+            + "\n".join(f"  - {r}" for r in decision.reasons)
+        )
+    return QatResult(out_dir=out_dir, metrics=metrics, gate=decision)
+
+
+def check_bundle(
+    int8_dir: str | Path,
+    fp32_dir: str | Path,
+    task: Task,
+    data_dir: str | Path,
+    params: QatParams,
+) -> tuple[GateDecision, dict[str, Any]]:
+    """Re-run the gate on existing bundles (used to audit an int8 artifact)."""
+    result = compare(Path(int8_dir), Path(fp32_dir), task, Path(data_dir), params)
+    decision = gate(result["comparisons"], params)
+    return decision, summarize(result, decision)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = step_parser("components.qat", __doc__)
+    parser.add_argument("--train", default="outputs/train")
+    parser.add_argument("--data", default="outputs/ingest")
+    parser.add_argument("--out", default="outputs/qat")
+    parser.add_argument("--metrics", default="metrics/qat.json")
+    args = parser.parse_args(argv)
+
+    def _go() -> None:
+        params, all_params = step_params(args.params, "qat", QatParams)
+        run(
+            params,
+            task_from_params(all_params),
+            args.train,
+            args.data,
+            args.out,
+            metrics_file=args.metrics,
+        )
+
+    return run_cli(_go)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
