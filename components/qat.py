@@ -107,6 +107,17 @@ def quantizer(params: QatParams) -> Any:
     )
 
 
+def _freeze_batch_norm(model: paddle.nn.Layer) -> None:
+    """Keep BatchNorm on its trained running statistics while fake-quant fine-tunes.
+
+    Small QAT batches would otherwise overwrite the statistics the fp32 parent learned on
+    the full training run, and the int8 model would drift from its parent.
+    """
+    for layer in model.sublayers():
+        if isinstance(layer, paddle.nn.layer.norm._BatchNormBase):
+            layer.eval()
+
+
 def finetune(
     student: paddle.nn.Layer,
     teacher: paddle.nn.Layer,
@@ -127,6 +138,7 @@ def finetune(
         rng = np.random.default_rng([params.seed, epoch, 1])
         order = rng.permutation(len(y))
         student.train()
+        _freeze_batch_norm(student)
         total = 0.0
         for start in range(0, len(y), params.batch_size):
             idx = order[start : start + params.batch_size]
@@ -248,6 +260,8 @@ def compare(
         for k, d in (("fp32", fp32_dir), ("int8", int8_dir))
         for fmt in ("paddle", "openvino")
     }
+    sizes["fp32_paddle_weights_bytes"] = model_bytes([fp32_dir / "paddle" / "model.pdiparams"])
+    sizes["int8_paddle_weights_bytes"] = model_bytes([int8_dir / "paddle" / "model.pdiparams"])
     sizes["fp32_openvino_weights_bytes"] = model_bytes([fp32_dir / "openvino" / "model.bin"])
     sizes["int8_openvino_weights_bytes"] = model_bytes([int8_dir / "openvino" / "model.bin"])
     return {
@@ -273,6 +287,9 @@ def summarize(result: dict[str, Any], decision: GateDecision) -> dict[str, Any]:
         "paddle_inference_accuracy": pi["int8"]["accuracy"],
         "paddle_inference_accuracy_drop": round(pi["drops"]["accuracy_drop"], 4),
         "size_ratio": round(s["int8_paddle_bytes"] / s["fp32_paddle_bytes"], 4),
+        "size_ratio_paddle_weights": round(
+            s["int8_paddle_weights_bytes"] / s["fp32_paddle_weights_bytes"], 4
+        ),
         "size_ratio_openvino": round(s["int8_openvino_bytes"] / s["fp32_openvino_bytes"], 4),
         "size_ratio_openvino_weights": round(
             s["int8_openvino_weights_bytes"] / s["fp32_openvino_weights_bytes"], 4

@@ -4,7 +4,7 @@ Runs after evaluate and reads only the files the steps wrote, so the steps stay 
 MLflow. The parent run carries every parameter of ``params.yaml`` (flattened), the headline
 metrics, the per-epoch training curves (``step`` = epoch), the tags ``git_sha``,
 ``data_sha256`` (of the raw inputs), ``params_sha256`` and ``task``, and the exported model
-under ``model/``. Each nested run (ingest, validate, train, export, evaluate) carries that
+under ``model/``. Each nested run (ingest, validate, train, qat, export, evaluate) carries that
 step's manifest, outputs such as the Great Expectations result and Data Docs, and metrics.
 
 Tracking URI: ``MLFLOW_TRACKING_URI`` if set, else ``sqlite:///mlflow.db`` in the working

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -92,3 +93,51 @@ def copy_repo(dest: Path) -> Path:
             (dest / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dest / rel)
     return dest
+
+
+def clone_repo(dest: Path) -> Path:
+    """A fresh git repository holding the project's files, as a user's clone would."""
+    copy_repo(dest)
+    sh(dest, "git", "init", "-q")
+    sh(dest, "git", "add", "-A")
+    sh(dest, "git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "clone")
+    return dest
+
+
+BIN = str(Path(sys.executable).parent)
+
+
+def sh(repo: Path, *cmd: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """Run a command in ``repo`` with this venv first on PATH (``python`` in dvc.yaml)."""
+    env = {**os.environ, "PATH": BIN + os.pathsep + os.environ["PATH"], "PYTHONPATH": str(repo)}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    proc = subprocess.run(list(cmd), cwd=repo, env=env, capture_output=True, text=True, timeout=900)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{cmd} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def set_params(repo: Path, **updates: dict) -> None:
+    """Deep-merge ``updates`` into the repo's params.yaml sections."""
+    path = repo / "params.yaml"
+    params = yaml.safe_load(path.read_text())
+    for section, values in updates.items():
+        params[section] = _merge(params[section], values)
+    path.write_text(yaml.safe_dump(params, sort_keys=False))
+
+
+def _merge(base: dict, new: dict) -> dict:
+    out = dict(base)
+    for k, v in new.items():
+        out[k] = _merge(base.get(k, {}), v) if isinstance(v, dict) and v else v
+    return out
+
+
+def ran(proc: subprocess.CompletedProcess[str]) -> list[str]:
+    """The stages a ``dvc repro`` ran, in order."""
+    text = proc.stdout + proc.stderr
+    return [
+        s
+        for s in ("ingest", "validate", "train", "qat", "export", "evaluate", "track")
+        if f"Running stage '{s}'" in text
+    ]

@@ -7,65 +7,31 @@ read metrics and plots, change a param, push and pull data, and read the MLflow 
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 from components.artifacts import sha256_tree
-from tests.conftest import copy_repo
-
-BIN = str(Path(sys.executable).parent)
-
-
-def sh(repo: Path, *cmd: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PATH": BIN + os.pathsep + os.environ["PATH"], "PYTHONPATH": str(repo)}
-    env.pop("MLFLOW_TRACKING_URI", None)
-    proc = subprocess.run(list(cmd), cwd=repo, env=env, capture_output=True, text=True, timeout=900)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"{cmd} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
-    return proc
-
-
-def set_params(repo: Path, **updates: dict) -> None:
-    path = repo / "params.yaml"
-    params = yaml.safe_load(path.read_text())
-    for section, values in updates.items():
-        params[section] = _merge(params[section], values)
-    path.write_text(yaml.safe_dump(params, sort_keys=False))
-
-
-def _merge(base: dict, new: dict) -> dict:
-    out = dict(base)
-    for k, v in new.items():
-        out[k] = _merge(base.get(k, {}), v) if isinstance(v, dict) else v
-    return out
-
-
-def ran(proc: subprocess.CompletedProcess[str]) -> list[str]:
-    text = proc.stdout + proc.stderr
-    return [
-        s
-        for s in ("ingest", "validate", "train", "export", "evaluate", "track")
-        if f"Running stage '{s}'" in text
-    ]
+from tests.conftest import clone_repo, ran, set_params, sh
 
 
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    repo = copy_repo(tmp_path_factory.mktemp("clone"))
-    sh(repo, "git", "init", "-q")
-    sh(repo, "git", "add", "-A")
-    sh(repo, "git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "clone")
+    repo = clone_repo(tmp_path_factory.mktemp("clone"))
     # tiny params: the point is the wiring, not the accuracy
     set_params(
         repo,
         task={"options": {"conv_channels": [6, 16]}},
         train={"epochs": 3},
+        # a 3-epoch model is not worth gating tightly; the gate itself is tested in test_qat
+        qat={
+            "epochs": 1,
+            "max_accuracy_drop": 5.0,
+            "max_class_drop": 30.0,
+            "latency": {"warmup": 1, "repeats": 3},
+        },
         evaluate={"latency": {"warmup": 1, "repeats": 3}},
     )
     return repo
@@ -83,7 +49,7 @@ def test_fresh_clone_materialises_data_byte_identically(repo):
 
 def test_repro_runs_every_stage_and_writes_the_contract(repo):
     proc = sh(repo, "dvc", "repro")
-    assert ran(proc) == ["ingest", "validate", "train", "export", "evaluate", "track"]
+    assert ran(proc) == ["ingest", "validate", "train", "qat", "export", "evaluate", "track"]
     train = json.loads((repo / "metrics" / "train.json").read_text())
     evaluate = json.loads((repo / "metrics" / "evaluate.json").read_text())
     assert {"best_val_accuracy", "epochs_run", "samples_per_second", "amp_effective"} <= set(train)
@@ -108,7 +74,7 @@ def test_second_repro_runs_nothing(repo):
 def test_changing_train_params_reruns_train_and_downstream_only(repo):
     set_params(repo, train={"learning_rate": 0.002})
     proc = sh(repo, "dvc", "repro")
-    assert ran(proc) == ["train", "export", "evaluate", "track"]
+    assert ran(proc) == ["train", "qat", "export", "evaluate", "track"]
 
 
 def test_mlflow_run_holds_params_metrics_curves_and_artifacts(repo):
@@ -141,6 +107,7 @@ def test_mlflow_run_holds_params_metrics_curves_and_artifacts(repo):
         "evaluate",
         "export",
         "ingest",
+        "qat",
         "train",
         "validate",
     ]

@@ -1,0 +1,77 @@
+"""Image folders (one sub-folder per class) classified with a ResNet from paddle.vision."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import paddle
+from paddle import nn
+
+from components.artifacts import StepError
+from components.config import from_dict
+from components.tasks.vision import ImageClassificationTask
+
+log = logging.getLogger(__name__)
+
+IMAGENET_MEAN = [0.485, 0.456, 0.406]
+IMAGENET_STD = [0.229, 0.224, 0.225]
+
+
+@dataclass(frozen=True)
+class ImageFolderOptions:
+    arch: Literal["resnet18", "resnet34", "resnet50"] = "resnet50"
+    image_size: list[int] = field(default_factory=lambda: [224, 224])
+    mean: list[float] = field(default_factory=lambda: list(IMAGENET_MEAN))
+    std: list[float] = field(default_factory=lambda: list(IMAGENET_STD))
+    # ImageNet weights: true downloads them through paddle.vision (needs network access);
+    # pretrained_weights names a local .pdparams file instead. Never used in tests.
+    pretrained: bool = False
+    pretrained_weights: str | None = None
+    augment_shift: int = 0
+
+    def check(self) -> None:
+        if len(self.image_size) != 2 or min(self.image_size) < 32:
+            raise ValueError(f"image_size must be [H, W] with H, W >= 32, got {self.image_size}")
+
+
+class ImageFolderTask(ImageClassificationTask):
+    name = "image_folder"
+
+    def __init__(self, options: ImageFolderOptions):
+        super().__init__(
+            tuple(options.image_size), options.mean, options.std, options.augment_shift
+        )
+        self.options = options
+
+    @classmethod
+    def from_options(cls, options: dict[str, Any]) -> ImageFolderTask:
+        return cls(from_dict(ImageFolderOptions, options, where="params.yaml: task.options"))
+
+    def build_model(self, num_classes: int) -> nn.Layer:
+        from paddle.vision import models
+
+        factory = getattr(models, self.options.arch)
+        if self.options.pretrained and not self.options.pretrained_weights:
+            try:
+                model = factory(pretrained=True)
+            except Exception as exc:  # download errors surface as many different types
+                raise StepError(
+                    f"task.options.pretrained: ImageNet weights for {self.options.arch} are not "
+                    f"reachable ({type(exc).__name__}); set pretrained: false or "
+                    "pretrained_weights: /path/to/weights.pdparams"
+                ) from exc
+        else:
+            model = factory(pretrained=False)
+        if self.options.pretrained_weights:
+            path = Path(self.options.pretrained_weights)
+            if not path.exists():
+                raise StepError(f"task.options.pretrained_weights: {path} not found")
+            model.set_state_dict(paddle.load(str(path)))
+        if self.channels != 3:
+            model.conv1 = nn.Conv2D(self.channels, 64, 7, stride=2, padding=3, bias_attr=False)
+        # ImageNet head -> this data set's classes
+        model.fc = nn.Linear(model.fc.weight.shape[0], num_classes)
+        return model
