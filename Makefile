@@ -9,8 +9,9 @@ export MLFLOW_DISABLE_TELEMETRY := true
 export GX_ANALYTICS_ENABLED := false
 export GLOG_minloglevel := 2
 PYTEST_ARGS ?= -m "not slow"
+BENCH_ARCH ?= resnet50
 
-.PHONY: help install run data repro status test lint format metrics plots mlflow-ui clean
+.PHONY: help install run data repro status test lint format metrics plots mlflow-ui bench clean
 
 help:
 	@echo "make run      - install, materialise data/raw, run the whole pipeline (dvc repro)"
@@ -18,6 +19,7 @@ help:
 	@echo "make lint     - ruff"
 	@echo "make metrics  - dvc metrics show; make plots - dvc plots show"
 	@echo "make mlflow-ui - browse sqlite:///mlflow.db on http://127.0.0.1:5000"
+	@echo "make bench    - int8 (QAT) vs fp32 ResNet size and latency in OpenVINO ($(BENCH_ARCH))"
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -64,6 +66,9 @@ lint: install
 format: install
 	ruff format components tests
 	ruff check --fix .
+
+bench: install
+	python bench/qat_resnet.py --arch $(BENCH_ARCH)
 
 mlflow-ui: install
 	mlflow ui --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1 --port 5000
