@@ -1,0 +1,599 @@
+"""register: version the model in the MLflow registry, bless it against the champion, promote.
+
+``run`` (the dvc stage after ``track``):
+
+1. Registers the tracked run's ``model/`` artifacts (fp32 PIR + legacy, the gated int8 model,
+   signature, manifests) as a new version of ``register.model_name`` (default
+   ``<task>-classifier``), copies the lineage tags of the run onto it (``git_sha``,
+   ``data_sha256``, ``params_sha256``, ``ge_success``, ``qat_gate_passed``) plus key metrics,
+   and points alias ``challenger`` at it.
+2. Blesses it: the registered challenger and, if one exists, the registered champion are both
+   downloaded and scored by the same code as ``evaluate`` on the *current* test split. Blessed
+   means: lineage complete, data validation and the QAT gate passed, accuracy at least
+   ``register.min_accuracy``, and not more than ``register.max_regression`` points below the
+   champion. ``blessing.json`` records the decision, every reason, and both models' metrics.
+3. With ``register.auto_promote``, a blessed challenger becomes ``champion``.
+
+Promotion and rollback hold a registry-wide lock (a lock entry created through the tracking
+server, which the backend database makes unique), so racing promotions serialise: exactly one
+champion, and the history tag ``champion_history`` lists every change in order with the
+previous champion. Alias ``previous-champion`` always names the version ``rollback`` restores.
+
+CLI::
+
+    python -m components.register [run]            # the dvc stage
+    python -m components.register status [--json]
+    python -m components.register promote [--version N] [--force --reason TEXT]
+    python -m components.register rollback [--reason TEXT]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+import json
+import logging
+import os
+import socket
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from components.artifacts import StepError, read_json, write_json
+from components.cli import run_cli, step_params, step_parser, task_from_params
+from components.tasks import Task
+
+log = logging.getLogger(__name__)
+
+CHAMPION, CHALLENGER, PREVIOUS = "champion", "challenger", "previous-champion"
+HISTORY_TAG = "champion_history"
+LINEAGE_TAGS = ("git_sha", "data_sha256", "params_sha256", "ge_success", "qat_gate_passed")
+_TAG_LIMIT = 5000
+
+
+@dataclass(frozen=True)
+class RegisterParams:
+    model_name: str | None = None  # default: "<task>-classifier"
+    min_accuracy: float = 0.95  # absolute floor on the test split
+    max_regression: float = 0.0  # points of accuracy the challenger may trail the champion
+    require_qat_gate: bool = True
+    auto_promote: bool = True
+    split: str = "test"
+    lock_timeout_s: float = 120.0  # how long a promotion waits for another to finish
+    lock_stale_s: float = 600.0  # a lock older than this was left by a crashed process
+    history_length: int = 25
+
+    def check(self) -> None:
+        if not 0.0 <= self.min_accuracy <= 1.0:
+            raise ValueError("min_accuracy must be within [0, 1]")
+        if self.max_regression < 0:
+            raise ValueError("max_regression must be >= 0 (points of accuracy)")
+
+
+@dataclass(frozen=True)
+class Blessing:
+    blessed: bool
+    reasons: list[str]
+    challenger: dict[str, Any]
+    champion: dict[str, Any] | None
+
+
+@dataclass(frozen=True)
+class RegisterResult:
+    name: str
+    version: int
+    blessing: Blessing
+    promoted: bool
+
+
+def model_name(params: RegisterParams, task: Task) -> str:
+    return params.model_name or f"{task.name}-classifier"
+
+
+def _client(tracking_uri: str | None = None) -> Any:
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    from mlflow import MlflowClient
+
+    from components.track import tracking_uri as default_uri
+
+    return MlflowClient(tracking_uri=tracking_uri or default_uri())
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def _actor() -> str:
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}:{os.getpid()}"
+
+
+# --------------------------------------------------------------------------- registry
+
+
+class Registry:
+    """Aliases, lineage, history and the promotion lock of one registered model."""
+
+    def __init__(self, client: Any, name: str, params: RegisterParams):
+        self.client, self.name, self.params = client, name, params
+        self.lock_name = f"{name}--promotion-lock"
+
+    # reading ------------------------------------------------------------------------
+    def exists(self) -> bool:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            self.client.get_registered_model(self.name)
+        except MlflowException:
+            return False
+        return True
+
+    def aliases(self) -> dict[str, int]:
+        if not self.exists():
+            return {}
+        model = self.client.get_registered_model(self.name)
+        return {alias: int(version) for alias, version in model.aliases.items()}
+
+    def version(self, version: int) -> Any:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            return self.client.get_model_version(self.name, str(version))
+        except MlflowException as exc:
+            raise StepError(f"registered model '{self.name}' has no version {version}") from exc
+
+    def history(self) -> list[dict[str, Any]]:
+        if not self.exists():
+            return []
+        raw = self.client.get_registered_model(self.name).tags.get(HISTORY_TAG)
+        return json.loads(raw) if raw else []
+
+    def missing_lineage(self, version: int) -> list[str]:
+        tags = self.version(version).tags
+        return [t for t in LINEAGE_TAGS if not tags.get(t)]
+
+    def status(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"model": self.name, "aliases": self.aliases()}
+        for alias in (CHAMPION, CHALLENGER, PREVIOUS):
+            if alias in out["aliases"]:
+                mv = self.version(out["aliases"][alias])
+                out[alias] = {
+                    "version": int(mv.version),
+                    "tags": dict(mv.tags),
+                    "run_id": mv.run_id,
+                    "source": mv.source,
+                }
+        out["history"] = self.history()
+        return out
+
+    # lock -----------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def lock(self) -> Iterator[str]:
+        """Registry-wide mutex: creating a registered model is unique in the backend DB."""
+        from mlflow.exceptions import MlflowException
+
+        token = uuid.uuid4().hex
+        deadline = time.monotonic() + self.params.lock_timeout_s
+        delay = 0.05
+        while True:
+            try:
+                self.client.create_registered_model(
+                    self.lock_name,
+                    tags={"token": token, "owner": _actor(), "acquired_at": str(time.time())},
+                    description=f"held while '{self.name}' changes champion; safe to delete "
+                    "if no promotion is running",
+                )
+                break
+            except MlflowException as exc:
+                if exc.error_code != "RESOURCE_ALREADY_EXISTS":
+                    raise
+            self._break_stale_lock()
+            if time.monotonic() > deadline:
+                raise StepError(
+                    f"registered model '{self.name}': another promotion holds "
+                    f"'{self.lock_name}' for over {self.params.lock_timeout_s:.0f} s"
+                )
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
+        try:
+            yield token
+        finally:
+            with contextlib.suppress(MlflowException):
+                held = self.client.get_registered_model(self.lock_name).tags.get("token")
+                if held == token:
+                    self.client.delete_registered_model(self.lock_name)
+
+    def _break_stale_lock(self) -> None:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            tags = self.client.get_registered_model(self.lock_name).tags
+        except MlflowException:
+            return  # released meanwhile
+        age = time.time() - float(tags.get("acquired_at", "0") or 0)
+        if age > self.params.lock_stale_s:
+            log.warning(
+                "breaking stale promotion lock of %s (held %.0f s by %s)",
+                self.name,
+                age,
+                tags.get("owner"),
+            )
+            with contextlib.suppress(MlflowException):
+                if self.client.get_registered_model(self.lock_name).tags.get("token") == tags.get(
+                    "token"
+                ):
+                    self.client.delete_registered_model(self.lock_name)
+
+    # changing -------------------------------------------------------------------------
+    def _record(self, event: dict[str, Any]) -> None:
+        history = (self.history() + [event])[-self.params.history_length :]
+        text = json.dumps(history, separators=(",", ":"))
+        while len(text) > _TAG_LIMIT and len(history) > 1:
+            history = history[1:]
+            text = json.dumps(history, separators=(",", ":"))
+        self.client.set_registered_model_tag(self.name, HISTORY_TAG, text)
+
+    def promote(self, version: int, *, force: bool = False, reason: str = "") -> dict[str, Any]:
+        """Make ``version`` the champion; refuses missing lineage, and unblessed unless forced."""
+        mv = self.version(version)
+        missing = self.missing_lineage(version)
+        if missing:
+            raise StepError(
+                f"{self.name} v{version}: refusing to promote, lineage tags missing: "
+                f"{', '.join(missing)} (register it through the pipeline so they are recorded)"
+            )
+        if force and not reason.strip():
+            raise StepError("a forced promotion needs --reason TEXT (it is recorded)")
+        if not force and mv.tags.get("blessed") != "true":
+            why = mv.tags.get("blessing_reasons") or "it was never blessed"
+            raise StepError(
+                f"{self.name} v{version} is not blessed: {why}. "
+                "Promote anyway with --force --reason TEXT"
+            )
+        with self.lock():
+            current = self.aliases().get(CHAMPION)
+            if current == version:
+                log.info("%s v%d already is the champion", self.name, version)
+                return {"action": "noop", "version": version}
+            if current is not None:
+                self.client.set_registered_model_alias(self.name, PREVIOUS, str(current))
+            self.client.set_registered_model_alias(self.name, CHAMPION, str(version))
+            event = {
+                "action": "promote",
+                "version": version,
+                "previous": current,
+                "at": _now(),
+                "by": _actor(),
+                "forced": force,
+                "reason": reason,
+            }
+            self._record(event)
+            self.client.set_model_version_tag(self.name, str(version), "promoted_at", event["at"])
+            if force:
+                self.client.set_model_version_tag(
+                    self.name, str(version), "forced_promotion_reason", reason[:_TAG_LIMIT]
+                )
+        log.info(
+            "%s: champion %s -> v%d%s",
+            self.name,
+            _v(current),
+            version,
+            f" (forced: {reason})" if force else "",
+        )
+        return event
+
+    def rollback(self, *, reason: str = "") -> dict[str, Any]:
+        """Restore the previous champion (alias ``previous-champion``) in one call."""
+        with self.lock():
+            aliases = self.aliases()
+            previous, current = aliases.get(PREVIOUS), aliases.get(CHAMPION)
+            if previous is None:
+                raise StepError(f"{self.name}: no '{PREVIOUS}' alias, nothing to roll back to")
+            self.client.set_registered_model_alias(self.name, CHAMPION, str(previous))
+            if current is not None and current != previous:
+                self.client.set_registered_model_alias(self.name, PREVIOUS, str(current))
+            event = {
+                "action": "rollback",
+                "version": previous,
+                "previous": current,
+                "at": _now(),
+                "by": _actor(),
+                "forced": False,
+                "reason": reason,
+            }
+            self._record(event)
+        log.info("%s: rolled back champion %s -> v%d", self.name, _v(current), previous)
+        return event
+
+
+# --------------------------------------------------------------------------- blessing
+
+
+def _download(uri: str, name: str, version: int, dest: Path) -> Path:
+    import mlflow
+
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_registry_uri(uri)
+    return Path(
+        mlflow.artifacts.download_artifacts(
+            artifact_uri=f"models:/{name}/{version}", dst_path=str(dest), tracking_uri=uri
+        )
+    )
+
+
+def score_registered(model_dir: Path, task: Task, data_dir: Path, split: str) -> dict[str, Any]:
+    """Score a downloaded model version exactly as ``evaluate`` does."""
+    from components.evaluate import score_model
+
+    report = score_model(model_dir, task, data_dir, split)[0]
+    sig_file = model_dir / "signature.json"
+    signature = read_json(sig_file) if sig_file.exists() else {}
+    return {
+        "accuracy": report["accuracy"],
+        "macro_f1": report["macro_f1"],
+        "inputs": signature.get("inputs"),
+    }
+
+
+def bless(
+    params: RegisterParams,
+    lineage: dict[str, str],
+    challenger: dict[str, Any],
+    champion: dict[str, Any] | None,
+) -> Blessing:
+    """Every rule the challenger must meet; all failures are reported, not just the first."""
+    reasons = []
+    missing = [t for t in LINEAGE_TAGS if not lineage.get(t)]
+    if missing:
+        reasons.append(f"lineage tags missing: {', '.join(missing)}")
+    if lineage.get("ge_success") not in (None, "", "true"):
+        reasons.append("data validation (Great Expectations) did not pass")
+    if params.require_qat_gate and lineage.get("qat_gate_passed") not in (None, "", "true"):
+        reasons.append("the int8 model did not pass the QAT gate")
+    acc = challenger["accuracy"]
+    if acc < params.min_accuracy:
+        reasons.append(f"accuracy {acc:.4f} is below register.min_accuracy {params.min_accuracy}")
+    if champion is not None:
+        if champion.get("inputs") != challenger.get("inputs"):
+            reasons.append(
+                f"champion v{champion['version']} takes inputs {champion.get('inputs')}, the "
+                f"challenger {challenger.get('inputs')}: not comparable on the same data; "
+                "promote with --force --reason if the change is intended"
+            )
+        else:
+            gap = (champion["accuracy"] - acc) * 100.0
+            if gap > params.max_regression:
+                reasons.append(
+                    f"accuracy {acc:.4f} is {gap:.2f} points below champion "
+                    f"v{champion['version']} ({champion['accuracy']:.4f}) on the same "
+                    f"{params.split} split (register.max_regression {params.max_regression})"
+                )
+    return Blessing(not reasons, reasons, challenger, champion)
+
+
+# --------------------------------------------------------------------------- step
+
+
+def register_version(
+    client: Any, name: str, run_id: str, tags: dict[str, str], description: str
+) -> int:
+    from mlflow.exceptions import MlflowException
+
+    try:
+        client.create_registered_model(
+            name,
+            description="PaddlePaddle classifier; aliases "
+            "champion / challenger / previous-champion",
+        )
+    except MlflowException as exc:
+        if exc.error_code != "RESOURCE_ALREADY_EXISTS":
+            raise
+    source = client.get_run(run_id).info.artifact_uri.rstrip("/") + "/model"
+    mv = client.create_model_version(
+        name, source=source, run_id=run_id, tags=tags, description=description
+    )
+    return int(mv.version)
+
+
+def run(
+    params: RegisterParams,
+    task: Task,
+    run_file: str | Path,
+    data_dir: str | Path,
+    out_dir: str | Path,
+    *,
+    tracking_uri: str | None = None,
+) -> RegisterResult:
+    run_info = read_json(run_file)
+    uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or run_info["tracking_uri"]
+    client = _client(uri)
+    name = model_name(params, task)
+    registry = Registry(client, name, params)
+    mlrun = client.get_run(run_info["run_id"])
+    lineage = {t: mlrun.data.tags.get(t, "") for t in LINEAGE_TAGS}
+    metrics = mlrun.data.metrics
+    key_metrics = {
+        k: str(round(metrics[m], 6))
+        for k, m in (
+            ("accuracy", "test.accuracy"),
+            ("macro_f1", "test.macro_f1"),
+            ("latency_ms_b1", "test.latency_ms_b1"),
+            ("qat_accuracy", "qat.accuracy"),
+            ("qat_size_ratio", "qat.size_ratio"),
+            ("qat_latency_ratio_b64", "qat.latency_ratio_b64"),
+        )
+        if m in metrics
+    }
+    tags = {
+        **{k: v for k, v in lineage.items() if v},
+        **key_metrics,
+        "task": task.name,
+        "mlflow_run_id": mlrun.info.run_id,
+    }
+    version = register_version(
+        client,
+        name,
+        mlrun.info.run_id,
+        tags,
+        f"pipeline run {mlrun.info.run_id} ({lineage.get('git_sha')})",
+    )
+    client.set_registered_model_alias(name, CHALLENGER, str(version))
+    log.info("registered %s v%d (alias %s)", name, version, CHALLENGER)
+
+    data_dir = Path(data_dir)
+    with tempfile.TemporaryDirectory() as tmp:
+        challenger = score_registered(
+            _download(uri, name, version, Path(tmp) / "c"), task, data_dir, params.split
+        )
+        challenger["version"] = version
+        champion_version = registry.aliases().get(CHAMPION)
+        champion = None
+        if champion_version is not None:
+            champion = score_registered(
+                _download(uri, name, champion_version, Path(tmp) / "p"),
+                task,
+                data_dir,
+                params.split,
+            )
+            champion["version"] = champion_version
+    blessing = bless(params, lineage, challenger, champion)
+    client.set_model_version_tag(name, str(version), "blessed", str(blessing.blessed).lower())
+    client.set_model_version_tag(
+        name, str(version), "blessing_reasons", "; ".join(blessing.reasons)[:_TAG_LIMIT]
+    )
+    out_dir = Path(out_dir)
+    write_json(
+        out_dir / "blessing.json",
+        {"model": name, "version": version, **asdict(blessing), "params": asdict(params)},
+    )
+    client.log_artifact(mlrun.info.run_id, str(out_dir / "blessing.json"))
+    client.log_metric(mlrun.info.run_id, "blessed", float(blessing.blessed))
+    if blessing.blessed:
+        log.info(
+            "%s v%d blessed (accuracy %.4f%s)",
+            name,
+            version,
+            challenger["accuracy"],
+            f", champion v{champion['version']} {champion['accuracy']:.4f}"
+            if champion
+            else ", no champion yet",
+        )
+    else:
+        log.warning(
+            "%s v%d NOT blessed:\n%s",
+            name,
+            version,
+            "\n".join(f"  - {r}" for r in blessing.reasons),
+        )
+
+    promoted = False
+    if blessing.blessed and params.auto_promote:
+        registry.promote(version, reason="blessed by the pipeline")
+        promoted = True
+    write_json(
+        out_dir / "registration.json",
+        {
+            "model": name,
+            "version": version,
+            "blessed": blessing.blessed,
+            "promoted": promoted,
+            "aliases": registry.aliases(),
+        },
+    )
+    return RegisterResult(name, version, blessing, promoted)
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = step_parser("components.register", __doc__)
+    parser.add_argument(
+        "--tracking-uri",
+        default=None,
+        help="default: MLFLOW_TRACKING_URI, else sqlite:///mlflow.db",
+    )
+    parser.add_argument("--model-name", default=None, help="default: register.model_name")
+    sub = parser.add_subparsers(dest="command")
+    p_run = sub.add_parser("run", help="register + bless the tracked run (the dvc stage)")
+    p_run.add_argument("--run", default="outputs/track/run.json")
+    p_run.add_argument("--data", default="outputs/ingest")
+    p_run.add_argument("--out", default="outputs/register")
+    p_status = sub.add_parser("status", help="champion, challenger, history")
+    p_status.add_argument("--json", action="store_true")
+    p_promote = sub.add_parser("promote", help="make a version the champion")
+    p_promote.add_argument("--version", type=int, default=None, help="default: the challenger")
+    p_promote.add_argument("--force", action="store_true", help="promote although not blessed")
+    p_promote.add_argument("--reason", default="")
+    p_rollback = sub.add_parser("rollback", help="restore the previous champion")
+    p_rollback.add_argument("--reason", default="")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not any(a in ("run", "status", "promote", "rollback", "-h", "--help") for a in argv):
+        argv.append("run")
+    args = parser.parse_args(argv)
+
+    def _go() -> None:
+        params, all_params = step_params(args.params, "register", RegisterParams)
+        task = task_from_params(all_params)
+        if args.command == "run":
+            run(params, task, args.run, args.data, args.out, tracking_uri=args.tracking_uri)
+            return
+        name = args.model_name or model_name(params, task)
+        registry = Registry(_client(args.tracking_uri), name, params)
+        if not registry.exists():
+            raise StepError(f"no registered model '{name}' at the tracking URI")
+        if args.command == "status":
+            status = registry.status()
+            sys.stdout.write(
+                json.dumps(status, indent=2) + "\n" if args.json else _format_status(status)
+            )
+        elif args.command == "promote":
+            version = args.version or registry.aliases().get(CHALLENGER)
+            if version is None:
+                raise StepError(f"{name}: no --version given and no '{CHALLENGER}' alias")
+            event = registry.promote(version, force=args.force, reason=args.reason)
+            sys.stdout.write(json.dumps(event) + "\n")
+        elif args.command == "rollback":
+            sys.stdout.write(json.dumps(registry.rollback(reason=args.reason)) + "\n")
+
+    return run_cli(_go)
+
+
+def _v(version: int | None) -> str:
+    return f"v{version}" if version is not None else "none"
+
+
+def _format_status(status: dict[str, Any]) -> str:
+    lines = [f"model {status['model']}"]
+    for alias in (CHAMPION, CHALLENGER, PREVIOUS):
+        entry = status.get(alias)
+        if entry is None:
+            lines.append(f"  {alias:<18} -")
+            continue
+        t = entry["tags"]
+        lines.append(
+            f"  {alias:<18} v{entry['version']}  accuracy {t.get('accuracy', '?')}  "
+            f"blessed {t.get('blessed', '?')}  git {t.get('git_sha', '?')[:12]}  "
+            f"data {t.get('data_sha256', '?')[:12]}  params {t.get('params_sha256', '?')[:12]}  "
+            f"ge {t.get('ge_success', '?')}  qat_gate {t.get('qat_gate_passed', '?')}"
+        )
+    for event in status["history"][-5:]:
+        lines.append(
+            f"  {event['at']}  {event['action']:<8} v{event['version']} "
+            f"(was {_v(event['previous'])})"
+            f"{'  FORCED: ' + event['reason'] if event.get('forced') else ''}"
+        )
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

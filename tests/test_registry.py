@@ -1,0 +1,311 @@
+"""Registry, blessing, promotion, rollback and racing promotions against a real MLflow server.
+
+Every test talks to an ``mlflow server`` process on a free loopback port (SQLite backend,
+local artifact store), the way the pipeline does with ``MLFLOW_TRACKING_URI`` set.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import paddle
+import pytest
+
+from components.artifacts import StepError, read_json, write_json
+from components.export import ExportParams
+from components.export import run as export_run
+from components.register import (
+    CHALLENGER,
+    CHAMPION,
+    PREVIOUS,
+    RegisterParams,
+    Registry,
+)
+from components.register import run as register_run
+from tests.conftest import REPO
+
+PARAMS = RegisterParams(min_accuracy=0.5)
+LINEAGE = {
+    "git_sha": "a" * 40,
+    "data_sha256": "b" * 64,
+    "params_sha256": "c" * 64,
+    "ge_success": "true",
+    "qat_gate_passed": "true",
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory):
+    root = tmp_path_factory.mktemp("mlflow-server")
+    port = _free_port()
+    log = open(root / "server.log", "w")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(
+        [
+            str(Path(sys.executable).parent / "mlflow"),
+            "server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+            "--backend-store-uri",
+            f"sqlite:///{root / 'mlflow.db'}",
+            "--artifacts-destination",
+            str(root / "artifacts"),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    uri = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with urllib.request.urlopen(f"{uri}/health", timeout=2) as resp:
+                if resp.status == 200:
+                    break
+        except OSError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            log.close()
+            raise RuntimeError((root / "server.log").read_text()[-3000:])
+        time.sleep(0.3)
+    yield uri
+    os.killpg(proc.pid, signal.SIGTERM)
+    proc.wait(timeout=30)
+    log.close()
+
+
+@pytest.fixture(scope="module")
+def bad_export(tmp_path_factory, digits_task, digits_data) -> Path:
+    """An untrained model, exported for real: what a broken training run would ship."""
+    root = tmp_path_factory.mktemp("bad")
+    paddle.seed(7)
+    model = digits_task.build_model(10)
+    (root / "train").mkdir()
+    paddle.save(model.state_dict(), str(root / "train" / "model.pdparams"))
+    write_json(root / "train" / "model_meta.json", {"num_classes": 10})
+    export_run(ExportParams(), digits_task, root / "train", digits_data, root / "export")
+    return root / "export"
+
+
+def tracked_run(uri: str, export_dir: Path, dest: Path, tags: dict[str, str]) -> Path:
+    """What the track step leaves: an MLflow run with model/ artifacts and lineage tags."""
+    import mlflow
+
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_experiment("registry-tests")
+    with mlflow.start_run(tags=tags) as run:
+        mlflow.log_artifacts(str(export_dir), "model")
+    write_json(dest, {"run_id": run.info.run_id, "tracking_uri": uri})
+    return dest
+
+
+def cli(uri: str, *args: str, name: str = "digits-classifier") -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "MLFLOW_TRACKING_URI": uri}
+    return subprocess.run(
+        [sys.executable, "-m", "components.register", "--model-name", name, *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def registry(uri: str, name: str = "digits-classifier") -> Registry:
+    from mlflow import MlflowClient
+
+    return Registry(MlflowClient(tracking_uri=uri), name, PARAMS)
+
+
+def register(server, tmp_path, export_dir, digits_task, digits_data, tags=LINEAGE, params=PARAMS):
+    run_file = tracked_run(server, export_dir, tmp_path / "run.json", tags)
+    return register_run(
+        params, digits_task, run_file, digits_data, tmp_path / "out", tracking_uri=server
+    )
+
+
+def test_first_model_is_blessed_and_becomes_champion(
+    server, tmp_path, exported, digits_task, digits_data
+):
+    result = register(server, tmp_path, exported, digits_task, digits_data)
+    assert result.blessing.blessed and result.promoted and result.version == 1
+    reg = registry(server)
+    assert reg.aliases() == {CHAMPION: 1, CHALLENGER: 1}
+    tags = reg.version(1).tags
+    for key, value in LINEAGE.items():
+        assert tags[key] == value
+    assert tags["blessed"] == "true" and tags["task"] == "digits"
+    blessing = read_json(tmp_path / "out" / "blessing.json")
+    assert blessing["blessed"] and blessing["champion"] is None
+    assert blessing["challenger"]["accuracy"] > 0.5
+    # the registered files are the export: fp32 PIR, legacy, signature
+    import mlflow
+
+    files = os.listdir(
+        mlflow.artifacts.download_artifacts(
+            artifact_uri="models:/digits-classifier@champion",
+            dst_path=str(tmp_path / "dl"),
+            tracking_uri=server,
+        )
+    )
+    assert {"model.json", "model.pdiparams", "signature.json", "legacy"} <= set(files)
+
+
+def test_worse_challenger_is_not_promoted_and_says_why(
+    server, tmp_path, bad_export, digits_task, digits_data
+):
+    result = register(server, tmp_path, bad_export, digits_task, digits_data)
+    assert not result.blessing.blessed and not result.promoted
+    reasons = "\n".join(result.blessing.reasons)
+    assert "points below champion v1" in reasons and "register.max_regression 0.0" in reasons
+    reg = registry(server)
+    assert reg.aliases()[CHAMPION] == 1 and reg.aliases()[CHALLENGER] == result.version
+    assert reg.version(result.version).tags["blessed"] == "false"
+
+    proc = cli(server, "promote")  # the challenger, without --force
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert f"digits-classifier v{result.version} is not blessed" in proc.stderr
+    assert "points below champion v1" in proc.stderr
+    assert registry(server).aliases()[CHAMPION] == 1
+
+
+def test_challenger_without_lineage_is_refused_even_when_forced(
+    server, tmp_path, exported, digits_task, digits_data
+):
+    partial = {k: v for k, v in LINEAGE.items() if k not in ("data_sha256", "ge_success")}
+    result = register(server, tmp_path, exported, digits_task, digits_data, tags=partial)
+    assert not result.blessing.blessed
+    assert "lineage tags missing: data_sha256, ge_success" in result.blessing.reasons[0]
+    proc = cli(server, "promote", "--version", str(result.version), "--force", "--reason", "x")
+    assert proc.returncode == 1
+    assert "refusing to promote, lineage tags missing: data_sha256, ge_success" in proc.stderr
+    assert registry(server).aliases()[CHAMPION] == 1
+
+
+def test_forced_promotion_is_recorded_and_rollback_restores(server):
+    reg = registry(server)
+    worse = reg.aliases()[CHALLENGER]
+    assert cli(server, "promote", "--version", "2", "--force").returncode == 1  # no reason
+    proc = cli(server, "promote", "--version", "2", "--force", "--reason", "hotfix INC-42")
+    assert proc.returncode == 0, proc.stderr
+    assert reg.aliases()[CHAMPION] == 2 and reg.aliases()[PREVIOUS] == 1
+    event = reg.history()[-1]
+    assert event["forced"] and event["reason"] == "hotfix INC-42" and event["previous"] == 1
+    assert reg.version(2).tags["forced_promotion_reason"] == "hotfix INC-42"
+
+    proc = cli(server, "rollback", "--reason", "bad release")
+    assert proc.returncode == 0, proc.stderr
+    assert reg.aliases()[CHAMPION] == 1 and reg.aliases()[PREVIOUS] == 2
+    assert reg.history()[-1]["action"] == "rollback"
+
+    status = json.loads(cli(server, "status", "--json").stdout)
+    assert status["champion"]["version"] == 1 and status["previous-champion"]["version"] == 2
+    assert status["champion"]["tags"]["git_sha"] == LINEAGE["git_sha"]
+    assert worse != 1
+
+
+def test_racing_promotions_leave_one_champion_and_a_consistent_history(
+    server, tmp_path, exported, digits_task, digits_data
+):
+    versions = [
+        register(
+            server,
+            tmp_path / str(i),
+            exported,
+            digits_task,
+            digits_data,
+            params=RegisterParams(min_accuracy=0.5, auto_promote=False),
+        ).version
+        for i in range(2)
+    ]
+    reg = registry(server)
+    before = reg.aliases()[CHAMPION]
+    n_history = len(reg.history())
+    env = {**os.environ, "PYTHONPATH": str(REPO), "MLFLOW_TRACKING_URI": server}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "components.register", "promote", "--version", str(v)],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for v in versions
+    ]
+    for p in procs:
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+    history = reg.history()[n_history:]
+    assert [e["action"] for e in history] == ["promote", "promote"]
+    first, second = history
+    assert {first["version"], second["version"]} == set(versions)
+    assert first["previous"] == before and second["previous"] == first["version"]
+    aliases = reg.aliases()
+    assert aliases[CHAMPION] == second["version"] and aliases[PREVIOUS] == first["version"]
+    assert not reg.client.search_registered_models(f"name = '{reg.lock_name}'")  # released
+
+
+def test_a_held_lock_makes_a_promotion_wait(server):
+    reg = registry(server)
+    target = reg.aliases()[PREVIOUS]
+    with reg.lock():
+        env = {**os.environ, "PYTHONPATH": str(REPO), "MLFLOW_TRACKING_URI": server}
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "components.register", "promote", "--version", str(target)],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        time.sleep(8)  # long enough to start, ask for the lock and keep waiting
+        assert proc.poll() is None, proc.communicate()
+        assert reg.aliases()[CHAMPION] != target
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert reg.aliases()[CHAMPION] == target
+
+
+def test_a_stale_lock_left_by_a_crash_is_broken(server):
+    reg = registry(server)
+    reg.client.create_registered_model(
+        reg.lock_name, tags={"token": "dead", "owner": "crashed", "acquired_at": "0"}
+    )
+    target = reg.aliases()[PREVIOUS]
+    reg.promote(target, force=True, reason="after crash")
+    assert reg.aliases()[CHAMPION] == target
+
+
+def test_rollback_without_previous_champion_is_a_readable_error(
+    server, tmp_path, exported, digits_task, digits_data
+):
+    name = "lonely-classifier"
+    run_file = tracked_run(server, exported, tmp_path / "run.json", LINEAGE)
+    register_run(
+        RegisterParams(model_name=name, min_accuracy=0.5),
+        digits_task,
+        run_file,
+        digits_data,
+        tmp_path / "out",
+        tracking_uri=server,
+    )
+    with pytest.raises(StepError, match="nothing to roll back to"):
+        registry(server, name).rollback()
