@@ -242,8 +242,19 @@ class Registry:
             text = json.dumps(history, separators=(",", ":"))
         self.client.set_registered_model_tag(self.name, HISTORY_TAG, text)
 
-    def promote(self, version: int, *, force: bool = False, reason: str = "") -> dict[str, Any]:
-        """Make ``version`` the champion; refuses missing lineage, and unblessed unless forced."""
+    def promote(
+        self,
+        version: int,
+        *,
+        force: bool = False,
+        reason: str = "",
+        expected_champion: int | None | str = "any",
+    ) -> dict[str, Any]:
+        """Make ``version`` the champion; refuses missing lineage, and unblessed unless forced.
+
+        ``expected_champion`` (compare-and-set): the champion the blessing was judged
+        against; if another promotion changed it meanwhile, nothing is changed.
+        """
         mv = self.version(version)
         missing = self.missing_lineage(version)
         if missing:
@@ -261,6 +272,12 @@ class Registry:
             )
         with self.lock():
             current = self.aliases().get(CHAMPION)
+            if expected_champion != "any" and current != expected_champion:
+                raise StepError(
+                    f"{self.name}: the champion changed from {_v(expected_champion)} to "
+                    f"{_v(current)} while v{version} was being blessed against it; run "
+                    "register again to bless it against the new champion"
+                )
             if current == version:
                 log.info("%s v%d already is the champion", self.name, version)
                 return {"action": "noop", "version": version}
@@ -497,7 +514,11 @@ def run(
 
     promoted = False
     if blessing.blessed and params.auto_promote:
-        registry.promote(version, reason="blessed by the pipeline")
+        registry.promote(
+            version,
+            reason="blessed by the pipeline",
+            expected_champion=champion["version"] if champion else None,
+        )
         promoted = True
     write_json(
         out_dir / "registration.json",

@@ -138,6 +138,6 @@ def ran(proc: subprocess.CompletedProcess[str]) -> list[str]:
     text = proc.stdout + proc.stderr
     return [
         s
-        for s in ("ingest", "validate", "train", "qat", "export", "evaluate", "track")
+        for s in ("ingest", "validate", "train", "qat", "export", "evaluate", "track", "register")
         if f"Running stage '{s}'" in text
     ]

@@ -33,6 +33,7 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "latency": {"warmup": 1, "repeats": 3},
         },
         evaluate={"latency": {"warmup": 1, "repeats": 3}},
+        register={"min_accuracy": 0.5},
     )
     return repo
 
@@ -49,7 +50,16 @@ def test_fresh_clone_materialises_data_byte_identically(repo):
 
 def test_repro_runs_every_stage_and_writes_the_contract(repo):
     proc = sh(repo, "dvc", "repro")
-    assert ran(proc) == ["ingest", "validate", "train", "qat", "export", "evaluate", "track"]
+    assert ran(proc) == [
+        "ingest",
+        "validate",
+        "train",
+        "qat",
+        "export",
+        "evaluate",
+        "track",
+        "register",
+    ]
     train = json.loads((repo / "metrics" / "train.json").read_text())
     evaluate = json.loads((repo / "metrics" / "evaluate.json").read_text())
     assert {"best_val_accuracy", "epochs_run", "samples_per_second", "amp_effective"} <= set(train)
@@ -65,6 +75,20 @@ def test_repro_runs_every_stage_and_writes_the_contract(repo):
     assert "val_accuracy" in html and "confusion" in html.lower()
 
 
+def test_repro_leaves_a_champion_with_lineage_in_the_registry(repo):
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{repo / 'mlflow.db'}")
+    model = client.get_registered_model("digits-classifier")
+    assert int(model.aliases["champion"]) == int(model.aliases["challenger"]) == 1
+    tags = client.get_model_version("digits-classifier", "1").tags
+    for key in ("git_sha", "data_sha256", "params_sha256", "ge_success", "qat_gate_passed"):
+        assert tags[key], key
+    assert tags["ge_success"] == "true" and tags["qat_gate_passed"] == "true"
+    blessing = json.loads((repo / "outputs" / "register" / "blessing.json").read_text())
+    assert blessing["blessed"] is True
+
+
 def test_second_repro_runs_nothing(repo):
     proc = sh(repo, "dvc", "repro")
     assert ran(proc) == []
@@ -74,7 +98,7 @@ def test_second_repro_runs_nothing(repo):
 def test_changing_train_params_reruns_train_and_downstream_only(repo):
     set_params(repo, train={"learning_rate": 0.002})
     proc = sh(repo, "dvc", "repro")
-    assert ran(proc) == ["train", "qat", "export", "evaluate", "track"]
+    assert ran(proc) == ["train", "qat", "export", "evaluate", "track", "register"]
 
 
 def test_mlflow_run_holds_params_metrics_curves_and_artifacts(repo):

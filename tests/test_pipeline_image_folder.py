@@ -67,13 +67,23 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
         qat={"epochs": 1, "batch_size": 16, "latency": {"warmup": 1, "repeats": 2}},
         evaluate={"latency": {"warmup": 1, "repeats": 2}},
         track={"experiment": "shapes"},
+        register={"min_accuracy": 0.5},
     )
     return repo
 
 
 def test_image_folder_task_runs_the_whole_pipeline(repo):
     proc = sh(repo, "dvc", "repro")
-    assert ran(proc) == ["ingest", "validate", "train", "qat", "export", "evaluate", "track"]
+    assert ran(proc) == [
+        "ingest",
+        "validate",
+        "train",
+        "qat",
+        "export",
+        "evaluate",
+        "track",
+        "register",
+    ]
 
     manifest = json.loads((repo / "outputs" / "ingest" / "manifest.json").read_text())
     assert manifest["kind"] == "image_folder" and manifest["image_shape"] == [40, 40, 3]

@@ -294,6 +294,15 @@ def test_a_stale_lock_left_by_a_crash_is_broken(server):
     assert reg.aliases()[CHAMPION] == target
 
 
+def test_auto_promotion_refuses_if_the_champion_moved_meanwhile(server):
+    reg = registry(server)
+    aliases = reg.aliases()
+    judged_against = aliases[CHAMPION] + 100  # the blessing saw another champion
+    with pytest.raises(StepError, match="champion changed from"):
+        reg.promote(aliases[PREVIOUS], force=True, reason="cas", expected_champion=judged_against)
+    assert reg.aliases() == aliases
+
+
 def test_rollback_without_previous_champion_is_a_readable_error(
     server, tmp_path, exported, digits_task, digits_data
 ):
