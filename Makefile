@@ -10,8 +10,9 @@ export GX_ANALYTICS_ENABLED := false
 export GLOG_minloglevel := 2
 PYTEST_ARGS ?= -m "not slow"
 BENCH_ARCH ?= resnet50
+MLFLOW_PORT ?= 5000
 
-.PHONY: help install run data repro status test lint format metrics plots mlflow-ui bench clean
+.PHONY: help install run data repro status test lint format metrics plots mlflow-ui mlflow-server registry bench clean
 
 help:
 	@echo "make run      - install, materialise data/raw, run the whole pipeline (dvc repro)"
@@ -19,6 +20,8 @@ help:
 	@echo "make lint     - ruff"
 	@echo "make metrics  - dvc metrics show; make plots - dvc plots show"
 	@echo "make mlflow-ui - browse sqlite:///mlflow.db on http://127.0.0.1:5000"
+	@echo "make mlflow-server - a tracking server on 127.0.0.1:$(MLFLOW_PORT) (SQLite + ./mlartifacts)"
+	@echo "make registry - champion / challenger / history of the registered model"
 	@echo "make bench    - int8 (QAT) vs fp32 ResNet size and latency in OpenVINO ($(BENCH_ARCH))"
 
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -71,7 +74,17 @@ bench: install
 	python bench/qat_resnet.py --arch $(BENCH_ARCH)
 
 mlflow-ui: install
-	mlflow ui --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1 --port 5000
+	mlflow ui --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1 --port $(MLFLOW_PORT)
+
+# A real tracking server; point the pipeline at it with
+#   MLFLOW_TRACKING_URI=http://127.0.0.1:$(MLFLOW_PORT) make run
+mlflow-server: install
+	mlflow server --host 127.0.0.1 --port $(MLFLOW_PORT) --workers 1 \
+	  --backend-store-uri sqlite:///$(CURDIR)/mlflow-server.db \
+	  --artifacts-destination $(CURDIR)/mlartifacts
+
+registry: install
+	python -m components.register status
 
 clean:
-	rm -rf outputs checkpoints metrics plots mlflow.db mlruns mlartifacts
+	rm -rf outputs checkpoints metrics plots mlflow.db mlflow-server.db mlruns mlartifacts
