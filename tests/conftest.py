@@ -62,6 +62,47 @@ def exported(
     return out
 
 
+@pytest.fixture(scope="session")
+def qat_out(
+    tmp_path_factory: pytest.TempPathFactory, trained: Path, digits_data: Path, digits_task
+):
+    """The qat step on the small trained model: (output dir, QatResult)."""
+    from components.qat import QatLatency, QatParams
+    from components.qat import run as qat_run
+
+    out = tmp_path_factory.mktemp("qat") / "qat"
+    params = QatParams(epochs=2, latency=QatLatency(warmup=1, repeats=3))
+    result = qat_run(
+        params, digits_task, trained, digits_data, out, metrics_file=out.parent / "m.json"
+    )
+    return out, result
+
+
+@pytest.fixture(scope="session")
+def exported_int8(
+    tmp_path_factory: pytest.TempPathFactory, trained: Path, digits_data: Path, digits_task, qat_out
+) -> Path:
+    """A full export bundle: fp32 PIR + legacy and the gated int8 model."""
+    from components.export import ExportParams, run
+
+    out = tmp_path_factory.mktemp("export-int8") / "export"
+    run(ExportParams(), digits_task, trained, digits_data, out, qat_dir=qat_out[0])
+    return out
+
+
+SERVER_BIN = REPO / "build" / "serving" / "paddle-mlops-server"
+
+
+@pytest.fixture(scope="session")
+def server_binary() -> Path:
+    """The C++ server (``make serving`` builds it; built here if missing)."""
+    if not SERVER_BIN.exists():
+        from components.serving_image import build_server
+
+        build_server(REPO / "serving", SERVER_BIN.parent)
+    return SERVER_BIN
+
+
 def run_module(
     module: str, *args: str, cwd: Path = REPO, env: dict | None = None, timeout: float = 600
 ) -> subprocess.CompletedProcess[str]:

@@ -105,3 +105,33 @@ def test_pipeline_pods_get_the_tracking_uri_of_the_service():
 def test_workloads_have_probes_and_resources(name):
     container = _container(name)
     assert "readinessProbe" in container and "resources" in container
+
+
+def test_serving_deployment_is_hardened_and_probed():
+    container = _container("digits-server")
+    assert container["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
+    sec = container["securityContext"]
+    assert sec["readOnlyRootFilesystem"] is True and sec["allowPrivilegeEscalation"] is False
+    assert container["resources"]["limits"]["cpu"]
+    kinds = {d["kind"] for _, d in documents()}
+    assert {"HorizontalPodAutoscaler", "PodDisruptionBudget"} <= kinds
+
+
+def test_kserve_variant_follows_the_custom_runtime_contract():
+    docs = {
+        d["kind"]: d
+        for f in kustomize_resources(K8S / "kserve")
+        for d in yaml.safe_load_all(f.read_text())
+        if d
+    }
+    runtime = docs["ServingRuntime"]["spec"]
+    container = runtime["containers"][0]
+    assert container["name"] == "kserve-container"
+    assert container["ports"][0]["containerPort"] == 8080
+    assert "--model-dir=/mnt/models" in container["args"]
+    assert {"name": "PORT", "value": "8080"} in container["env"]
+    assert runtime["protocolVersions"] == ["v2"]
+    isvc = docs["InferenceService"]["spec"]["predictor"]["model"]
+    assert isvc["runtime"] == docs["ServingRuntime"]["metadata"]["name"]
+    assert isvc["protocolVersion"] == "v2"

@@ -18,17 +18,6 @@ from components.qat import (
 )
 from components.qat import run as qat_run
 
-FAST = QatParams(epochs=2, latency=QatLatency(warmup=1, repeats=3))
-
-
-@pytest.fixture(scope="module")
-def qat_out(tmp_path_factory, trained, digits_data, digits_task):
-    out = tmp_path_factory.mktemp("qat") / "qat"
-    result = qat_run(
-        FAST, digits_task, trained, digits_data, out, metrics_file=out.parent / "m.json"
-    )
-    return out, result
-
 
 @pytest.fixture(scope="module")
 def fp32_bundle(tmp_path_factory, trained, digits_task):

@@ -1,0 +1,133 @@
+"""A small Open Inference Protocol (KServe v2) REST client, JSON and binary tensors.
+
+Used by infra validation; users and tests can equally use ``tritonclient.http``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+import numpy as np
+
+_DTYPES = {
+    "FP32": np.float32,
+    "FP64": np.float64,
+    "INT64": np.int64,
+    "INT32": np.int32,
+    "UINT8": np.uint8,
+    "INT8": np.int8,
+    "FP16": np.float16,
+    "BOOL": np.bool_,
+}
+_NAMES = {np.dtype(v): k for k, v in _DTYPES.items()}
+
+
+class KServeError(RuntimeError):
+    def __init__(self, status: int, message: str):
+        super().__init__(f"HTTP {status}: {message}")
+        self.status = status
+
+
+class KServeClient:
+    def __init__(self, base_url: str, timeout: float = 30.0):
+        self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        body: bytes | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> tuple[int, dict[str, str], bytes]:
+        req = urllib.request.Request(
+            self.base_url + path, data=body, method=method, headers=headers or {}
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                return resp.status, dict(resp.headers), resp.read()
+        except urllib.error.HTTPError as exc:
+            payload = exc.read()
+            try:
+                message = json.loads(payload).get("error", payload.decode())
+            except (ValueError, AttributeError):
+                message = payload.decode(errors="replace")
+            raise KServeError(exc.code, message) from None
+
+    def live(self) -> bool:
+        return self._status("/v2/health/live") == 200
+
+    def ready(self) -> bool:
+        return self._status("/v2/health/ready") == 200
+
+    def _status(self, path: str) -> int:
+        try:
+            return self._request("GET", path)[0]
+        except KServeError as exc:
+            return exc.status
+        except OSError:
+            return 0
+
+    def wait_ready(self, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.ready():
+                return True
+            time.sleep(0.1)
+        return False
+
+    def model_metadata(self, model: str) -> dict[str, Any]:
+        return json.loads(self._request("GET", f"/v2/models/{model}")[2])
+
+    def infer(
+        self, model: str, inputs: dict[str, np.ndarray], *, binary: bool = False
+    ) -> dict[str, np.ndarray]:
+        """Run one request; ``binary`` sends and receives raw tensor bytes."""
+        specs, blobs = [], []
+        for name, arr in inputs.items():
+            arr = np.ascontiguousarray(arr)
+            spec: dict[str, Any] = {
+                "name": name,
+                "shape": list(arr.shape),
+                "datatype": _NAMES[arr.dtype],
+            }
+            if binary:
+                raw = arr.astype(arr.dtype.newbyteorder("<"), copy=False).tobytes()
+                spec["parameters"] = {"binary_data_size": len(raw)}
+                blobs.append(raw)
+            else:
+                spec["data"] = arr.reshape(-1).tolist()
+            specs.append(spec)
+        request: dict[str, Any] = {"inputs": specs}
+        if binary:
+            request["parameters"] = {"binary_data_output": True}
+        header = json.dumps(request).encode()
+        headers = {"Content-Type": "application/json"}
+        if binary:
+            headers = {
+                "Content-Type": "application/octet-stream",
+                "Inference-Header-Content-Length": str(len(header)),
+            }
+        _, resp_headers, body = self._request(
+            "POST", f"/v2/models/{model}/infer", header + b"".join(blobs), headers
+        )
+        length = {k.lower(): v for k, v in resp_headers.items()}.get(
+            "inference-header-content-length"
+        )
+        json_len = int(length) if length is not None else len(body)
+        response = json.loads(body[:json_len])
+        out, offset = {}, json_len
+        for o in response["outputs"]:
+            dtype = np.dtype(_DTYPES[o["datatype"]]).newbyteorder("<")
+            size = (o.get("parameters") or {}).get("binary_data_size")
+            if size is not None:
+                arr = np.frombuffer(body[offset : offset + size], dtype=dtype)
+                offset += size
+            else:
+                arr = np.asarray(o["data"], dtype=dtype)
+            out[o["name"]] = arr.reshape(o["shape"]).astype(dtype.newbyteorder("="))
+        return out
