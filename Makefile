@@ -12,17 +12,19 @@ PYTEST_ARGS ?= -m "not slow"
 BENCH_ARCH ?= resnet50
 MLFLOW_PORT ?= 5000
 
-.PHONY: help install run data repro status test lint format metrics plots mlflow-ui mlflow-server registry bench clean
+.PHONY: help install apt-deps serving serving-test run data repro status test lint format metrics plots mlflow-ui mlflow-server registry bench bench-serving clean
 
 help:
 	@echo "make run      - install, materialise data/raw, run the whole pipeline (dvc repro)"
-	@echo "make test     - install, run the test suite ($(PYTEST_ARGS))"
+	@echo "make test     - install, build the C++ server, run its unit tests and the suite ($(PYTEST_ARGS))"
+	@echo "make serving  - build the C++ KServe-v2 server (build/serving/paddle-mlops-server)"
 	@echo "make lint     - ruff"
 	@echo "make metrics  - dvc metrics show; make plots - dvc plots show"
 	@echo "make mlflow-ui - browse sqlite:///mlflow.db on http://127.0.0.1:5000"
 	@echo "make mlflow-server - a tracking server on 127.0.0.1:$(MLFLOW_PORT) (SQLite + ./mlartifacts)"
 	@echo "make registry - champion / challenger / history of the registered model"
 	@echo "make bench    - int8 (QAT) vs fp32 ResNet size and latency in OpenVINO ($(BENCH_ARCH))"
+	@echo "make bench-serving - C++ server vs in-process OpenVINO and vs a FastAPI server"
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -31,6 +33,25 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	touch $@
 
 install: $(VENV)/.installed
+
+# Debian packages the C++ server builds against (installed when missing; needs root or sudo).
+APT_PACKAGES := cmake g++ make pkg-config libcpp-httplib-dev nlohmann-json3-dev libgtest-dev
+apt-deps:
+	@missing=$$(for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  echo "installing $$missing"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q \
+	    --no-install-recommends $$missing; \
+	fi
+
+OV_CMAKE = $$($(BIN)/python -c "import openvino, os; print(os.path.join(os.path.dirname(openvino.__file__), 'cmake'))")
+serving: install apt-deps
+	cmake -S serving -B build/serving -DCMAKE_BUILD_TYPE=Release -DOpenVINO_DIR=$(OV_CMAKE)
+	cmake --build build/serving -j2
+
+serving-test: serving
+	ctest --test-dir build/serving --output-on-failure
 
 # data/raw is tracked by data.dvc. Take it from the DVC remote when one is configured,
 # otherwise regenerate it byte-identically from scikit-learn's digits; then prove it matches.
@@ -44,7 +65,7 @@ data: install
 	fi
 	dvc status data.dvc
 
-repro: data
+repro: data serving
 	dvc repro
 
 run: repro
@@ -59,7 +80,7 @@ metrics: install
 plots: install
 	dvc plots show
 
-test: install
+test: install serving-test
 	python -m pytest $(PYTEST_ARGS)
 
 lint: install
@@ -72,6 +93,9 @@ format: install
 
 bench: install
 	python bench/qat_resnet.py --arch $(BENCH_ARCH)
+
+bench-serving: serving
+	python bench/serving_bench.py
 
 mlflow-ui: install
 	mlflow ui --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1 --port $(MLFLOW_PORT)

@@ -53,7 +53,16 @@ log = logging.getLogger(__name__)
 
 CHAMPION, CHALLENGER, PREVIOUS = "champion", "challenger", "previous-champion"
 HISTORY_TAG = "champion_history"
-LINEAGE_TAGS = ("git_sha", "data_sha256", "params_sha256", "ge_success", "qat_gate_passed")
+LINEAGE_TAGS = (
+    "git_sha",
+    "data_sha256",
+    "params_sha256",
+    "ge_success",
+    "qat_gate_passed",
+    "serving_image",
+    "infra_validated",
+)
+_EXTRA_TAGS = ("serving_image_digest", "serving_image_built")
 _TAG_LIMIT = 5000
 
 
@@ -102,7 +111,8 @@ def _client(tracking_uri: str | None = None) -> Any:
 
     from components.track import tracking_uri as default_uri
 
-    return MlflowClient(tracking_uri=tracking_uri or default_uri())
+    uri = tracking_uri or default_uri()
+    return MlflowClient(tracking_uri=uri, registry_uri=uri)
 
 
 def _now() -> str:
@@ -335,14 +345,14 @@ class Registry:
 # --------------------------------------------------------------------------- blessing
 
 
-def _download(uri: str, name: str, version: int, dest: Path) -> Path:
+def _download(client: Any, uri: str, name: str, version: int, dest: Path) -> Path:
+    """Download a version's files without touching process-global MLflow URIs."""
     import mlflow
 
-    mlflow.set_tracking_uri(uri)
-    mlflow.set_registry_uri(uri)
+    source = client.get_model_version_download_uri(name, str(version))
     return Path(
         mlflow.artifacts.download_artifacts(
-            artifact_uri=f"models:/{name}/{version}", dst_path=str(dest), tracking_uri=uri
+            artifact_uri=source, dst_path=str(dest), tracking_uri=uri
         )
     )
 
@@ -376,6 +386,8 @@ def bless(
         reasons.append("data validation (Great Expectations) did not pass")
     if params.require_qat_gate and lineage.get("qat_gate_passed") not in (None, "", "true"):
         reasons.append("the int8 model did not pass the QAT gate")
+    if lineage.get("infra_validated") not in (None, "", "true"):
+        reasons.append("infra validation of the serving image did not pass")
     acc = challenger["accuracy"]
     if acc < params.min_accuracy:
         reasons.append(f"accuracy {acc:.4f} is below register.min_accuracy {params.min_accuracy}")
@@ -436,7 +448,7 @@ def run(
     name = model_name(params, task)
     registry = Registry(client, name, params)
     mlrun = client.get_run(run_info["run_id"])
-    lineage = {t: mlrun.data.tags.get(t, "") for t in LINEAGE_TAGS}
+    lineage = {t: mlrun.data.tags.get(t, "") for t in LINEAGE_TAGS + _EXTRA_TAGS}
     metrics = mlrun.data.metrics
     key_metrics = {
         k: str(round(metrics[m], 6))
@@ -469,14 +481,14 @@ def run(
     data_dir = Path(data_dir)
     with tempfile.TemporaryDirectory() as tmp:
         challenger = score_registered(
-            _download(uri, name, version, Path(tmp) / "c"), task, data_dir, params.split
+            _download(client, uri, name, version, Path(tmp) / "c"), task, data_dir, params.split
         )
         challenger["version"] = version
         champion_version = registry.aliases().get(CHAMPION)
         champion = None
         if champion_version is not None:
             champion = score_registered(
-                _download(uri, name, champion_version, Path(tmp) / "p"),
+                _download(client, uri, name, champion_version, Path(tmp) / "p"),
                 task,
                 data_dir,
                 params.split,

@@ -4,7 +4,7 @@ Runs after evaluate and reads only the files the steps wrote, so the steps stay 
 MLflow. The parent run carries every parameter of ``params.yaml`` (flattened), the headline
 metrics, the per-epoch training curves (``step`` = epoch), the tags ``git_sha``,
 ``data_sha256`` (of the raw inputs), ``params_sha256`` and ``task``, and the exported model
-under ``model/``. Each nested run (ingest, validate, train, qat, export, evaluate) carries that
+under ``model/``. Each nested run (ingest ... evaluate, serving_image) carries that
 step's manifest, outputs such as the Great Expectations result and Data Docs, and metrics.
 
 Tracking URI: ``MLFLOW_TRACKING_URI`` if set, else ``sqlite:///mlflow.db`` in the working
@@ -52,6 +52,7 @@ class StepOutputs:
     export: Path = Path("outputs/export")
     qat: Path = Path("outputs/qat")
     evaluate: Path = Path("outputs/evaluate")
+    serving_image: Path = Path("outputs/serving_image")
     metrics: Path = Path("metrics")
     plots: Path = Path("plots")
 
@@ -102,12 +103,13 @@ def run(
     mlflow.set_tracking_uri(uri)
     manifests = {
         step: read_json(getattr(outputs, step) / "manifest.json")
-        for step in ("ingest", "validate", "train", "qat", "export", "evaluate")
+        for step in ("ingest", "validate", "train", "qat", "export", "evaluate", "serving_image")
     }
     ge_summary = read_json(outputs.validate / "summary.json")
     train_metrics = read_json(outputs.metrics / "train.json")
     eval_metrics = read_json(outputs.metrics / "evaluate.json")
     qat_metrics = read_json(outputs.metrics / "qat.json")
+    infra = read_json(outputs.serving_image / "infra.json")
     history = read_json(outputs.train / "history.json")
     data_sha = combined_sha256(manifests["ingest"].get("input_sha256", {}))
     sha = git_sha()
@@ -120,6 +122,10 @@ def run(
         "amp_effective": str(train_metrics.get("amp_effective")),
         "ge_success": str(bool(ge_summary.get("success"))).lower(),
         "qat_gate_passed": str(bool(qat_metrics.get("gate_passed"))).lower(),
+        "serving_image": str(infra.get("image") or ""),
+        "serving_image_digest": str(infra.get("digest") or ""),
+        "serving_image_built": str(bool(infra.get("built"))).lower(),
+        "infra_validated": str(bool(infra.get("infra_validated"))).lower(),
     }
 
     try:
@@ -169,6 +175,10 @@ def run(
                 (outputs.export / "signature.json", None),
             ],
             "evaluate": [(outputs.evaluate, None)],
+            "serving_image": [
+                (outputs.serving_image / "manifest.json", None),
+                (outputs.serving_image / "infra.json", None),
+            ],
         }
         step_metrics = {
             "train": train_metrics,

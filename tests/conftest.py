@@ -151,7 +151,8 @@ BIN = str(Path(sys.executable).parent)
 def sh(repo: Path, *cmd: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     """Run a command in ``repo`` with this venv first on PATH (``python`` in dvc.yaml)."""
     env = {**os.environ, "PATH": BIN + os.pathsep + os.environ["PATH"], "PYTHONPATH": str(repo)}
-    env.pop("MLFLOW_TRACKING_URI", None)
+    for var in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI"):
+        env.pop(var, None)  # in-process tests may have set them; dvc runs use the defaults
     proc = subprocess.run(list(cmd), cwd=repo, env=env, capture_output=True, text=True, timeout=900)
     if check and proc.returncode != 0:
         raise AssertionError(f"{cmd} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
@@ -179,6 +180,16 @@ def ran(proc: subprocess.CompletedProcess[str]) -> list[str]:
     text = proc.stdout + proc.stderr
     return [
         s
-        for s in ("ingest", "validate", "train", "qat", "export", "evaluate", "track", "register")
+        for s in (
+            "ingest",
+            "validate",
+            "train",
+            "qat",
+            "export",
+            "serving_image",
+            "evaluate",
+            "track",
+            "register",
+        )
         if f"Running stage '{s}'" in text
     ]

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from components.artifacts import sha256_tree
-from tests.conftest import clone_repo, ran, set_params, sh
+from tests.conftest import SERVER_BIN, clone_repo, ran, set_params, sh
 
 
 @pytest.fixture(scope="module")
-def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def repo(tmp_path_factory: pytest.TempPathFactory, server_binary: Path) -> Path:
     repo = clone_repo(tmp_path_factory.mktemp("clone"))
     # tiny params: the point is the wiring, not the accuracy
     set_params(
@@ -34,6 +34,11 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
         },
         evaluate={"latency": {"warmup": 1, "repeats": 3}},
         register={"min_accuracy": 0.5},
+        serving_image={
+            "server_binary": str(SERVER_BIN),
+            "golden_samples": 32,
+            "latency_requests": 10,
+        },
     )
     return repo
 
@@ -56,6 +61,7 @@ def test_repro_runs_every_stage_and_writes_the_contract(repo):
         "train",
         "qat",
         "export",
+        "serving_image",
         "evaluate",
         "track",
         "register",
@@ -82,9 +88,19 @@ def test_repro_leaves_a_champion_with_lineage_in_the_registry(repo):
     model = client.get_registered_model("digits-classifier")
     assert int(model.aliases["champion"]) == int(model.aliases["challenger"]) == 1
     tags = client.get_model_version("digits-classifier", "1").tags
-    for key in ("git_sha", "data_sha256", "params_sha256", "ge_success", "qat_gate_passed"):
+    for key in (
+        "git_sha",
+        "data_sha256",
+        "params_sha256",
+        "ge_success",
+        "qat_gate_passed",
+        "serving_image",
+        "infra_validated",
+    ):
         assert tags[key], key
     assert tags["ge_success"] == "true" and tags["qat_gate_passed"] == "true"
+    assert tags["infra_validated"] == "true"
+    assert tags["serving_image"].startswith("paddle-mlops/digits-server:")
     blessing = json.loads((repo / "outputs" / "register" / "blessing.json").read_text())
     assert blessing["blessed"] is True
 
@@ -98,7 +114,7 @@ def test_second_repro_runs_nothing(repo):
 def test_changing_train_params_reruns_train_and_downstream_only(repo):
     set_params(repo, train={"learning_rate": 0.002})
     proc = sh(repo, "dvc", "repro")
-    assert ran(proc) == ["train", "qat", "export", "evaluate", "track", "register"]
+    assert ran(proc) == ["train", "qat", "export", "serving_image", "evaluate", "track", "register"]
 
 
 def test_mlflow_run_holds_params_metrics_curves_and_artifacts(repo):
@@ -132,6 +148,7 @@ def test_mlflow_run_holds_params_metrics_curves_and_artifacts(repo):
         "export",
         "ingest",
         "qat",
+        "serving_image",
         "train",
         "validate",
     ]

@@ -13,7 +13,7 @@ import pytest
 import yaml
 from PIL import Image
 
-from tests.conftest import clone_repo, ran, set_params, sh
+from tests.conftest import SERVER_BIN, clone_repo, ran, set_params, sh
 
 CLASSES = ("red_square", "green_disc", "blue_bar")
 
@@ -39,7 +39,7 @@ def make_image_folder(root: Path, per_class: int = 32, size: int = 40, seed: int
 
 
 @pytest.fixture(scope="module")
-def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def repo(tmp_path_factory: pytest.TempPathFactory, server_binary: Path) -> Path:
     repo = clone_repo(tmp_path_factory.mktemp("images"))
     make_image_folder(repo / "data" / "raw" / "shapes")
     params = yaml.safe_load((repo / "params.yaml").read_text())
@@ -68,6 +68,12 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
         evaluate={"latency": {"warmup": 1, "repeats": 2}},
         track={"experiment": "shapes"},
         register={"min_accuracy": 0.5},
+        serving_image={
+            "server_binary": str(SERVER_BIN),
+            "golden_samples": 24,
+            "latency_requests": 5,
+            "image_repository": "paddle-mlops/shapes-server",
+        },
     )
     return repo
 
@@ -80,6 +86,7 @@ def test_image_folder_task_runs_the_whole_pipeline(repo):
         "train",
         "qat",
         "export",
+        "serving_image",
         "evaluate",
         "track",
         "register",
@@ -102,3 +109,5 @@ def test_image_folder_task_runs_the_whole_pipeline(repo):
     assert qat["gate_passed"] is True
     assert qat["size_ratio"] <= 0.30  # ResNet weights dominate the files
     assert (repo / "outputs" / "export" / "int8" / "openvino" / "model.bin").exists()
+    infra = json.loads((repo / "outputs" / "serving_image" / "infra.json").read_text())
+    assert infra["infra_validated"] is True  # the C++ server serves the ResNet, both variants

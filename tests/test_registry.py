@@ -39,6 +39,8 @@ LINEAGE = {
     "params_sha256": "c" * 64,
     "ge_success": "true",
     "qat_gate_passed": "true",
+    "serving_image": "paddle-mlops/digits-server:0123456789ab",
+    "infra_validated": "true",
 }
 
 
@@ -106,12 +108,14 @@ def bad_export(tmp_path_factory, digits_task, digits_data) -> Path:
 
 def tracked_run(uri: str, export_dir: Path, dest: Path, tags: dict[str, str]) -> Path:
     """What the track step leaves: an MLflow run with model/ artifacts and lineage tags."""
-    import mlflow
+    from mlflow import MlflowClient
 
-    mlflow.set_tracking_uri(uri)
-    mlflow.set_experiment("registry-tests")
-    with mlflow.start_run(tags=tags) as run:
-        mlflow.log_artifacts(str(export_dir), "model")
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name("registry-tests")
+    exp_id = exp.experiment_id if exp else client.create_experiment("registry-tests")
+    run = client.create_run(exp_id, tags=tags)
+    client.log_artifacts(run.info.run_id, str(export_dir), "model")
+    client.set_terminated(run.info.run_id)
     write_json(dest, {"run_id": run.info.run_id, "tracking_uri": uri})
     return dest
 
@@ -131,7 +135,7 @@ def cli(uri: str, *args: str, name: str = "digits-classifier") -> subprocess.Com
 def registry(uri: str, name: str = "digits-classifier") -> Registry:
     from mlflow import MlflowClient
 
-    return Registry(MlflowClient(tracking_uri=uri), name, PARAMS)
+    return Registry(MlflowClient(tracking_uri=uri, registry_uri=uri), name, PARAMS)
 
 
 def register(server, tmp_path, export_dir, digits_task, digits_data, tags=LINEAGE, params=PARAMS):
@@ -158,11 +162,11 @@ def test_first_model_is_blessed_and_becomes_champion(
     # the registered files are the export: fp32 PIR, legacy, signature
     import mlflow
 
+    version = reg.aliases()[CHAMPION]
+    source = reg.client.get_model_version_download_uri("digits-classifier", str(version))
     files = os.listdir(
         mlflow.artifacts.download_artifacts(
-            artifact_uri="models:/digits-classifier@champion",
-            dst_path=str(tmp_path / "dl"),
-            tracking_uri=server,
+            artifact_uri=source, dst_path=str(tmp_path / "dl"), tracking_uri=server
         )
     )
     assert {"model.json", "model.pdiparams", "signature.json", "legacy"} <= set(files)

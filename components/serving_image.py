@@ -1,0 +1,453 @@
+"""serving_image: build context for the C++ server image, image build, infra validation.
+
+1. Assembles a build context: ``Dockerfile`` (``serving/Dockerfile.cpu``), the server sources
+   (``serving/``) and the exported model with its signature (``model/``), and hashes it.
+2. Builds ``image_repository:tag`` where a builder works (docker, podman or buildah on this
+   machine; in the cluster a kaniko job builds the same context). No builder is a normal
+   case: the step says so and still produces the context. Image reference and digest go to
+   the manifest.
+3. Always validates the infrastructure: builds (or reuses) the server binary, starts it on
+   127.0.0.1 with the exported model (``fp32`` and ``int8`` variants), replays golden inputs
+   from the test split and compares the answers with Paddle Inference (Python) on the same
+   files: fp32 within ``|server - paddle| <= atol + rtol*|paddle|`` (server pinned to f32
+   precision; OpenVINO would otherwise run bf16 on AMX CPUs), int8 by top-1 agreement
+   (two runtimes' int8 kernels round differently); checks the p50 latency budget of
+   single-sample requests; and requires a clean exit on SIGTERM. Any failure fails the step;
+   ``infra_validated`` is recorded either way.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from components.artifacts import (
+    StepError,
+    atomic_path,
+    combined_sha256,
+    read_json,
+    sha256_tree,
+    write_json,
+    write_manifest,
+)
+from components.cli import run_cli, step_params, step_parser, task_from_params
+from components.kserve_client import KServeClient, KServeError
+from components.runtime import ModelFiles, PaddlePredictor
+from components.tasks import Task
+
+log = logging.getLogger(__name__)
+
+REPO = Path(__file__).resolve().parents[1]
+SERVER_NAME = "paddle-mlops-server"
+
+
+@dataclass(frozen=True)
+class ServerFlags:
+    workers: int = 2
+    threads_per_worker: int = 1
+    max_batch_size: int = 64
+    max_queue_delay_us: int = 1000
+
+
+@dataclass(frozen=True)
+class ServingImageParams:
+    image_repository: str = "paddle-mlops/digits-server"
+    image_tag: str | None = None  # default: the first 12 hex digits of the context hash
+    builder: Literal["auto", "docker", "podman", "buildah", "none"] = "auto"
+    push: bool = False
+    variants: list[str] = field(default_factory=lambda: ["fp32", "int8"])
+    server_binary: str | None = None  # default: build serving/ into build/serving
+    golden_samples: int = 64
+    fp32_atol: float = 1e-4
+    fp32_rtol: float = 1e-3
+    int8_min_top1_agreement: float = 0.99
+    latency_requests: int = 50
+    latency_budget_ms_p50: float = 20.0
+    startup_timeout_s: float = 60.0
+    server: ServerFlags = field(default_factory=ServerFlags)
+
+    def check(self) -> None:
+        unknown = set(self.variants) - {"fp32", "int8"}
+        if unknown:
+            raise ValueError(f"variants: unknown {sorted(unknown)} (fp32, int8)")
+
+
+@dataclass(frozen=True)
+class ServingImageResult:
+    image: str
+    digest: str | None
+    built: bool
+    builder: str | None
+    infra_validated: bool
+    report: dict[str, Any]
+
+
+# --------------------------------------------------------------------------- server binary
+
+
+def build_server(source: Path, build_dir: Path) -> Path:
+    """Configure and build the C++ server (incremental: reuses an up-to-date build)."""
+    import openvino
+
+    ov_cmake = Path(openvino.__file__).parent / "cmake"
+    for cmd in (
+        [
+            "cmake",
+            "-S",
+            str(source),
+            "-B",
+            str(build_dir),
+            "-DCMAKE_BUILD_TYPE=Release",
+            f"-DOpenVINO_DIR={ov_cmake}",
+        ],
+        ["cmake", "--build", str(build_dir), "-j2", "--target", SERVER_NAME],
+    ):
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-15:])
+            raise StepError(f"building the server failed ({' '.join(cmd[:2])}):\n{tail}")
+    binary = build_dir / SERVER_NAME
+    if not binary.exists():
+        raise StepError(f"{binary}: the build produced no server binary")
+    return binary
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class RunningServer:
+    """The real server binary on a loopback port, stopped with SIGTERM."""
+
+    def __init__(
+        self,
+        binary: Path,
+        model_dir: Path,
+        variant: str,
+        name: str,
+        flags: ServerFlags,
+        log_file: Path,
+        extra_args: Sequence[str] = (),
+    ):
+        self.port = _free_port()
+        self.name = name
+        self._log = open(log_file, "w")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [
+                str(binary),
+                f"--model-dir={model_dir}",
+                f"--variant={variant}",
+                f"--model-name={name}",
+                "--host=127.0.0.1",
+                f"--port={self.port}",
+                f"--workers={flags.workers}",
+                f"--threads-per-worker={flags.threads_per_worker}",
+                f"--max-batch-size={flags.max_batch_size}",
+                f"--max-queue-delay-us={flags.max_queue_delay_us}",
+                *extra_args,
+            ],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+        self.client = KServeClient(f"http://127.0.0.1:{self.port}")
+
+    free_port = staticmethod(_free_port)
+
+    def wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise StepError(
+                    f"the server exited with code {self.proc.returncode} "
+                    f"before it was ready (log: {self._log.name})"
+                )
+            if self.client.ready():
+                return
+            time.sleep(0.1)
+        raise StepError(
+            f"the server was not ready within {timeout_s:.0f} s (log: {self._log.name})"
+        )
+
+    def stop(self, timeout_s: float = 30.0) -> int | None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                self._log.close()
+                return None
+        self._log.close()
+        return self.proc.returncode
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _reference(model_dir: Path, signature: dict[str, Any], variant: str) -> PaddlePredictor:
+    fmt = "pir" if variant == "fp32" else "int8_paddle"
+    program = model_dir / signature["formats"][fmt]["program"]
+    return PaddlePredictor(ModelFiles.in_dir(program.parent, program.stem))
+
+
+def validate_variant(
+    binary: Path,
+    model_dir: Path,
+    variant: str,
+    golden: list[np.ndarray],
+    params: ServingImageParams,
+    log_dir: Path,
+) -> dict[str, Any]:
+    """Serve one variant and check answers, latency and graceful shutdown."""
+    signature = read_json(model_dir / "signature.json")
+    input_names = [s["name"] for s in signature["inputs"]]
+    output_name = signature["outputs"][0]["name"]
+    expected = _reference(model_dir, signature, variant).predict(golden)
+    name = f"{signature.get('task', 'model')}-{variant}"
+    server = RunningServer(
+        binary, model_dir, variant, name, params.server, log_dir / f"server-{variant}.log"
+    )
+    report: dict[str, Any] = {"variant": variant, "checks": {}}
+    failures: list[str] = []
+    try:
+        server.wait_ready(params.startup_timeout_s)
+        got = server.client.infer(name, dict(zip(input_names, golden, strict=True)), binary=True)[
+            output_name
+        ]
+        got_json = server.client.infer(
+            name, {n: x[:4] for n, x in zip(input_names, golden, strict=True)}
+        )[output_name]
+        diff = np.abs(got - expected)
+        top1 = float((got.argmax(1) == expected.argmax(1)).mean())
+        report["checks"]["answers"] = {
+            "samples": int(len(expected)),
+            "max_abs_diff": float(diff.max()),
+            "top1_agreement": top1,
+            "json_equals_binary": bool(np.array_equal(got_json, got[:4])),
+        }
+        if variant == "fp32":
+            bound = params.fp32_atol + params.fp32_rtol * np.abs(expected)
+            if not (diff <= bound).all():
+                failures.append(
+                    f"{variant}: server differs from Paddle Inference by up to "
+                    f"{diff.max():.3g} (atol {params.fp32_atol}, "
+                    f"rtol {params.fp32_rtol})"
+                )
+        elif top1 < params.int8_min_top1_agreement:
+            failures.append(
+                f"{variant}: top-1 agreement with Paddle Inference int8 is "
+                f"{top1:.3f} < {params.int8_min_top1_agreement}"
+            )
+        if not report["checks"]["answers"]["json_equals_binary"]:
+            failures.append(f"{variant}: JSON and binary requests gave different answers")
+
+        times = []
+        for i in range(params.latency_requests):
+            one = {n: x[i % len(x)][None] for n, x in zip(input_names, golden, strict=True)}
+            t0 = time.perf_counter()
+            server.client.infer(name, one, binary=True)
+            times.append((time.perf_counter() - t0) * 1000)
+        p50 = float(np.median(times))
+        report["checks"]["latency"] = {
+            "p50_ms": p50,
+            "p99_ms": float(np.percentile(times, 99)),
+            "budget_ms_p50": params.latency_budget_ms_p50,
+        }
+        if p50 > params.latency_budget_ms_p50:
+            failures.append(
+                f"{variant}: p50 latency {p50:.2f} ms over the budget "
+                f"{params.latency_budget_ms_p50} ms"
+            )
+    except KServeError as exc:
+        failures.append(f"{variant}: the server answered {exc}")
+    finally:
+        code = server.stop()
+    report["checks"]["sigterm_exit_code"] = code
+    if code != 0:
+        failures.append(f"{variant}: the server did not exit cleanly on SIGTERM (code {code})")
+    report["failures"] = failures
+    report["passed"] = not failures
+    return report
+
+
+# --------------------------------------------------------------------------- image
+
+
+def detect_builder(requested: str) -> tuple[str | None, str]:
+    """The first working image builder, or None with the reason."""
+    candidates = ["docker", "podman", "buildah"] if requested == "auto" else [requested]
+    if requested == "none":
+        return None, "builder: none in params"
+    reasons = []
+    for tool in candidates:
+        path = shutil.which(tool)
+        if path is None:
+            reasons.append(f"{tool}: not installed")
+            continue
+        probe = [tool, "info"] if tool != "buildah" else [tool, "version"]
+        proc = subprocess.run(probe, capture_output=True, text=True, timeout=60)
+        if proc.returncode == 0:
+            return tool, "ok"
+        first = (proc.stderr or proc.stdout).strip().splitlines()
+        reasons.append(f"{tool}: {first[-1] if first else 'unusable'}")
+    return None, "; ".join(reasons)
+
+
+def build_image(builder: str, context: Path, ref: str, push: bool) -> str:
+    """Build (and push) ``ref`` from ``context``; returns the image digest/id."""
+    cmd = ([builder, "bud"] if builder == "buildah" else [builder, "build"]) + [
+        "-t",
+        ref,
+        "-f",
+        str(context / "Dockerfile"),
+        str(context),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = "\n".join(proc.stderr.splitlines()[-15:])
+        raise StepError(f"{builder} build of {ref} failed:\n{tail}")
+    if push:
+        proc = subprocess.run([builder, "push", ref], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise StepError(f"{builder} push {ref} failed: {proc.stderr.strip()[-500:]}")
+    fmt = "{{.Id}}" if builder != "buildah" else "{{.FromImageDigest}}"
+    inspect = subprocess.run(
+        [builder, "inspect", "--format", fmt, ref], capture_output=True, text=True
+    )
+    return inspect.stdout.strip()
+
+
+def assemble_context(dest: Path, model_dir: Path, serving_src: Path) -> str:
+    shutil.copy2(serving_src / "Dockerfile.cpu", dest / "Dockerfile")
+    shutil.copytree(
+        serving_src, dest / "serving", ignore=shutil.ignore_patterns("build*", ".*", "__pycache__")
+    )
+    shutil.copytree(model_dir, dest / "model")
+    (dest / ".dockerignore").write_text("**/build*\n")
+    return combined_sha256(sha256_tree(dest))
+
+
+# --------------------------------------------------------------------------- step
+
+
+def run(
+    params: ServingImageParams,
+    task: Task,
+    model_dir: str | Path,
+    data_dir: str | Path,
+    out_dir: str | Path,
+    *,
+    serving_src: str | Path = REPO / "serving",
+    build_dir: str | Path = REPO / "build" / "serving",
+) -> ServingImageResult:
+    model_dir, data_dir, out_dir = Path(model_dir), Path(data_dir), Path(out_dir)
+    serving_src = Path(serving_src)
+    binary = (
+        Path(params.server_binary)
+        if params.server_binary
+        else build_server(serving_src, Path(build_dir))
+    )
+    if not binary.exists():
+        raise StepError(f"params.yaml: serving_image.server_binary {binary} does not exist")
+    raw, _ = task.read_split(data_dir, "test")
+    golden = task.preprocess(raw[: params.golden_samples])
+
+    with atomic_path(out_dir) as tmp:
+        tmp.mkdir(parents=True)
+        (tmp / "context").mkdir()
+        context_sha = assemble_context(tmp / "context", model_dir, serving_src)
+        ref = f"{params.image_repository}:{params.image_tag or context_sha[:12]}"
+        builder, why = detect_builder(params.builder)
+        digest = None
+        if builder is None:
+            log.warning(
+                "no image builder here (%s): build context ready; in the cluster a "
+                "kaniko job builds %s from it",
+                why,
+                ref,
+            )
+        else:
+            digest = build_image(builder, tmp / "context", ref, params.push)
+            log.info("built %s with %s (%s)", ref, builder, digest)
+
+        reports = [
+            validate_variant(binary, model_dir, v, golden, params, tmp) for v in params.variants
+        ]
+        failures = [f for r in reports for f in r["failures"]]
+        validated = not failures
+        summary = {
+            "image": ref,
+            "digest": digest,
+            "built": builder is not None,
+            "builder": builder,
+            "builder_note": why,
+            "context_sha256": context_sha,
+            "pushed": bool(builder and params.push),
+            "infra_validated": validated,
+            "variants": reports,
+            "server_binary": str(binary),
+        }
+        write_json(tmp / "infra.json", summary)
+        write_manifest(
+            tmp,
+            "serving_image",
+            inputs={"model": model_dir},
+            outputs={"infra.json": tmp / "infra.json"},
+            params=asdict(params),
+            extra={
+                "image": ref,
+                "digest": digest,
+                "infra_validated": validated,
+                "context_sha256": context_sha,
+            },
+        )
+    for r in reports:
+        log.info("infra validation %s: %s", r["variant"], {k: v for k, v in r["checks"].items()})
+    if not validated:
+        raise StepError("infra validation failed:\n" + "\n".join(f"  - {f}" for f in failures))
+    return ServingImageResult(ref, digest, builder is not None, builder, validated, summary)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = step_parser("components.serving_image", __doc__)
+    parser.add_argument("--model", default="outputs/export")
+    parser.add_argument("--data", default="outputs/ingest")
+    parser.add_argument("--out", default="outputs/serving_image")
+    parser.add_argument("--serving-src", default=str(REPO / "serving"))
+    parser.add_argument(
+        "--build-dir", default=os.environ.get("SERVING_BUILD_DIR", str(REPO / "build" / "serving"))
+    )
+    args = parser.parse_args(argv)
+
+    def _go() -> None:
+        params, all_params = step_params(args.params, "serving_image", ServingImageParams)
+        run(
+            params,
+            task_from_params(all_params),
+            args.model,
+            args.data,
+            args.out,
+            serving_src=args.serving_src,
+            build_dir=args.build_dir,
+        )
+
+    return run_cli(_go)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,710 @@
+#include "codec.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <type_traits>
+
+namespace serving {
+namespace {
+
+using json = nlohmann::json;
+
+constexpr int kMaxNestingDepth = 32;
+constexpr auto kReplaceInvalidUtf8 = json::error_handler_t::replace;
+
+std::string Quote(const std::string& text) {
+  return json(text).dump(-1, ' ', false, kReplaceInvalidUtf8);
+}
+
+template <typename T>
+void AppendRaw(T value, std::vector<char>* out) {
+  const size_t offset = out->size();
+  out->resize(offset + sizeof(T));
+  std::memcpy(out->data() + offset, &value, sizeof(T));
+}
+
+template <typename T>
+bool AppendInteger(const json& value, std::vector<char>* out) {
+  if (value.is_number_unsigned()) {
+    const auto v = value.get<uint64_t>();
+    if (v > static_cast<uint64_t>(std::numeric_limits<T>::max())) return false;
+    AppendRaw(static_cast<T>(v), out);
+    return true;
+  }
+  if (value.is_number_integer()) {
+    const auto v = value.get<int64_t>();
+    if constexpr (std::is_unsigned_v<T>) {
+      if (v < 0) return false;
+      if (static_cast<uint64_t>(v) > std::numeric_limits<T>::max()) {
+        return false;
+      }
+    } else {
+      if (v < std::numeric_limits<T>::min() ||
+          v > std::numeric_limits<T>::max()) {
+        return false;
+      }
+    }
+    AppendRaw(static_cast<T>(v), out);
+    return true;
+  }
+  return false;
+}
+
+// Appends one JSON scalar as `dtype`; false if it has the wrong JSON type or
+// does not fit.
+bool AppendElement(const json& value, DataType dtype, std::vector<char>* out) {
+  switch (dtype) {
+    case DataType::kBool:
+      if (!value.is_boolean()) return false;
+      AppendRaw<uint8_t>(value.get<bool>() ? 1 : 0, out);
+      return true;
+    case DataType::kFp32:
+      if (!value.is_number()) return false;
+      AppendRaw(value.get<float>(), out);
+      return true;
+    case DataType::kFp64:
+      if (!value.is_number()) return false;
+      AppendRaw(value.get<double>(), out);
+      return true;
+    case DataType::kInt8:
+      return AppendInteger<int8_t>(value, out);
+    case DataType::kInt16:
+      return AppendInteger<int16_t>(value, out);
+    case DataType::kInt32:
+      return AppendInteger<int32_t>(value, out);
+    case DataType::kInt64:
+      return AppendInteger<int64_t>(value, out);
+    case DataType::kUint8:
+      return AppendInteger<uint8_t>(value, out);
+    case DataType::kUint16:
+      return AppendInteger<uint16_t>(value, out);
+    case DataType::kUint32:
+      return AppendInteger<uint32_t>(value, out);
+    case DataType::kUint64:
+      return AppendInteger<uint64_t>(value, out);
+    default:
+      return false;
+  }
+}
+
+// Flattens a (possibly nested) JSON array of scalars in row-major order.
+Status FlattenData(const json& value, DataType dtype, const std::string& input,
+                   int depth, int64_t limit, std::vector<char>* out,
+                   int64_t* count) {
+  if (depth > kMaxNestingDepth) {
+    return InvalidArgument("input '" + input +
+                           "': 'data' is nested deeper than " +
+                           std::to_string(kMaxNestingDepth) + " levels");
+  }
+  if (value.is_array()) {
+    for (const auto& element : value) {
+      RETURN_IF_ERROR(
+          FlattenData(element, dtype, input, depth + 1, limit, out, count));
+    }
+    return Status::Ok();
+  }
+  if (*count >= limit) {
+    // Report the mismatch without converting an arbitrarily long list.
+    *count = limit + 1;
+    return Status::Ok();
+  }
+  if (!AppendElement(value, dtype, out)) {
+    return InvalidArgument(
+        "input '" + input + "': element " + std::to_string(*count) + " (" +
+        value.dump(-1, ' ', false, kReplaceInvalidUtf8) + ") is not a valid " +
+        DataTypeName(dtype) + " value");
+  }
+  ++*count;
+  return Status::Ok();
+}
+
+// Counts the scalars of a nested JSON array (stops counting past `limit`).
+int64_t CountElements(const json& value, int64_t limit, int depth = 0) {
+  if (!value.is_array()) return 1;
+  if (depth > kMaxNestingDepth) return limit + 1;
+  int64_t total = 0;
+  for (const auto& element : value) {
+    total += CountElements(element, limit, depth + 1);
+    if (total > limit) return total;
+  }
+  return total;
+}
+
+StatusOr<int64_t> GetInt(const json& object, const char* key,
+                         const std::string& where) {
+  const auto it = object.find(key);
+  if (it == object.end() || !it->is_number_integer()) {
+    return InvalidArgument(where + ": '" + key + "' must be an integer");
+  }
+  return it->get<int64_t>();
+}
+
+const json* FindParameters(const json& object, const std::string& where,
+                           Status* status) {
+  const auto it = object.find("parameters");
+  if (it == object.end() || it->is_null()) return nullptr;
+  if (!it->is_object()) {
+    *status = InvalidArgument(where + ": 'parameters' must be an object");
+    return nullptr;
+  }
+  return &*it;
+}
+
+Status CheckNoSharedMemory(const json* params, const std::string& where) {
+  if (params != nullptr && (params->contains("shared_memory_region") ||
+                            params->contains("shared_memory_byte_size"))) {
+    return InvalidArgument(where +
+                           ": the shared memory extension is not supported");
+  }
+  return Status::Ok();
+}
+
+// Validates shape against the spec: same rank, fixed dims equal, batch dim in
+// [1, max_batch_size] when dynamic.
+Status CheckShape(const Shape& shape, const TensorSpec& spec,
+                  int64_t max_batch_size) {
+  const std::string where = "input '" + spec.name + "'";
+  if (shape.size() != spec.shape.size()) {
+    return InvalidArgument(where + ": shape " + ShapeToString(shape) +
+                           " does not match the model's " +
+                           ShapeToString(spec.shape) + " (rank " +
+                           std::to_string(shape.size()) + " vs " +
+                           std::to_string(spec.shape.size()) + ")");
+  }
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (spec.shape[d] >= 0 && shape[d] != spec.shape[d]) {
+      return InvalidArgument(where + ": shape " + ShapeToString(shape) +
+                             " does not match the model's " +
+                             ShapeToString(spec.shape) + " at dim " +
+                             std::to_string(d));
+    }
+  }
+  if (!shape.empty() && spec.shape[0] < 0) {
+    if (shape[0] < 1) {
+      return InvalidArgument(where + ": batch size (dim 0) must be at least 1");
+    }
+    if (shape[0] > max_batch_size) {
+      return InvalidArgument(
+          where + ": batch size " + std::to_string(shape[0]) +
+          " exceeds the max batch size " + std::to_string(max_batch_size));
+    }
+  }
+  return Status::Ok();
+}
+
+struct PendingBinary {
+  size_t input_index;  // index into InferRequest::inputs
+  size_t byte_size;
+};
+
+Status ParseOutputs(const json& root, const ModelIO& io, bool binary_default,
+                    std::vector<RequestedOutput>* outputs) {
+  const auto it = root.find("outputs");
+  if (it == root.end() || it->is_null() || (it->is_array() && it->empty())) {
+    for (size_t i = 0; i < io.outputs.size(); ++i) {
+      outputs->push_back({io.outputs[i].name, i, binary_default, 0});
+    }
+    return Status::Ok();
+  }
+  if (!it->is_array()) return InvalidArgument("'outputs' must be an array");
+  for (const auto& out : *it) {
+    if (!out.is_object()) {
+      return InvalidArgument("each element of 'outputs' must be an object");
+    }
+    const auto name_it = out.find("name");
+    if (name_it == out.end() || !name_it->is_string()) {
+      return InvalidArgument("each requested output needs a string 'name'");
+    }
+    const std::string name = name_it->get<std::string>();
+    const std::string where = "output '" + name + "'";
+    size_t index = io.outputs.size();
+    for (size_t i = 0; i < io.outputs.size(); ++i) {
+      if (io.outputs[i].name == name) index = i;
+    }
+    if (index == io.outputs.size()) {
+      std::string known;
+      for (const auto& spec : io.outputs) {
+        known += (known.empty() ? "'" : ", '") + spec.name + "'";
+      }
+      return InvalidArgument("unknown output '" + name + "'; the model has " +
+                             known);
+    }
+    for (const auto& seen : *outputs) {
+      if (seen.name == name) {
+        return InvalidArgument(where + " is requested more than once");
+      }
+    }
+    RequestedOutput requested{name, index, binary_default, 0};
+    Status status;
+    const json* params = FindParameters(out, where, &status);
+    RETURN_IF_ERROR(status);
+    RETURN_IF_ERROR(CheckNoSharedMemory(params, where));
+    if (params != nullptr) {
+      if (const auto b = params->find("binary_data"); b != params->end()) {
+        if (!b->is_boolean()) {
+          return InvalidArgument(where + ": 'binary_data' must be a boolean");
+        }
+        requested.binary = b->get<bool>();
+      }
+      if (params->contains("classification")) {
+        ASSIGN_OR_RETURN(requested.classification,
+                         GetInt(*params, "classification", where));
+        if (requested.classification < 1) {
+          return InvalidArgument(where + ": 'classification' must be >= 1");
+        }
+      }
+    }
+    outputs->push_back(std::move(requested));
+  }
+  return Status::Ok();
+}
+
+void AppendJsonElement(const char* src, DataType dtype, std::string* out) {
+  char buf[32];
+  auto write_int = [&](auto v) {
+    auto res = std::to_chars(buf, buf + sizeof(buf), v);
+    out->append(buf, res.ptr);
+  };
+  switch (dtype) {
+    case DataType::kFp32: {
+      float v;
+      std::memcpy(&v, src, sizeof(v));
+      out->append(FormatFloat(v));
+      return;
+    }
+    case DataType::kFp64: {
+      double v;
+      std::memcpy(&v, src, sizeof(v));
+      if (!std::isfinite(v)) {
+        out->append("null");
+        return;
+      }
+      auto res = std::to_chars(buf, buf + sizeof(buf), v);
+      out->append(buf, res.ptr);
+      return;
+    }
+    case DataType::kBool:
+      out->append(*src ? "true" : "false");
+      return;
+#define SERVING_INT_CASE(DT, T)      \
+  case DT: {                         \
+    T v;                             \
+    std::memcpy(&v, src, sizeof(v)); \
+    write_int(v);                    \
+    return;                          \
+  }
+      SERVING_INT_CASE(DataType::kInt8, int8_t)
+      SERVING_INT_CASE(DataType::kInt16, int16_t)
+      SERVING_INT_CASE(DataType::kInt32, int32_t)
+      SERVING_INT_CASE(DataType::kInt64, int64_t)
+      SERVING_INT_CASE(DataType::kUint8, uint8_t)
+      SERVING_INT_CASE(DataType::kUint16, uint16_t)
+      SERVING_INT_CASE(DataType::kUint32, uint32_t)
+      SERVING_INT_CASE(DataType::kUint64, uint64_t)
+#undef SERVING_INT_CASE
+    default:
+      out->append("null");
+  }
+}
+
+// Top-k classification strings for each sample of `tensor` (FP32 only).
+StatusOr<std::vector<std::string>> Classify(
+    const Tensor& tensor, int64_t k, const std::vector<std::string>& labels,
+    int64_t* out_k) {
+  if (tensor.dtype != DataType::kFp32) {
+    return InvalidArgument("output '" + tensor.name +
+                           "': classification needs an FP32 output");
+  }
+  if (tensor.shape.empty()) {
+    return InvalidArgument("output '" + tensor.name +
+                           "': classification needs a batched output");
+  }
+  const int64_t batch = tensor.shape[0];
+  const int64_t classes = batch > 0 ? tensor.element_count() / batch : 0;
+  k = std::min(k, classes);
+  *out_k = k;
+  std::vector<std::string> result;
+  result.reserve(static_cast<size_t>(batch * k));
+  const float* values = tensor.data_as<float>();
+  std::vector<int64_t> order(static_cast<size_t>(classes));
+  for (int64_t b = 0; b < batch; ++b) {
+    const float* row = values + b * classes;
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                      [row](int64_t a, int64_t c) {
+                        return row[a] > row[c] || (row[a] == row[c] && a < c);
+                      });
+    for (int64_t i = 0; i < k; ++i) {
+      const int64_t idx = order[static_cast<size_t>(i)];
+      std::string entry = FormatFloat(row[idx]) + ":" + std::to_string(idx);
+      if (static_cast<size_t>(idx) < labels.size()) {
+        entry += ":" + labels[static_cast<size_t>(idx)];
+      }
+      result.push_back(std::move(entry));
+    }
+  }
+  return result;
+}
+
+}  // namespace
+
+std::string FormatFloat(float value) {
+  if (!std::isfinite(value)) return "null";
+  char buf[32];
+  auto res = std::to_chars(buf, buf + sizeof(buf), value);
+  return std::string(buf, res.ptr);
+}
+
+std::string ErrorBody(const std::string& message) {
+  return "{\"error\":" + Quote(message) + "}";
+}
+
+StatusOr<size_t> ParseInferenceHeaderLength(const std::string& value,
+                                            size_t body_size) {
+  size_t length = 0;
+  const char* begin = value.data();
+  const char* end = value.data() + value.size();
+  while (begin < end && *begin == ' ')
+    ++begin;
+  while (end > begin && *(end - 1) == ' ')
+    --end;
+  auto res = std::from_chars(begin, end, length);
+  if (begin == end || res.ec != std::errc() || res.ptr != end) {
+    return InvalidArgument(
+        "Inference-Header-Content-Length must be a non-negative integer, got "
+        "'" +
+        value + "'");
+  }
+  if (length > body_size) {
+    return InvalidArgument(
+        "Inference-Header-Content-Length " + std::to_string(length) +
+        " exceeds the request body size " + std::to_string(body_size));
+  }
+  return length;
+}
+
+StatusOr<InferRequest> ParseInferRequest(std::string_view body,
+                                         std::optional<size_t> json_length,
+                                         const ModelIO& io) {
+  const size_t header_size = json_length.value_or(body.size());
+  if (header_size > body.size()) {
+    return InvalidArgument(
+        "Inference-Header-Content-Length " + std::to_string(header_size) +
+        " exceeds the request body size " + std::to_string(body.size()));
+  }
+  if (header_size == 0) return InvalidArgument("empty inference request");
+
+  // nlohmann stops at a NUL byte; binary bytes in the JSON part mean the
+  // client sent tensor data without announcing where the JSON ends.
+  if (std::memchr(body.data(), '\0', header_size) != nullptr) {
+    return InvalidArgument(
+        json_length.has_value()
+            ? "malformed JSON in request: NUL byte in the JSON header"
+            : "request body is not JSON: binary tensor data needs the "
+              "Inference-Header-Content-Length header");
+  }
+  json root;
+  try {
+    root = json::parse(body.begin(), body.begin() + header_size);
+  } catch (const json::parse_error& e) {
+    return InvalidArgument(std::string("malformed JSON in request: ") +
+                           e.what());
+  }
+  if (!root.is_object()) {
+    return InvalidArgument("the inference request must be a JSON object");
+  }
+
+  InferRequest request;
+  if (const auto it = root.find("id"); it != root.end() && !it->is_null()) {
+    if (!it->is_string()) return InvalidArgument("'id' must be a string");
+    request.id = it->get<std::string>();
+  }
+
+  bool binary_output_default = false;
+  Status status;
+  const json* params = FindParameters(root, "request", &status);
+  RETURN_IF_ERROR(status);
+  if (params != nullptr) {
+    if (const auto b = params->find("binary_data_output"); b != params->end()) {
+      if (!b->is_boolean()) {
+        return InvalidArgument("'binary_data_output' must be a boolean");
+      }
+      binary_output_default = b->get<bool>();
+    }
+    if (params->contains("timeout")) {
+      ASSIGN_OR_RETURN(request.timeout_us,
+                       GetInt(*params, "timeout", "request parameters"));
+      if (request.timeout_us < 0) {
+        return InvalidArgument("'timeout' must be >= 0 (microseconds)");
+      }
+    }
+  }
+
+  const auto inputs_it = root.find("inputs");
+  if (inputs_it == root.end() || !inputs_it->is_array()) {
+    return InvalidArgument("the request needs an 'inputs' array");
+  }
+  request.inputs.resize(io.inputs.size());
+  std::vector<bool> seen(io.inputs.size(), false);
+  std::vector<PendingBinary> binaries;
+
+  for (const auto& in : *inputs_it) {
+    if (!in.is_object()) {
+      return InvalidArgument("each element of 'inputs' must be an object");
+    }
+    const auto name_it = in.find("name");
+    if (name_it == in.end() || !name_it->is_string()) {
+      return InvalidArgument("each input needs a string 'name'");
+    }
+    const std::string name = name_it->get<std::string>();
+    const std::string where = "input '" + name + "'";
+    size_t index = io.inputs.size();
+    for (size_t i = 0; i < io.inputs.size(); ++i) {
+      if (io.inputs[i].name == name) index = i;
+    }
+    if (index == io.inputs.size()) {
+      std::string known;
+      for (const auto& spec : io.inputs) {
+        known += (known.empty() ? "'" : ", '") + spec.name + "'";
+      }
+      return InvalidArgument("unexpected input '" + name +
+                             "'; the model expects " + known);
+    }
+    if (seen[index]) return InvalidArgument(where + " is given more than once");
+    seen[index] = true;
+    const TensorSpec& spec = io.inputs[index];
+
+    const auto dt_it = in.find("datatype");
+    if (dt_it == in.end() || !dt_it->is_string()) {
+      return InvalidArgument(where + " needs a string 'datatype'");
+    }
+    const std::string dt_name = dt_it->get<std::string>();
+    const DataType dtype = DataTypeFromName(dt_name);
+    if (dtype == DataType::kInvalid) {
+      return InvalidArgument(where + ": unknown datatype '" + dt_name + "'");
+    }
+    if (dtype != spec.dtype) {
+      return InvalidArgument(where + ": datatype " + dt_name +
+                             " is not supported, the model expects " +
+                             DataTypeName(spec.dtype));
+    }
+
+    const auto shape_it = in.find("shape");
+    if (shape_it == in.end() || !shape_it->is_array()) {
+      return InvalidArgument(where + " needs a 'shape' array");
+    }
+    Shape shape;
+    for (const auto& dim : *shape_it) {
+      if (!dim.is_number_integer() || dim.get<int64_t>() < 0) {
+        return InvalidArgument(where +
+                               ": 'shape' must hold non-negative integers");
+      }
+      shape.push_back(dim.get<int64_t>());
+    }
+    RETURN_IF_ERROR(CheckShape(shape, spec, io.max_batch_size));
+    const int64_t count = ElementCount(shape);
+    const size_t byte_size =
+        static_cast<size_t>(count) * DataTypeByteSize(dtype);
+
+    Status param_status;
+    const json* in_params = FindParameters(in, where, &param_status);
+    RETURN_IF_ERROR(param_status);
+    RETURN_IF_ERROR(CheckNoSharedMemory(in_params, where));
+
+    Tensor& tensor = request.inputs[index];
+    tensor.name = name;
+    tensor.dtype = dtype;
+    tensor.shape = shape;
+
+    const bool has_binary =
+        in_params != nullptr && in_params->contains("binary_data_size");
+    const auto data_it = in.find("data");
+    const bool has_data = data_it != in.end();
+    if (has_binary && has_data) {
+      return InvalidArgument(where + " has both 'data' and 'binary_data_size'");
+    }
+    if (has_binary) {
+      ASSIGN_OR_RETURN(const int64_t size,
+                       GetInt(*in_params, "binary_data_size", where));
+      if (size < 0 || static_cast<size_t>(size) != byte_size) {
+        return InvalidArgument(
+            where + ": binary_data_size " + std::to_string(size) +
+            " does not match shape " + ShapeToString(shape) + " of " +
+            DataTypeName(dtype) + " (" + std::to_string(byte_size) + " bytes)");
+      }
+      binaries.push_back({index, byte_size});
+    } else if (has_data) {
+      const int64_t found = CountElements(*data_it, count);
+      if (found != count) {
+        return InvalidArgument(where + ": 'data' has " +
+                               (found > count
+                                    ? "more than " + std::to_string(count)
+                                    : std::to_string(found)) +
+                               " elements but shape " + ShapeToString(shape) +
+                               " needs " + std::to_string(count));
+      }
+      tensor.data.reserve(byte_size);
+      int64_t converted = 0;
+      RETURN_IF_ERROR(FlattenData(*data_it, dtype, name, 0, count, &tensor.data,
+                                  &converted));
+    } else {
+      return InvalidArgument(where +
+                             " has neither 'data' nor 'binary_data_size'");
+    }
+  }
+
+  for (size_t i = 0; i < io.inputs.size(); ++i) {
+    if (!seen[i]) {
+      return InvalidArgument("missing input '" + io.inputs[i].name + "'");
+    }
+  }
+
+  // Binary tensors follow the JSON in the order the inputs were listed.
+  size_t offset = header_size;
+  for (const auto& pending : binaries) {
+    if (body.size() - offset < pending.byte_size) {
+      return InvalidArgument("request body is truncated: input '" +
+                             request.inputs[pending.input_index].name +
+                             "' needs " + std::to_string(pending.byte_size) +
+                             " bytes of binary data at offset " +
+                             std::to_string(offset - header_size) +
+                             " but only " +
+                             std::to_string(body.size() - offset) + " remain");
+    }
+    Tensor& tensor = request.inputs[pending.input_index];
+    tensor.data.assign(body.data() + offset,
+                       body.data() + offset + pending.byte_size);
+    offset += pending.byte_size;
+  }
+  if (offset != body.size()) {
+    if (!json_length.has_value()) {
+      return InvalidArgument(
+          "binary input data needs the Inference-Header-Content-Length header");
+    }
+    return InvalidArgument(
+        "request body has " + std::to_string(body.size() - offset) +
+        " bytes after the JSON header and binary inputs that no input claims");
+  }
+
+  // All inputs must agree on the batch size.
+  request.batch_size = 1;
+  for (size_t i = 0; i < request.inputs.size(); ++i) {
+    const Tensor& tensor = request.inputs[i];
+    const int64_t batch = tensor.shape.empty() ? 1 : tensor.shape[0];
+    if (i == 0) {
+      request.batch_size = batch;
+    } else if (batch != request.batch_size) {
+      return InvalidArgument("inputs disagree on the batch size (dim 0): '" +
+                             request.inputs[0].name + "' has " +
+                             std::to_string(request.batch_size) + ", '" +
+                             tensor.name + "' has " + std::to_string(batch));
+    }
+  }
+
+  RETURN_IF_ERROR(
+      ParseOutputs(root, io, binary_output_default, &request.outputs));
+  return request;
+}
+
+StatusOr<EncodedResponse> EncodeInferResponse(
+    const std::string& model_name, const std::string& model_version,
+    const InferRequest& request, const std::vector<Tensor>& outputs,
+    const ModelIO& io) {
+  std::string header = "{\"model_name\":" + Quote(model_name) +
+                       ",\"model_version\":" + Quote(model_version);
+  if (request.id.has_value()) header += ",\"id\":" + Quote(*request.id);
+  header += ",\"outputs\":[";
+
+  std::string binary;
+  bool first = true;
+  for (const auto& requested : request.outputs) {
+    if (requested.index >= outputs.size()) {
+      return Internal("the backend returned no tensor for output '" +
+                      requested.name + "'");
+    }
+    const Tensor& tensor = outputs[requested.index];
+    if (!first) header += ",";
+    first = false;
+    header += "{\"name\":" + Quote(requested.name);
+
+    if (requested.classification > 0) {
+      int64_t k = 0;
+      ASSIGN_OR_RETURN(auto classes, Classify(tensor, requested.classification,
+                                              io.labels, &k));
+      const int64_t batch = tensor.shape[0];
+      header +=
+          ",\"datatype\":\"BYTES\",\"shape\":" + ShapeToString({batch, k});
+      if (requested.binary) {
+        size_t size = 0;
+        for (const auto& s : classes)
+          size += 4 + s.size();
+        header +=
+            ",\"parameters\":{\"binary_data_size\":" + std::to_string(size) +
+            "}}";
+        for (const auto& s : classes) {
+          const uint32_t len = static_cast<uint32_t>(s.size());
+          char prefix[4];
+          std::memcpy(prefix, &len, sizeof(len));
+          binary.append(prefix, 4);
+          binary.append(s);
+        }
+      } else {
+        header += ",\"data\":[";
+        for (size_t i = 0; i < classes.size(); ++i) {
+          if (i > 0) header += ",";
+          header += Quote(classes[i]);
+        }
+        header += "]}";
+      }
+      continue;
+    }
+
+    header += ",\"datatype\":\"" + std::string(DataTypeName(tensor.dtype)) +
+              "\",\"shape\":" + ShapeToString(tensor.shape);
+    if (requested.binary) {
+      header += ",\"parameters\":{\"binary_data_size\":" +
+                std::to_string(tensor.data.size()) + "}}";
+      binary.append(tensor.data.data(), tensor.data.size());
+      continue;
+    }
+    const size_t element_size = DataTypeByteSize(tensor.dtype);
+    if (element_size == 0 || tensor.dtype == DataType::kFp16 ||
+        tensor.dtype == DataType::kBf16) {
+      return InvalidArgument("output '" + requested.name + "' of datatype " +
+                             DataTypeName(tensor.dtype) +
+                             " can only be returned as binary data");
+    }
+    header += ",\"data\":[";
+    const size_t count = tensor.data.size() / element_size;
+    header.reserve(header.size() + count * 12 + 4);
+    for (size_t i = 0; i < count; ++i) {
+      if (i > 0) header += ",";
+      AppendJsonElement(tensor.data.data() + i * element_size, tensor.dtype,
+                        &header);
+    }
+    header += "]}";
+  }
+  header += "]}";
+
+  EncodedResponse response;
+  bool any_binary = false;
+  for (const auto& requested : request.outputs)
+    any_binary |= requested.binary;
+  if (any_binary) {
+    response.json_length = header.size();
+    response.content_type = "application/octet-stream";
+    response.body = std::move(header);
+    response.body += binary;
+  } else {
+    response.content_type = "application/json";
+    response.body = std::move(header);
+  }
+  return response;
+}
+
+}  // namespace serving

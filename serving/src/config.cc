@@ -1,0 +1,322 @@
+#include "config.h"
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <limits>
+#include <optional>
+#include <sstream>
+
+namespace serving {
+namespace {
+
+enum class Kind { kString, kInt, kBool };
+
+struct Flag {
+  const char* name;
+  Kind kind;
+  const char* help;
+  const char* legacy_env;  // fallback env var (KServe), or nullptr
+  std::function<Status(ServerConfig*, const std::string&)> set;
+  std::function<std::string(const ServerConfig&)> get;
+};
+
+Status ParseInt(const std::string& flag, const std::string& text,
+                int64_t min_value, int64_t* out) {
+  int64_t value = 0;
+  const char* begin = text.data();
+  const char* end = text.data() + text.size();
+  auto res = std::from_chars(begin, end, value);
+  if (text.empty() || res.ec != std::errc() || res.ptr != end) {
+    return InvalidArgument("--" + flag + ": '" + text + "' is not an integer");
+  }
+  if (value < min_value) {
+    return InvalidArgument("--" + flag + ": must be >= " +
+                           std::to_string(min_value) + ", got " + text);
+  }
+  *out = value;
+  return Status::Ok();
+}
+
+Status ParseBool(const std::string& flag, const std::string& text, bool* out) {
+  std::string lower = text;
+  std::transform(lower.begin(), lower.end(), lower.begin(),
+                 [](unsigned char c) { return std::tolower(c); });
+  if (lower == "1" || lower == "true" || lower == "yes" || lower == "on") {
+    *out = true;
+  } else if (lower == "0" || lower == "false" || lower == "no" ||
+             lower == "off") {
+    *out = false;
+  } else {
+    return InvalidArgument("--" + flag + ": '" + text + "' is not a boolean");
+  }
+  return Status::Ok();
+}
+
+Status OneOf(const std::string& flag, const std::string& text,
+             const std::vector<std::string>& allowed) {
+  for (const auto& a : allowed) {
+    if (text == a) return Status::Ok();
+  }
+  std::string list;
+  for (const auto& a : allowed)
+    list += (list.empty() ? "" : "|") + a;
+  return InvalidArgument("--" + flag + ": '" + text + "' is not one of " +
+                         list);
+}
+
+Flag StringFlag(const char* name, const char* help,
+                std::string ServerConfig::*m,
+                std::vector<std::string> allowed = {},
+                const char* legacy_env = nullptr) {
+  return Flag{name,
+              Kind::kString,
+              help,
+              legacy_env,
+              [name, m, allowed](ServerConfig* c, const std::string& v) {
+                if (!allowed.empty()) RETURN_IF_ERROR(OneOf(name, v, allowed));
+                c->*m = v;
+                return Status::Ok();
+              },
+              [m](const ServerConfig& c) { return c.*m; }};
+}
+
+template <typename T>
+Flag IntFlag(const char* name, const char* help, T ServerConfig::*m,
+             int64_t min_value, const char* legacy_env = nullptr) {
+  return Flag{
+      name,
+      Kind::kInt,
+      help,
+      legacy_env,
+      [name, m, min_value](ServerConfig* c, const std::string& v) {
+        int64_t parsed = 0;
+        RETURN_IF_ERROR(ParseInt(name, v, min_value, &parsed));
+        if (parsed > static_cast<int64_t>(std::numeric_limits<T>::max())) {
+          return InvalidArgument(std::string("--") + name +
+                                 ": value too large");
+        }
+        c->*m = static_cast<T>(parsed);
+        return Status::Ok();
+      },
+      [m](const ServerConfig& c) { return std::to_string(c.*m); }};
+}
+
+Flag BoolFlag(const char* name, const char* help, bool ServerConfig::*m) {
+  return Flag{name,
+              Kind::kBool,
+              help,
+              nullptr,
+              [name, m](ServerConfig* c, const std::string& v) {
+                bool parsed = false;
+                RETURN_IF_ERROR(ParseBool(name, v, &parsed));
+                c->*m = parsed;
+                return Status::Ok();
+              },
+              [m](const ServerConfig& c) {
+                return std::string(c.*m ? "true" : "false");
+              }};
+}
+
+const std::vector<Flag>& Flags() {
+  static const std::vector<Flag> flags = {
+      StringFlag("model-dir", "exported model directory holding signature.json",
+                 &ServerConfig::model_dir, {}, "MODEL_DIR"),
+      StringFlag("model-name",
+                 "served model name (default: <signature task>-classifier)",
+                 &ServerConfig::model_name, {}, "MODEL_NAME"),
+      StringFlag("model-version", "served model version",
+                 &ServerConfig::model_version),
+      StringFlag("variant",
+                 "fp32: formats.legacy.program, int8: "
+                 "formats.int8_openvino.program (paddle backend: "
+                 "formats.int8_paddle)",
+                 &ServerConfig::variant, {"fp32", "int8"}),
+      StringFlag("model-file",
+                 "model program to load instead of the signature's "
+                 "(.pdmodel, .json or OpenVINO .xml)",
+                 &ServerConfig::model_file),
+      StringFlag("params-file",
+                 "weights for --model-file (paddle backend; OpenVINO finds "
+                 "them next to the program)",
+                 &ServerConfig::params_file),
+      StringFlag("backend", "inference runtime", &ServerConfig::backend,
+                 {"openvino", "paddle"}),
+      StringFlag("device",
+                 "OpenVINO device (CPU, GPU, AUTO...) or, for the paddle "
+                 "backend, cpu | gpu | gpu:N",
+                 &ServerConfig::device),
+      StringFlag("precision",
+                 "OpenVINO CPU inference precision hint (f32 matches Paddle; "
+                 "auto lets AMX CPUs run bf16)",
+                 &ServerConfig::precision, {"f32", "bf16", "auto"}),
+      BoolFlag("paddle-tensorrt",
+               "paddle backend on GPU: enable the TensorRT subgraph engine",
+               &ServerConfig::paddle_tensorrt),
+      IntFlag("gpu-memory-mb", "paddle backend: initial GPU memory pool (MB)",
+              &ServerConfig::gpu_memory_mb, 1),
+      IntFlag("workers",
+              "inference workers, each with its own infer request / "
+              "predictor clone",
+              &ServerConfig::workers, 1),
+      IntFlag("threads-per-worker",
+              "CPU threads per worker (0: runtime default)",
+              &ServerConfig::threads_per_worker, 0),
+      IntFlag("max-batch-size",
+              "largest batch (samples, dim 0) run at once; larger requests "
+              "get 400",
+              &ServerConfig::max_batch_size, 1),
+      IntFlag("max-queue-delay-us",
+              "longest time the oldest queued request waits for a batch to "
+              "fill",
+              &ServerConfig::max_queue_delay_us, 0),
+      BoolFlag("dynamic-batching",
+               "merge concurrent requests into batches (false: each request "
+               "runs alone)",
+               &ServerConfig::dynamic_batching),
+      IntFlag("request-timeout-ms",
+              "time from enqueue to completion before a 504",
+              &ServerConfig::request_timeout_ms, 1),
+      StringFlag("host", "listen address", &ServerConfig::host),
+      IntFlag("port", "listen port (0: any free port)", &ServerConfig::port, 0,
+              "PORT"),
+      IntFlag("http-threads", "HTTP worker threads (one per open connection)",
+              &ServerConfig::http_threads, 1),
+      IntFlag("max-body-bytes", "largest request body; larger ones get 413",
+              &ServerConfig::max_body_bytes, 1),
+      IntFlag("keep-alive-max-count",
+              "requests served on one keep-alive connection",
+              &ServerConfig::keep_alive_max_count, 1),
+      IntFlag("keep-alive-timeout-s",
+              "idle seconds before a keep-alive connection is closed",
+              &ServerConfig::keep_alive_timeout_s, 1),
+      IntFlag("drain-delay-ms",
+              "on SIGTERM, keep serving (ready = 503) this long before "
+              "closing the listener",
+              &ServerConfig::drain_delay_ms, 0),
+      StringFlag("log-level", "debug | info | warn | error",
+                 &ServerConfig::log_level, {"debug", "info", "warn", "error"}),
+      BoolFlag("access-log", "log one JSON line per HTTP request",
+               &ServerConfig::access_log),
+  };
+  return flags;
+}
+
+const Flag* FindFlag(const std::string& name) {
+  for (const auto& flag : Flags()) {
+    if (name == flag.name) return &flag;
+  }
+  return nullptr;
+}
+
+bool LooksLikeBool(const std::string& text) {
+  bool ignored = false;
+  return ParseBool("", text, &ignored).ok();
+}
+
+}  // namespace
+
+std::string EnvNameForFlag(const std::string& flag) {
+  std::string env = "SERVING_";
+  for (char c : flag) {
+    env += c == '-'
+               ? '_'
+               : static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  }
+  return env;
+}
+
+std::string Usage() {
+  std::ostringstream out;
+  const ServerConfig defaults;
+  out << "usage: paddle-mlops-server [--flag=value ...]\n\n"
+      << "KServe v2 (Open Inference Protocol) REST server for an exported "
+         "PaddlePaddle model.\n"
+      << "Every flag can also be set with its environment variable; flags "
+         "win.\n\n";
+  for (const auto& flag : Flags()) {
+    std::string env = EnvNameForFlag(flag.name);
+    if (flag.legacy_env != nullptr) env += ", " + std::string(flag.legacy_env);
+    std::string def = flag.get(defaults);
+    out << "  --" << flag.name << "  [" << env << "]"
+        << (def.empty() ? "" : "  default: " + def) << "\n      " << flag.help
+        << "\n";
+  }
+  return out.str();
+}
+
+StatusOr<ServerConfig> ParseConfig(const std::vector<std::string>& args,
+                                   const EnvLookup& env, bool* help) {
+  *help = false;
+  for (const auto& arg : args) {
+    if (arg == "--help" || arg == "-h") {
+      *help = true;
+      return ServerConfig();
+    }
+  }
+  ServerConfig config;
+  // Environment first (SERVING_* before the KServe names), then flags.
+  for (const auto& flag : Flags()) {
+    const std::string env_name = EnvNameForFlag(flag.name);
+    const char* value = env ? env(env_name.c_str()) : nullptr;
+    std::string source = env_name;
+    if ((value == nullptr || *value == '\0') && flag.legacy_env != nullptr &&
+        env) {
+      value = env(flag.legacy_env);
+      source = flag.legacy_env;
+    }
+    if (value == nullptr || *value == '\0') continue;
+    Status status = flag.set(&config, value);
+    if (!status.ok()) {
+      return InvalidArgument("environment " + source + ": " + status.message());
+    }
+  }
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    if (arg.rfind("--", 0) != 0 || arg.size() == 2) {
+      return InvalidArgument("unexpected argument '" + arg +
+                             "' (flags look like --name=value)");
+    }
+    std::string name = arg.substr(2);
+    std::optional<std::string> value;
+    if (const auto eq = name.find('='); eq != std::string::npos) {
+      value = name.substr(eq + 1);
+      name = name.substr(0, eq);
+    }
+    const Flag* flag = FindFlag(name);
+    if (flag == nullptr && value == std::nullopt && name.rfind("no-", 0) == 0) {
+      const Flag* negated = FindFlag(name.substr(3));
+      if (negated != nullptr && negated->kind == Kind::kBool) {
+        RETURN_IF_ERROR(negated->set(&config, "false"));
+        continue;
+      }
+    }
+    if (flag == nullptr) {
+      return InvalidArgument("unknown flag --" + name + " (see --help)");
+    }
+    if (!value.has_value()) {
+      if (flag->kind == Kind::kBool) {
+        if (i + 1 < args.size() && LooksLikeBool(args[i + 1])) {
+          value = args[++i];
+        } else {
+          value = "true";
+        }
+      } else if (i + 1 < args.size()) {
+        value = args[++i];
+      } else {
+        return InvalidArgument("--" + name + " needs a value");
+      }
+    }
+    RETURN_IF_ERROR(flag->set(&config, *value));
+  }
+  if (config.port > 65535) {
+    return InvalidArgument("--port: " + std::to_string(config.port) +
+                           " is not a TCP port");
+  }
+  if (config.model_version.empty()) {
+    return InvalidArgument("--model-version must not be empty");
+  }
+  return config;
+}
+
+}  // namespace serving

@@ -1,0 +1,198 @@
+// paddle-mlops-server: KServe v2 REST inference server for an exported
+// PaddlePaddle model. Exceptions stop here; everything below returns Status.
+#include <pthread.h>
+#include <signal.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <iostream>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "backend.h"
+#include "config.h"
+#include "http_server.h"
+#include "logging.h"
+#include "metrics.h"
+#include "model.h"
+
+namespace serving {
+namespace {
+
+nlohmann::json ConfigJson(const ServerConfig& c) {
+  return {{"model_dir", c.model_dir},
+          {"variant", c.variant},
+          {"model_file", c.model_file},
+          {"backend", c.backend},
+          {"device", c.device},
+          {"precision", c.precision},
+          {"workers", c.workers},
+          {"threads_per_worker", c.threads_per_worker},
+          {"max_batch_size", c.max_batch_size},
+          {"max_queue_delay_us", c.max_queue_delay_us},
+          {"dynamic_batching", c.dynamic_batching},
+          {"request_timeout_ms", c.request_timeout_ms},
+          {"host", c.host},
+          {"port", c.port},
+          {"http_threads", c.http_threads},
+          {"max_body_bytes", c.max_body_bytes}};
+}
+
+int Run(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  bool help = false;
+  auto parsed = ParseConfig(
+      args, [](const char* n) { return std::getenv(n); }, &help);
+  if (help) {
+    std::cout << Usage();
+    return 0;
+  }
+  if (!parsed.ok()) {
+    std::cerr << "paddle-mlops-server: " << parsed.status().message()
+              << "\n(see --help)\n";
+    return 2;
+  }
+  const ServerConfig config = std::move(parsed).value();
+  LogLevel level = LogLevel::kInfo;
+  ParseLogLevel(config.log_level, &level);
+  SetLogLevel(level);
+
+  // SIGTERM/SIGINT are handled by one thread via sigwait; block them before
+  // any other thread starts so every thread inherits the mask.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);  // a client hanging up must not kill the server
+
+  auto model_or = Model::Create(config, &Backend::Create);
+  if (!model_or.ok()) {
+    LogError("cannot load model", {{"error", model_or.status().message()}});
+    return 1;
+  }
+  std::unique_ptr<Model> model = std::move(model_or).value();
+
+  Registry registry;
+  ServingMetrics metrics(&registry, model->name(), model->version(),
+                         config.max_batch_size);
+  metrics.SetReady(false);
+  Model* model_ptr = model.get();
+  metrics.SetQueueDepthCallback(
+      [model_ptr] { return static_cast<double>(model_ptr->queue_depth()); });
+
+  HttpOptions http;
+  http.host = config.host;
+  http.port = config.port;
+  http.threads = config.http_threads;
+  http.max_body_bytes = config.max_body_bytes;
+  http.request_timeout_ms = config.request_timeout_ms;
+  http.keep_alive_max_count = config.keep_alive_max_count;
+  http.keep_alive_timeout_s = config.keep_alive_timeout_s;
+  http.access_log = config.access_log;
+  auto server_or = HttpServer::Create(http, model.get(), &registry, &metrics);
+  if (!server_or.ok()) {
+    LogError("cannot create HTTP server",
+             {{"error", server_or.status().message()}});
+    return 1;
+  }
+  std::unique_ptr<HttpServer> server = std::move(server_or).value();
+  if (Status s = server->Bind(); !s.ok()) {
+    LogError("cannot listen", {{"error", s.message()}});
+    return 1;
+  }
+
+  // Whoever comes first stops the server: a signal, or the listener dying.
+  struct Shutdown {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::string reason;
+    void Notify(const std::string& why) {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        if (!reason.empty()) return;
+        reason = why;
+      }
+      cv.notify_all();
+    }
+    std::string Wait() {
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait(lock, [this] { return !reason.empty(); });
+      return reason;
+    }
+  };
+  static Shutdown g_shutdown;  // outlives the detached signal thread
+
+  std::thread signal_thread([signals] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    const std::string name = sig == SIGTERM ? "SIGTERM" : "SIGINT";
+    LogInfo("shutdown requested", {{"signal", name}});
+    g_shutdown.Notify(name);
+    sigwait(&signals, &sig);
+    LogWarn("second signal: exiting without draining");
+    std::_Exit(1);
+  });
+  signal_thread.detach();
+
+  std::thread http_thread([&server] {
+    server->Run();
+    g_shutdown.Notify("http listener stopped");
+  });
+  LogInfo("listening", {{"host", config.host},
+                        {"port", server->port()},
+                        {"model", model->name()},
+                        {"version", model->version()},
+                        {"config", ConfigJson(config)}});
+
+  const auto load_start = std::chrono::steady_clock::now();
+  if (Status s = model->Load(&metrics); !s.ok()) {
+    LogError("cannot load model", {{"error", s.message()}});
+    server->Stop();
+    http_thread.join();
+    return 1;
+  }
+  metrics.SetReady(true);
+  LogInfo("model ready",
+          {{"model", model->name()},
+           {"version", model->version()},
+           {"platform", model->platform()},
+           {"file", model->backend_options().model_path},
+           {"load_ms", std::chrono::duration<double, std::milli>(
+                           std::chrono::steady_clock::now() - load_start)
+                           .count()}});
+
+  const std::string reason = g_shutdown.Wait();
+  const bool clean = reason == "SIGTERM" || reason == "SIGINT";
+  if (!clean) LogError("shutting down", {{"reason", reason}});
+  // Drain: readiness fails first, then the listener closes, in-flight and
+  // queued requests finish, and the workers stop.
+  server->SetDraining();
+  metrics.SetReady(false);
+  if (config.drain_delay_ms > 0) {
+    std::this_thread::sleep_for(
+        std::chrono::milliseconds(config.drain_delay_ms));
+  }
+  server->Stop();
+  http_thread.join();
+  model->Stop();
+  LogInfo("shutdown complete", {{"reason", reason}});
+  return clean ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace serving
+
+int main(int argc, char** argv) {
+  try {
+    return serving::Run(argc, argv);
+  } catch (const std::exception& e) {
+    serving::LogError("fatal", {{"error", e.what()}});
+    return 1;
+  }
+}

@@ -1,0 +1,211 @@
+#include "model.h"
+
+#include <sys/stat.h>
+
+#include <utility>
+
+#include "logging.h"
+#include "metrics.h"
+
+namespace serving {
+namespace {
+
+bool FileExists(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+std::string JoinPath(const std::string& dir, const std::string& rel) {
+  if (rel.empty() || rel[0] == '/') return rel;
+  if (dir.empty()) return rel;
+  return dir.back() == '/' ? dir + rel : dir + "/" + rel;
+}
+
+bool EndsWith(const std::string& text, const std::string& suffix) {
+  return text.size() >= suffix.size() &&
+         text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+nlohmann::json SpecsJson(const std::vector<TensorSpec>& specs) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& spec : specs) {
+    out.push_back({{"name", spec.name},
+                   {"datatype", DataTypeName(spec.dtype)},
+                   {"shape", spec.shape}});
+  }
+  return out;
+}
+
+bool Batchable(const ModelSignature& sig) {
+  for (const auto* list : {&sig.inputs, &sig.outputs}) {
+    for (const auto& spec : *list) {
+      if (spec.shape.empty() || spec.shape[0] != -1) return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+std::string PlatformName(const BackendOptions& options) {
+  // Both variants are Paddle-exported models (the int8 one converted to IR).
+  if (options.kind == "paddle") return "paddle_inference";
+  return "openvino_paddle";
+}
+
+StatusOr<std::unique_ptr<Model>> Model::Create(const ServerConfig& config,
+                                               BackendFactory factory) {
+  std::unique_ptr<Model> model(new Model());
+  model->config_ = config;
+  model->factory_ = std::move(factory);
+  const std::string sig_path = JoinPath(config.model_dir, "signature.json");
+  ASSIGN_OR_RETURN(model->signature_, ModelSignature::Load(sig_path));
+  const ModelSignature& sig = model->signature_;
+
+  model->name_ = !config.model_name.empty()
+                     ? config.model_name
+                     : (sig.task.empty() ? "model" : sig.task + "-classifier");
+  model->version_ = config.model_version;
+  if (model->name_.find('/') != std::string::npos ||
+      model->version_.find('/') != std::string::npos) {
+    return InvalidArgument("model name and version must not contain '/'");
+  }
+
+  // Which program/params to load.
+  BackendOptions& opts = model->backend_options_;
+  opts.kind = config.backend;
+  std::string format_key;
+  if (config.backend == "paddle") {
+    format_key = config.variant == "int8"
+                     ? "int8_paddle"
+                     : (sig.formats.count("pir") ? "pir" : "legacy");
+  } else {
+    format_key = config.variant == "int8" ? "int8_openvino" : "legacy";
+  }
+  if (!config.model_file.empty()) {
+    opts.model_path = config.model_file;
+    opts.params_path = config.params_file;
+    if (opts.params_path.empty() && EndsWith(opts.model_path, ".pdmodel")) {
+      opts.params_path =
+          opts.model_path.substr(0, opts.model_path.size() - 8) + ".pdiparams";
+    }
+  } else {
+    const auto it = sig.formats.find(format_key);
+    if (it == sig.formats.end() || it->second.program.empty()) {
+      return NotFound(sig_path + " has no formats." + format_key +
+                      ".program for --variant=" + config.variant +
+                      " --backend=" + config.backend);
+    }
+    opts.model_path = JoinPath(config.model_dir, it->second.program);
+    opts.params_path = config.params_file.empty()
+                           ? JoinPath(config.model_dir, it->second.params)
+                           : config.params_file;
+    opts.runtime_input_names = it->second.input_names;
+    opts.runtime_output_names = it->second.output_names;
+  }
+  if (!FileExists(opts.model_path)) {
+    return NotFound("model file " + opts.model_path + " does not exist");
+  }
+  opts.device = config.device;
+  opts.precision = config.precision;
+  opts.instances = config.workers;
+  opts.threads_per_instance = config.threads_per_worker;
+  opts.max_batch_size = config.max_batch_size;
+  opts.inputs = sig.inputs;
+  opts.outputs = sig.outputs;
+  opts.tensorrt = config.paddle_tensorrt;
+  opts.gpu_memory_mb = config.gpu_memory_mb;
+
+  model->io_.inputs = sig.inputs;
+  model->io_.outputs = sig.outputs;
+  model->io_.max_batch_size = config.max_batch_size;
+  model->io_.labels = sig.label_names;
+
+  model->batcher_options_.max_batch_size = config.max_batch_size;
+  model->batcher_options_.max_queue_delay_us = config.max_queue_delay_us;
+  model->batcher_options_.dynamic_batching = config.dynamic_batching;
+  if (!Batchable(sig)) {
+    // Fixed dim 0: requests must match it exactly and run one at a time.
+    model->batcher_options_.dynamic_batching = false;
+    int64_t fixed = 1;
+    if (!sig.inputs[0].shape.empty() && sig.inputs[0].shape[0] > 0) {
+      fixed = sig.inputs[0].shape[0];
+    }
+    model->batcher_options_.max_batch_size =
+        std::max<int64_t>(fixed, config.max_batch_size);
+    model->io_.max_batch_size = model->batcher_options_.max_batch_size;
+    LogWarn("signature has no dynamic batch dimension; dynamic batching off",
+            {{"model", model->name_}});
+  }
+  return model;
+}
+
+Model::~Model() {
+  Stop();
+}
+
+Status Model::Load(ServingMetrics* metrics) {
+  if (ready()) return Status::Ok();
+  ASSIGN_OR_RETURN(auto backend, factory_(backend_options_));
+  if (backend->InputSpecs().size() != io_.inputs.size() ||
+      backend->OutputSpecs().size() != io_.outputs.size()) {
+    return InvalidArgument("the model program has " +
+                           std::to_string(backend->InputSpecs().size()) +
+                           " inputs / " +
+                           std::to_string(backend->OutputSpecs().size()) +
+                           " outputs but signature.json declares " +
+                           std::to_string(io_.inputs.size()) + " / " +
+                           std::to_string(io_.outputs.size()));
+  }
+  ASSIGN_OR_RETURN(auto batcher, DynamicBatcher::Create(
+                                     batcher_options_, backend.get(), metrics));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    backend_ = std::move(backend);
+    batcher_ = std::move(batcher);
+  }
+  ready_.store(true, std::memory_order_release);
+  return Status::Ok();
+}
+
+StatusOr<std::vector<Tensor>> Model::Infer(std::vector<Tensor> inputs,
+                                           Clock::time_point deadline) {
+  if (!ready()) return Unavailable("model '" + name_ + "' is not ready");
+  auto job = std::make_shared<InferJob>(std::move(inputs), deadline);
+  auto future = job->future();
+  RETURN_IF_ERROR(batcher_->Enqueue(job));
+  if (future.wait_until(deadline) != std::future_status::ready) {
+    job->Cancel();
+    return DeadlineExceeded(
+        "inference request timed out (--request-timeout-ms=" +
+        std::to_string(config_.request_timeout_ms) +
+        " or the request's 'timeout' parameter)");
+  }
+  Status status = future.get();
+  RETURN_IF_ERROR(status);
+  return std::move(job->outputs());
+}
+
+void Model::Stop() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (batcher_) batcher_->Stop();
+}
+
+size_t Model::queue_depth() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return batcher_ ? batcher_->queue_depth() : 0;
+}
+
+std::string Model::platform() const {
+  return PlatformName(backend_options_);
+}
+
+nlohmann::json Model::Metadata() const {
+  return {{"name", name_},
+          {"versions", nlohmann::json::array({version_})},
+          {"platform", platform()},
+          {"inputs", SpecsJson(io_.inputs)},
+          {"outputs", SpecsJson(io_.outputs)}};
+}
+
+}  // namespace serving

@@ -1,0 +1,78 @@
+// A served model: signature.json + backend + dynamic batcher, and the
+// KServe v2 model metadata derived from them.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "backend.h"
+#include "batcher.h"
+#include "codec.h"
+#include "config.h"
+#include "signature.h"
+#include "status.h"
+
+namespace serving {
+
+class ServingMetrics;
+
+using BackendFactory =
+    std::function<StatusOr<std::unique_ptr<Backend>>(const BackendOptions&)>;
+
+class Model {
+ public:
+  // Reads signature.json and resolves names and files; fast, no runtime yet.
+  static StatusOr<std::unique_ptr<Model>> Create(const ServerConfig& config,
+                                                 BackendFactory factory);
+  ~Model();
+
+  // Builds the backend (compiles the model) and starts the batcher workers;
+  // the model is ready afterwards. `metrics` (nullable) must outlive it.
+  Status Load(ServingMetrics* metrics);
+
+  // Queues one request and blocks until its outputs (model output order), an
+  // error, or `deadline` (DeadlineExceeded; the late result is discarded).
+  StatusOr<std::vector<Tensor>> Infer(std::vector<Tensor> inputs,
+                                      Clock::time_point deadline);
+
+  // Stops the batcher after running what is queued; Infer then fails.
+  void Stop();
+
+  bool ready() const { return ready_.load(std::memory_order_acquire); }
+  const std::string& name() const { return name_; }
+  const std::string& version() const { return version_; }
+  std::string platform() const;
+  const ModelIO& io() const { return io_; }
+  const BackendOptions& backend_options() const { return backend_options_; }
+  size_t queue_depth() const;
+
+  // {"name", "versions", "platform", "inputs", "outputs"}
+  nlohmann::json Metadata() const;
+
+ private:
+  Model() = default;
+
+  std::string name_;
+  std::string version_;
+  ServerConfig config_;
+  ModelSignature signature_;
+  ModelIO io_;
+  BackendOptions backend_options_;
+  BackendFactory factory_;
+  BatcherOptions batcher_options_;
+
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<DynamicBatcher> batcher_;
+  std::atomic<bool> ready_{false};
+  mutable std::mutex mu_;  // guards batcher_ for queue_depth() during Load
+};
+
+// "openvino_paddle" (OpenVINO backend, .pdmodel or IR), "paddle_inference".
+std::string PlatformName(const BackendOptions& options);
+
+}  // namespace serving

@@ -1,0 +1,119 @@
+#include "config.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+
+namespace serving {
+namespace {
+
+struct FakeEnv {
+  std::map<std::string, std::string> vars;
+  EnvLookup lookup() const {
+    return [this](const char* name) -> const char* {
+      auto it = vars.find(name);
+      return it == vars.end() ? nullptr : it->second.c_str();
+    };
+  }
+};
+
+StatusOr<ServerConfig> Parse(const std::vector<std::string>& args,
+                             const FakeEnv& env = {}) {
+  bool help = false;
+  return ParseConfig(args, env.lookup(), &help);
+}
+
+TEST(ConfigTest, Defaults) {
+  auto c = Parse({});
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->model_dir, "/mnt/models");
+  EXPECT_EQ(c->port, 8080);
+  EXPECT_EQ(c->host, "0.0.0.0");
+  EXPECT_EQ(c->variant, "fp32");
+  EXPECT_EQ(c->precision, "f32");
+  EXPECT_TRUE(c->dynamic_batching);
+  EXPECT_EQ(c->model_name, "");
+}
+
+TEST(ConfigTest, FlagForms) {
+  auto c =
+      Parse({"--port=9000", "--host", "127.0.0.1", "--max-batch-size", "16",
+             "--dynamic-batching=false", "--variant=int8", "--workers=2"});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->port, 9000);
+  EXPECT_EQ(c->host, "127.0.0.1");
+  EXPECT_EQ(c->max_batch_size, 16);
+  EXPECT_FALSE(c->dynamic_batching);
+  EXPECT_EQ(c->variant, "int8");
+  EXPECT_EQ(c->workers, 2);
+
+  c = Parse({"--dynamic-batching", "--port", "1"});
+  ASSERT_TRUE(c.ok());
+  EXPECT_TRUE(c->dynamic_batching);
+  c = Parse({"--dynamic-batching", "false"});
+  ASSERT_TRUE(c.ok());
+  EXPECT_FALSE(c->dynamic_batching);
+  c = Parse({"--no-dynamic-batching"});
+  ASSERT_TRUE(c.ok());
+  EXPECT_FALSE(c->dynamic_batching);
+}
+
+TEST(ConfigTest, EnvironmentAndPrecedence) {
+  FakeEnv env;
+  env.vars = {{"SERVING_MAX_BATCH_SIZE", "12"},
+              {"SERVING_DYNAMIC_BATCHING", "0"},
+              {"PORT", "7001"},
+              {"MODEL_DIR", "/models/x"},
+              {"MODEL_NAME", "kserve-name"}};
+  auto c = Parse({}, env);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->max_batch_size, 12);
+  EXPECT_FALSE(c->dynamic_batching);
+  EXPECT_EQ(c->port, 7001);
+  EXPECT_EQ(c->model_dir, "/models/x");
+  EXPECT_EQ(c->model_name, "kserve-name");
+  // SERVING_* beats the KServe name; flags beat both.
+  env.vars["SERVING_PORT"] = "7002";
+  c = Parse({}, env);
+  EXPECT_EQ(c->port, 7002);
+  c = Parse({"--port=7003", "--max-batch-size=2"}, env);
+  EXPECT_EQ(c->port, 7003);
+  EXPECT_EQ(c->max_batch_size, 2);
+}
+
+TEST(ConfigTest, RejectsBadInput) {
+  auto expect_error = [](const std::vector<std::string>& args,
+                         const std::string& fragment, const FakeEnv& env = {}) {
+    auto c = Parse(args, env);
+    ASSERT_FALSE(c.ok());
+    EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(c.status().message().find(fragment), std::string::npos)
+        << c.status().message();
+  };
+  expect_error({"--bogus=1"}, "unknown flag --bogus");
+  expect_error({"--port=abc"}, "'abc' is not an integer");
+  expect_error({"--max-batch-size=0"}, "must be >= 1");
+  expect_error({"--variant=fp16"}, "not one of fp32|int8");
+  expect_error({"--precision=fp64"}, "not one of f32|bf16|auto");
+  expect_error({"--dynamic-batching=maybe"}, "not a boolean");
+  expect_error({"--port"}, "needs a value");
+  expect_error({"positional"}, "unexpected argument");
+  expect_error({"--port=70000"}, "is not a TCP port");
+  FakeEnv env;
+  env.vars = {{"SERVING_WORKERS", "-3"}};
+  expect_error({}, "environment SERVING_WORKERS", env);
+}
+
+TEST(ConfigTest, HelpAndUsage) {
+  bool help = false;
+  auto c = ParseConfig({"--port=x", "--help"}, nullptr, &help);
+  EXPECT_TRUE(help);
+  const std::string usage = Usage();
+  EXPECT_NE(usage.find("--max-queue-delay-us"), std::string::npos);
+  EXPECT_NE(usage.find("SERVING_MAX_QUEUE_DELAY_US"), std::string::npos);
+  EXPECT_NE(usage.find("SERVING_PORT, PORT"), std::string::npos);
+  EXPECT_EQ(EnvNameForFlag("threads-per-worker"), "SERVING_THREADS_PER_WORKER");
+}
+
+}  // namespace
+}  // namespace serving

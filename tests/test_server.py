@@ -1,0 +1,390 @@
+"""The real C++ server binary on the digits export, driven by unmodified ``tritonclient.http``.
+
+Servers bind to 127.0.0.1 on free ports; every load loop is bounded.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import re
+import signal
+import socket
+import subprocess
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+
+from components.ov_runtime import OVPredictor
+from components.serving_image import RunningServer, ServerFlags
+
+NAME = "digits"
+
+
+def start(
+    binary: Path,
+    model_dir: Path,
+    tmp: Path,
+    *extra: str,
+    variant: str = "fp32",
+    flags: ServerFlags | None = None,
+) -> RunningServer:
+    flags = flags or ServerFlags()
+    server = RunningServer(
+        binary,
+        model_dir,
+        variant,
+        NAME,
+        flags,
+        tmp / f"server-{time.time()}.log",
+        extra_args=list(extra),
+    )
+    server.wait_ready(60)
+    return server
+
+
+@pytest.fixture(scope="module")
+def golden(digits_task, digits_data):
+    raw, _ = digits_task.read_split(digits_data, "test")
+    return digits_task.preprocess(raw[:64])[0]
+
+
+@pytest.fixture(scope="module")
+def reference(exported_int8, golden):
+    """OpenVINO in-process on the same legacy program the server loads (f32 precision)."""
+    return OVPredictor(exported_int8 / "legacy" / "model.pdmodel").predict([golden])
+
+
+@pytest.fixture(scope="module")
+def server(server_binary, exported_int8, tmp_path_factory):
+    srv = start(
+        server_binary,
+        exported_int8,
+        tmp_path_factory.mktemp("srv"),
+        flags=ServerFlags(workers=2, max_batch_size=16, max_queue_delay_us=2000),
+    )
+    yield srv
+    assert srv.stop() == 0
+
+
+def client(srv: RunningServer) -> httpclient.InferenceServerClient:
+    return httpclient.InferenceServerClient(url=f"127.0.0.1:{srv.port}", network_timeout=30)
+
+
+def infer(c: httpclient.InferenceServerClient, x: np.ndarray, binary: bool) -> np.ndarray:
+    inp = httpclient.InferInput("image", list(x.shape), "FP32")
+    inp.set_data_from_numpy(x, binary_data=binary)
+    out = httpclient.InferRequestedOutput("logits", binary_data=binary)
+    return c.infer(NAME, [inp], outputs=[out]).as_numpy("logits")
+
+
+def raw_request(
+    port: int, method: str, path: str, body: bytes = b"", headers: dict | None = None
+) -> tuple[int, dict]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    conn.request(method, path, body=body, headers=headers or {})
+    resp = conn.getresponse()
+    payload = resp.read()
+    conn.close()
+    try:
+        return resp.status, json.loads(payload)
+    except ValueError:
+        return resp.status, {"raw": payload.decode(errors="replace")}
+
+
+def test_health_and_metadata_through_tritonclient(server):
+    c = client(server)
+    assert c.is_server_live() and c.is_server_ready() and c.is_model_ready(NAME)
+    meta = c.get_model_metadata(NAME)
+    assert meta["name"] == NAME
+    assert meta["inputs"] == [{"name": "image", "datatype": "FP32", "shape": [-1, 1, 28, 28]}]
+    assert meta["outputs"] == [{"name": "logits", "datatype": "FP32", "shape": [-1, 10]}]
+    assert "binary_tensor_data" in c.get_server_metadata()["extensions"]
+    assert c.is_model_ready(NAME, model_version=str(meta["versions"][0]))
+
+
+@pytest.mark.parametrize("binary", [False, True])
+def test_infer_matches_the_in_process_runtime(server, golden, reference, binary):
+    got = infer(client(server), golden[:8], binary)
+    np.testing.assert_allclose(got, reference[:8], atol=1e-4, rtol=1e-3)
+
+
+@pytest.mark.parametrize(
+    "body,status,needle",
+    [
+        (b"{not json", 400, "json"),
+        (
+            json.dumps(
+                {
+                    "inputs": [
+                        {
+                            "name": "image",
+                            "shape": [1, 1, 28, 27],
+                            "datatype": "FP32",
+                            "data": [0.0] * 756,
+                        }
+                    ]
+                }
+            ).encode(),
+            400,
+            "shape",
+        ),
+        (
+            json.dumps(
+                {
+                    "inputs": [
+                        {
+                            "name": "image",
+                            "shape": [1, 1, 28, 28],
+                            "datatype": "INT64",
+                            "data": [0] * 784,
+                        }
+                    ]
+                }
+            ).encode(),
+            400,
+            "datatype",
+        ),
+        (
+            json.dumps(
+                {
+                    "inputs": [
+                        {
+                            "name": "image",
+                            "shape": [1, 1, 28, 28],
+                            "datatype": "FP32",
+                            "data": [0.0] * 700,
+                        }
+                    ]
+                }
+            ).encode(),
+            400,
+            "",
+        ),
+        (
+            json.dumps(
+                {
+                    "inputs": [
+                        {
+                            "name": "pixels",
+                            "shape": [1, 1, 28, 28],
+                            "datatype": "FP32",
+                            "data": [0.0] * 784,
+                        }
+                    ]
+                }
+            ).encode(),
+            400,
+            "pixels",
+        ),
+    ],
+    ids=["malformed-json", "wrong-shape", "wrong-datatype", "short-data", "unknown-input"],
+)
+def test_bad_requests_get_a_readable_4xx_and_the_server_keeps_serving(
+    server, golden, reference, body, status, needle
+):
+    code, payload = raw_request(
+        server.port, "POST", f"/v2/models/{NAME}/infer", body, {"Content-Type": "application/json"}
+    )
+    assert code == status and "error" in payload, payload
+    assert needle.lower() in payload["error"].lower()
+    np.testing.assert_allclose(
+        infer(client(server), golden[:1], True), reference[:1], atol=1e-4, rtol=1e-3
+    )
+
+
+def test_unknown_model_is_404(server):
+    code, payload = raw_request(server.port, "GET", "/v2/models/nope")
+    assert code == 404 and "error" in payload
+    code, payload = raw_request(server.port, "POST", "/v2/models/nope/infer", b"{}")
+    assert code == 404 and "error" in payload
+
+
+def test_oversized_body_is_rejected(server_binary, exported_int8, tmp_path, golden):
+    srv = start(server_binary, exported_int8, tmp_path, "--max-body-bytes=65536")
+    try:
+        big = np.zeros((64, 1, 28, 28), np.float32)  # 200 KB binary, ~1 MB as JSON
+        code, payload = raw_request(
+            srv.port,
+            "POST",
+            f"/v2/models/{NAME}/infer",
+            json.dumps(
+                {
+                    "inputs": [
+                        {
+                            "name": "image",
+                            "shape": list(big.shape),
+                            "datatype": "FP32",
+                            "data": big.ravel().tolist(),
+                        }
+                    ]
+                }
+            ).encode(),
+            {"Content-Type": "application/json"},
+        )
+        assert code == 413
+        assert infer(client(srv), golden[:2], True).shape == (2, 10)
+    finally:
+        assert srv.stop() == 0
+
+
+def test_client_disconnecting_mid_request_does_not_hurt(server, golden, reference):
+    for _ in range(5):
+        s = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+        s.sendall(
+            b"POST /v2/models/digits/infer HTTP/1.1\r\nHost: x\r\n"
+            b"Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n"
+            b'{"inputs": [{"name": "image", "shape": [1,1,28,28], "data": [0.1, 0.2'
+        )
+        s.close()
+    # and one that disconnects while its (valid) request is being computed
+    x = golden[:16]
+    body = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "image",
+                    "shape": list(x.shape),
+                    "datatype": "FP32",
+                    "data": x.ravel().tolist(),
+                }
+            ]
+        }
+    ).encode()
+    s = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+    s.sendall(
+        b"POST /v2/models/digits/infer HTTP/1.1\r\nHost: x\r\nContent-Type: "
+        b"application/json\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+    )
+    s.close()
+    np.testing.assert_allclose(
+        infer(client(server), golden[:4], True), reference[:4], atol=1e-4, rtol=1e-3
+    )
+    assert client(server).is_server_ready()
+
+
+def test_concurrent_clients_get_their_own_answers_under_batching(server, golden, reference):
+    rng = np.random.default_rng(0)
+    jobs = []
+    for _ in range(96):
+        start_i = int(rng.integers(0, 60))
+        n = int(rng.integers(1, 4))
+        jobs.append((start_i, n, bool(rng.integers(0, 2))))
+
+    def one(job):
+        start_i, n, binary = job
+        c = client(server)
+        try:
+            return job, infer(c, golden[start_i : start_i + n], binary)
+        finally:
+            c.close()
+
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        results = list(pool.map(one, jobs))
+    for (start_i, n, _), got in results:
+        np.testing.assert_allclose(got, reference[start_i : start_i + n], atol=1e-4, rtol=1e-3)
+    metrics = client_metrics(server.port)
+    batch_counts = {
+        int(float(m.group(1))): float(m.group(2))
+        for m in re.finditer(r'batch_size_bucket\{[^}]*le="([0-9.]+)"[^}]*\} ([0-9.e+]+)', metrics)
+    }
+    assert batch_counts, metrics[:2000]
+    # some batches held more than one request's samples (requests were merged)
+    assert max(batch_counts) >= 4
+
+
+def client_metrics(port: int) -> str:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    conn.request("GET", "/metrics")
+    text = conn.getresponse().read().decode()
+    conn.close()
+    return text
+
+
+def test_metrics_are_prometheus_text(server, golden):
+    infer(client(server), golden[:2], True)
+    text = client_metrics(server.port)
+    for needle in ("# TYPE", "_count", "_sum", "_bucket", "queue", "compute", "batch_size"):
+        assert needle in text, needle
+    assert re.search(r"request\w*_total\{[^}]*\} [1-9]", text), text[:1500]
+    assert re.search(r"fail\w*_total", text), text[:1500]
+
+
+def test_sigterm_drains_in_flight_requests(
+    server_binary, exported_int8, tmp_path, golden, reference
+):
+    srv = start(
+        server_binary,
+        exported_int8,
+        tmp_path,
+        flags=ServerFlags(workers=1, max_batch_size=64, max_queue_delay_us=300_000),
+    )
+    results: dict[int, object] = {}
+
+    def call(i: int) -> None:
+        c = client(srv)
+        try:
+            results[i] = infer(c, golden[i : i + 1], True)
+        except Exception as exc:  # recorded, asserted below
+            results[i] = exc
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    time.sleep(0.1)  # requests are queued: the batcher waits up to 300 ms to fill a batch
+    srv.proc.send_signal(signal.SIGTERM)
+    for t in threads:
+        t.join(timeout=60)
+    code = srv.proc.wait(timeout=60)
+    srv.stop()
+    assert code == 0
+    for i in range(8):
+        assert isinstance(results[i], np.ndarray), results[i]
+        np.testing.assert_allclose(results[i], reference[i : i + 1], atol=1e-4, rtol=1e-3)
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", srv.port), timeout=2).close()
+
+
+def test_int8_variant_serves_the_int8_model(server_binary, exported_int8, tmp_path, golden):
+    srv = start(server_binary, exported_int8, tmp_path, variant="int8")
+    try:
+        got = infer(client(srv), golden[:32], True)
+        ref = OVPredictor(exported_int8 / "int8" / "openvino" / "model.xml").predict([golden[:32]])
+        np.testing.assert_allclose(got, ref, atol=1e-3, rtol=1e-3)
+    finally:
+        assert srv.stop() == 0
+
+
+def test_port_env_is_honoured(server_binary, exported_int8, tmp_path):
+    port = RunningServer.free_port()
+    log = open(tmp_path / "env.log", "w")  # noqa: SIM115
+    proc = subprocess.Popen(
+        [
+            str(server_binary),
+            f"--model-dir={exported_int8}",
+            "--host=127.0.0.1",
+            f"--model-name={NAME}",
+        ],
+        env={"PORT": str(port)},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        c = httpclient.InferenceServerClient(url=f"127.0.0.1:{port}")
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if c.is_server_ready():
+                    break
+            except Exception:
+                time.sleep(0.2)
+        assert c.is_model_ready(NAME)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+        log.close()
