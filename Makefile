@@ -12,7 +12,7 @@ PYTEST_ARGS ?= -m "not slow"
 BENCH_ARCH ?= resnet50
 MLFLOW_PORT ?= 5000
 
-.PHONY: help install apt-deps serving serving-test run data repro status test lint format metrics plots mlflow-ui mlflow-server registry bench bench-serving clean
+.PHONY: help install apt-deps serving serving-test run data repro status test lint format metrics plots mlflow-ui mlflow-server registry bench bench-serving pipeline kfp-local clean
 
 help:
 	@echo "make run      - install, materialise data/raw, run the whole pipeline (dvc repro)"
@@ -25,6 +25,8 @@ help:
 	@echo "make registry - champion / challenger / history of the registered model"
 	@echo "make bench    - int8 (QAT) vs fp32 ResNet size and latency in OpenVINO ($(BENCH_ARCH))"
 	@echo "make bench-serving - C++ server vs in-process OpenVINO and vs a FastAPI server"
+	@echo "make pipeline - compile the KFP v2 DAG to pipelines/compiled/training.yaml"
+	@echo "make kfp-local - run the whole KFP DAG on this machine through kfp.local"
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -93,6 +95,12 @@ format: install
 
 bench: install
 	python bench/qat_resnet.py --arch $(BENCH_ARCH)
+
+pipeline: install
+	python -m pipelines.training compile --out pipelines/compiled/training.yaml
+
+kfp-local: data serving
+	python -m pipelines.training local --params params.yaml --pipeline-root outputs/kfp-local
 
 bench-serving: serving
 	python bench/serving_bench.py

@@ -116,6 +116,9 @@ def _coerce(tp: Any, value: Any, *, where: str) -> Any:
             raise StepError(f"{where}: expected a number, got {value!r}")
         return float(value)
     if tp is int:
+        # KFP passes dict parameters through protobuf Struct, where every number is a float
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
         if isinstance(value, bool) or not isinstance(value, int):
             raise StepError(f"{where}: expected an integer, got {value!r}")
         return value

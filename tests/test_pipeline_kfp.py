@@ -1,0 +1,156 @@
+"""The KFP v2 DAG: compiled with the real KFP compiler, and run whole through ``kfp.local``."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import REPO, SERVER_BIN
+
+STEPS = [
+    "ingest-op",
+    "validate-op",
+    "train-op",
+    "qat-op",
+    "export-op",
+    "evaluate-op",
+    "serving-image-op",
+    "track-op",
+    "register-op",
+]
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory) -> dict:
+    from pipelines.training import compile_pipeline
+
+    out = compile_pipeline(tmp_path_factory.mktemp("kfp") / "training.yaml")
+    return yaml.safe_load(out.read_text())
+
+
+def test_every_step_is_in_the_dag_with_its_dependencies(compiled):
+    tasks = compiled["root"]["dag"]["tasks"]
+    assert set(STEPS) <= set(tasks)
+    deps = {name: set(t.get("dependentTasks", [])) for name, t in tasks.items()}
+    assert deps["validate-op"] == {"ingest-op"}
+    assert "validate-op" in deps["train-op"]  # no training on data that failed validation
+    assert {"train-op", "qat-op"} <= deps["export-op"]
+    assert {"export-op"} <= deps["serving-image-op"] and {"export-op"} <= deps["evaluate-op"]
+    assert {"evaluate-op", "serving-image-op", "qat-op"} <= deps["track-op"]
+    assert "track-op" in deps["register-op"]
+
+
+def test_promotion_runs_only_when_blessed(compiled):
+    tasks = compiled["root"]["dag"]["tasks"]
+    conditions = [t for t in tasks.values() if "triggerPolicy" in t]
+    assert len(conditions) == 1
+    condition = conditions[0]["triggerPolicy"]["condition"]
+    assert "register-op-Output" in condition and condition.endswith("== true")
+    inner = compiled["components"][conditions[0]["componentRef"]["name"]]["dag"]["tasks"]
+    assert list(inner) == ["promote-op"]
+
+
+def test_retries_and_caching_are_explicit(compiled):
+    tasks = compiled["root"]["dag"]["tasks"]
+    for name in ("track-op", "register-op"):  # they talk to the tracking server
+        policy = tasks[name]["retryPolicy"]
+        assert policy["maxRetryCount"] == 3 and policy["backoffFactor"] == 2.0
+        assert not tasks[name]["cachingOptions"].get("enableCache", False)
+    assert not tasks["ingest-op"]["cachingOptions"].get("enableCache", False)  # moving source
+    assert tasks["train-op"]["cachingOptions"]["enableCache"] is True
+
+
+def test_components_use_one_image_without_pip_installs(compiled):
+    from pipelines.training import IMAGE
+
+    executors = compiled["deploymentSpec"]["executors"]
+    assert executors and all(e["container"]["image"] == IMAGE for e in executors.values())
+    assert not any(
+        "pip install" in " ".join(e["container"].get("command", [])) for e in executors.values()
+    )
+
+
+def test_kfp_local_runs_the_whole_dag_and_leaves_a_champion(tmp_path, server_binary):
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params["task"]["options"]["conv_channels"] = [6, 16]
+    params["ingest"]["source"] = str(REPO / "data" / "raw" / "digits")
+    if not Path(params["ingest"]["source"]).exists():
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "components.ingest",
+                "materialize",
+                "--out",
+                params["ingest"]["source"],
+            ],
+            cwd=REPO,
+            check=True,
+        )
+    params["train"]["epochs"] = 3
+    params["qat"].update(
+        epochs=1, max_accuracy_drop=5.0, max_class_drop=30.0, latency={"warmup": 1, "repeats": 3}
+    )
+    params["evaluate"]["latency"].update(warmup=1, repeats=3)
+    params["register"]["min_accuracy"] = 0.5
+    params["serving_image"].update(
+        server_binary=str(SERVER_BIN), golden_samples=32, latency_requests=10
+    )
+    params["track"]["experiment"] = "kfp-local"
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}",
+    }
+    env.pop("MLFLOW_REGISTRY_URI", None)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipelines.training",
+            "local",
+            "--params",
+            str(tmp_path / "params.yaml"),
+            "--pipeline-root",
+            str(tmp_path / "root"),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    log = re.sub(r"\x1b\[[0-9;]*m", "", proc.stdout + proc.stderr)
+    for step in STEPS + ["promote-op"]:
+        assert f"Task '{step}' finished with status SUCCESS" in log, step
+    assert "FAILURE" not in log
+
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=env["MLFLOW_TRACKING_URI"])
+    model = client.get_registered_model("digits-classifier")
+    assert int(model.aliases["champion"]) == 1
+    tags = client.get_model_version("digits-classifier", "1").tags
+    for key in (
+        "git_sha",
+        "data_sha256",
+        "params_sha256",
+        "ge_success",
+        "qat_gate_passed",
+        "serving_image",
+        "infra_validated",
+        "blessed",
+    ):
+        assert tags[key], key
+    assert tags["infra_validated"] == "true" and tags["blessed"] == "true"
+    # the same metric contract as dvc repro, in the artifacts
+    metrics = list((tmp_path / "root").rglob("metrics.json"))
+    assert {p.parent.name for p in metrics} >= {"model", "int8", "evaluation"}
