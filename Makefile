@@ -12,7 +12,7 @@ PYTEST_ARGS ?= -m "not slow"
 BENCH_ARCH ?= resnet50
 MLFLOW_PORT ?= 5000
 
-.PHONY: help install apt-deps serving serving-test run data repro status test lint format metrics plots mlflow-ui mlflow-server registry bench bench-serving pipeline kfp-local clean
+.PHONY: help install apt-deps serving serving-test run data repro status test lint format metrics plots mlflow-ui mlflow-server registry bench bench-serving pipeline kfp-local images clean
 
 help:
 	@echo "make run      - install, materialise data/raw, run the whole pipeline (dvc repro)"
@@ -27,6 +27,7 @@ help:
 	@echo "make bench-serving - C++ server vs in-process OpenVINO and vs a FastAPI server"
 	@echo "make pipeline - compile the KFP v2 DAG to pipelines/compiled/training.yaml"
 	@echo "make kfp-local - run the whole KFP DAG on this machine through kfp.local"
+	@echo "make images   - build the component and serving images (needs a Docker engine)"
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -101,6 +102,14 @@ pipeline: install
 
 kfp-local: data serving
 	python -m pipelines.training local --params params.yaml --pipeline-root outputs/kfp-local
+
+COMPONENT_IMAGE ?= registry.example.com/paddle-mlops/components:latest
+images:
+	@docker info >/dev/null 2>&1 || { echo "make images needs a running Docker engine" \
+	  "(in a cluster the pipeline builds the serving image with kaniko)"; exit 1; }
+	docker build -f components/Dockerfile -t $(COMPONENT_IMAGE) .
+	docker build -f serving/Dockerfile.cpu -t paddle-mlops/digits-server:dev \
+	  outputs/serving_image/context
 
 bench-serving: serving
 	python bench/serving_bench.py

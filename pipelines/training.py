@@ -281,56 +281,168 @@ def promote_op(params: dict, registration: Input[Artifact]):
     )
 
 
-@dsl.pipeline(
-    name="paddle-mlops-training",
-    description="ingest → validate → train → qat → export → evaluate / serving "
-    "image → track → register → (blessed) promote",
-)
-def training_pipeline(params: dict, experiment: str = ""):
-    ingest = ingest_op(params=params).set_caching_options(False)  # a moving source
-    validate = validate_op(params=params, data=ingest.outputs["data"])
-    train = train_op(params=params, data=ingest.outputs["data"], gate=validate.outputs["report"])
-    qat = qat_op(params=params, data=ingest.outputs["data"], model=train.outputs["model"])
-    export = export_op(
-        params=params,
-        data=ingest.outputs["data"],
-        model=train.outputs["model"],
-        int8=qat.outputs["int8"],
-    )
-    evaluate = evaluate_op(
-        params=params, data=ingest.outputs["data"], exported=export.outputs["exported"]
-    )
-    serving = serving_image_op(
-        params=params, data=ingest.outputs["data"], exported=export.outputs["exported"]
-    )
-    track = track_op(
-        params=params,
-        experiment=experiment,
-        data=ingest.outputs["data"],
-        report=validate.outputs["report"],
-        model=train.outputs["model"],
-        int8=qat.outputs["int8"],
-        exported=export.outputs["exported"],
-        evaluation=evaluate.outputs["evaluation"],
-        infra=serving.outputs["infra"],
-    )
-    track.set_retry(num_retries=3, backoff_duration="30s", backoff_factor=2.0)
-    track.set_caching_options(False)
-    register = register_op(
-        params=params, data=ingest.outputs["data"], run_info=track.outputs["run_info"]
-    )
-    register.set_retry(num_retries=3, backoff_duration="30s", backoff_factor=2.0)
-    register.set_caching_options(False)
-    with dsl.If(register.outputs["Output"] == True, name="blessed"):  # noqa: E712
-        promote = promote_op(params=params, registration=register.outputs["registration"])
-        promote.set_retry(num_retries=3, backoff_duration="30s", backoff_factor=2.0)
-        promote.set_caching_options(False)
+RETRY = {"num_retries": 3, "backoff_duration": "30s", "backoff_factor": 2.0}
+MLFLOW_CONFIG_MAP = "mlflow-client-env"  # k8s/mlflow/client-env.yaml
+MLFLOW_AUTH_SECRET = "mlflow-auth"  # optional: basic auth of the tracking server
+S3_SECRET = "pipeline-s3"  # optional: credentials of s3:// ingest sources
 
 
-def compile_pipeline(out: str | Path) -> Path:
+def _with_cluster_env(task: dsl.PipelineTask, *, s3: bool = False) -> dsl.PipelineTask:
+    """Tracking URI from the ConfigMap, credentials from Secrets (never in the spec)."""
+    from kfp import kubernetes
+
+    kubernetes.use_config_map_as_env(
+        task, MLFLOW_CONFIG_MAP, {"MLFLOW_TRACKING_URI": "MLFLOW_TRACKING_URI"}
+    )
+    kubernetes.use_secret_as_env(
+        task,
+        MLFLOW_AUTH_SECRET,
+        {"username": "MLFLOW_TRACKING_USERNAME", "password": "MLFLOW_TRACKING_PASSWORD"},
+        optional=True,
+    )
+    if s3:
+        kubernetes.use_secret_as_env(
+            task,
+            S3_SECRET,
+            {
+                "access_key_id": "AWS_ACCESS_KEY_ID",
+                "secret_access_key": "AWS_SECRET_ACCESS_KEY",
+                "endpoint_url": "AWS_ENDPOINT_URL_S3",
+            },
+            optional=True,
+        )
+    return task
+
+
+@_component
+def record_failure_op(params: dict, experiment: str, status: dsl.PipelineTaskFinalStatus):
+    """Exit handler: a failed or cancelled run leaves an MLflow run saying so."""
+    if status.state == "SUCCEEDED":
+        return
+    import mlflow
+
+    from components.track import tracking_uri
+
+    mlflow.set_tracking_uri(tracking_uri())
+    mlflow.set_experiment(experiment or params.get("track", {}).get("experiment", "default"))
+    with mlflow.start_run(
+        run_name="failed-pipeline-run",
+        tags={
+            "pipeline_state": str(status.state),
+            "pipeline_job": str(status.pipeline_job_resource_name),
+        },
+    ):
+        mlflow.log_text(str(status.error_message), "error.txt")
+        mlflow.set_tag("mlflow.runStatus", "FAILED")
+    client = mlflow.MlflowClient()
+    last = client.search_runs(
+        [
+            mlflow.get_experiment_by_name(
+                experiment or params.get("track", {}).get("experiment", "default")
+            ).experiment_id
+        ],
+        max_results=1,
+        order_by=["attributes.start_time DESC"],
+    )[0]
+    client.set_terminated(last.info.run_id, status="FAILED")
+
+
+KANIKO_IMAGE = "gcr.io/kaniko-project/executor:v1.23.2"
+
+
+@dsl.container_component
+def kaniko_build_op(context: Input[Artifact], destination: str, digest: dsl.OutputPath(str)):
+    """Build and push the serving image from the context serving_image prepared."""
+    return dsl.ContainerSpec(
+        image=KANIKO_IMAGE,
+        command=["/kaniko/executor"],
+        args=[
+            "--context",
+            f"dir://{context.path}/context",
+            "--dockerfile",
+            "Dockerfile",
+            "--destination",
+            destination,
+            "--digest-file",
+            digest,
+        ],
+    )
+
+
+def make_pipeline(gpus: int = 0, accelerator_type: str = "nvidia.com/gpu") -> Any:
+    """The pipeline; ``gpus`` > 0 makes train and qat request that many accelerators."""
+
+    def _training_pipeline(params: dict, experiment: str = "", build_in_cluster: bool = False):
+        exit_task = record_failure_op(params=params, experiment=experiment)
+        _with_cluster_env(exit_task)
+        with dsl.ExitHandler(exit_task, name="record-failures"):
+            ingest = ingest_op(params=params).set_caching_options(False)  # a moving source
+            ingest.set_retry(**RETRY)  # http(s) and s3 sources
+            _with_cluster_env(ingest, s3=True)
+            validate = validate_op(params=params, data=ingest.outputs["data"])
+            train = train_op(
+                params=params, data=ingest.outputs["data"], gate=validate.outputs["report"]
+            )
+            qat = qat_op(params=params, data=ingest.outputs["data"], model=train.outputs["model"])
+            if gpus:  # train and qat on GPU nodes (compile --gpus N)
+                for task in (train, qat):
+                    task.set_accelerator_type(accelerator_type).set_accelerator_limit(gpus)
+            export = export_op(
+                params=params,
+                data=ingest.outputs["data"],
+                model=train.outputs["model"],
+                int8=qat.outputs["int8"],
+            )
+            evaluate = evaluate_op(
+                params=params, data=ingest.outputs["data"], exported=export.outputs["exported"]
+            )
+            serving = serving_image_op(
+                params=params, data=ingest.outputs["data"], exported=export.outputs["exported"]
+            )
+            with dsl.If(build_in_cluster == True, name="kaniko"):  # noqa: E712
+                kaniko = kaniko_build_op(
+                    context=serving.outputs["infra"], destination=serving.outputs["Output"]
+                )
+                kaniko.set_retry(**RETRY)
+            track = track_op(
+                params=params,
+                experiment=experiment,
+                data=ingest.outputs["data"],
+                report=validate.outputs["report"],
+                model=train.outputs["model"],
+                int8=qat.outputs["int8"],
+                exported=export.outputs["exported"],
+                evaluation=evaluate.outputs["evaluation"],
+                infra=serving.outputs["infra"],
+            )
+            track.set_retry(**RETRY).set_caching_options(False)
+            _with_cluster_env(track)
+            register = register_op(
+                params=params, data=ingest.outputs["data"], run_info=track.outputs["run_info"]
+            )
+            register.set_retry(**RETRY).set_caching_options(False)
+            _with_cluster_env(register)
+            with dsl.If(register.outputs["Output"] == True, name="blessed"):  # noqa: E712
+                promote = promote_op(params=params, registration=register.outputs["registration"])
+                promote.set_retry(**RETRY).set_caching_options(False)
+                _with_cluster_env(promote)
+
+    return dsl.pipeline(
+        name="paddle-mlops-training",
+        description="ingest → validate → train → qat → export → evaluate / serving image → "
+        "track → register → (blessed) promote",
+    )(_training_pipeline)
+
+
+training_pipeline = make_pipeline()
+
+
+def compile_pipeline(
+    out: str | Path, gpus: int = 0, accelerator_type: str = "nvidia.com/gpu"
+) -> Path:
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    compiler.Compiler().compile(training_pipeline, str(out))
+    compiler.Compiler().compile(make_pipeline(gpus, accelerator_type), str(out))
     return out
 
 
@@ -348,7 +460,7 @@ def run_local(params: dict[str, Any], pipeline_root: str | Path) -> Any:
     from kfp import local
 
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(pipeline_root))
-    return training_pipeline(
+    return make_pipeline()(
         params=pipeline_params(params), experiment=params.get("track", {}).get("experiment", "")
     )
 
@@ -366,13 +478,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p_compile = sub.add_parser("compile")
     p_compile.add_argument("--out", default="pipelines/compiled/training.yaml")
+    p_compile.add_argument("--gpus", type=int, default=0, help="accelerators for train and qat")
+    p_compile.add_argument("--accelerator-type", default="nvidia.com/gpu")
     p_local = sub.add_parser("local")
     p_local.add_argument("--params", default="params.yaml")
     p_local.add_argument("--pipeline-root", default="outputs/kfp-local")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, force=True)
     if args.command == "compile":
-        logging.info("compiled %s", compile_pipeline(args.out))
+        logging.info("compiled %s", compile_pipeline(args.out, args.gpus, args.accelerator_type))
     else:
         params = load_params(args.params)
         ingest = params.get("ingest", {})

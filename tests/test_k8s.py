@@ -135,3 +135,24 @@ def test_kserve_variant_follows_the_custom_runtime_contract():
     isvc = docs["InferenceService"]["spec"]["predictor"]["model"]
     assert isvc["runtime"] == docs["ServingRuntime"]["metadata"]["name"]
     assert isvc["protocolVersion"] == "v2"
+
+
+def test_secret_templates_hold_no_values():
+    for doc in yaml.safe_load_all((K8S / "pipelines" / "secrets.template.yaml").read_text()):
+        assert doc["kind"] == "Secret"
+        assert all(v == "" for v in doc["stringData"].values())
+
+
+def test_pipeline_runs_get_only_namespaced_named_permissions():
+    docs = {(d["kind"], d["metadata"]["name"]): d for _, d in documents()}
+    role = docs[("Role", "paddle-mlops-pipeline")]
+    for rule in role["rules"]:
+        if "secrets" in rule["resources"]:
+            assert set(rule["resourceNames"]) == {"mlflow-auth", "pipeline-s3"}
+            assert rule["verbs"] == ["get"]
+    assert ("ClusterRole", "paddle-mlops-pipeline") not in docs
+    job = docs[("Job", "register-retraining-schedule")]["spec"]["template"]["spec"]
+    assert job["serviceAccountName"] == "paddle-mlops-pipeline"
+    assert "pipelines.schedule" in " ".join(job["containers"][0]["args"])
+    cron = docs[("ConfigMap", "retraining-schedule")]["data"]["CRON"]
+    assert len(cron.split()) == 6

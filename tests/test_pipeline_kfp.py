@@ -26,16 +26,29 @@ STEPS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def compiled(tmp_path_factory) -> dict:
+def _compile(tmp: Path, **kwargs) -> tuple[dict, dict]:
     from pipelines.training import compile_pipeline
 
-    out = compile_pipeline(tmp_path_factory.mktemp("kfp") / "training.yaml")
-    return yaml.safe_load(out.read_text())
+    out = compile_pipeline(tmp / "training.yaml", **kwargs)
+    spec, platform = yaml.safe_load_all(out.read_text())
+    return spec, platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory) -> dict:
+    return _compile(tmp_path_factory.mktemp("kfp"))[0]
+
+
+def all_tasks(spec: dict) -> dict[str, dict]:
+    """Tasks of the root DAG and of every sub-DAG (exit handler, conditions), by name."""
+    tasks = dict(spec["root"]["dag"]["tasks"])
+    for component in spec["components"].values():
+        tasks.update(component.get("dag", {}).get("tasks", {}))
+    return tasks
 
 
 def test_every_step_is_in_the_dag_with_its_dependencies(compiled):
-    tasks = compiled["root"]["dag"]["tasks"]
+    tasks = all_tasks(compiled)
     assert set(STEPS) <= set(tasks)
     deps = {name: set(t.get("dependentTasks", [])) for name, t in tasks.items()}
     assert deps["validate-op"] == {"ingest-op"}
@@ -47,8 +60,12 @@ def test_every_step_is_in_the_dag_with_its_dependencies(compiled):
 
 
 def test_promotion_runs_only_when_blessed(compiled):
-    tasks = compiled["root"]["dag"]["tasks"]
-    conditions = [t for t in tasks.values() if "triggerPolicy" in t]
+    tasks = all_tasks(compiled)
+    conditions = [
+        t
+        for t in tasks.values()
+        if "register-op-Output" in t.get("triggerPolicy", {}).get("condition", "")
+    ]
     assert len(conditions) == 1
     condition = conditions[0]["triggerPolicy"]["condition"]
     assert "register-op-Output" in condition and condition.endswith("== true")
@@ -56,21 +73,77 @@ def test_promotion_runs_only_when_blessed(compiled):
     assert list(inner) == ["promote-op"]
 
 
+def test_in_the_cluster_kaniko_builds_the_serving_image(compiled):
+    tasks = all_tasks(compiled)
+    kaniko = [
+        t
+        for t in tasks.values()
+        if "build_in_cluster" in t.get("triggerPolicy", {}).get("condition", "")
+    ]
+    assert len(kaniko) == 1
+    inner = compiled["components"][kaniko[0]["componentRef"]["name"]]["dag"]["tasks"]
+    assert list(inner) == ["kaniko-build-op"]
+    context = inner["kaniko-build-op"]["inputs"]["artifacts"]["context"]
+    assert context["componentInputArtifact"].endswith("serving-image-op-infra")
+    container = compiled["deploymentSpec"]["executors"]["exec-kaniko-build-op"]["container"]
+    assert container["image"].startswith("gcr.io/kaniko-project/executor")
+    assert "--digest-file" in container["args"] and "--destination" in container["args"]
+
+
+def test_a_failed_run_is_recorded_by_the_exit_handler(compiled):
+    root = compiled["root"]["dag"]["tasks"]
+    exit_task = root["record-failure-op"]
+    assert exit_task["triggerPolicy"]["strategy"] == "ALL_UPSTREAM_TASKS_COMPLETED"
+    assert "exit-handler-1" in exit_task["dependentTasks"]
+
+
 def test_retries_and_caching_are_explicit(compiled):
-    tasks = compiled["root"]["dag"]["tasks"]
-    for name in ("track-op", "register-op"):  # they talk to the tracking server
+    tasks = all_tasks(compiled)
+    for name in ("ingest-op", "track-op", "register-op"):  # they talk to the network
         policy = tasks[name]["retryPolicy"]
         assert policy["maxRetryCount"] == 3 and policy["backoffFactor"] == 2.0
+    for name in ("ingest-op", "track-op", "register-op"):  # moving source / side effects
         assert not tasks[name]["cachingOptions"].get("enableCache", False)
-    assert not tasks["ingest-op"]["cachingOptions"].get("enableCache", False)  # moving source
     assert tasks["train-op"]["cachingOptions"]["enableCache"] is True
+
+
+def test_gpu_requests_only_when_asked(tmp_path):
+    cpu, _ = _compile(tmp_path / "cpu")
+    gpu, _ = _compile(tmp_path / "gpu", gpus=1)
+    for spec, expected in ((cpu, None), (gpu, "nvidia.com/gpu")):
+        executors = spec["deploymentSpec"]["executors"]
+        for name, executor in executors.items():
+            acc = executor["container"].get("resources", {}).get("accelerator")
+            if name in ("exec-train-op", "exec-qat-op") and expected:
+                assert acc["resourceType"] == expected and acc["resourceCount"] == "1"
+            else:
+                assert acc is None, name
+
+
+def test_credentials_come_from_secrets_and_the_config_map(tmp_path):
+    _, executors = _compile(tmp_path)
+    for name in (
+        "exec-ingest-op",
+        "exec-track-op",
+        "exec-register-op",
+        "exec-promote-op",
+        "exec-record-failure-op",
+    ):
+        config = executors[name]
+        assert config["configMapAsEnv"][0]["configMapName"] == "mlflow-client-env"
+        secrets = {s["secretName"] for s in config["secretAsEnv"]}
+        assert "mlflow-auth" in secrets
+    ingest_secrets = {s["secretName"]: s for s in executors["exec-ingest-op"]["secretAsEnv"]}
+    keys = {k["envVar"] for k in ingest_secrets["pipeline-s3"]["keyToEnv"]}
+    assert keys == {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL_S3"}
 
 
 def test_components_use_one_image_without_pip_installs(compiled):
     from pipelines.training import IMAGE
 
     executors = compiled["deploymentSpec"]["executors"]
-    assert executors and all(e["container"]["image"] == IMAGE for e in executors.values())
+    python = {k: e for k, e in executors.items() if k != "exec-kaniko-build-op"}
+    assert python and all(e["container"]["image"] == IMAGE for e in python.values())
     assert not any(
         "pip install" in " ".join(e["container"].get("command", [])) for e in executors.values()
     )
@@ -129,7 +202,7 @@ def test_kfp_local_runs_the_whole_dag_and_leaves_a_champion(tmp_path, server_bin
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     log = re.sub(r"\x1b\[[0-9;]*m", "", proc.stdout + proc.stderr)
-    for step in STEPS + ["promote-op"]:
+    for step in STEPS + ["promote-op", "record-failure-op"]:
         assert f"Task '{step}' finished with status SUCCESS" in log, step
     assert "FAILURE" not in log
 

@@ -1,0 +1,93 @@
+"""Scheduled retraining: the requests ``pipelines/schedule.py`` would send to a KFP backend.
+
+No KFP backend (API server, Argo, MySQL, MinIO) can run on these machines, so this is a
+contract test: every call in the ``--dry-run`` plan must bind to the documented signature of
+the ``kfp.Client`` method it names (kfp 2.17), with the scheduling semantics we promise
+(6-field cron, no overlapping runs, no catch-up) and params.yaml as the pipeline parameter.
+"""
+
+import inspect
+import json
+import os
+import subprocess
+import sys
+
+import kfp
+import yaml
+
+from pipelines.schedule import PIPELINE_NAME, check_cron, plan_create
+from pipelines.training import pipeline_params
+from tests.conftest import REPO
+
+
+def dry_run(tmp_path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipelines.schedule",
+            "create",
+            "--dry-run",
+            "--package",
+            str(tmp_path / "training.yaml"),
+            *args,
+        ],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def bind(call: dict) -> inspect.BoundArguments:
+    method = getattr(kfp.Client, call["method"])
+    return inspect.signature(method).bind(None, **call["kwargs"])  # None stands for self
+
+
+def test_dry_run_plan_matches_the_kfp_client_api(tmp_path):
+    proc = dry_run(tmp_path, "--cron", "0 30 2 * * 0")
+    assert proc.returncode == 0, proc.stderr
+    calls = json.loads(proc.stdout)
+    assert [c["method"] for c in calls] == ["upload_pipeline", "create_recurring_run"]
+    for call in calls:
+        bind(call)  # raises TypeError on an unknown or missing argument
+    upload, recurring = (c["kwargs"] for c in calls)
+    assert upload["pipeline_name"] == PIPELINE_NAME
+    assert (tmp_path / "training.yaml").exists()  # compiled before upload
+    assert recurring["cron_expression"] == "0 30 2 * * 0"
+    assert recurring["max_concurrency"] == 1 and recurring["no_catchup"] is True
+    assert recurring["service_account"] == "paddle-mlops-pipeline"
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    assert recurring["params"] == {"params": pipeline_params(params)}
+
+
+def test_an_existing_pipeline_gets_a_new_version(tmp_path):
+    plan = plan_create(
+        tmp_path / "p.yaml",
+        experiment_id="e1",
+        job_name="weekly",
+        cron="0 0 3 * * 1",
+        params={"train": {"epochs": 3}},
+        version="v2",
+        pipeline_id="p-123",
+        service_account=None,
+        pipeline_root="s3://b/r",
+    )
+    upload, recurring = plan.calls
+    assert upload.method == "upload_pipeline_version"
+    assert upload.kwargs["pipeline_id"] == "p-123"
+    bind(asdict_call(upload))
+    bound = bind(asdict_call(recurring))
+    assert bound.arguments["pipeline_root"] == "s3://b/r"
+
+
+def asdict_call(call) -> dict:
+    return {"method": call.method, "kwargs": call.kwargs}
+
+
+def test_five_field_cron_is_refused_readably(tmp_path):
+    proc = dry_run(tmp_path, "--cron", "0 3 * * 1")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "KFP needs 6" in proc.stderr
+    assert check_cron("0 0 3 * * 1") == "0 0 3 * * 1"
