@@ -324,6 +324,15 @@ def stratified_split(
 # --------------------------------------------------------------------------- step
 
 
+def source_fingerprint(params: IngestParams) -> str:
+    """One sha256 over every raw input of the source: a cache key for orchestrators, so an
+    ingest of a moving source (a URL, a bucket prefix) reruns exactly when its bytes change."""
+    from components.artifacts import combined_sha256
+
+    raw = READERS[params.kind](params)
+    return combined_sha256(raw.input_sha256)
+
+
 def run(params: IngestParams, out_dir: str | Path) -> IngestResult:
     """Read, verify and split the source; write the split files, labels.json and manifest."""
     out_dir = Path(out_dir)

@@ -37,11 +37,30 @@ def _component(fn):  # one image, no pip install of kfp at pod start
 
 
 @_component
-def ingest_op(params: dict, data: Output[Dataset]):
+def fingerprint_op(params: dict) -> str:
+    """sha256 of the raw source, recomputed every run (uncached): ingest's cache key."""
+    from components.config import section
+    from components.ingest import IngestParams, source_fingerprint
+
+    return source_fingerprint(section(params, "ingest", IngestParams))
+
+
+@_component
+def ingest_op(params: dict, source_sha256: str, data: Output[Dataset]):
+    import json
+    import shutil
+    from pathlib import Path
+
+    from components.artifacts import StepError, combined_sha256
     from components.config import section
     from components.ingest import IngestParams, run
 
-    run(section(params, "ingest", IngestParams), data.path)
+    ingest = section(params, "ingest", IngestParams)
+    run(ingest, data.path)
+    manifest = json.loads((Path(data.path) / "manifest.json").read_text())
+    if combined_sha256(manifest["input_sha256"]) != source_sha256:
+        shutil.rmtree(data.path)
+        raise StepError(f"{ingest.source} changed while the pipeline ran; run it again")
 
 
 @_component
@@ -376,9 +395,12 @@ def make_pipeline(gpus: int = 0, accelerator_type: str = "nvidia.com/gpu") -> An
         exit_task = record_failure_op(params=params, experiment=experiment)
         _with_cluster_env(exit_task)
         with dsl.ExitHandler(exit_task, name="record-failures"):
-            ingest = ingest_op(params=params).set_caching_options(False)  # a moving source
-            ingest.set_retry(**RETRY)  # http(s) and s3 sources
-            _with_cluster_env(ingest, s3=True)
+            # a moving source: the uncached fingerprint keys ingest's cache on the bytes
+            fingerprint = fingerprint_op(params=params).set_caching_options(False)
+            ingest = ingest_op(params=params, source_sha256=fingerprint.output)
+            for task in (fingerprint, ingest):
+                task.set_retry(**RETRY)  # http(s) and s3 sources
+                _with_cluster_env(task, s3=True)
             validate = validate_op(params=params, data=ingest.outputs["data"])
             train = train_op(
                 params=params, data=ingest.outputs["data"], gate=validate.outputs["report"]

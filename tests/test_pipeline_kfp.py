@@ -14,6 +14,7 @@ import yaml
 from tests.conftest import REPO, SERVER_BIN
 
 STEPS = [
+    "fingerprint-op",
     "ingest-op",
     "validate-op",
     "train-op",
@@ -99,11 +100,15 @@ def test_a_failed_run_is_recorded_by_the_exit_handler(compiled):
 
 def test_retries_and_caching_are_explicit(compiled):
     tasks = all_tasks(compiled)
-    for name in ("ingest-op", "track-op", "register-op"):  # they talk to the network
+    for name in ("fingerprint-op", "ingest-op", "track-op", "register-op"):  # network
         policy = tasks[name]["retryPolicy"]
         assert policy["maxRetryCount"] == 3 and policy["backoffFactor"] == 2.0
-    for name in ("ingest-op", "track-op", "register-op"):  # moving source / side effects
+    for name in ("fingerprint-op", "track-op", "register-op"):  # must run every time
         assert not tasks[name]["cachingOptions"].get("enableCache", False)
+    # ingest is cached, keyed on the fingerprint of the source's bytes
+    assert tasks["ingest-op"]["cachingOptions"]["enableCache"] is True
+    key = tasks["ingest-op"]["inputs"]["parameters"]["source_sha256"]["taskOutputParameter"]
+    assert key["producerTask"] == "fingerprint-op"
     assert tasks["train-op"]["cachingOptions"]["enableCache"] is True
 
 
@@ -149,7 +154,7 @@ def test_components_use_one_image_without_pip_installs(compiled):
     )
 
 
-def test_kfp_local_runs_the_whole_dag_and_leaves_a_champion(tmp_path, server_binary):
+def tiny_params() -> dict:
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     params["task"]["options"]["conv_channels"] = [6, 16]
     params["ingest"]["source"] = str(REPO / "data" / "raw" / "digits")
@@ -176,6 +181,10 @@ def test_kfp_local_runs_the_whole_dag_and_leaves_a_champion(tmp_path, server_bin
         server_binary=str(SERVER_BIN), golden_samples=32, latency_requests=10
     )
     params["track"]["experiment"] = "kfp-local"
+    return params
+
+
+def run_kfp_local(tmp_path: Path, params: dict) -> tuple[subprocess.CompletedProcess, dict]:
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     env = {
         **os.environ,
@@ -200,6 +209,11 @@ def test_kfp_local_runs_the_whole_dag_and_leaves_a_champion(tmp_path, server_bin
         text=True,
         timeout=900,
     )
+    return proc, env
+
+
+def test_kfp_local_runs_the_whole_dag_and_leaves_a_champion(tmp_path, server_binary):
+    proc, env = run_kfp_local(tmp_path, tiny_params())
     assert proc.returncode == 0, proc.stderr[-4000:]
     log = re.sub(r"\x1b\[[0-9;]*m", "", proc.stdout + proc.stderr)
     for step in STEPS + ["promote-op", "record-failure-op"]:
@@ -227,3 +241,22 @@ def test_kfp_local_runs_the_whole_dag_and_leaves_a_champion(tmp_path, server_bin
     # the same metric contract as dvc repro, in the artifacts
     metrics = list((tmp_path / "root").rglob("metrics.json"))
     assert {p.parent.name for p in metrics} >= {"model", "int8", "evaluation"}
+
+
+def test_a_failing_run_is_recorded_in_mlflow_by_the_exit_handler(tmp_path, server_binary):
+    params = tiny_params()
+    params["validate"]["class_fraction_max"] = 0.05  # the data cannot pass this
+    proc, env = run_kfp_local(tmp_path, params)
+    log = re.sub(r"\x1b\[[0-9;]*m", "", proc.stdout + proc.stderr)
+    assert proc.returncode != 0
+    assert "Task 'validate-op' finished with status FAILURE" in log
+    assert "Task 'train-op'" not in log  # nothing downstream ran
+    assert "Task 'record-failure-op' finished with status SUCCESS" in log
+
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=env["MLFLOW_TRACKING_URI"])
+    exp = client.get_experiment_by_name("kfp-local")
+    runs = client.search_runs([exp.experiment_id])
+    assert [r.info.status for r in runs] == ["FAILED"]
+    assert runs[0].data.tags["pipeline_state"] == "FAILED"
