@@ -280,7 +280,7 @@ def register_op(
 
 
 @_component
-def promote_op(params: dict, registration: Input[Artifact]):
+def promote_op(params: dict, registration: Input[Artifact], image_digest: str):
     import json
     from pathlib import Path
 
@@ -293,6 +293,13 @@ def promote_op(params: dict, registration: Input[Artifact]):
     blessing = json.loads((Path(registration.path) / "blessing.json").read_text())
     champion = blessing.get("champion")
     registry = Registry(_client(), model_name(register, task_from_params(params)), register)
+    if image_digest:  # the pushed image's digest flows back into the version's lineage
+        registry.client.set_model_version_tag(
+            registry.name, str(info["version"]), "serving_image_digest", image_digest.strip()
+        )
+        registry.client.set_model_version_tag(
+            registry.name, str(info["version"]), "serving_image_built", "true"
+        )
     registry.promote(
         info["version"],
         reason="blessed by the KFP pipeline",
@@ -421,11 +428,6 @@ def make_pipeline(gpus: int = 0, accelerator_type: str = "nvidia.com/gpu") -> An
             serving = serving_image_op(
                 params=params, data=ingest.outputs["data"], exported=export.outputs["exported"]
             )
-            with dsl.If(build_in_cluster == True, name="kaniko"):  # noqa: E712
-                kaniko = kaniko_build_op(
-                    context=serving.outputs["infra"], destination=serving.outputs["Output"]
-                )
-                kaniko.set_retry(**RETRY)
             track = track_op(
                 params=params,
                 experiment=experiment,
@@ -444,10 +446,27 @@ def make_pipeline(gpus: int = 0, accelerator_type: str = "nvidia.com/gpu") -> An
             )
             register.set_retry(**RETRY).set_caching_options(False)
             _with_cluster_env(register)
+            # only a blessed model gets an image and the champion alias
             with dsl.If(register.outputs["Output"] == True, name="blessed"):  # noqa: E712
-                promote = promote_op(params=params, registration=register.outputs["registration"])
-                promote.set_retry(**RETRY).set_caching_options(False)
-                _with_cluster_env(promote)
+                with dsl.If(build_in_cluster == True, name="kaniko"):  # noqa: E712
+                    kaniko = kaniko_build_op(
+                        context=serving.outputs["infra"], destination=serving.outputs["Output"]
+                    )
+                    kaniko.set_retry(**RETRY)
+                    promoted = promote_op(
+                        params=params,
+                        registration=register.outputs["registration"],
+                        image_digest=kaniko.outputs["digest"],
+                    )
+                with dsl.Else(name="no-image-build"):  # kfp.local: validated, not pushed
+                    promoted_local = promote_op(
+                        params=params,
+                        registration=register.outputs["registration"],
+                        image_digest="",
+                    )
+                for promote in (promoted, promoted_local):
+                    promote.set_retry(**RETRY).set_caching_options(False)
+                    _with_cluster_env(promote)
 
     return dsl.pipeline(
         name="paddle-mlops-training",

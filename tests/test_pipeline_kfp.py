@@ -60,32 +60,34 @@ def test_every_step_is_in_the_dag_with_its_dependencies(compiled):
     assert "track-op" in deps["register-op"]
 
 
-def test_promotion_runs_only_when_blessed(compiled):
+def _sub_dag(spec: dict, task: dict) -> dict:
+    return spec["components"][task["componentRef"]["name"]]["dag"]["tasks"]
+
+
+def test_only_a_blessed_model_gets_an_image_and_the_champion_alias(compiled):
     tasks = all_tasks(compiled)
-    conditions = [
+    blessed = [
         t
         for t in tasks.values()
         if "register-op-Output" in t.get("triggerPolicy", {}).get("condition", "")
     ]
-    assert len(conditions) == 1
-    condition = conditions[0]["triggerPolicy"]["condition"]
-    assert "register-op-Output" in condition and condition.endswith("== true")
-    inner = compiled["components"][conditions[0]["componentRef"]["name"]]["dag"]["tasks"]
-    assert list(inner) == ["promote-op"]
-
-
-def test_in_the_cluster_kaniko_builds_the_serving_image(compiled):
-    tasks = all_tasks(compiled)
-    kaniko = [
-        t
-        for t in tasks.values()
-        if "build_in_cluster" in t.get("triggerPolicy", {}).get("condition", "")
-    ]
-    assert len(kaniko) == 1
-    inner = compiled["components"][kaniko[0]["componentRef"]["name"]]["dag"]["tasks"]
-    assert list(inner) == ["kaniko-build-op"]
-    context = inner["kaniko-build-op"]["inputs"]["artifacts"]["context"]
-    assert context["componentInputArtifact"].endswith("serving-image-op-infra")
+    assert len(blessed) == 1
+    assert blessed[0]["triggerPolicy"]["condition"].endswith("== true")
+    (branches,) = _sub_dag(compiled, blessed[0]).values()
+    cluster, local = _sub_dag(compiled, branches).values()
+    assert "build_in_cluster'] == true" in cluster["triggerPolicy"]["condition"]
+    assert local["triggerPolicy"]["condition"].startswith("!(")
+    in_cluster = _sub_dag(compiled, cluster)
+    assert set(in_cluster) == {"kaniko-build-op", "promote-op"}
+    # the pushed image's digest flows into the promotion (and the version's tags)
+    digest = in_cluster["promote-op"]["inputs"]["parameters"]["image_digest"]
+    assert digest["taskOutputParameter"] == {
+        "outputParameterKey": "digest",
+        "producerTask": "kaniko-build-op",
+    }
+    kaniko = in_cluster["kaniko-build-op"]["inputs"]["artifacts"]["context"]
+    assert kaniko["componentInputArtifact"].endswith("serving-image-op-infra")
+    assert list(_sub_dag(compiled, local)) == ["promote-op-2"]
     container = compiled["deploymentSpec"]["executors"]["exec-kaniko-build-op"]["container"]
     assert container["image"].startswith("gcr.io/kaniko-project/executor")
     assert "--digest-file" in container["args"] and "--destination" in container["args"]
@@ -216,7 +218,7 @@ def test_kfp_local_runs_the_whole_dag_and_leaves_a_champion(tmp_path, server_bin
     proc, env = run_kfp_local(tmp_path, tiny_params())
     assert proc.returncode == 0, proc.stderr[-4000:]
     log = re.sub(r"\x1b\[[0-9;]*m", "", proc.stdout + proc.stderr)
-    for step in STEPS + ["promote-op", "record-failure-op"]:
+    for step in STEPS + ["promote-op-2", "record-failure-op"]:
         assert f"Task '{step}' finished with status SUCCESS" in log, step
     assert "FAILURE" not in log
 
