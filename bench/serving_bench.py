@@ -49,7 +49,6 @@ import logging
 import os
 import platform
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -64,9 +63,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from components.kserve_client import KServeClient  # noqa: E402
 from components.ov_runtime import OVPredictor  # noqa: E402
-from components.serving_image import RunningServer, ServerFlags  # noqa: E402
+from components.serving_image import RunningServer, ServerFlags, ServerProcess  # noqa: E402
 
 log = logging.getLogger("serving_bench")
 
@@ -311,49 +309,24 @@ def scrape_batching(port: int, name: str) -> dict[str, float] | None:
 # --------------------------------------------------------------------------- servers
 
 
-class PythonServer:
-    """``bench/python_server.py`` on a free loopback port; the RunningServer interface."""
+class PythonServer(ServerProcess):
+    """``bench/python_server.py`` on a free loopback port, managed like the C++ server."""
 
     def __init__(self, model_dir: Path, name: str, workers: int, threads: int, log_file: Path):
-        self.port = RunningServer.free_port()
-        self.name = name
-        self._log = open(log_file, "w")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(
-            [
+        super().__init__(
+            lambda port: [
                 sys.executable,
                 str(PYTHON_SERVER),
                 f"--model-dir={model_dir}",
                 f"--model-name={name}",
                 "--host=127.0.0.1",
-                f"--port={self.port}",
+                f"--port={port}",
                 f"--workers={workers}",
                 f"--threads={threads}",
             ],
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
+            name,
+            log_file,
         )
-        self.client = KServeClient(f"http://127.0.0.1:{self.port}")
-
-    def wait_ready(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"python server exited early (log: {self._log.name})")
-            if self.client.ready():
-                return
-            time.sleep(0.1)
-        raise RuntimeError(f"python server not ready in {timeout_s:.0f} s ({self._log.name})")
-
-    def stop(self, timeout_s: float = 30.0) -> int | None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
-        return self.proc.returncode
 
 
 def start_cpp(

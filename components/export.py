@@ -19,7 +19,6 @@ reassociation) and the top-1 class agrees on every sample.
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 import sys
@@ -85,7 +84,7 @@ def save_legacy(model: paddle.nn.Layer, spec: list, prefix: str | Path) -> None:
 def bundle_int8(qat_dir: Path, dest: Path) -> dict[str, Any]:
     """Copy the gated int8 artifacts of the qat step next to the fp32 export."""
     gate = qat_dir / "gate.json"
-    if not gate.exists() or not json.loads(gate.read_text()).get("passed"):
+    if not gate.exists() or not read_json(gate).get("passed"):
         raise StepError(f"{gate}: no int8 model that passed the QAT gate; run qat first")
     formats = {}
     for fmt, program in (("paddle", "model.pdmodel"), ("openvino", "model.xml")):

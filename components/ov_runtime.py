@@ -9,7 +9,6 @@ Quantized models still run their quantized ops in int8 under that hint.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from components.artifacts import StepError, atomic_path
+from components.runtime import BatchedPredictor
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ def save_ir(model: Any, xml_path: str | Path) -> tuple[Path, Path]:
     return xml_path, xml_path.with_suffix(".bin")
 
 
-class OVPredictor:
+class OVPredictor(BatchedPredictor):
     """A compiled OpenVINO model on CPU with a fixed thread count."""
 
     def __init__(self, model_or_path: Any, *, threads: int = 1):
@@ -73,24 +73,6 @@ class OVPredictor:
     def run(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         result = self._request.infer([np.ascontiguousarray(x) for x in inputs])
         return [np.asarray(result[out]) for out in self._compiled.outputs]
-
-    def predict(self, inputs: Sequence[np.ndarray], batch_size: int = 256) -> np.ndarray:
-        n = inputs[0].shape[0]
-        outs = [
-            self.run([x[s : s + batch_size] for x in inputs])[0].copy()
-            for s in range(0, n, batch_size)
-        ]
-        return np.concatenate(outs, axis=0)
-
-    def latency_ms(self, inputs: Sequence[np.ndarray], *, warmup: int, repeats: int) -> float:
-        for _ in range(warmup):
-            self.run(inputs)
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            self.run(inputs)
-            times.append((time.perf_counter() - t0) * 1000.0)
-        return float(np.median(times))
 
     def precision_by_layer_type(self) -> dict[str, list[str]]:
         """What precision each kind of layer really executes in (e.g. Convolution: i8)."""

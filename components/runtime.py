@@ -32,7 +32,35 @@ class ModelFiles:
         raise StepError(f"{directory}: no {stem}.json or {stem}.pdmodel exported model")
 
 
-class PaddlePredictor:
+class BatchedPredictor:
+    """What every runtime wrapper offers on top of its ``run`` (one call, one batch)."""
+
+    def run(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        raise NotImplementedError
+
+    def predict(self, inputs: Sequence[np.ndarray], batch_size: int = 256) -> np.ndarray:
+        """First output for all samples, run in batches."""
+        n = inputs[0].shape[0]
+        outs = [
+            # copy: a runtime may hand out views of buffers its next call overwrites
+            self.run([x[s : s + batch_size] for x in inputs])[0].copy()
+            for s in range(0, n, batch_size)
+        ]
+        return np.concatenate(outs, axis=0)
+
+    def latency_ms(self, inputs: Sequence[np.ndarray], *, warmup: int, repeats: int) -> float:
+        """Median wall time of one ``run`` call on ``inputs`` in milliseconds."""
+        for _ in range(warmup):
+            self.run(inputs)
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            self.run(inputs)
+            times.append((time.perf_counter() - t0) * 1000.0)
+        return float(np.median(times))
+
+
+class PaddlePredictor(BatchedPredictor):
     """A Paddle Inference predictor on CPU (or GPU when ``use_gpu``)."""
 
     def __init__(
@@ -72,22 +100,3 @@ class PaddlePredictor:
             handle.copy_from_cpu(np.ascontiguousarray(arr))
         self._predictor.run()
         return [self._predictor.get_output_handle(n).copy_to_cpu() for n in self.output_names]
-
-    def predict(self, inputs: Sequence[np.ndarray], batch_size: int = 256) -> np.ndarray:
-        """First output for all samples, run in batches."""
-        n = inputs[0].shape[0]
-        outs = [
-            self.run([x[s : s + batch_size] for x in inputs])[0] for s in range(0, n, batch_size)
-        ]
-        return np.concatenate(outs, axis=0)
-
-    def latency_ms(self, inputs: Sequence[np.ndarray], *, warmup: int, repeats: int) -> float:
-        """Median wall time of one ``run`` call on ``inputs`` in milliseconds."""
-        for _ in range(warmup):
-            self.run(inputs)
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            self.run(inputs)
-            times.append((time.perf_counter() - t0) * 1000.0)
-        return float(np.median(times))

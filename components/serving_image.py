@@ -26,7 +26,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -130,39 +130,14 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-class RunningServer:
-    """The real server binary on a loopback port, stopped with SIGTERM."""
+class ServerProcess:
+    """A KServe-v2 server process on a free loopback port, stopped with SIGTERM."""
 
-    def __init__(
-        self,
-        binary: Path,
-        model_dir: Path,
-        variant: str,
-        name: str,
-        flags: ServerFlags,
-        log_file: Path,
-        extra_args: Sequence[str] = (),
-    ):
+    def __init__(self, argv: Callable[[int], list[str]], name: str, log_file: Path):
         self.port = _free_port()
         self.name = name
         self._log = open(log_file, "w")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(
-            [
-                str(binary),
-                f"--model-dir={model_dir}",
-                f"--variant={variant}",
-                f"--model-name={name}",
-                "--host=127.0.0.1",
-                f"--port={self.port}",
-                f"--workers={flags.workers}",
-                f"--threads-per-worker={flags.threads_per_worker}",
-                f"--max-batch-size={flags.max_batch_size}",
-                f"--max-queue-delay-us={flags.max_queue_delay_us}",
-                *extra_args,
-            ],
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-        )
+        self.proc = subprocess.Popen(argv(self.port), stdout=self._log, stderr=subprocess.STDOUT)
         self.client = KServeClient(f"http://127.0.0.1:{self.port}")
 
     free_port = staticmethod(_free_port)
@@ -183,17 +158,51 @@ class RunningServer:
         )
 
     def stop(self, timeout_s: float = 30.0) -> int | None:
+        """SIGTERM, wait; the exit code, or None when it had to be killed."""
+        code = None
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
-                self.proc.wait(timeout=timeout_s)
+                code = self.proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-                self._log.close()
-                return None
+        else:
+            code = self.proc.returncode
         self._log.close()
-        return self.proc.returncode
+        return code
+
+
+class RunningServer(ServerProcess):
+    """The real C++ server binary serving one variant of an exported model."""
+
+    def __init__(
+        self,
+        binary: Path,
+        model_dir: Path,
+        variant: str,
+        name: str,
+        flags: ServerFlags,
+        log_file: Path,
+        extra_args: Sequence[str] = (),
+    ):
+        super().__init__(
+            lambda port: [
+                str(binary),
+                f"--model-dir={model_dir}",
+                f"--variant={variant}",
+                f"--model-name={name}",
+                "--host=127.0.0.1",
+                f"--port={port}",
+                f"--workers={flags.workers}",
+                f"--threads-per-worker={flags.threads_per_worker}",
+                f"--max-batch-size={flags.max_batch_size}",
+                f"--max-queue-delay-us={flags.max_queue_delay_us}",
+                *extra_args,
+            ],
+            name,
+            log_file,
+        )
 
 
 # --------------------------------------------------------------------------- validation

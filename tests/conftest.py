@@ -175,21 +175,20 @@ def _merge(base: dict, new: dict) -> dict:
     return out
 
 
+STAGES = (
+    "ingest",
+    "validate",
+    "train",
+    "qat",
+    "export",
+    "serving_image",
+    "evaluate",
+    "track",
+    "register",
+)  # dvc.yaml, in order
+
+
 def ran(proc: subprocess.CompletedProcess[str]) -> list[str]:
-    """The stages a ``dvc repro`` ran, in order."""
+    """The stages a ``dvc repro`` ran, in dvc.yaml order."""
     text = proc.stdout + proc.stderr
-    return [
-        s
-        for s in (
-            "ingest",
-            "validate",
-            "train",
-            "qat",
-            "export",
-            "serving_image",
-            "evaluate",
-            "track",
-            "register",
-        )
-        if f"Running stage '{s}'" in text
-    ]
+    return [s for s in STAGES if f"Running stage '{s}'" in text]

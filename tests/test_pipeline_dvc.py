@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from components.artifacts import sha256_tree
-from tests.conftest import SERVER_BIN, clone_repo, ran, set_params, sh
+from components.register import LINEAGE_TAGS
+from tests.conftest import SERVER_BIN, STAGES, clone_repo, ran, set_params, sh
 
 
 @pytest.fixture(scope="module")
@@ -55,17 +56,7 @@ def test_fresh_clone_materialises_data_byte_identically(repo):
 
 def test_repro_runs_every_stage_and_writes_the_contract(repo):
     proc = sh(repo, "dvc", "repro")
-    assert ran(proc) == [
-        "ingest",
-        "validate",
-        "train",
-        "qat",
-        "export",
-        "serving_image",
-        "evaluate",
-        "track",
-        "register",
-    ]
+    assert ran(proc) == list(STAGES)
     train = json.loads((repo / "metrics" / "train.json").read_text())
     evaluate = json.loads((repo / "metrics" / "evaluate.json").read_text())
     assert {"best_val_accuracy", "epochs_run", "samples_per_second", "amp_effective"} <= set(train)
@@ -88,15 +79,7 @@ def test_repro_leaves_a_champion_with_lineage_in_the_registry(repo):
     model = client.get_registered_model("digits-classifier")
     assert int(model.aliases["champion"]) == int(model.aliases["challenger"]) == 1
     tags = client.get_model_version("digits-classifier", "1").tags
-    for key in (
-        "git_sha",
-        "data_sha256",
-        "params_sha256",
-        "ge_success",
-        "qat_gate_passed",
-        "serving_image",
-        "infra_validated",
-    ):
+    for key in LINEAGE_TAGS:
         assert tags[key], key
     assert tags["ge_success"] == "true" and tags["qat_gate_passed"] == "true"
     assert tags["infra_validated"] == "true"

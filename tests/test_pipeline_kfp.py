@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from components.register import LINEAGE_TAGS
 from tests.conftest import REPO, SERVER_BIN
 
 STEPS = [
@@ -228,16 +229,7 @@ def test_kfp_local_runs_the_whole_dag_and_leaves_a_champion(tmp_path, server_bin
     model = client.get_registered_model("digits-classifier")
     assert int(model.aliases["champion"]) == 1
     tags = client.get_model_version("digits-classifier", "1").tags
-    for key in (
-        "git_sha",
-        "data_sha256",
-        "params_sha256",
-        "ge_success",
-        "qat_gate_passed",
-        "serving_image",
-        "infra_validated",
-        "blessed",
-    ):
+    for key in (*LINEAGE_TAGS, "blessed"):
         assert tags[key], key
     assert tags["infra_validated"] == "true" and tags["blessed"] == "true"
     # the same metric contract as dvc repro, in the artifacts

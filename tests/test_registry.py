@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -30,6 +29,7 @@ from components.register import (
     Registry,
 )
 from components.register import run as register_run
+from components.serving_image import RunningServer
 from tests.conftest import REPO
 
 PARAMS = RegisterParams(min_accuracy=0.5)
@@ -44,16 +44,10 @@ LINEAGE = {
 }
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("mlflow-server")
-    port = _free_port()
+    port = RunningServer.free_port()
     log = open(root / "server.log", "w")  # noqa: SIM115 - closed below
     proc = subprocess.Popen(
         [
