@@ -150,13 +150,70 @@ def git_sha(cwd: str | os.PathLike[str] | None = None) -> str:
 
 
 def versions() -> dict[str, str]:
-    """Versions of the runtime pieces that change results."""
+    """Versions of the runtime pieces that change results (installed distributions)."""
+    from importlib import metadata
+
     out = {"python": platform.python_version()}
-    for mod in ("paddle", "numpy"):
-        module = sys.modules.get(mod)
-        if module is not None:
-            out[mod] = getattr(module, "__version__", "unknown")
+    for name, dist in (("paddle", "paddlepaddle"), ("openvino", "openvino"), ("numpy", "numpy")):
+        try:
+            out[name] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            module = sys.modules.get(name)
+            if module is not None:  # e.g. paddlepaddle-gpu installs the same module
+                out[name] = getattr(module, "__version__", "unknown")
     return out
+
+
+# CPU features that change which kernels Paddle and OpenVINO pick (int8: VNNI/AMX; bf16)
+ISA_FLAGS = (
+    "avx2",
+    "avx512f",
+    "avx512_vnni",
+    "avx512_bf16",
+    "avx_vnni",
+    "amx_tile",
+    "amx_int8",
+    "amx_bf16",
+)
+
+
+def machine(cpuinfo: str | os.PathLike[str] = "/proc/cpuinfo") -> dict[str, Any]:
+    """The hardware a step ran on: two runs on different CPUs must be told apart."""
+    model, flags = platform.processor() or "unknown", set()
+    try:
+        text = Path(cpuinfo).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        text = ""
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key == "model name" and model in ("unknown", platform.machine()):
+            model = value.strip()
+        elif key == "flags" and not flags:
+            flags = set(value.split())
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        usable = os.cpu_count() or 0
+    return {
+        "cpu_model": model,
+        "isa": [f for f in ISA_FLAGS if f in flags],
+        "cores": os.cpu_count() or 0,
+        "usable_cores": usable,
+        "arch": platform.machine(),
+        "os": platform.platform(),
+    }
+
+
+def machine_tags(info: Mapping[str, Any] | None = None) -> dict[str, str]:
+    """``machine()`` flattened into MLflow tag strings."""
+    info = machine() if info is None else info
+    return {
+        "machine.cpu": str(info.get("cpu_model", "unknown")),
+        "machine.isa": ",".join(info.get("isa", [])) or "none",
+        "machine.cores": str(info.get("usable_cores", info.get("cores", 0))),
+        "machine.arch": str(info.get("arch", "")),
+    }
 
 
 def write_manifest(
@@ -177,6 +234,7 @@ def write_manifest(
         "params": dict(params),
         "git_sha": git_sha(),
         "versions": versions(),
+        "machine": machine(),
     }
     if extra:
         manifest.update(extra)

@@ -14,10 +14,13 @@ Route (measured on Paddle 3.3.1 / OpenVINO 2026.4, see docs/qat.md):
   Inference runs, and from which OpenVINO's Paddle frontend builds FakeQuantize ops that its
   CPU plugin executes in int8 (``openvino/model.xml|bin``, int8 weights).
 
-The gate compares int8 with its fp32 parent on the same split, in the same runtime and thread
-count: overall accuracy drop and worst per-class recall drop (in points), in both OpenVINO and
-Paddle Inference. Outputs and ``metrics/qat.json`` are written either way; a failed gate then
-stops the stage with one line per broken rule.
+The gate compares int8 with its fp32 parent sample by sample on the validation split
+(``qat.split``), in both OpenVINO and Paddle Inference: a paired test (counts of samples that
+got worse/better, one-sided exact McNemar) together with the accuracy and per-class recall
+limits, see :mod:`components.gates`. The reported numbers (``accuracy``, ``accuracy_drop``...)
+are measured on ``qat.report_split`` (test), which no decision looks at. Outputs and
+``metrics/qat.json`` are written either way; a failed gate then stops the stage with one line
+per broken rule, naming the counts, the p-value and the setting that decided.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ import paddle
 import paddle.nn.functional as F
 from tqdm import tqdm
 
-from components import dataset
+from components import dataset, gates
 from components.artifacts import StepError, atomic_path, write_json, write_manifest
 from components.cli import run_cli, step_params, step_parser, task_from_params
 from components.evaluate import classification_report
@@ -66,9 +69,12 @@ class QatParams:
     weight_quantize: Literal["channel_wise_abs_max", "abs_max"] = "channel_wise_abs_max"
     activation_quantize: Literal["moving_average_abs_max", "abs_max"] = "moving_average_abs_max"
     moving_rate: float = 0.9
-    split: str = "test"
+    split: str = "val"  # where the gate decides (test stays unseen by decisions)
+    report_split: str = "test"  # where the reported int8 vs fp32 numbers are measured
     max_accuracy_drop: float = 0.5  # points (percent) of accuracy
-    max_class_drop: float = 2.0  # points of recall, worst class
+    max_class_drop: float = 2.0  # points of recall, any class
+    alpha: float = 0.1  # one-sided exact McNemar level ("significantly worse")
+    min_class_flips: int = 3  # a class limit counts only with this many samples lost net
     latency: QatLatency = field(default_factory=QatLatency)
 
     def check(self) -> None:
@@ -76,14 +82,22 @@ class QatParams:
             raise ValueError("epochs must be >= 0 and batch_size >= 1")
         if not 0.0 <= self.distill_weight <= 1.0:
             raise ValueError("distill_weight must be within [0, 1]")
-        if self.max_accuracy_drop < 0 or self.max_class_drop < 0:
-            raise ValueError("max_accuracy_drop and max_class_drop must be >= 0")
+        self.limits().check("")
+
+    def limits(self) -> gates.PairedLimits:
+        return gates.PairedLimits(
+            alpha=self.alpha,
+            max_drop=self.max_accuracy_drop,
+            max_class_drop=self.max_class_drop,
+            min_class_flips=self.min_class_flips,
+        )
 
 
 @dataclass(frozen=True)
 class GateDecision:
     passed: bool
     reasons: list[str]
+    rules: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # per runtime
 
 
 @dataclass(frozen=True)
@@ -177,6 +191,7 @@ def score(predictor: Any, inputs: list[np.ndarray], labels: np.ndarray, names: l
     return {
         "accuracy": report["accuracy"],
         "recall": {n: c["recall"] for n, c in report["per_class"].items()},
+        "predictions": pred,
     }
 
 
@@ -192,24 +207,22 @@ def drops(fp32: dict[str, Any], int8: dict[str, Any]) -> dict[str, Any]:
 
 
 def gate(comparisons: dict[str, dict[str, Any]], params: QatParams) -> GateDecision:
-    """Apply the thresholds to each runtime's fp32-vs-int8 comparison."""
-    reasons = []
+    """Paired int8-vs-fp32 decision for each runtime (see :mod:`components.gates`)."""
+    reasons: list[str] = []
+    rules: dict[str, list[dict[str, Any]]] = {}
     for runtime, c in comparisons.items():
-        d = c["drops"]
-        if d["accuracy_drop"] > params.max_accuracy_drop:
-            reasons.append(
-                f"{runtime}: int8 accuracy {c['int8']['accuracy']:.4f} is "
-                f"{d['accuracy_drop']:.2f} points below its fp32 parent "
-                f"{c['fp32']['accuracy']:.4f} (qat.max_accuracy_drop {params.max_accuracy_drop})"
-            )
-        if d["worst_class_drop"] > params.max_class_drop:
-            name = d["worst_class"]
-            reasons.append(
-                f"{runtime}: class '{name}' recall fell {d['worst_class_drop']:.2f} points "
-                f"({c['fp32']['recall'][name]:.4f} -> {c['int8']['recall'][name]:.4f}; "
-                f"qat.max_class_drop {params.max_class_drop})"
-            )
-    return GateDecision(passed=not reasons, reasons=reasons)
+        verdict = gates.decide(
+            c["paired"],
+            params.limits(),
+            what=f"{runtime}: int8 on {params.split}",
+            reference="its fp32 parent",
+            params_prefix="qat",
+            drop_param="max_accuracy_drop",
+            class_drop_param="max_class_drop",
+        )
+        reasons += verdict.failures
+        rules[runtime] = verdict.rules
+    return GateDecision(passed=not reasons, reasons=reasons, rules=rules)
 
 
 def compare(
@@ -223,8 +236,6 @@ def compare(
 
     Each bundle holds ``paddle/model.pdmodel|pdiparams`` and ``openvino/model.xml|bin``.
     """
-    raw, labels = task.read_split(data_dir, params.split)
-    inputs = task.preprocess(raw)
     names = dataset.read_label_names(data_dir)
     threads = params.latency.threads
     ov = {
@@ -235,10 +246,22 @@ def compare(
         k: PaddlePredictor(ModelFiles.in_dir(d / "paddle"), threads=threads)
         for k, d in (("fp32", fp32_dir), ("int8", int8_dir))
     }
-    comparisons = {}
-    for runtime, predictors in (("openvino", ov), ("paddle_inference", pi)):
-        scores = {k: score(p, inputs, labels, names) for k, p in predictors.items()}
-        comparisons[runtime] = {**scores, "drops": drops(scores["fp32"], scores["int8"])}
+    by_split: dict[str, dict[str, Any]] = {}
+    for split in dict.fromkeys((params.split, params.report_split)):
+        raw, labels = task.read_split(data_dir, split)
+        inputs = task.preprocess(raw)
+        by_split[split] = {}
+        for runtime, predictors in (("openvino", ov), ("paddle_inference", pi)):
+            scores = {k: score(p, inputs, labels, names) for k, p in predictors.items()}
+            paired = gates.compare(
+                labels, scores["fp32"].pop("predictions"), scores["int8"].pop("predictions"), names
+            )
+            by_split[split][runtime] = {
+                **scores,
+                "drops": drops(scores["fp32"], scores["int8"]),
+                "paired": paired,
+            }
+    comparisons = by_split[params.split]
 
     latency: dict[str, float] = {}
     for bs in params.latency.batch_sizes:
@@ -265,19 +288,27 @@ def compare(
     sizes["fp32_openvino_weights_bytes"] = model_bytes([fp32_dir / "openvino" / "model.bin"])
     sizes["int8_openvino_weights_bytes"] = model_bytes([int8_dir / "openvino" / "model.bin"])
     return {
+        "split": params.split,
         "comparisons": comparisons,
+        "report_split": params.report_split,
+        "report": by_split[params.report_split],
         "latency": latency,
         "sizes": sizes,
         "int8_layer_precisions": ov["int8"].precision_by_layer_type(),
         "threads": threads,
-        "samples": int(len(labels)),
+        "samples": int(len(labels)),  # of the report split
     }
 
 
 def summarize(result: dict[str, Any], decision: GateDecision) -> dict[str, Any]:
-    """The flat ``metrics/qat.json`` contract."""
-    ov = result["comparisons"]["openvino"]
-    pi = result["comparisons"]["paddle_inference"]
+    """The flat ``metrics/qat.json`` contract.
+
+    ``accuracy*``/``worst_class_drop`` are measured on the report split (test); ``gate_*`` on
+    the split the gate decided on (val), from the OpenVINO comparison (the served runtime).
+    """
+    ov = result["report"]["openvino"]
+    pi = result["report"]["paddle_inference"]
+    g = result["comparisons"]["openvino"]["paired"]["overall"]
     s, lat = result["sizes"], result["latency"]
     metrics = {
         "accuracy": ov["int8"]["accuracy"],
@@ -296,6 +327,11 @@ def summarize(result: dict[str, Any], decision: GateDecision) -> dict[str, Any]:
         ),
         "latency_threads": result["threads"],
         "gate_passed": decision.passed,
+        "gate_accuracy_drop": round(g["drop_points"], 4),
+        "gate_worse": g["worse"],
+        "gate_better": g["better"],
+        "gate_p_value": round(g["p_value"], 6),
+        "gate_samples": g["samples"],
     }
     for key in sorted(lat):
         if key.startswith("int8_ms_b"):
@@ -348,7 +384,13 @@ def run(
         write_manifest(
             tmp,
             "qat",
-            inputs={"model.pdparams": train_dir / "model.pdparams"},
+            inputs={
+                "model.pdparams": train_dir / "model.pdparams",
+                **{
+                    f"{split}.npz": dataset.split_path(data_dir, split)
+                    for split in ("train", params.split, params.report_split)
+                },
+            },
             outputs={
                 p.relative_to(tmp).as_posix(): p
                 for p in sorted(tmp.rglob("*"))
@@ -368,8 +410,8 @@ def run(
     )
     if not decision.passed:
         raise StepError(
-            "QAT gate failed: the int8 model is worse than its fp32 parent "
-            f"(details in {out_dir / 'gate.json'}):\n"
+            "QAT gate failed: the int8 model is worse than its fp32 parent on the "
+            f"{params.split} split (details in {out_dir / 'gate.json'}):\n"
             + "\n".join(f"  - {r}" for r in decision.reasons)
         )
     return QatResult(out_dir=out_dir, metrics=metrics, gate=decision)

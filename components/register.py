@@ -40,12 +40,15 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from components.artifacts import StepError, read_json, write_json
+import numpy as np
+
+from components import dataset, gates
+from components.artifacts import StepError, read_json, sha256_file, write_json
 from components.cli import run_cli, step_params, step_parser, task_from_params
 from components.tasks import Task
 
@@ -71,6 +74,9 @@ class RegisterParams:
     model_name: str | None = None  # default: "<task>-classifier"
     min_accuracy: float = 0.95  # absolute floor on the test split
     max_regression: float = 0.0  # points of accuracy the challenger may trail the champion
+    max_class_regression: float = 2.0  # points of recall, any class
+    alpha: float = 0.1  # one-sided exact McNemar level
+    min_class_flips: int = 3  # a class limit counts from this many samples lost (net)
     require_qat_gate: bool = True
     auto_promote: bool = True
     split: str = "test"
@@ -83,6 +89,15 @@ class RegisterParams:
             raise ValueError("min_accuracy must be within [0, 1]")
         if self.max_regression < 0:
             raise ValueError("max_regression must be >= 0 (points of accuracy)")
+        self.limits().check("")
+
+    def limits(self) -> gates.PairedLimits:
+        return gates.PairedLimits(
+            alpha=self.alpha,
+            max_drop=self.max_regression,
+            max_class_drop=self.max_class_regression,
+            min_class_flips=self.min_class_flips,
+        )
 
 
 @dataclass(frozen=True)
@@ -91,6 +106,8 @@ class Blessing:
     reasons: list[str]
     challenger: dict[str, Any]
     champion: dict[str, Any] | None
+    # per data set ("test", "holdout"): paired counts of challenger vs champion, and the rules
+    comparisons: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -183,6 +200,9 @@ class Registry:
                     "source": mv.source,
                 }
         out["history"] = self.history()
+        if self.exists():
+            tags = self.client.get_registered_model(self.name).tags
+            out["holdout"] = {t: tags[t] for t in HOLDOUT_TAGS if t in tags}
         return out
 
     # lock -----------------------------------------------------------------------------
@@ -305,6 +325,7 @@ class Registry:
             }
             self._record(event)
             self.client.set_model_version_tag(self.name, str(version), "promoted_at", event["at"])
+            self._pin_holdout(mv)
             if force:
                 self.client.set_model_version_tag(
                     self.name, str(version), "forced_promotion_reason", reason[:_TAG_LIMIT]
@@ -317,6 +338,29 @@ class Registry:
             f" (forced: {reason})" if force else "",
         )
         return event
+
+    def _pin_holdout(self, mv: Any) -> None:
+        """The first champion's test split becomes the holdout every later blessing uses."""
+        if self.client.get_registered_model(self.name).tags.get("holdout_sha256"):
+            return
+        sha = mv.tags.get("test_split_sha256")
+        if not sha:
+            log.warning(
+                "%s v%s carries no test split (tag test_split_sha256): no holdout pinned yet",
+                self.name,
+                mv.version,
+            )
+            return
+        uri = self.client.get_run(mv.run_id).info.artifact_uri.rstrip("/") + "/" + HOLDOUT_DIR
+        for key, value in (
+            ("holdout_version", mv.version),
+            ("holdout_sha256", sha),
+            ("holdout_uri", uri),
+        ):
+            self.client.set_registered_model_tag(self.name, key, str(value))
+        log.info(
+            "%s: pinned holdout = test split of v%s (sha256 %s)", self.name, mv.version, sha[:12]
+        )
 
     def rollback(self, *, reason: str = "") -> dict[str, Any]:
         """Restore the previous champion (alias ``previous-champion``) in one call."""
@@ -357,18 +401,25 @@ def _download(client: Any, uri: str, name: str, version: int, dest: Path) -> Pat
     )
 
 
-def score_registered(model_dir: Path, task: Task, data_dir: Path, split: str) -> dict[str, Any]:
-    """Score a downloaded model version exactly as ``evaluate`` does."""
+def score_registered(
+    model_dir: Path, task: Task, data_dir: Path, split: str
+) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:
+    """Score a downloaded model version exactly as ``evaluate`` does.
+
+    Returns the summary kept in ``blessing.json``, the labels and the predicted classes (for
+    the paired comparison with the other model on the same samples).
+    """
     from components.evaluate import score_model
 
-    report = score_model(model_dir, task, data_dir, split)[0]
+    report, y_true, y_pred, _, _ = score_model(model_dir, task, data_dir, split)
     sig_file = model_dir / "signature.json"
     signature = read_json(sig_file) if sig_file.exists() else {}
-    return {
+    summary = {
         "accuracy": report["accuracy"],
         "macro_f1": report["macro_f1"],
         "inputs": signature.get("inputs"),
     }
+    return summary, y_true, y_pred
 
 
 def bless(
@@ -376,8 +427,13 @@ def bless(
     lineage: dict[str, str],
     challenger: dict[str, Any],
     champion: dict[str, Any] | None,
+    paired: dict[str, dict[str, Any]] | None = None,
 ) -> Blessing:
-    """Every rule the challenger must meet; all failures are reported, not just the first."""
+    """Every rule the challenger must meet; all failures are reported, not just the first.
+
+    ``paired`` holds, per data set (``test``, ``holdout``), the :func:`gates.compare` counts
+    of the champion (reference) vs the challenger (candidate) on the same samples.
+    """
     reasons = []
     missing = [t for t in LINEAGE_TAGS if not lineage.get(t)]
     if missing:
@@ -391,6 +447,7 @@ def bless(
     acc = challenger["accuracy"]
     if acc < params.min_accuracy:
         reasons.append(f"accuracy {acc:.4f} is below register.min_accuracy {params.min_accuracy}")
+    comparisons: dict[str, Any] = {}
     if champion is not None:
         if champion.get("inputs") != challenger.get("inputs"):
             reasons.append(
@@ -399,14 +456,67 @@ def bless(
                 "promote with --force --reason if the change is intended"
             )
         else:
-            gap = (champion["accuracy"] - acc) * 100.0
-            if gap > params.max_regression:
-                reasons.append(
-                    f"accuracy {acc:.4f} is {gap:.2f} points below champion "
-                    f"v{champion['version']} ({champion['accuracy']:.4f}) on the same "
-                    f"{params.split} split (register.max_regression {params.max_regression})"
+            for data, comparison in (paired or {}).items():
+                where = f"the {params.split} split" if data == "test" else "the pinned holdout"
+                verdict = gates.decide(
+                    comparison,
+                    params.limits(),
+                    what=f"on {where}",
+                    reference=f"champion v{champion['version']}",
+                    params_prefix="register",
+                    drop_param="max_regression",
+                    class_drop_param="max_class_regression",
                 )
-    return Blessing(not reasons, reasons, challenger, champion)
+                reasons += verdict.failures
+                comparisons[data] = {**comparison, "rules": verdict.rules, "passed": verdict.passed}
+    return Blessing(not reasons, reasons, challenger, champion, comparisons)
+
+
+# --------------------------------------------------------------------------- holdout
+
+HOLDOUT_TAGS = ("holdout_version", "holdout_sha256", "holdout_uri")
+HOLDOUT_DIR = "holdout"  # run artifact path: the test split a version was blessed on
+
+
+def log_test_split(client: Any, run_id: str, data_dir: Path, split: str) -> str:
+    """Store the split a version is blessed on with its run; returns its sha256."""
+    for path in (dataset.split_path(data_dir, split), data_dir / "labels.json"):
+        client.log_artifact(run_id, str(path), HOLDOUT_DIR)
+    return sha256_file(dataset.split_path(data_dir, split))
+
+
+def fetch_holdout(client: Any, uri: str, tags: dict[str, str], dest: Path, split: str) -> Path:
+    """Download the pinned holdout and prove it is the one that was pinned (by sha256)."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    try:
+        local = Path(
+            mlflow.artifacts.download_artifacts(
+                artifact_uri=tags["holdout_uri"], dst_path=str(dest), tracking_uri=uri
+            )
+        )
+    except (MlflowException, OSError) as exc:
+        raise StepError(
+            f"pinned holdout of v{tags['holdout_version']} at {tags['holdout_uri']} cannot be "
+            f"downloaded ({exc})"
+        ) from exc
+    # stored under the name of the split it was (test.npz); read it as that split
+    stored = sorted(local.glob("*.npz"))
+    if len(stored) != 1:
+        raise StepError(
+            f"pinned holdout at {tags['holdout_uri']}: expected one .npz, found {stored}"
+        )
+    got = sha256_file(stored[0])
+    if got != tags["holdout_sha256"]:
+        raise StepError(
+            f"pinned holdout at {tags['holdout_uri']}: sha256 {got[:12]} does not match the "
+            f"pinned {tags['holdout_sha256'][:12]} (registered-model tag holdout_sha256); "
+            "it was changed after it was pinned"
+        )
+    if stored[0].name != f"{split}.npz":
+        stored[0].rename(local / f"{split}.npz")
+    return local
 
 
 # --------------------------------------------------------------------------- step
@@ -479,26 +589,64 @@ def run(
     log.info("registered %s v%d (alias %s)", name, version, CHALLENGER)
 
     data_dir = Path(data_dir)
+    split_sha = log_test_split(client, mlrun.info.run_id, data_dir, params.split)
+    client.set_model_version_tag(name, str(version), "test_split_sha256", split_sha)
+    model_tags = client.get_registered_model(name).tags
+    holdout = {t: model_tags[t] for t in HOLDOUT_TAGS if model_tags.get(t)}
+    paired: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        challenger = score_registered(
-            _download(client, uri, name, version, Path(tmp) / "c"), task, data_dir, params.split
+        challenger_dir = _download(client, uri, name, version, Path(tmp) / "c")
+        challenger, y_true, y_challenger = score_registered(
+            challenger_dir, task, data_dir, params.split
         )
         challenger["version"] = version
         champion_version = registry.aliases().get(CHAMPION)
         champion = None
         if champion_version is not None:
-            champion = score_registered(
-                _download(client, uri, name, champion_version, Path(tmp) / "p"),
-                task,
-                data_dir,
-                params.split,
-            )
+            champion_dir = _download(client, uri, name, champion_version, Path(tmp) / "p")
+            champion, _, y_champion = score_registered(champion_dir, task, data_dir, params.split)
             champion["version"] = champion_version
-    blessing = bless(params, lineage, challenger, champion)
+            names = dataset.read_label_names(data_dir)
+            paired["test"] = gates.compare(y_true, y_champion, y_challenger, names)
+            if len(holdout) == len(HOLDOUT_TAGS) and champion["inputs"] == challenger["inputs"]:
+                h_dir = fetch_holdout(client, uri, holdout, Path(tmp) / "h", params.split)
+                h_names = dataset.read_label_names(h_dir)
+                _, h_true, h_champion = score_registered(champion_dir, task, h_dir, params.split)
+                _, _, h_challenger = score_registered(challenger_dir, task, h_dir, params.split)
+                paired["holdout"] = {
+                    **gates.compare(h_true, h_champion, h_challenger, h_names),
+                    "pinned_from_version": int(holdout["holdout_version"]),
+                    "sha256": holdout["holdout_sha256"],
+                }
+            elif len(holdout) != len(HOLDOUT_TAGS):
+                log.warning("%s has no pinned holdout yet: blessing on %s only", name, params.split)
+    blessing = bless(params, lineage, challenger, champion, paired)
     client.set_model_version_tag(name, str(version), "blessed", str(blessing.blessed).lower())
     client.set_model_version_tag(
         name, str(version), "blessing_reasons", "; ".join(blessing.reasons)[:_TAG_LIMIT]
     )
+    for data, comparison in blessing.comparisons.items():
+        o = comparison["overall"]
+        summary = {
+            "vs_champion": champion["version"] if champion else None,
+            "samples": o["samples"],
+            "worse": o["worse"],
+            "better": o["better"],
+            "p_value": round(o["p_value"], 6),
+            "drop_points": round(o["drop_points"], 4),
+            "passed": comparison["passed"],
+        }
+        client.set_model_version_tag(
+            name, str(version), f"blessing_{data}", json.dumps(summary, separators=(",", ":"))
+        )
+        client.log_batch(
+            mlrun.info.run_id,
+            metrics=[
+                _metric(f"blessing.{data}.{k}", float(v))
+                for k, v in summary.items()
+                if isinstance(v, int | float) and not isinstance(v, bool)
+            ],
+        )
     out_dir = Path(out_dir)
     write_json(
         out_dir / "blessing.json",
@@ -599,6 +747,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             sys.stdout.write(json.dumps(registry.rollback(reason=args.reason)) + "\n")
 
     return run_cli(_go)
+
+
+def _metric(key: str, value: float) -> Any:
+    from mlflow.entities import Metric
+
+    return Metric(key, value, int(time.time() * 1000), 0)
 
 
 def _v(version: int | None) -> str:

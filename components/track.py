@@ -25,6 +25,7 @@ from components.artifacts import (
     StepError,
     combined_sha256,
     git_sha,
+    machine_tags,
     read_json,
     write_json,
 )
@@ -85,6 +86,15 @@ def _numeric(d: Mapping[str, Any], prefix: str) -> dict[str, float]:
     }
 
 
+def _machine_tags(manifest: Mapping[str, Any]) -> dict[str, str]:
+    """Where a step ran: CPU model, ISA flags, cores, Paddle/OpenVINO versions."""
+    versions = manifest.get("versions") or {}
+    return {
+        **machine_tags(manifest.get("machine") or {}),
+        **{f"versions.{k}": str(v) for k, v in versions.items()},
+    }
+
+
 def _log_dir(mlflow_mod: Any, path: Path, artifact_path: str | None = None) -> None:
     if path.is_dir():
         mlflow_mod.log_artifacts(str(path), artifact_path)
@@ -126,6 +136,8 @@ def run(
         "serving_image_digest": str(infra.get("digest") or ""),
         "serving_image_built": str(bool(infra.get("built"))).lower(),
         "infra_validated": str(bool(infra.get("infra_validated"))).lower(),
+        # the hardware and runtimes the model was trained on (each step's own: nested runs)
+        **_machine_tags(manifests["train"]),
     }
 
     try:
@@ -191,7 +203,8 @@ def run(
             },
         }
         for step, files in step_files.items():
-            with mlflow.start_run(run_name=step, nested=True, tags={**tags, "step": step}):
+            step_tags = {**tags, **_machine_tags(manifests.get(step, {})), "step": step}
+            with mlflow.start_run(run_name=step, nested=True, tags=step_tags):
                 section_params = all_params.get(step, {})
                 if isinstance(section_params, Mapping) and section_params:
                     mlflow.log_params({k: str(v)[:6000] for k, v in flatten(section_params)})

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from components.artifacts import sha256_tree
+from components.artifacts import sha256_file, sha256_tree
 from components.register import LINEAGE_TAGS
 from tests.conftest import SERVER_BIN, STAGES, clone_repo, ran, set_params, sh
 
@@ -86,6 +86,10 @@ def test_repro_leaves_a_champion_with_lineage_in_the_registry(repo):
     assert tags["serving_image"].startswith("paddle-mlops/digits-server:")
     blessing = json.loads((repo / "outputs" / "register" / "blessing.json").read_text())
     assert blessing["blessed"] is True
+    # the first champion pins its test split as the holdout of every later blessing
+    assert model.tags["holdout_version"] == "1"
+    test_sha = sha256_file(repo / "outputs" / "ingest" / "test.npz")
+    assert model.tags["holdout_sha256"] == tags["test_split_sha256"] == test_sha
 
 
 def test_second_repro_runs_nothing(repo):
@@ -119,6 +123,15 @@ def test_mlflow_run_holds_params_metrics_curves_and_artifacts(repo):
     assert len(tags["git_sha"]) >= 40 and len(tags["data_sha256"]) == 64
     assert len(tags["params_sha256"]) == 64 and tags["task"] == "digits"
     assert parent.data.params["train.learning_rate"] == "0.002"
+    # the hardware is recorded: runs from different CPUs can be told apart
+    from components.artifacts import machine
+
+    here = machine()
+    assert tags["machine.cpu"] == here["cpu_model"] and tags["machine.cores"] == str(
+        here["usable_cores"]
+    )
+    assert tags["machine.isa"] == (",".join(here["isa"]) or "none")
+    assert tags["versions.paddle"] and tags["versions.openvino"]
     assert parent.data.metrics["test.accuracy"] > 0.5
     history = client.get_metric_history(parent.info.run_id, "val_accuracy")
     assert sorted(m.step for m in history) == [1, 2, 3]
@@ -137,6 +150,13 @@ def test_mlflow_run_holds_params_metrics_curves_and_artifacts(repo):
     ]
     by_step = {c.data.tags["step"]: c for c in children}
     assert by_step["validate"].data.metrics["success"] == 1.0
+    assert by_step["qat"].data.tags["machine.cpu"] == here["cpu_model"]
+    # the QAT gate's paired counts on val reach MLflow
+    qat_metrics = by_step["qat"].data.metrics
+    assert {"gate_worse", "gate_better", "gate_p_value", "gate_samples"} <= set(qat_metrics)
+    # the second run was blessed against the champion on test and on the pinned holdout
+    for data in ("test", "holdout"):
+        assert 0.0 <= parent.data.metrics[f"blessing.{data}.p_value"] <= 1.0
 
     def files(run_id: str, path: str = "") -> set[str]:
         out = set()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -316,3 +317,82 @@ def test_rollback_without_previous_champion_is_a_readable_error(
     )
     with pytest.raises(StepError, match="nothing to roll back to"):
         registry(server, name).rollback()
+
+
+def test_pinned_holdout_catches_a_bad_challenger_that_corrupted_labels_hide(
+    server, tmp_path, exported, bad_export, digits_task, digits_data
+):
+    """New data whose test labels are corrupted makes a bad model look *better* than the
+    champion on that split; the first champion's pinned test split still tells them apart."""
+    import numpy as np
+
+    from components.artifacts import sha256_file
+    from components.dataset import Split, read_split, write_split
+    from components.evaluate import score_model
+
+    name = "holdout-classifier"
+    params = RegisterParams(model_name=name, min_accuracy=0.0)
+    first = register_run(
+        params,
+        digits_task,
+        tracked_run(server, exported, tmp_path / "run1.json", LINEAGE),
+        digits_data,
+        tmp_path / "out1",
+        tracking_uri=server,
+    )
+    assert first.promoted
+    reg = registry(server, name)
+    model_tags = reg.client.get_registered_model(name).tags
+    assert model_tags["holdout_version"] == str(first.version)
+    assert model_tags["holdout_sha256"] == sha256_file(digits_data / "test.npz")
+    assert reg.status()["holdout"]["holdout_version"] == str(first.version)
+
+    # a new batch whose test labels were corrupted: they agree with the bad model
+    corrupted = tmp_path / "corrupted"
+    shutil.copytree(digits_data, corrupted)
+    bad_predictions = score_model(bad_export, digits_task, digits_data, "test")[2]
+    test = read_split(digits_data, "test")
+    write_split(corrupted, "test", Split(test.images, bad_predictions.astype(np.int64)))
+
+    second = register_run(
+        params,
+        digits_task,
+        tracked_run(server, bad_export, tmp_path / "run2.json", LINEAGE),
+        corrupted,
+        tmp_path / "out2",
+        tracking_uri=server,
+    )
+    blessing = read_json(tmp_path / "out2" / "blessing.json")
+    on_test = blessing["comparisons"]["test"]
+    assert on_test["passed"] and on_test["overall"]["better"] > on_test["overall"]["worse"]
+    on_holdout = blessing["comparisons"]["holdout"]
+    assert not on_holdout["passed"] and on_holdout["pinned_from_version"] == first.version
+    assert on_holdout["overall"]["worse"] > 100 and on_holdout["overall"]["p_value"] < 1e-6
+    assert not second.blessing.blessed and not second.promoted
+    reasons = "\n".join(second.blessing.reasons)
+    assert "on the pinned holdout: accuracy" in reasons and "below champion v1" in reasons
+    tags = reg.version(second.version).tags
+    assert json.loads(tags["blessing_holdout"])["passed"] is False
+    assert json.loads(tags["blessing_test"])["passed"] is True
+    assert reg.aliases()[CHAMPION] == first.version
+
+
+def test_a_holdout_changed_after_pinning_is_refused(
+    server, tmp_path, exported, digits_task, digits_data
+):
+    name = "holdout-classifier"
+    reg = registry(server, name)
+    pinned = reg.client.get_registered_model(name).tags["holdout_sha256"]
+    reg.client.set_registered_model_tag(name, "holdout_sha256", "0" * 64)
+    try:
+        with pytest.raises(StepError, match="does not match the pinned 000000000000"):
+            register_run(
+                RegisterParams(model_name=name, min_accuracy=0.0),
+                digits_task,
+                tracked_run(server, exported, tmp_path / "run.json", LINEAGE),
+                digits_data,
+                tmp_path / "out",
+                tracking_uri=server,
+            )
+    finally:
+        reg.client.set_registered_model_tag(name, "holdout_sha256", pinned)
