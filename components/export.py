@@ -14,7 +14,8 @@ Parity: each format is loaded with Paddle Inference and run on ``parity.samples`
 (validation) samples at batch 1 and at the full batch. The stage fails unless, for every
 logit, ``|exported - dygraph| <= atol + rtol * |dygraph|`` (defaults ``atol=1e-4``,
 ``rtol=1e-3``: float32 kernels differ between dygraph and the inference passes only by
-reassociation) and the top-1 class agrees on every sample.
+reassociation) and the top-1 class agrees on every sample except near-ties: samples whose two
+best dygraph logits are closer than that tolerance may pick either class on another CPU.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from typing import Any
 import numpy as np
 import paddle
 
-from components import dataset
+from components import dataset, gates
 from components.artifacts import StepError, atomic_path, read_json, write_json, write_manifest
 from components.cli import run_cli, step_params, step_parser, task_from_params
 from components.runtime import ModelFiles, PaddlePredictor
@@ -125,11 +126,13 @@ def check_parity(
         diff = np.abs(got - ref)
         bound = params.atol + params.rtol * np.abs(ref)
         top1 = float((got.argmax(1) == ref.argmax(1)).mean())
-        passed = bool((diff <= bound).all() and top1 == 1.0)
+        mismatches = gates.top1_mismatches(got, ref, params.atol, params.rtol)
+        passed = bool((diff <= bound).all() and mismatches == 0)
         report[name] = {
             "max_abs_diff": float(diff.max()),
             "violations": int((diff > bound).sum()),
-            "top1_agreement": top1,
+            "top1_agreement": top1,  # near-ties within the tolerance may differ
+            "top1_mismatches": mismatches,  # beyond the tolerance: a real disagreement
             "passed": passed,
         }
         ok = ok and passed
@@ -200,8 +203,8 @@ def run(
         if failed:
             details = "; ".join(
                 f"{f}: {k} max |diff| {parity[f][k]['max_abs_diff']:.3g}, "
-                f"{parity[f][k]['violations']} logits beyond tolerance, top-1 agreement "
-                f"{parity[f][k]['top1_agreement']:.3f}"
+                f"{parity[f][k]['violations']} logits beyond tolerance, "
+                f"{parity[f][k]['top1_mismatches']} top-1 classes differ (beyond near-ties)"
                 for f in failed
                 for k in ("batch_full", "batch_1")
                 if not parity[f][k]["passed"]

@@ -197,3 +197,22 @@ def _why(material: bool, evidenced: bool, *, evidence: str = "significance") -> 
     if material:
         return f"passed: beyond the limit but without {evidence} (within noise)"
     return "passed: within the limit"
+
+
+def top1_mismatches(got: np.ndarray, reference: np.ndarray, atol: float, rtol: float) -> int:
+    """Samples whose top-1 class differs although the reference separates the two classes by
+    more than the numerical tolerance allows.
+
+    Two runtimes (or one runtime on two CPUs) that agree within ``atol + rtol * |reference|``
+    can still pick different classes where the reference's two best logits are closer than
+    that; such near-ties are numerics, not a broken model, so they do not count.
+    """
+    got, reference = np.asarray(got), np.asarray(reference)
+    g, r = got.argmax(axis=1), reference.argmax(axis=1)
+    idx = np.flatnonzero(g != r)
+    if idx.size == 0:
+        return 0
+    top = reference[idx, r[idx]]
+    margin = top - reference[idx, g[idx]]
+    tolerance = 2.0 * (atol + rtol * np.abs(top))
+    return int(np.count_nonzero(margin > tolerance))

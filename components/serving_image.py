@@ -10,8 +10,12 @@
    127.0.0.1 with the exported model (``fp32`` and ``int8`` variants), replays golden inputs
    from the test split and compares the answers with Paddle Inference (Python) on the same
    files: fp32 within ``|server - paddle| <= atol + rtol*|paddle|`` (server pinned to f32
-   precision; OpenVINO would otherwise run bf16 on AMX CPUs), int8 by top-1 agreement
-   (two runtimes' int8 kernels round differently); checks the p50 latency budget of
+   precision; OpenVINO would otherwise run bf16 on AMX CPUs); int8 against the same runtime
+   in-process (OpenVINO, Python) on the same IR within ``int8_atol``/``int8_rtol`` — which
+   int8 kernel runs (i8, u8, VNNI, AMX) is the CPU's choice, so only the same runtime on the
+   same CPU is a fair reference — and the top-1 class must agree except on near-ties (both
+   also for fp32). The int8 agreement with Paddle Inference's int8 kernels is recorded, not
+   gated (the QAT gate already judged both runtimes). Checks the p50 latency budget of
    single-sample requests; and requires a clean exit on SIGTERM. Any failure fails the step;
    ``infra_validated`` is recorded either way.
 """
@@ -33,6 +37,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from components import gates
 from components.artifacts import (
     StepError,
     atomic_path,
@@ -44,7 +49,7 @@ from components.artifacts import (
 )
 from components.cli import run_cli, step_params, step_parser, task_from_params
 from components.kserve_client import KServeClient, KServeError
-from components.runtime import ModelFiles, PaddlePredictor
+from components.runtime import BatchedPredictor, ModelFiles, PaddlePredictor
 from components.tasks import Task
 
 log = logging.getLogger(__name__)
@@ -72,7 +77,8 @@ class ServingImageParams:
     golden_samples: int = 64
     fp32_atol: float = 1e-4
     fp32_rtol: float = 1e-3
-    int8_min_top1_agreement: float = 0.99
+    int8_atol: float = 1e-3  # |server - OpenVINO in-process| on the same int8 IR
+    int8_rtol: float = 1e-2
     latency_requests: int = 50
     latency_budget_ms_p50: float = 20.0
     startup_timeout_s: float = 60.0
@@ -208,10 +214,18 @@ class RunningServer(ServerProcess):
 # --------------------------------------------------------------------------- validation
 
 
-def _reference(model_dir: Path, signature: dict[str, Any], variant: str) -> PaddlePredictor:
-    fmt = "pir" if variant == "fp32" else "int8_paddle"
+def _paddle(model_dir: Path, signature: dict[str, Any], fmt: str) -> PaddlePredictor:
     program = model_dir / signature["formats"][fmt]["program"]
     return PaddlePredictor(ModelFiles.in_dir(program.parent, program.stem))
+
+
+def _reference(model_dir: Path, signature: dict[str, Any], variant: str) -> BatchedPredictor:
+    """What the served variant must match: fp32 Paddle Inference; int8 OpenVINO on its IR."""
+    if variant == "fp32":
+        return _paddle(model_dir, signature, "pir")
+    from components.ov_runtime import OVPredictor
+
+    return OVPredictor(model_dir / signature["formats"]["int8_openvino"]["program"])
 
 
 def validate_variant(
@@ -242,25 +256,37 @@ def validate_variant(
             name, {n: x[:4] for n, x in zip(input_names, golden, strict=True)}
         )[output_name]
         diff = np.abs(got - expected)
-        top1 = float((got.argmax(1) == expected.argmax(1)).mean())
+        atol, rtol = (
+            (params.fp32_atol, params.fp32_rtol)
+            if variant == "fp32"
+            else (params.int8_atol, params.int8_rtol)
+        )
+        mismatches = gates.top1_mismatches(got, expected, atol, rtol)
         report["checks"]["answers"] = {
+            "reference": "paddle_inference" if variant == "fp32" else "openvino",
             "samples": int(len(expected)),
             "max_abs_diff": float(diff.max()),
-            "top1_agreement": top1,
+            "top1_agreement": float((got.argmax(1) == expected.argmax(1)).mean()),
+            "top1_mismatches": mismatches,
             "json_equals_binary": bool(np.array_equal(got_json, got[:4])),
         }
-        if variant == "fp32":
-            bound = params.fp32_atol + params.fp32_rtol * np.abs(expected)
-            if not (diff <= bound).all():
-                failures.append(
-                    f"{variant}: server differs from Paddle Inference by up to "
-                    f"{diff.max():.3g} (atol {params.fp32_atol}, "
-                    f"rtol {params.fp32_rtol})"
-                )
-        elif top1 < params.int8_min_top1_agreement:
+        if variant != "fp32":  # recorded: another runtime's int8 kernels round differently
+            other = _paddle(model_dir, signature, "int8_paddle").predict(golden)
+            report["checks"]["answers"]["top1_agreement_paddle_inference_int8"] = float(
+                (got.argmax(1) == other.argmax(1)).mean()
+            )
+        bound = atol + rtol * np.abs(expected)
+        runtime = "Paddle Inference" if variant == "fp32" else "OpenVINO"
+        if not (diff <= bound).all():
             failures.append(
-                f"{variant}: top-1 agreement with Paddle Inference int8 is "
-                f"{top1:.3f} < {params.int8_min_top1_agreement}"
+                f"{variant}: server differs from {runtime} "
+                f"in-process by up to {diff.max():.3g} (serving_image.{variant}_atol {atol}, "
+                f"{variant}_rtol {rtol})"
+            )
+        if mismatches:
+            failures.append(
+                f"{variant}: {mismatches} of {len(expected)} top-1 classes differ from "
+                f"{runtime} beyond near-ties"
             )
         if not report["checks"]["answers"]["json_equals_binary"]:
             failures.append(f"{variant}: JSON and binary requests gave different answers")

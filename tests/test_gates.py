@@ -181,3 +181,14 @@ def test_shipped_defaults_have_the_promised_error_rates(gate, record_property):
     record_property("power", power)
     assert 1 - false_fail >= 0.99, f"{gate}: passes only {1 - false_fail:.3f} with no difference"
     assert power >= 0.90, f"{gate}: catches a 3-point drop only {power:.3f} of the time"
+
+
+def test_top1_mismatches_ignore_near_ties_only():
+    from components.gates import top1_mismatches
+
+    reference = np.array([[1.0, 0.99995, 0.0], [2.0, 0.0, 0.0], [0.0, 1.0, 0.5]])
+    near_tie = np.array([[0.99995, 1.0, 0.0], [2.0, 0.0, 0.0], [0.0, 1.0, 0.5]])
+    assert top1_mismatches(near_tie, reference, atol=1e-4, rtol=1e-3) == 0
+    flipped = np.array([[1.0, 0.99995, 0.0], [0.0, 2.0, 0.0], [0.0, 1.0, 0.5]])
+    assert top1_mismatches(flipped, reference, atol=1e-4, rtol=1e-3) == 1
+    assert top1_mismatches(reference, reference, atol=0.0, rtol=0.0) == 0
