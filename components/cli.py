@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from components.artifacts import StepError
@@ -29,7 +30,10 @@ def setup_logging() -> None:
         datefmt="%H:%M:%S",
         stream=sys.stderr,
     )
-    for noisy in ("matplotlib", "PIL", "great_expectations", "alembic", "urllib3"):
+    for noisy in (
+        "matplotlib", "PIL", "great_expectations", "alembic", "urllib3", "botocore", "aiobotocore",
+        "s3fs", "fsspec",
+    ):  # fmt: skip
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
@@ -69,11 +73,32 @@ def step_params(path: str, name: str, cls: type[T]) -> tuple[T, dict[str, Any]]:
 
 
 def task_from_params(all_params: dict[str, Any]) -> Task:
-    """The task named by ``task.name`` with ``task.options``."""
+    """The task named by ``task.name`` with ``task.options`` (errors name the params file)."""
+    from components.config import params_source
     from components.tasks import get_task
 
+    source = params_source(all_params)
     task_params = all_params.get("task") or {}
-    return get_task(str(task_params.get("name", "")), task_params.get("options"))
+    if not isinstance(task_params, dict):
+        raise StepError(f"{source}: task: expected a mapping, got {type(task_params).__name__}")
+    return get_task(str(task_params.get("name", "")), task_params.get("options"), source=source)
+
+
+def output_dir(path: str | Path, flag: str = "--out") -> Path:
+    """``path`` as a step's output directory: it (and every existing parent) must be a
+    directory or not exist yet, so the atomic rename at the end cannot fail."""
+    out = Path(path)
+    for candidate in (out, *out.parents):
+        if candidate.exists() and not candidate.is_dir():
+            what = (
+                "is an existing file" if candidate == out else f"its parent {candidate} is a file"
+            )
+            raise StepError(
+                f"{flag} {out}: {what}, not a directory; the step writes a directory there"
+            )
+        if candidate.is_symlink() and not candidate.exists():
+            raise StepError(f"{flag} {out}: {candidate} is a broken symbolic link")
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -23,17 +23,47 @@ T = TypeVar("T")
 DEFAULT_PARAMS = Path("params.yaml")
 
 
-def load_params(path: str | Path = DEFAULT_PARAMS) -> dict[str, Any]:
+class Params(dict[str, Any]):
+    """The params mapping plus ``source``, the file it was read from.
+
+    Error messages name ``source`` (what ``--params`` gave), never a hard-coded
+    ``params.yaml``; a plain dict (e.g. from a KFP parameter) counts as ``params.yaml``.
+    """
+
+    source: str = str(DEFAULT_PARAMS)
+
+
+# yaml.safe_dump(load_params(...)) keeps working: a Params dumps as the mapping it is
+yaml.SafeDumper.add_representer(Params, yaml.representer.SafeRepresenter.represent_dict)
+
+
+def params_source(params: dict[str, Any]) -> str:
+    """The file ``params`` was read from (``params.yaml`` for a plain mapping)."""
+    return str(getattr(params, "source", DEFAULT_PARAMS))
+
+
+def load_params(path: str | Path = DEFAULT_PARAMS) -> Params:
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError as exc:
         raise StepError(f"{path}: params file not found") from exc
+    except IsADirectoryError as exc:
+        raise StepError(f"{path}: is a directory, --params must name a YAML file") from exc
+    except UnicodeDecodeError as exc:
+        raise StepError(f"{path}: params file is not UTF-8 text ({exc.reason})") from exc
+    except OSError as exc:
+        raise StepError(f"{path}: cannot read params file ({exc.strerror or exc})") from exc
+    try:
+        data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise StepError(f"{path}: not valid YAML: {exc}") from exc
+        first = " ".join(str(exc).split())
+        raise StepError(f"{path}: not valid YAML: {first}") from exc
     if not isinstance(data, dict):
         raise StepError(f"{path}: top level must be a mapping of step name -> params")
-    return data
+    params = Params(data)
+    params.source = str(path)
+    return params
 
 
 def params_sha256(params: dict[str, Any]) -> str:
@@ -41,8 +71,10 @@ def params_sha256(params: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()
 
 
-def section(params: dict[str, Any], name: str, cls: type[T], *, source: str = "params.yaml") -> T:
-    """Build dataclass ``cls`` from ``params[name]``, with readable errors."""
+def section(params: dict[str, Any], name: str, cls: type[T], *, source: str | None = None) -> T:
+    """Build dataclass ``cls`` from ``params[name]``, with readable errors naming ``source``
+    (default: the file ``params`` was loaded from)."""
+    source = source or params_source(params)
     if name not in params:
         raise StepError(f"{source}: missing section '{name}'")
     return from_dict(cls, params[name], where=f"{source}: {name}")
@@ -108,7 +140,13 @@ def _coerce(tp: Any, value: Any, *, where: str) -> Any:
     if origin is dict:
         if not isinstance(value, dict):
             raise StepError(f"{where}: expected a mapping, got {value!r}")
-        return dict(value)
+        key_tp, value_tp = args if len(args) == 2 else (Any, Any)
+        return {
+            _coerce(key_tp, k, where=f"{where} key {k!r}"): _coerce(
+                value_tp, v, where=f"{where}.{k}"
+            )
+            for k, v in value.items()
+        }
     if tp is Any:
         return value
     if tp is float:
@@ -128,6 +166,7 @@ def _coerce(tp: Any, value: Any, *, where: str) -> Any:
         return value
     if tp is str:
         if not isinstance(value, str):
-            raise StepError(f"{where}: expected a string, got {value!r}")
+            hint = " (quote it in YAML)" if isinstance(value, int | float) else ""
+            raise StepError(f"{where}: expected a string, got {value!r}{hint}")
         return value
     return value

@@ -34,6 +34,13 @@ def split_path(data_dir: str | Path, split: str) -> Path:
     return Path(data_dir) / f"{split}.npz"
 
 
+def _check_data_dir(data_dir: str | Path) -> Path:
+    path = Path(data_dir)
+    if path.exists() and not path.is_dir():
+        raise StepError(f"{path}: is a file, not an ingested data set directory (run ingest)")
+    return path
+
+
 def write_split(data_dir: str | Path, split: str, data: Split) -> Path:
     dest = split_path(data_dir, split)
     with atomic_path(dest) as tmp:
@@ -44,7 +51,7 @@ def write_split(data_dir: str | Path, split: str, data: Split) -> Path:
 
 def read_split(data_dir: str | Path, split: str) -> Split:
     """Read one split without changing dtypes (validation needs to see what is stored)."""
-    path = split_path(data_dir, split)
+    path = split_path(_check_data_dir(data_dir), split)
     try:
         with np.load(path, allow_pickle=False) as npz:
             missing = {"images", "labels"} - set(npz.files)
@@ -62,7 +69,7 @@ def write_label_names(data_dir: str | Path, names: list[str]) -> Path:
 
 
 def read_label_names(data_dir: str | Path) -> list[str]:
-    data = read_json(Path(data_dir) / "labels.json")
+    data = read_json(_check_data_dir(data_dir) / "labels.json")
     names = data.get("names") if isinstance(data, dict) else None
     if not isinstance(names, list) or not names:
         raise StepError(f"{Path(data_dir) / 'labels.json'}: field 'names' must be a non-empty list")

@@ -20,7 +20,7 @@ import numpy as np
 
 from components import dataset
 from components.artifacts import atomic_path, write_json, write_manifest, write_text
-from components.cli import run_cli, step_params, step_parser, task_from_params
+from components.cli import output_dir, run_cli, step_params, step_parser, task_from_params
 from components.runtime import ModelFiles, PaddlePredictor
 from components.tasks import Task
 
@@ -211,6 +211,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     def _go() -> None:
+        output_dir(args.out)
         params, all_params = step_params(args.params, "evaluate", EvaluateParams)
         task = task_from_params(all_params)
         run(

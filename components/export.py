@@ -33,7 +33,7 @@ import paddle
 
 from components import dataset, gates
 from components.artifacts import StepError, atomic_path, read_json, write_json, write_manifest
-from components.cli import run_cli, step_params, step_parser, task_from_params
+from components.cli import output_dir, run_cli, step_params, step_parser, task_from_params
 from components.runtime import ModelFiles, PaddlePredictor
 from components.tasks import Task
 
@@ -225,6 +225,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     def _go() -> None:
+        output_dir(args.out)
         params, all_params = step_params(args.params, "export", ExportParams)
         task = task_from_params(all_params)
         run(params, task, args.train, args.data, args.out, qat_dir=args.qat)

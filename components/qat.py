@@ -40,7 +40,7 @@ from tqdm import tqdm
 
 from components import dataset, gates
 from components.artifacts import StepError, atomic_path, write_json, write_manifest
-from components.cli import run_cli, step_params, step_parser, task_from_params
+from components.cli import output_dir, run_cli, step_params, step_parser, task_from_params
 from components.evaluate import classification_report
 from components.export import load_trained, save_legacy
 from components.ov_runtime import OVPredictor, read_model, save_ir
@@ -439,6 +439,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     def _go() -> None:
+        output_dir(args.out)
         params, all_params = step_params(args.params, "qat", QatParams)
         run(
             params,

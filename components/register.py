@@ -49,7 +49,7 @@ import numpy as np
 
 from components import dataset, gates
 from components.artifacts import StepError, read_json, sha256_file, write_json
-from components.cli import run_cli, step_params, step_parser, task_from_params
+from components.cli import output_dir, run_cli, step_params, step_parser, task_from_params
 from components.tasks import Task
 
 log = logging.getLogger(__name__)
@@ -723,6 +723,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     def _go() -> None:
+        if args.command == "run":
+            output_dir(args.out)
         params, all_params = step_params(args.params, "register", RegisterParams)
         task = task_from_params(all_params)
         if args.command == "run":

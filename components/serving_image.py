@@ -47,7 +47,7 @@ from components.artifacts import (
     write_json,
     write_manifest,
 )
-from components.cli import run_cli, step_params, step_parser, task_from_params
+from components.cli import output_dir, run_cli, step_params, step_parser, task_from_params
 from components.kserve_client import KServeClient, KServeError
 from components.runtime import BatchedPredictor, ModelFiles, PaddlePredictor
 from components.tasks import Task
@@ -398,7 +398,7 @@ def run(
         else build_server(serving_src, Path(build_dir))
     )
     if not binary.exists():
-        raise StepError(f"params.yaml: serving_image.server_binary {binary} does not exist")
+        raise StepError(f"serving_image.server_binary: {binary} does not exist")
     raw, _ = task.read_split(data_dir, "test")
     golden = task.preprocess(raw[: params.golden_samples])
 
@@ -470,6 +470,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     def _go() -> None:
+        output_dir(args.out)
         params, all_params = step_params(args.params, "serving_image", ServingImageParams)
         run(
             params,

@@ -29,7 +29,7 @@ from components.artifacts import (
     read_json,
     write_json,
 )
-from components.cli import run_cli, step_params, step_parser
+from components.cli import output_dir, run_cli, step_params, step_parser
 from components.config import params_sha256
 
 log = logging.getLogger(__name__)
@@ -241,6 +241,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     def _go() -> None:
+        output_dir(args.out)
         params, all_params = step_params(args.params, "track", TrackParams)
         run(params, all_params, StepOutputs(), args.out)
 

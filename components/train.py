@@ -38,7 +38,7 @@ from components.artifacts import (
     write_manifest,
     write_text,
 )
-from components.cli import run_cli, step_params, step_parser, task_from_params
+from components.cli import output_dir, run_cli, step_params, step_parser, task_from_params
 from components.config import params_sha256
 from components.tasks import Task
 
@@ -103,7 +103,9 @@ class TrainResult:
 def resolve_device(requested: str) -> str:
     has_gpu = paddle.device.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0
     if requested == "gpu" and not has_gpu:
-        raise StepError("params.yaml: train.device is 'gpu' but no CUDA device is visible")
+        raise StepError(
+            "train.device is 'gpu' but no CUDA device is visible (set train.device: auto or cpu)"
+        )
     return "gpu" if (requested == "gpu" or (requested == "auto" and has_gpu)) else "cpu"
 
 
@@ -398,6 +400,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     def _go() -> None:
+        output_dir(args.out)
         params, all_params = step_params(args.params, "train", TrainParams)
         task, task_params = task_from_params(all_params), all_params.get("task", {})
         run(

@@ -11,6 +11,8 @@ Expectations (an in-memory context; nothing is sent anywhere):
 - ``class_counts``: the fraction of each class per split, which must lie within
   ``validate.class_fraction_min``..``validate.class_fraction_max``.
 - ``split_hashes``: the distinct samples of each split; a sample may appear in only one split.
+- ``duplicates``: per split, the rows that repeat an earlier row of the same split exactly (same
+  image bytes and label); their share must be at most ``validate.max_duplicate_fraction``.
 
 Outputs (written atomically, also when the data fails): ``result.json`` (the Great Expectations
 validation results), ``data_docs/index.html`` (the Data Docs site), ``summary.json`` and
@@ -34,7 +36,7 @@ import pandas as pd
 
 from components import dataset
 from components.artifacts import StepError, atomic_path, write_json, write_manifest
-from components.cli import run_cli, step_params, step_parser
+from components.cli import output_dir, run_cli, step_params, step_parser
 
 # Before Great Expectations is first imported (lazily, below): no usage statistics sent anywhere.
 os.environ["GX_ANALYTICS_ENABLED"] = "false"
@@ -52,6 +54,7 @@ SAMPLE_COLUMNS = [
 ]  # fmt: skip
 CLASS_COUNT_COLUMNS = ["file", "split", "label", "count", "fraction"]
 SPLIT_HASH_COLUMNS = ["file", "split", "index", "sample_sha"]
+DUPLICATE_COLUMNS = ["file", "split", "rows", "duplicate_rows", "duplicate_fraction"]
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,8 @@ class ValidateParams:
     max_rows: int = 10_000_000  # per split
     class_fraction_min: float = 0.02  # of the split, for every class
     class_fraction_max: float = 0.5
+    # rows repeating another row of their split (same image bytes and label), per split
+    max_duplicate_fraction: float = 0.05
 
     def check(self) -> None:
         if self.image_shape is not None and (
@@ -79,6 +84,10 @@ class ValidateParams:
         if not 0 <= self.min_rows <= self.max_rows:
             raise ValueError(
                 f"need 0 <= min_rows <= max_rows, got {self.min_rows}, {self.max_rows}"
+            )
+        if not 0 <= self.max_duplicate_fraction <= 1:
+            raise ValueError(
+                f"max_duplicate_fraction must be within [0, 1], got {self.max_duplicate_fraction}"
             )
         if not 0 <= self.class_fraction_min <= self.class_fraction_max <= 1:
             raise ValueError(
@@ -171,6 +180,18 @@ def split_hash_table(samples: dict[str, pd.DataFrame]) -> pd.DataFrame:
     return table.sort_values(["sample_sha", "file"], ignore_index=True)
 
 
+def duplicate_table(samples: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    """Per split: rows, and rows that repeat an earlier row of the same split exactly (same
+    image bytes and label; the first occurrence is not counted), as a count and fraction."""
+    rows = []
+    for split, frame in samples.items():
+        total = len(frame)
+        hashed = frame.dropna(subset=["sample_sha"])
+        dup = int(hashed.duplicated(subset=["sample_sha", "label"], keep="first").sum())
+        rows.append((_file(split), split, total, dup, dup / total if total else 0.0))
+    return pd.DataFrame(rows, columns=DUPLICATE_COLUMNS)
+
+
 # --------------------------------------------------------------------------- suites
 
 
@@ -249,6 +270,22 @@ def _split_hash_expectations() -> list[Any]:
             column_set=SPLIT_HASH_COLUMNS, exact_match=True, description="schema"
         ),
         gxe.ExpectColumnValuesToBeUnique(column="sample_sha", description="no leakage"),
+    ]
+
+
+def _duplicate_expectations(params: ValidateParams) -> list[Any]:
+    import great_expectations.expectations as gxe
+
+    return [
+        gxe.ExpectTableColumnsToMatchSet(
+            column_set=DUPLICATE_COLUMNS, exact_match=True, description="schema"
+        ),
+        gxe.ExpectColumnValuesToBeBetween(
+            column="duplicate_fraction",
+            min_value=0,
+            max_value=params.max_duplicate_fraction,
+            description="duplicate rows",
+        ),
     ]
 
 
@@ -430,6 +467,14 @@ def describe_failure(table: _Table, result: Any) -> list[str]:
         return [f"{table.name}: {where}: every class must appear; missing {_set(missing)}{extra}"]
     if kind == "expect_column_values_to_be_unique":
         return [_describe_leak(table, column, res)]
+    if kind == "expect_column_values_to_be_between" and column == "duplicate_fraction":
+        return [
+            f"{row.get('file')}: column '{column}': at most {_num(kwargs.get('max_value'))} of "
+            "a split's rows may be exact duplicates (same image bytes and label) of another "
+            f"row; found {_num(_int_like(row.get('duplicate_rows')))} of "
+            f"{_num(_int_like(row.get('rows')))} rows ({float(row.get(column) or 0):.3f})"
+            for row in res.get("partial_unexpected_index_list") or [{}]
+        ]
 
     rows = list(res.get("partial_unexpected_index_list") or [])
     nulls = kind == "expect_column_values_to_not_be_null"
@@ -508,11 +553,24 @@ def run(params: ValidateParams, data_dir: str | Path, out_dir: str | Path) -> Va
     tables.append(
         _Table("split_hashes", split_hash_table(samples), "split_hashes", ["file", "index"])
     )
+    duplicates = duplicate_table(samples)
+    tables.append(
+        _Table("duplicates", duplicates, "duplicates", ["file", "rows", "duplicate_rows"])
+    )
     suites = {
         "samples": _samples_expectations(params, len(names), shape),
         "class_counts": _class_count_expectations(params),
         "split_hashes": _split_hash_expectations(),
+        "duplicates": _duplicate_expectations(params),
     }
+    for row in duplicates.itertuples():
+        log.info(
+            "%s: %d of %d rows are exact duplicates (%.4f)",
+            row.file,
+            row.duplicate_rows,
+            row.rows,
+            row.duplicate_fraction,
+        )
 
     with atomic_path(out_dir) as tmp:
         tmp.mkdir(parents=True)
@@ -551,6 +609,14 @@ def run(params: ValidateParams, data_dir: str | Path, out_dir: str | Path) -> Va
                 "failures": failures,
                 "image_shape": shape,
                 "rows": {t.name: len(t.frame) for t in tables},
+                "duplicates": {
+                    str(r.file): {
+                        "rows": int(r.rows),
+                        "duplicate_rows": int(r.duplicate_rows),
+                        "duplicate_fraction": float(r.duplicate_fraction),
+                    }
+                    for r in duplicates.itertuples()
+                },
                 "data_docs": "data_docs/index.html",
             },
         )
@@ -595,8 +661,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
 
     def _go() -> None:
+        out = output_dir(args.out)
         params, _ = step_params(args.params, "validate", ValidateParams)
-        result = run(params, args.data, args.out)
+        result = run(params, args.data, out)
         log.info("validate passed: %d expectations", result.evaluated)
 
     return run_cli(_go)

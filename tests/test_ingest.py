@@ -340,6 +340,39 @@ def test_idx_not_idx(idx_dir: Path, tmp_path: Path) -> None:
     assert str(src / IMAGES) in message and "not an IDX file" in message
 
 
+@pytest.mark.parametrize(
+    "magic,found",
+    [
+        (b"\x00\x00\x08\x01", "it declares 1 dimension(s)"),  # a labels file given as images
+        (b"\x00\x00\x08\xff", "it declares 255 dimension(s)"),
+        (b"\x00\x00\x07\x03", "unknown element type 0x07"),
+        (b"\x03\x08\x00\x00", "the magic must start with two zero bytes"),  # little-endian
+    ],
+)
+def test_idx_wrong_magic(idx_dir: Path, tmp_path: Path, magic: bytes, found: str) -> None:
+    src = _copy_idx(idx_dir, tmp_path / "src")
+    (src / IMAGES).write_bytes(magic + (src / IMAGES).read_bytes()[4:])
+    message = _step_error(_idx(src), tmp_path / "o")
+    assert message.startswith(f"{src / IMAGES}: ")
+    assert f"magic number 0x{magic.hex()}" in message and found in message
+    assert "expected 0x00000803 (uint8 images [N, H, W]" in message
+    assert "trailing" not in message and len(message) < 300
+
+
+@pytest.mark.parametrize("declared", [False, True])
+def test_idx_label_outside_label_set(tmp_path: Path, declared: bool) -> None:
+    images, labels = _small_arrays()
+    labels[[9, 30]] = 11  # classes 0..3, then 11: no sample has label 4..10
+    write_idx(tmp_path / IMAGES, images)
+    write_idx(tmp_path / LABELS, labels)
+    names = [f"c{i}" for i in range(N_CLASSES)] if declared else None
+    message = _step_error(_idx(tmp_path, label_names=names), tmp_path / "o")
+    which = "declared labels" if declared else "data set's labels"
+    assert message.startswith(f"{tmp_path / LABELS}: label 11 is not one of the {which} 0..3")
+    assert message.endswith("2 sample(s), first at index 9")
+    assert "missing" not in message
+
+
 def test_idx_label_count_mismatch(tmp_path: Path) -> None:
     images, labels = _small_arrays()
     write_idx(tmp_path / IMAGES, images)

@@ -186,10 +186,21 @@ def test_bad_params_give_a_readable_error(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
-@pytest.mark.parametrize("field,value", [("epochs", 0), ("learning_rate", -1.0)])
-def test_params_checks(field, value):
+@pytest.mark.parametrize(
+    "field,value,message",
+    [
+        ("epochs", 0, "p.yaml: train: epochs, batch_size and eval_batch_size must be >= 1"),
+        ("batch_size", 0, "p.yaml: train: epochs, batch_size and eval_batch_size must be >= 1"),
+        ("learning_rate", -1.0, "p.yaml: train: learning_rate must be > 0"),
+        ("learning_rate", "fast", "p.yaml: train.learning_rate: expected a number, got 'fast'"),
+        ("amp", "O3", "p.yaml: train.amp: 'O3' is not one of ['auto', 'off', 'O1', 'O2']"),
+        ("epoch", 3, "p.yaml: train: unknown field(s) ['epoch']"),
+    ],
+)
+def test_params_checks(field, value, message):
     from components.artifacts import StepError
     from components.config import from_dict
 
-    with pytest.raises(StepError, match="train"):
-        from_dict(TrainParams, {field: value}, where="params.yaml: train")
+    with pytest.raises(StepError) as info:
+        from_dict(TrainParams, {field: value}, where="p.yaml: train")
+    assert str(info.value).startswith(message), str(info.value)

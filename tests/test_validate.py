@@ -41,10 +41,17 @@ def _fails(data_dir: Path, out_dir: Path, params: ValidateParams | None = None) 
     with pytest.raises(StepError) as info:
         run(params or ValidateParams(), data_dir, out_dir)
     message = str(info.value)
-    assert "Traceback" not in message
     # the outputs are written even though the data failed
     summary = json.loads((out_dir / "summary.json").read_text())
     assert summary["success"] is False and summary["failed"] >= 1
+    # a header naming the counts, then one line per broken rule naming file(s) and column
+    header, *lines = message.splitlines()
+    assert header.startswith(
+        f"data validation failed ({summary['failed']} of {summary['evaluated']} expectations"
+    ), header
+    assert lines, message
+    for line in lines:
+        assert re.match(r"  - [\w.]+(, [\w.]+)*: (column '\w+'|table): \S", line), line
     assert summary["failures"] and all(f in message for f in summary["failures"])
     assert (out_dir / "result.json").is_file()
     assert (out_dir / "data_docs" / "index.html").is_file()
@@ -70,6 +77,47 @@ def test_good_data_passes(good_data: Path, tmp_path: Path) -> None:
     assert set(manifest["inputs"]) == {"train.npz", "val.npz", "test.npz", "labels.json"}
     assert {"result.json", "summary.json", "data_docs"} <= set(manifest["outputs"])
     assert not list(tmp_path.glob(".validate.*"))  # no temporary left behind
+
+
+def test_good_data_has_no_duplicate_rows(good_data: Path, tmp_path: Path) -> None:
+    """The real digits pass the duplicate bound: no split repeats a row (measured: 0)."""
+    out = tmp_path / "validate"
+    run(ValidateParams(max_duplicate_fraction=0.0), good_data, out)
+    summary = json.loads((out / "summary.json").read_text())
+    rows = {f"{s}.npz": len(dataset.read_split(good_data, s)) for s in dataset.SPLITS}
+    assert summary["duplicates"] == {
+        name: {"rows": n, "duplicate_rows": 0, "duplicate_fraction": 0.0}
+        for name, n in rows.items()
+    }
+
+
+def test_duplicate_rows_within_a_split(data: Path, tmp_path: Path) -> None:
+    """60% of train's rows are copies of other train rows (same image and label)."""
+    split = dataset.read_split(data, "train")
+    n = len(split)
+    keep = int(n * 0.4)
+    source = np.arange(n) % keep  # rows >= keep copy an earlier row
+    dataset.write_split(data, "train", dataset.Split(split.images[source], split.labels[source]))
+    message = _fails(data, tmp_path / "out")
+    copies = n - keep
+    assert (
+        "train.npz: column 'duplicate_fraction': at most 0.05 of a split's rows may be exact "
+        f"duplicates (same image bytes and label) of another row; found {copies} of {n} rows "
+        f"({copies / n:.3f})" in message
+    )
+    assert "val.npz" not in message and "test.npz" not in message
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["duplicates"]["train.npz"] == {
+        "rows": n,
+        "duplicate_rows": copies,
+        "duplicate_fraction": pytest.approx(copies / n),
+    }
+    # the same image under another label is not a duplicate row
+    labels = split.labels[source] + np.arange(n) // keep  # copy k of a row: label + k
+    dataset.write_split(data, "train", dataset.Split(split.images[source], labels % 10))
+    assert run(ValidateParams(), data, tmp_path / "out2").success
+    summary = json.loads((tmp_path / "out2" / "summary.json").read_text())
+    assert summary["duplicates"]["train.npz"]["duplicate_rows"] == 0
 
 
 def test_explicit_image_shape_passes(good_data: Path, tmp_path: Path) -> None:
@@ -166,6 +214,12 @@ def test_params_from_yaml(tmp_path: Path) -> None:
     path.write_text("validate:\n  class_fraction_min: 0.6\n")
     with pytest.raises(StepError, match="class_fraction_min"):
         section(load_params(path), "validate", ValidateParams, source=str(path))
+    path.write_text("validate:\n  max_duplicate_fraction: 1.5\n")
+    with pytest.raises(StepError) as info:
+        section(load_params(path), "validate", ValidateParams)
+    assert str(info.value) == (
+        f"{path}: validate: max_duplicate_fraction must be within [0, 1], got 1.5"
+    )
 
 
 def test_cli_exits_1_with_message(data: Path, tmp_path: Path) -> None:

@@ -24,17 +24,19 @@ def available_tasks() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def get_task(name: str, options: dict[str, Any] | None = None) -> Task:
+def get_task(
+    name: str, options: dict[str, Any] | None = None, *, source: str = "params.yaml"
+) -> Task:
+    """The task ``name`` built from ``options``; errors name ``source`` (the params file)."""
     try:
         target = _REGISTRY[name]
     except KeyError as exc:
         raise StepError(
-            f"params.yaml: task.name '{name}' is not a known task; "
-            f"choose one of {available_tasks()}"
+            f"{source}: task.name '{name}' is not a known task; choose one of {available_tasks()}"
         ) from exc
     module_name, cls_name = target.split(":")
     cls = getattr(importlib.import_module(module_name), cls_name)
-    return cls.from_options(options or {})
+    return cls.from_options({} if options is None else options, where=f"{source}: task.options")
 
 
 __all__ = ["Task", "available_tasks", "get_task"]

@@ -32,8 +32,10 @@ class Task(abc.ABC):
 
     @classmethod
     @abc.abstractmethod
-    def from_options(cls, options: dict[str, Any]) -> Task:
-        """Build the task from ``params.yaml: task.options`` (validated, readable errors)."""
+    def from_options(
+        cls, options: dict[str, Any], *, where: str = "params.yaml: task.options"
+    ) -> Task:
+        """Build the task from ``task.options`` (validated; errors start with ``where``)."""
 
     @abc.abstractmethod
     def build_model(self, num_classes: int) -> paddle.nn.Layer:

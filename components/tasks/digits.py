@@ -9,7 +9,10 @@ import paddle
 from paddle import nn
 
 from components.config import from_dict
-from components.tasks.vision import ImageClassificationTask
+from components.tasks.vision import ImageClassificationTask, check_image_options
+
+# conv3(pad 1) -> pool2 -> conv5 -> pool2 leaves (H // 2 - 4) // 2 rows: at least 1 needs H >= 12
+MIN_IMAGE_SIZE = 12
 
 
 @dataclass(frozen=True)
@@ -22,10 +25,13 @@ class DigitsOptions:
     augment_shift: int = 0  # training-time random shift in pixels (after resize)
 
     def check(self) -> None:
-        if len(self.image_size) != 2 or min(self.image_size) < 8:
-            raise ValueError(f"image_size must be [H, W] with H, W >= 8, got {self.image_size}")
-        if len(self.conv_channels) != 2:
-            raise ValueError("conv_channels must list two layer widths")
+        check_image_options(
+            self.image_size, self.mean, self.std, self.augment_shift, min_size=MIN_IMAGE_SIZE
+        )
+        if len(self.conv_channels) != 2 or min(self.conv_channels) < 1:
+            raise ValueError(f"conv_channels must list two widths >= 1, got {self.conv_channels}")
+        if any(h < 1 for h in self.hidden):
+            raise ValueError(f"hidden layer widths must be >= 1, got {self.hidden}")
 
 
 class LeNet(nn.Layer):
@@ -75,8 +81,10 @@ class DigitsTask(ImageClassificationTask):
         self.options = options
 
     @classmethod
-    def from_options(cls, options: dict[str, Any]) -> DigitsTask:
-        return cls(from_dict(DigitsOptions, options, where="params.yaml: task.options"))
+    def from_options(
+        cls, options: dict[str, Any], *, where: str = "params.yaml: task.options"
+    ) -> DigitsTask:
+        return cls(from_dict(DigitsOptions, options, where=where))
 
     def build_model(self, num_classes: int) -> nn.Layer:
         return LeNet(

@@ -12,7 +12,7 @@ from paddle import nn
 
 from components.artifacts import StepError
 from components.config import from_dict
-from components.tasks.vision import ImageClassificationTask
+from components.tasks.vision import ImageClassificationTask, check_image_options
 
 log = logging.getLogger(__name__)
 
@@ -33,22 +33,24 @@ class ImageFolderOptions:
     augment_shift: int = 0
 
     def check(self) -> None:
-        if len(self.image_size) != 2 or min(self.image_size) < 32:
-            raise ValueError(f"image_size must be [H, W] with H, W >= 32, got {self.image_size}")
+        check_image_options(self.image_size, self.mean, self.std, self.augment_shift, min_size=32)
 
 
 class ImageFolderTask(ImageClassificationTask):
     name = "image_folder"
 
-    def __init__(self, options: ImageFolderOptions):
+    def __init__(self, options: ImageFolderOptions, where: str = "params.yaml: task.options"):
         super().__init__(
             tuple(options.image_size), options.mean, options.std, options.augment_shift
         )
         self.options = options
+        self.where = where  # "<params file>: task.options", for messages
 
     @classmethod
-    def from_options(cls, options: dict[str, Any]) -> ImageFolderTask:
-        return cls(from_dict(ImageFolderOptions, options, where="params.yaml: task.options"))
+    def from_options(
+        cls, options: dict[str, Any], *, where: str = "params.yaml: task.options"
+    ) -> ImageFolderTask:
+        return cls(from_dict(ImageFolderOptions, options, where=where), where)
 
     def build_model(self, num_classes: int) -> nn.Layer:
         from paddle.vision import models
@@ -59,7 +61,7 @@ class ImageFolderTask(ImageClassificationTask):
                 model = factory(pretrained=True)
             except Exception as exc:  # download errors surface as many different types
                 raise StepError(
-                    f"task.options.pretrained: ImageNet weights for {self.options.arch} are not "
+                    f"{self.where}.pretrained: ImageNet weights for {self.options.arch} are not "
                     f"reachable ({type(exc).__name__}); set pretrained: false or "
                     "pretrained_weights: /path/to/weights.pdparams"
                 ) from exc
@@ -68,7 +70,7 @@ class ImageFolderTask(ImageClassificationTask):
         if self.options.pretrained_weights:
             path = Path(self.options.pretrained_weights)
             if not path.exists():
-                raise StepError(f"task.options.pretrained_weights: {path} not found")
+                raise StepError(f"{self.where}.pretrained_weights: {path} not found")
             model.set_state_dict(paddle.load(str(path)))
         if self.channels != 3:
             model.conv1 = nn.Conv2D(self.channels, 64, 7, stride=2, padding=3, bias_attr=False)

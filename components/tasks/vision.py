@@ -12,6 +12,29 @@ from tqdm import tqdm
 from components.tasks.base import Task, TensorSpec
 
 
+def check_image_options(
+    image_size: list[int],
+    mean: list[float],
+    std: list[float],
+    augment_shift: int,
+    *,
+    min_size: int,
+) -> None:
+    """Raise ``ValueError`` (reported with the params file and field) for options no image
+    classification task can run with."""
+    if len(image_size) != 2 or min(image_size) < min_size:
+        raise ValueError(f"image_size must be [H, W] with H, W >= {min_size}, got {image_size}")
+    if not mean or len(mean) != len(std):
+        raise ValueError(
+            f"mean {mean} and std {std} must be non-empty and of the same length "
+            "(one value per image channel)"
+        )
+    if any(not s > 0 for s in std):
+        raise ValueError(f"std values must be > 0, got {std}")
+    if augment_shift < 0:
+        raise ValueError(f"augment_shift must be >= 0, got {augment_shift}")
+
+
 class ImageClassificationTask(Task):
     """Images stored as uint8 NHWC; preprocessing built from ``paddle.vision.transforms``."""
 
