@@ -69,6 +69,7 @@ class QatParams:
     weight_quantize: Literal["channel_wise_abs_max", "abs_max"] = "channel_wise_abs_max"
     activation_quantize: Literal["moving_average_abs_max", "abs_max"] = "moving_average_abs_max"
     moving_rate: float = 0.9
+    weight_bits: int = 7  # 7 avoids int16 overflow in int8 kernels of CPUs without VNNI
     split: str = "val"  # where the gate decides (test stays unseen by decisions)
     report_split: str = "test"  # where the reported int8 vs fp32 numbers are measured
     max_accuracy_drop: float = 0.5  # points (percent) of accuracy
@@ -82,6 +83,8 @@ class QatParams:
             raise ValueError("epochs must be >= 0 and batch_size >= 1")
         if not 0.0 <= self.distill_weight <= 1.0:
             raise ValueError("distill_weight must be within [0, 1]")
+        if self.weight_bits not in (7, 8):
+            raise ValueError(f"weight_bits must be 7 or 8, got {self.weight_bits}")
         self.limits().check("")
 
     def limits(self) -> gates.PairedLimits:
@@ -117,6 +120,7 @@ def quantizer(params: QatParams) -> Any:
         weight_quantize_type=params.weight_quantize,
         activation_quantize_type=params.activation_quantize,
         moving_rate=params.moving_rate,
+        weight_bits=params.weight_bits,
         onnx_format=True,  # quantize_linear/dequantize_linear + int8 weights on save
     )
 

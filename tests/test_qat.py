@@ -156,3 +156,31 @@ def test_upstream_qat_convert_still_fails():
     quantized.eval()
     with pytest.raises(TypeError, match="NoneType"):
         qat.convert(quantized, inplace=False)
+
+
+@pytest.mark.parametrize("isa", ["AVX2", "AVX512_CORE", "AVX512_CORE_VNNI", "ALL"])
+def test_int8_model_passes_its_gate_on_every_cpu_generation(isa, tmp_path, trained, digits_data):
+    """The qat stage with the shipped params, with oneDNN (OpenVINO's and Paddle's CPU kernels)
+    capped at an older ISA: AVX2 without VNNI (int8 through 16-bit sums, where 8-bit weights
+    overflow), AVX-512 without VNNI, AVX-512 VNNI (AMD EPYC-like), and everything this CPU has.
+    ``ONEDNN_MAX_CPU_ISA`` only lowers the ISA, so on an older host the higher caps coincide."""
+    import yaml
+
+    from tests.conftest import REPO, run_module
+
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params["task"]["options"].update(conv_channels=[6, 16], augment_shift=1)  # the fixture model
+    params["qat"].update(epochs=2, latency={"warmup": 0, "repeats": 1})
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    proc = run_module(
+        "components.qat",
+        "--params", str(tmp_path / "params.yaml"),
+        "--train", str(trained),
+        "--data", str(digits_data),
+        "--out", str(tmp_path / "qat"),
+        "--metrics", str(tmp_path / "qat.json"),
+        env={"ONEDNN_MAX_CPU_ISA": isa},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    gate = read_json(tmp_path / "qat" / "gate.json")
+    assert gate["passed"] and set(gate["int8_layer_precisions"]["Convolution"]) <= {"i8", "u8"}
