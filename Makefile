@@ -8,15 +8,15 @@ export PATH := $(BIN):$(PATH)
 export MLFLOW_DISABLE_TELEMETRY := true
 export GX_ANALYTICS_ENABLED := false
 export GLOG_minloglevel := 2
-PYTEST_ARGS ?= -m "not slow"
+PYTEST_ARGS ?=
 BENCH_ARCH ?= resnet50
 MLFLOW_PORT ?= 5000
 
-.PHONY: help install apt-deps serving serving-test run data repro status test lint format metrics plots mlflow-ui mlflow-server registry bench bench-serving pipeline kfp-local images clean
+.PHONY: help install apt-deps bench-deps serving serving-test run data repro status test lint format metrics plots mlflow-ui mlflow-server registry bench bench-serving pipeline kfp-local images clean
 
 help:
 	@echo "make run      - install, materialise data/raw, run the whole pipeline (dvc repro)"
-	@echo "make test     - install, build the C++ server, run its unit tests and the suite ($(PYTEST_ARGS))"
+	@echo "make test     - install, build the C++ server, run its unit tests and the whole suite"
 	@echo "make serving  - build the C++ KServe-v2 server (build/serving/paddle-mlops-server)"
 	@echo "make lint     - ruff"
 	@echo "make metrics  - dvc metrics show; make plots - dvc plots show"
@@ -24,7 +24,7 @@ help:
 	@echo "make mlflow-server - a tracking server on 127.0.0.1:$(MLFLOW_PORT) (SQLite + ./mlartifacts)"
 	@echo "make registry - champion / challenger / history of the registered model"
 	@echo "make bench    - int8 (QAT) vs fp32 ResNet size and latency in OpenVINO ($(BENCH_ARCH))"
-	@echo "make bench-serving - C++ server vs in-process OpenVINO and vs a FastAPI server"
+	@echo "make bench-serving - C++ server vs in-process OpenVINO and vs a FastAPI server (installs wrk)"
 	@echo "make pipeline - compile the KFP v2 DAG to pipelines/compiled/training.yaml"
 	@echo "make kfp-local - run the whole KFP DAG on this machine through kfp.local"
 	@echo "make images   - build the component and serving images (needs a Docker engine)"
@@ -39,18 +39,27 @@ install: $(VENV)/.installed
 
 # Debian packages the C++ server builds against (installed when missing; needs root or sudo).
 APT_PACKAGES := cmake g++ make pkg-config libcpp-httplib-dev nlohmann-json3-dev libgtest-dev
-apt-deps:
-	@missing=$$(for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+# The load generator of bench/serving_bench.py (the rest of its tools are in .venv).
+BENCH_APT_PACKAGES := wrk
+define apt_install
+	@missing=$$(for p in $(1); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
 	  echo "installing $$missing"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q \
 	    --no-install-recommends $$missing; \
 	fi
+endef
+apt-deps:
+	$(call apt_install,$(APT_PACKAGES))
+
+bench-deps:
+	$(call apt_install,$(BENCH_APT_PACKAGES))
 
 OV_CMAKE = $$($(BIN)/python -c "import openvino, os; print(os.path.join(os.path.dirname(openvino.__file__), 'cmake'))")
 serving: install apt-deps
-	cmake -S serving -B build/serving -DCMAKE_BUILD_TYPE=Release -DOpenVINO_DIR=$(OV_CMAKE)
+	cmake -S serving -B build/serving -DCMAKE_BUILD_TYPE=Release -DOpenVINO_DIR=$(OV_CMAKE) \
+	  -DPython3_EXECUTABLE=$(BIN)/python
 	cmake --build build/serving -j2
 
 serving-test: serving
@@ -111,7 +120,9 @@ images:
 	docker build -f serving/Dockerfile.cpu -t paddle-mlops/digits-server:dev \
 	  outputs/serving_image/context
 
-bench-serving: serving
+# Needs the digits export (outputs/export): dvc repro runs the stages up to export (or nothing).
+bench-serving: bench-deps data serving
+	dvc repro export
 	python bench/serving_bench.py
 
 mlflow-ui: install

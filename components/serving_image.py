@@ -117,6 +117,7 @@ def build_server(source: Path, build_dir: Path) -> Path:
             str(build_dir),
             "-DCMAKE_BUILD_TYPE=Release",
             f"-DOpenVINO_DIR={ov_cmake}",
+            f"-DPython3_EXECUTABLE={sys.executable}",  # builds the C++ tests' model fixture
         ],
         ["cmake", "--build", str(build_dir), "-j2", "--target", SERVER_NAME],
     ):
@@ -325,7 +326,13 @@ def validate_variant(
 
 def detect_builder(requested: str) -> tuple[str | None, str]:
     """The first working image builder, or None with the reason."""
-    candidates = ["docker", "podman", "buildah"] if requested == "auto" else [requested]
+    builders = ("docker", "podman", "buildah")
+    if requested not in (*builders, "auto", "none"):
+        raise StepError(
+            f"serving_image.builder: {requested!r} is not one of "
+            f"{['auto', *builders, 'none']} (in a cluster, kaniko builds the image)"
+        )
+    candidates = list(builders) if requested == "auto" else [requested]
     if requested == "none":
         return None, "builder: none in params"
     reasons = []

@@ -114,85 +114,47 @@ def test_infer_matches_the_in_process_runtime(server, golden, reference, binary)
     np.testing.assert_allclose(got, reference[:8], atol=1e-4, rtol=1e-3)
 
 
-@pytest.mark.parametrize(
-    "body,status,needle",
-    [
-        (b"{not json", 400, "json"),
-        (
-            json.dumps(
-                {
-                    "inputs": [
-                        {
-                            "name": "image",
-                            "shape": [1, 1, 28, 27],
-                            "datatype": "FP32",
-                            "data": [0.0] * 756,
-                        }
-                    ]
-                }
-            ).encode(),
-            400,
-            "shape",
-        ),
-        (
-            json.dumps(
-                {
-                    "inputs": [
-                        {
-                            "name": "image",
-                            "shape": [1, 1, 28, 28],
-                            "datatype": "INT64",
-                            "data": [0] * 784,
-                        }
-                    ]
-                }
-            ).encode(),
-            400,
-            "datatype",
-        ),
-        (
-            json.dumps(
-                {
-                    "inputs": [
-                        {
-                            "name": "image",
-                            "shape": [1, 1, 28, 28],
-                            "datatype": "FP32",
-                            "data": [0.0] * 700,
-                        }
-                    ]
-                }
-            ).encode(),
-            400,
-            "",
-        ),
-        (
-            json.dumps(
-                {
-                    "inputs": [
-                        {
-                            "name": "pixels",
-                            "shape": [1, 1, 28, 28],
-                            "datatype": "FP32",
-                            "data": [0.0] * 784,
-                        }
-                    ]
-                }
-            ).encode(),
-            400,
-            "pixels",
-        ),
-    ],
-    ids=["malformed-json", "wrong-shape", "wrong-datatype", "short-data", "unknown-input"],
-)
+def _infer_body(name: str, shape: list[int], datatype: str, data: list) -> bytes:
+    return json.dumps(
+        {"inputs": [{"name": name, "shape": shape, "datatype": datatype, "data": data}]}
+    ).encode()
+
+
+# Each case: the request body and what the error must say (every substring, case-insensitive;
+# the messages are serving/src/codec.cc's).
+BAD_REQUESTS = {
+    "malformed-json": (b"{not json", ("malformed json in request",)),
+    "wrong-shape": (
+        _infer_body("image", [1, 1, 28, 27], "FP32", [0.0] * 756),
+        ("input 'image'", "shape [1,1,28,27] does not match the model's [-1,1,28,28]"),
+    ),
+    "wrong-datatype": (
+        _infer_body("image", [1, 1, 28, 28], "INT64", [0] * 784),
+        ("input 'image'", "datatype int64 is not supported", "expects fp32"),
+    ),
+    "short-data": (
+        _infer_body("image", [1, 1, 28, 28], "FP32", [0.0] * 700),
+        ("input 'image'", "'data' has 700 elements but shape [1,1,28,28] needs 784"),
+    ),
+    "unknown-input": (
+        _infer_body("pixels", [1, 1, 28, 28], "FP32", [0.0] * 784),
+        ("unexpected input 'pixels'", "the model expects 'image'"),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_REQUESTS))
 def test_bad_requests_get_a_readable_4xx_and_the_server_keeps_serving(
-    server, golden, reference, body, status, needle
+    server, golden, reference, case
 ):
+    body, needles = BAD_REQUESTS[case]
+    assert needles and all(n.strip() for n in needles), f"{case}: no expected message"
     code, payload = raw_request(
         server.port, "POST", f"/v2/models/{NAME}/infer", body, {"Content-Type": "application/json"}
     )
-    assert code == status and "error" in payload, payload
-    assert needle.lower() in payload["error"].lower()
+    assert code == 400 and "error" in payload, payload
+    for needle in needles:
+        assert needle.lower() in payload["error"].lower(), (needle, payload["error"])
     np.testing.assert_allclose(
         infer(client(server), golden[:1], True), reference[:1], atol=1e-4, rtol=1e-3
     )
@@ -273,7 +235,7 @@ def test_concurrent_clients_get_their_own_answers_under_batching(server, golden,
     jobs = []
     for _ in range(96):
         start_i = int(rng.integers(0, 60))
-        n = int(rng.integers(1, 4))
+        n = int(rng.integers(1, 4))  # 1..3 samples per request
         jobs.append((start_i, n, bool(rng.integers(0, 2))))
 
     def one(job):
@@ -284,18 +246,27 @@ def test_concurrent_clients_get_their_own_answers_under_batching(server, golden,
         finally:
             c.close()
 
+    # this module's server has served other tests already: compare /metrics before and after
+    before = client_metrics(server.port)
     with ThreadPoolExecutor(max_workers=16) as pool:
         results = list(pool.map(one, jobs))
+    after = client_metrics(server.port)
     for (start_i, n, _), got in results:
         np.testing.assert_allclose(got, reference[start_i : start_i + n], atol=1e-4, rtol=1e-3)
-    metrics = client_metrics(server.port)
-    batch_counts = {
-        int(float(m.group(1))): float(m.group(2))
-        for m in re.finditer(r'batch_size_bucket\{[^}]*le="([0-9.]+)"[^}]*\} ([0-9.e+]+)', metrics)
-    }
-    assert batch_counts, metrics[:2000]
-    # some batches held more than one request's samples (requests were merged)
-    assert max(batch_counts) >= 4
+
+    samples = histogram_delta(before, after, "kserve_batch_size")
+    requests = histogram_delta(before, after, "kserve_batch_requests")
+    sent = sum(n for _, n, _ in jobs)
+    # every request and every one of its samples ran in exactly one executed batch
+    assert samples["sum"] == sent and requests["sum"] == len(jobs), (samples, requests)
+    assert samples["count"] == requests["count"], (samples, requests)  # both: one per batch
+    assert counter_delta(before, after, "kserve_inference_samples_total") == sent
+    # requests were merged: fewer batches than requests (none over --max-batch-size=16), some
+    # batch held several requests and more samples than one request carries (at most 3).
+    # Bucket counts are cumulative (le = upper bound): batches above le=4 held >= 5 samples.
+    assert sent / 16 <= samples["count"] < len(jobs), samples
+    assert requests["count"] - requests["le"][1.0] > 0, requests
+    assert samples["count"] - samples["le"][4.0] > 0, samples
 
 
 def client_metrics(port: int) -> str:
@@ -304,6 +275,44 @@ def client_metrics(port: int) -> str:
     text = conn.getresponse().read().decode()
     conn.close()
     return text
+
+
+def _series(text: str, metric: str) -> list[tuple[dict[str, str], float]]:
+    """This model's ``metric{labels} value`` lines (Prometheus text format)."""
+    out = []
+    for m in re.finditer(rf"^{metric}\{{([^}}]*)\}} (\S+)$", text, re.MULTILINE):
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
+        if labels.get("model") == NAME:
+            out.append((labels, float(m.group(2))))
+    return out
+
+
+def histogram(text: str, metric: str) -> dict:
+    """Cumulative ``_bucket`` counts by upper bound ``le`` (+Inf included), ``_sum``, ``_count``."""
+    buckets = {float(labels["le"]): v for labels, v in _series(text, metric + "_bucket")}
+    ((_, total),) = _series(text, metric + "_sum")
+    ((_, count),) = _series(text, metric + "_count")
+    bounds = sorted(buckets)
+    assert bounds and bounds[-1] == float("inf"), text[:2000]
+    assert [buckets[b] for b in bounds] == sorted(buckets.values()), buckets  # cumulative
+    assert buckets[float("inf")] == count, (buckets, count)
+    return {"le": buckets, "sum": total, "count": count}
+
+
+def histogram_delta(before: str, after: str, metric: str) -> dict:
+    b, a = histogram(before, metric), histogram(after, metric)
+    assert set(b["le"]) == set(a["le"]), (b, a)
+    return {
+        "le": {le: a["le"][le] - b["le"][le] for le in a["le"]},
+        "sum": a["sum"] - b["sum"],
+        "count": a["count"] - b["count"],
+    }
+
+
+def counter_delta(before: str, after: str, metric: str) -> float:
+    ((_, b),) = _series(before, metric)
+    ((_, a),) = _series(after, metric)
+    return a - b
 
 
 def test_metrics_are_prometheus_text(server, golden):

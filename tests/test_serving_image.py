@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 
 import paddle
@@ -11,6 +12,7 @@ from components.artifacts import StepError, read_json
 from components.export import save_legacy
 from components.serving_image import ServingImageParams, detect_builder
 from components.serving_image import run as serving_run
+from tests.conftest import run_module
 
 FAST = dict(golden_samples=32, latency_requests=10)
 
@@ -40,11 +42,75 @@ def test_infra_validation_passes_for_fp32_and_int8(
     assert infra["built"] == (result.builder is not None)
 
 
-def test_no_builder_is_reported_not_fatal():
-    builder, why = detect_builder("none")
-    assert builder is None and "none" in why
-    builder, why = detect_builder("buildah-that-does-not-exist")
-    assert builder is None and "not installed" in why
+def fake_tools(bin_dir, log, **exit_codes):
+    """Stand-ins for docker/podman/buildah on PATH: each logs its argv, prints, exits as told."""
+    bin_dir.mkdir(exist_ok=True)
+    for tool, code in exit_codes.items():
+        script = bin_dir / tool
+        script.write_text(
+            f'#!/bin/sh\necho "{tool} $*" >> {log}\n'
+            f'echo "{tool}: Cannot connect to the daemon" >&2\nexit {code}\n'
+        )
+        script.chmod(0o755)
+
+
+def test_builder_none_skips_the_build_but_still_validates_the_server(
+    server_binary, exported_int8, digits_task, digits_data, tmp_path, monkeypatch
+):
+    calls = tmp_path / "calls.log"
+    fake_tools(tmp_path / "bin", calls, docker=0, podman=0, buildah=0)  # all would "work"
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    params = ServingImageParams(
+        server_binary=str(server_binary), builder="none", push=True, variants=["fp32"], **FAST
+    )
+    result = serving_run(params, digits_task, exported_int8, digits_data, tmp_path / "out")
+    assert not calls.exists(), calls.read_text()  # no builder was even probed
+    assert (result.built, result.builder, result.digest) == (False, None, None)
+    assert result.infra_validated
+    infra = read_json(tmp_path / "out" / "infra.json")
+    assert infra["built"] is False and infra["builder"] is None and infra["pushed"] is False
+    assert "builder: none" in infra["builder_note"]  # the reason, for whoever reads infra.json
+    # the infra check ran against the real server all the same
+    (fp32,) = infra["variants"]
+    assert fp32["variant"] == "fp32" and fp32["passed"] and fp32["checks"]["answers"]["samples"]
+    assert fp32["checks"]["sigterm_exit_code"] == 0
+    assert infra["infra_validated"] is True
+    assert (tmp_path / "out" / "context" / "Dockerfile").exists()  # the context a kaniko job uses
+    assert read_json(tmp_path / "out" / "manifest.json")["image"] == result.image
+
+
+def test_auto_builder_picks_a_working_one_or_says_why_none_works(tmp_path, monkeypatch):
+    calls = tmp_path / "calls.log"
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    fake_tools(tmp_path / "bin", calls)  # nothing installed
+    builder, why = detect_builder("auto")
+    assert builder is None
+    assert why == "docker: not installed; podman: not installed; buildah: not installed"
+    fake_tools(tmp_path / "bin", calls, docker=1, podman=0)  # a docker client without engine
+    builder, why = detect_builder("auto")
+    assert builder == "podman", why
+    fake_tools(tmp_path / "bin", calls, podman=1)
+    builder, why = detect_builder("auto")
+    assert builder is None
+    assert "docker: docker: Cannot connect to the daemon" in why
+    assert "podman: podman: Cannot connect to the daemon" in why
+    assert "buildah: not installed" in why
+    assert "docker info" in calls.read_text()
+
+
+def test_unknown_builder_is_a_readable_params_error(tmp_path):
+    params = tmp_path / "params.yaml"
+    params.write_text("serving_image:\n  builder: kaniko\n")
+    proc = run_module(
+        "components.serving_image", "--params", str(params), "--out", str(tmp_path / "out")
+    )
+    assert proc.returncode == 1, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: ") and "Traceback" not in proc.stderr, proc.stderr
+    assert "serving_image.builder: 'kaniko' is not one of" in last, last
+    for allowed in ("auto", "docker", "podman", "buildah", "none"):
+        assert f"'{allowed}'" in last, last
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_server_that_answers_differently_fails_validation(
@@ -64,3 +130,8 @@ def test_a_server_that_answers_differently_fails_validation(
     infra = read_json(tmp_path / "out" / "infra.json")
     assert infra["infra_validated"] is False
     assert "server differs" in infra["variants"][0]["failures"][0]
+
+
+def test_an_unknown_builder_from_python_is_a_readable_error():
+    with pytest.raises(StepError, match=r"serving_image.builder: 'kaniko' is not one of"):
+        detect_builder("kaniko")

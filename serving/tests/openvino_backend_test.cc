@@ -1,11 +1,17 @@
-// OpenVINO backend against the exported digits model (outputs/export after
-// `make run`); skipped when it is absent.
+// OpenVINO backend against a small real model: the digits network with seeded
+// random weights, written into the build tree by the ctest fixture
+// `openvino_test_model` (tests/make_test_model.py) in the legacy Paddle format
+// and as OpenVINO IR, with the dygraph model's logits for a few inputs. Run it
+// through ctest (which runs the fixture first); without the model every test
+// here fails.
 #include "openvino_backend.h"
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
 #include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <random>
 
 #include "signature.h"
@@ -23,15 +29,17 @@ bool Exists(const std::string& path) {
 class OpenVinoBackendTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    if (!Exists(kModelDir + "/signature.json")) {
-      GTEST_SKIP() << "no exported model in " << kModelDir
-                   << " (run `make run`)";
-    }
+    ASSERT_TRUE(Exists(kModelDir + "/signature.json"))
+        << "no test model in " << kModelDir
+        << ": the ctest fixture openvino_test_model writes it (run these tests "
+           "with `ctest --test-dir build/serving`, configured with "
+           "-DPython3_EXECUTABLE=<the project's .venv/bin/python>)";
     auto sig = ModelSignature::Load(kModelDir + "/signature.json");
     ASSERT_TRUE(sig.ok()) << sig.status().ToString();
     sig_ = *sig;
     const std::string key = GetParam();
-    if (!sig_.formats.count(key)) GTEST_SKIP() << "no format " << key;
+    ASSERT_TRUE(sig_.formats.count(key))
+        << kModelDir << "/signature.json has no format " << key;
     options_.model_path = kModelDir + "/" + sig_.formats[key].program;
     options_.runtime_input_names = sig_.formats[key].input_names;
     options_.runtime_output_names = sig_.formats[key].output_names;
@@ -56,6 +64,37 @@ class OpenVinoBackendTest : public ::testing::TestWithParam<std::string> {
   ModelSignature sig_;
   BackendOptions options_;
 };
+
+TEST_P(OpenVinoBackendTest, MatchesThePaddleModelsLogits) {
+  std::ifstream in(kModelDir + "/reference.json");
+  ASSERT_TRUE(in) << "cannot read " << kModelDir << "/reference.json";
+  const auto reference = nlohmann::json::parse(in);
+  const auto& ref_in = reference.at("input");
+  const auto& ref_out = reference.at("output");
+  const Shape shape = ref_in.at("shape").get<Shape>();
+  const auto x = ref_in.at("data").get<std::vector<float>>();
+  const auto expected = ref_out.at("data").get<std::vector<float>>();
+  Tensor batch = Tensor::Allocate(sig_.inputs[0].name, DataType::kFp32, shape);
+  ASSERT_EQ(static_cast<size_t>(batch.element_count()), x.size());
+  std::copy(x.begin(), x.end(), batch.data_as<float>());
+
+  auto backend = OpenVinoBackend::Create(options_);
+  ASSERT_TRUE(backend.ok()) << backend.status().ToString();
+  for (size_t instance = 0; instance < 2; ++instance) {
+    std::vector<Tensor> outputs;
+    const Status status = (*backend)->Infer(instance, {batch}, &outputs);
+    ASSERT_TRUE(status.ok()) << status.ToString();
+    ASSERT_EQ(outputs.size(), 1u);
+    EXPECT_EQ(outputs[0].shape, ref_out.at("shape").get<Shape>());
+    ASSERT_EQ(static_cast<size_t>(outputs[0].element_count()), expected.size());
+    // The export step's parity bound: |got - paddle| <= 1e-4 + 1e-3 |paddle|.
+    for (size_t i = 0; i < expected.size(); ++i) {
+      EXPECT_NEAR(outputs[0].data_as<float>()[i], expected[i],
+                  1e-4 + 1e-3 * std::fabs(expected[i]))
+          << "logit " << i << " on instance " << instance;
+    }
+  }
+}
 
 TEST_P(OpenVinoBackendTest, RunsAnyBatchSizeAndBatchingDoesNotChangeResults) {
   auto backend = OpenVinoBackend::Create(options_);
@@ -99,7 +138,7 @@ TEST_P(OpenVinoBackendTest, RejectsAMismatchedSignature) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Formats, OpenVinoBackendTest,
-                         ::testing::Values("legacy", "int8_openvino"));
+                         ::testing::Values("legacy", "ir"));
 
 TEST(OpenVinoBackendErrors, MissingFileIsAReadableError) {
   BackendOptions options;
