@@ -24,7 +24,7 @@ import paddle
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from components.export import save_legacy  # noqa: E402
+from components.modelio import save_legacy  # noqa: E402
 from components.ov_runtime import OVPredictor  # noqa: E402
 from components.qat import QatParams, _freeze_batch_norm, quantizer, write_bundle  # noqa: E402
 

@@ -152,7 +152,7 @@ def export_resnet(arch: str, dest: Path) -> Path:
     import paddle
     from paddle.vision import models
 
-    from components.export import save_legacy
+    from components.modelio import save_legacy
     from components.ov_runtime import read_model
 
     paddle.seed(0)

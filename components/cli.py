@@ -18,7 +18,17 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-STEPS = ("ingest", "validate", "train", "export", "evaluate", "track")
+STEPS = (
+    "ingest",
+    "validate",
+    "train",
+    "qat",
+    "export",
+    "serving_image",
+    "evaluate",
+    "track",
+    "register",
+)
 
 
 def setup_logging() -> None:

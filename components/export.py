@@ -34,6 +34,7 @@ import paddle
 from components import dataset, gates
 from components.artifacts import StepError, atomic_path, read_json, write_json, write_manifest
 from components.cli import output_dir, run_cli, step_params, step_parser, task_from_params
+from components.modelio import load_trained, save_legacy
 from components.runtime import ModelFiles, PaddlePredictor
 from components.tasks import Task
 
@@ -56,30 +57,6 @@ class ExportParams:
 class ExportResult:
     out_dir: Path
     parity: dict[str, Any]
-
-
-def load_trained(task: Task, train_dir: str | Path) -> tuple[paddle.nn.Layer, dict[str, Any]]:
-    """Rebuild the task's model and load the trained weights from ``train_dir``."""
-    train_dir = Path(train_dir)
-    meta = read_json(train_dir / "model_meta.json")
-    model = task.build_model(int(meta["num_classes"]))
-    weights = train_dir / "model.pdparams"
-    if not weights.exists():
-        raise StepError(f"{weights}: trained weights not found (run train first)")
-    missing, unexpected = model.set_state_dict(paddle.load(str(weights)))
-    if missing or unexpected:
-        raise StepError(
-            f"{weights}: weights do not fit the task's model (missing {missing}, "
-            f"unexpected {unexpected}); were task.options changed after training?"
-        )
-    model.eval()
-    return model, meta
-
-
-def save_legacy(model: paddle.nn.Layer, spec: list, prefix: str | Path) -> None:
-    """``paddle.jit.save`` in the legacy ProgramDesc format (``prefix.pdmodel``)."""
-    with paddle.pir_utils.OldIrGuard():
-        paddle.jit.save(model, str(prefix), input_spec=spec)
 
 
 def bundle_int8(qat_dir: Path, dest: Path) -> dict[str, Any]:

@@ -32,9 +32,9 @@ import sys
 import zlib
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 from tqdm import tqdm
@@ -555,7 +555,7 @@ def run(
             "ingest",
             inputs={},
             outputs=outputs,
-            params=_params_dict(params),
+            params=asdict(params),
             extra={
                 "source": params.source,
                 "kind": params.kind,
@@ -575,12 +575,6 @@ def _data_sha(manifest_path: Path) -> str:
     outputs = json.loads(manifest_path.read_text())["outputs"]
     joined = "".join(f"{k}:{v['sha256']}" for k, v in sorted(outputs.items()))
     return sha256_bytes(joined.encode())
-
-
-def _params_dict(params: IngestParams) -> dict[str, Any]:
-    from dataclasses import asdict
-
-    return asdict(params)
 
 
 # --------------------------------------------------------------------------- materialise

@@ -6,7 +6,6 @@ Used by infra validation; users and tests can equally use ``tritonclient.http``.
 from __future__ import annotations
 
 import json
-import time
 import urllib.error
 import urllib.request
 from typing import Any
@@ -58,9 +57,6 @@ class KServeClient:
                 message = payload.decode(errors="replace")
             raise KServeError(exc.code, message) from None
 
-    def live(self) -> bool:
-        return self._status("/v2/health/live") == 200
-
     def ready(self) -> bool:
         return self._status("/v2/health/ready") == 200
 
@@ -71,17 +67,6 @@ class KServeClient:
             return exc.status
         except OSError:
             return 0
-
-    def wait_ready(self, timeout_s: float) -> bool:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.ready():
-                return True
-            time.sleep(0.1)
-        return False
-
-    def model_metadata(self, model: str) -> dict[str, Any]:
-        return json.loads(self._request("GET", f"/v2/models/{model}")[2])
 
     def infer(
         self, model: str, inputs: dict[str, np.ndarray], *, binary: bool = False

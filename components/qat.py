@@ -41,10 +41,10 @@ from tqdm import tqdm
 from components import dataset, gates
 from components.artifacts import StepError, atomic_path, write_json, write_manifest
 from components.cli import output_dir, run_cli, step_params, step_parser, task_from_params
-from components.evaluate import classification_report
-from components.export import load_trained, save_legacy
+from components.modelio import load_trained, save_legacy
 from components.ov_runtime import OVPredictor, read_model, save_ir
 from components.runtime import ModelFiles, PaddlePredictor
+from components.scoring import classification_report
 from components.tasks import Task
 
 log = logging.getLogger(__name__)

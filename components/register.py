@@ -29,44 +29,41 @@ CLI::
 
 from __future__ import annotations
 
-import contextlib
-import getpass
 import json
 import logging
 import os
-import socket
 import sys
 import tempfile
 import time
-import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from components import dataset, gates
-from components.artifacts import StepError, read_json, sha256_file, write_json
+from components.artifacts import StepError, read_json, write_json
 from components.cli import output_dir, run_cli, step_params, step_parser, task_from_params
+from components.registry import (
+    CHALLENGER,
+    CHAMPION,
+    HOLDOUT_TAGS,
+    LINEAGE_TAGS,
+    PREVIOUS,
+    TAG_LIMIT,
+    Registry,
+    download_version,
+    fetch_holdout,
+    log_test_split,
+    version_label,
+)
+from components.registry import client as mlflow_client
 from components.tasks import Task
 
 log = logging.getLogger(__name__)
 
-CHAMPION, CHALLENGER, PREVIOUS = "champion", "challenger", "previous-champion"
-HISTORY_TAG = "champion_history"
-LINEAGE_TAGS = (
-    "git_sha",
-    "data_sha256",
-    "params_sha256",
-    "ge_success",
-    "qat_gate_passed",
-    "serving_image",
-    "infra_validated",
-)
-_EXTRA_TAGS = ("serving_image_digest", "serving_image_built")
-_TAG_LIMIT = 5000
+_EXTRA_TAGS = ("serving_image_digest", "serving_image_built")  # copied when present
 
 
 @dataclass(frozen=True)
@@ -77,7 +74,6 @@ class RegisterParams:
     max_class_regression: float = 2.0  # points of recall, any class
     alpha: float = 0.1  # one-sided exact McNemar level
     min_class_flips: int = 3  # a class limit counts from this many samples lost (net)
-    require_qat_gate: bool = True
     auto_promote: bool = True
     split: str = "test"
     lock_timeout_s: float = 120.0  # how long a promotion waits for another to finish
@@ -122,283 +118,7 @@ def model_name(params: RegisterParams, task: Task) -> str:
     return params.model_name or f"{task.name}-classifier"
 
 
-def _client(tracking_uri: str | None = None) -> Any:
-    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-    from mlflow import MlflowClient
-
-    from components.track import tracking_uri as default_uri
-
-    uri = tracking_uri or default_uri()
-    return MlflowClient(tracking_uri=uri, registry_uri=uri)
-
-
-def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds")
-
-
-def _actor() -> str:
-    try:
-        user = getpass.getuser()
-    except (KeyError, OSError):
-        user = "unknown"
-    return f"{user}@{socket.gethostname()}:{os.getpid()}"
-
-
-# --------------------------------------------------------------------------- registry
-
-
-class Registry:
-    """Aliases, lineage, history and the promotion lock of one registered model."""
-
-    def __init__(self, client: Any, name: str, params: RegisterParams):
-        self.client, self.name, self.params = client, name, params
-        self.lock_name = f"{name}--promotion-lock"
-
-    # reading ------------------------------------------------------------------------
-    def exists(self) -> bool:
-        from mlflow.exceptions import MlflowException
-
-        try:
-            self.client.get_registered_model(self.name)
-        except MlflowException:
-            return False
-        return True
-
-    def aliases(self) -> dict[str, int]:
-        if not self.exists():
-            return {}
-        model = self.client.get_registered_model(self.name)
-        return {alias: int(version) for alias, version in model.aliases.items()}
-
-    def version(self, version: int) -> Any:
-        from mlflow.exceptions import MlflowException
-
-        try:
-            return self.client.get_model_version(self.name, str(version))
-        except MlflowException as exc:
-            raise StepError(f"registered model '{self.name}' has no version {version}") from exc
-
-    def history(self) -> list[dict[str, Any]]:
-        if not self.exists():
-            return []
-        raw = self.client.get_registered_model(self.name).tags.get(HISTORY_TAG)
-        return json.loads(raw) if raw else []
-
-    def missing_lineage(self, version: int) -> list[str]:
-        tags = self.version(version).tags
-        return [t for t in LINEAGE_TAGS if not tags.get(t)]
-
-    def status(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"model": self.name, "aliases": self.aliases()}
-        for alias in (CHAMPION, CHALLENGER, PREVIOUS):
-            if alias in out["aliases"]:
-                mv = self.version(out["aliases"][alias])
-                out[alias] = {
-                    "version": int(mv.version),
-                    "tags": dict(mv.tags),
-                    "run_id": mv.run_id,
-                    "source": mv.source,
-                }
-        out["history"] = self.history()
-        if self.exists():
-            tags = self.client.get_registered_model(self.name).tags
-            out["holdout"] = {t: tags[t] for t in HOLDOUT_TAGS if t in tags}
-        return out
-
-    # lock -----------------------------------------------------------------------------
-    @contextlib.contextmanager
-    def lock(self) -> Iterator[str]:
-        """Registry-wide mutex: creating a registered model is unique in the backend DB."""
-        from mlflow.exceptions import MlflowException
-
-        token = uuid.uuid4().hex
-        deadline = time.monotonic() + self.params.lock_timeout_s
-        delay = 0.05
-        while True:
-            try:
-                self.client.create_registered_model(
-                    self.lock_name,
-                    tags={"token": token, "owner": _actor(), "acquired_at": str(time.time())},
-                    description=f"held while '{self.name}' changes champion; safe to delete "
-                    "if no promotion is running",
-                )
-                break
-            except MlflowException as exc:
-                if exc.error_code != "RESOURCE_ALREADY_EXISTS":
-                    raise
-            self._break_stale_lock()
-            if time.monotonic() > deadline:
-                raise StepError(
-                    f"registered model '{self.name}': another promotion holds "
-                    f"'{self.lock_name}' for over {self.params.lock_timeout_s:.0f} s"
-                )
-            time.sleep(delay)
-            delay = min(delay * 2, 1.0)
-        try:
-            yield token
-        finally:
-            with contextlib.suppress(MlflowException):
-                held = self.client.get_registered_model(self.lock_name).tags.get("token")
-                if held == token:
-                    self.client.delete_registered_model(self.lock_name)
-
-    def _break_stale_lock(self) -> None:
-        from mlflow.exceptions import MlflowException
-
-        try:
-            tags = self.client.get_registered_model(self.lock_name).tags
-        except MlflowException:
-            return  # released meanwhile
-        age = time.time() - float(tags.get("acquired_at", "0") or 0)
-        if age > self.params.lock_stale_s:
-            log.warning(
-                "breaking stale promotion lock of %s (held %.0f s by %s)",
-                self.name,
-                age,
-                tags.get("owner"),
-            )
-            with contextlib.suppress(MlflowException):
-                if self.client.get_registered_model(self.lock_name).tags.get("token") == tags.get(
-                    "token"
-                ):
-                    self.client.delete_registered_model(self.lock_name)
-
-    # changing -------------------------------------------------------------------------
-    def _record(self, event: dict[str, Any]) -> None:
-        history = (self.history() + [event])[-self.params.history_length :]
-        text = json.dumps(history, separators=(",", ":"))
-        while len(text) > _TAG_LIMIT and len(history) > 1:
-            history = history[1:]
-            text = json.dumps(history, separators=(",", ":"))
-        self.client.set_registered_model_tag(self.name, HISTORY_TAG, text)
-
-    def promote(
-        self,
-        version: int,
-        *,
-        force: bool = False,
-        reason: str = "",
-        expected_champion: int | None | str = "any",
-    ) -> dict[str, Any]:
-        """Make ``version`` the champion; refuses missing lineage, and unblessed unless forced.
-
-        ``expected_champion`` (compare-and-set): the champion the blessing was judged
-        against; if another promotion changed it meanwhile, nothing is changed.
-        """
-        mv = self.version(version)
-        missing = self.missing_lineage(version)
-        if missing:
-            raise StepError(
-                f"{self.name} v{version}: refusing to promote, lineage tags missing: "
-                f"{', '.join(missing)} (register it through the pipeline so they are recorded)"
-            )
-        if force and not reason.strip():
-            raise StepError("a forced promotion needs --reason TEXT (it is recorded)")
-        if not force and mv.tags.get("blessed") != "true":
-            why = mv.tags.get("blessing_reasons") or "it was never blessed"
-            raise StepError(
-                f"{self.name} v{version} is not blessed: {why}. "
-                "Promote anyway with --force --reason TEXT"
-            )
-        with self.lock():
-            current = self.aliases().get(CHAMPION)
-            if expected_champion != "any" and current != expected_champion:
-                raise StepError(
-                    f"{self.name}: the champion changed from {_v(expected_champion)} to "
-                    f"{_v(current)} while v{version} was being blessed against it; run "
-                    "register again to bless it against the new champion"
-                )
-            if current == version:
-                log.info("%s v%d already is the champion", self.name, version)
-                return {"action": "noop", "version": version}
-            if current is not None:
-                self.client.set_registered_model_alias(self.name, PREVIOUS, str(current))
-            self.client.set_registered_model_alias(self.name, CHAMPION, str(version))
-            event = {
-                "action": "promote",
-                "version": version,
-                "previous": current,
-                "at": _now(),
-                "by": _actor(),
-                "forced": force,
-                "reason": reason,
-            }
-            self._record(event)
-            self.client.set_model_version_tag(self.name, str(version), "promoted_at", event["at"])
-            self._pin_holdout(mv)
-            if force:
-                self.client.set_model_version_tag(
-                    self.name, str(version), "forced_promotion_reason", reason[:_TAG_LIMIT]
-                )
-        log.info(
-            "%s: champion %s -> v%d%s",
-            self.name,
-            _v(current),
-            version,
-            f" (forced: {reason})" if force else "",
-        )
-        return event
-
-    def _pin_holdout(self, mv: Any) -> None:
-        """The first champion's test split becomes the holdout every later blessing uses."""
-        if self.client.get_registered_model(self.name).tags.get("holdout_sha256"):
-            return
-        sha = mv.tags.get("test_split_sha256")
-        if not sha:
-            log.warning(
-                "%s v%s carries no test split (tag test_split_sha256): no holdout pinned yet",
-                self.name,
-                mv.version,
-            )
-            return
-        uri = self.client.get_run(mv.run_id).info.artifact_uri.rstrip("/") + "/" + HOLDOUT_DIR
-        for key, value in (
-            ("holdout_version", mv.version),
-            ("holdout_sha256", sha),
-            ("holdout_uri", uri),
-        ):
-            self.client.set_registered_model_tag(self.name, key, str(value))
-        log.info(
-            "%s: pinned holdout = test split of v%s (sha256 %s)", self.name, mv.version, sha[:12]
-        )
-
-    def rollback(self, *, reason: str = "") -> dict[str, Any]:
-        """Restore the previous champion (alias ``previous-champion``) in one call."""
-        with self.lock():
-            aliases = self.aliases()
-            previous, current = aliases.get(PREVIOUS), aliases.get(CHAMPION)
-            if previous is None:
-                raise StepError(f"{self.name}: no '{PREVIOUS}' alias, nothing to roll back to")
-            self.client.set_registered_model_alias(self.name, CHAMPION, str(previous))
-            if current is not None and current != previous:
-                self.client.set_registered_model_alias(self.name, PREVIOUS, str(current))
-            event = {
-                "action": "rollback",
-                "version": previous,
-                "previous": current,
-                "at": _now(),
-                "by": _actor(),
-                "forced": False,
-                "reason": reason,
-            }
-            self._record(event)
-        log.info("%s: rolled back champion %s -> v%d", self.name, _v(current), previous)
-        return event
-
-
 # --------------------------------------------------------------------------- blessing
-
-
-def _download(client: Any, uri: str, name: str, version: int, dest: Path) -> Path:
-    """Download a version's files without touching process-global MLflow URIs."""
-    import mlflow
-
-    source = client.get_model_version_download_uri(name, str(version))
-    return Path(
-        mlflow.artifacts.download_artifacts(
-            artifact_uri=source, dst_path=str(dest), tracking_uri=uri
-        )
-    )
 
 
 def score_registered(
@@ -409,7 +129,7 @@ def score_registered(
     Returns the summary kept in ``blessing.json``, the labels and the predicted classes (for
     the paired comparison with the other model on the same samples).
     """
-    from components.evaluate import score_model
+    from components.scoring import score_model
 
     report, y_true, y_pred, _, _ = score_model(model_dir, task, data_dir, split)
     sig_file = model_dir / "signature.json"
@@ -440,7 +160,7 @@ def bless(
         reasons.append(f"lineage tags missing: {', '.join(missing)}")
     if lineage.get("ge_success") not in (None, "", "true"):
         reasons.append("data validation (Great Expectations) did not pass")
-    if params.require_qat_gate and lineage.get("qat_gate_passed") not in (None, "", "true"):
+    if lineage.get("qat_gate_passed") not in (None, "", "true"):
         reasons.append("the int8 model did not pass the QAT gate")
     if lineage.get("infra_validated") not in (None, "", "true"):
         reasons.append("infra validation of the serving image did not pass")
@@ -470,53 +190,6 @@ def bless(
                 reasons += verdict.failures
                 comparisons[data] = {**comparison, "rules": verdict.rules, "passed": verdict.passed}
     return Blessing(not reasons, reasons, challenger, champion, comparisons)
-
-
-# --------------------------------------------------------------------------- holdout
-
-HOLDOUT_TAGS = ("holdout_version", "holdout_sha256", "holdout_uri")
-HOLDOUT_DIR = "holdout"  # run artifact path: the test split a version was blessed on
-
-
-def log_test_split(client: Any, run_id: str, data_dir: Path, split: str) -> str:
-    """Store the split a version is blessed on with its run; returns its sha256."""
-    for path in (dataset.split_path(data_dir, split), data_dir / "labels.json"):
-        client.log_artifact(run_id, str(path), HOLDOUT_DIR)
-    return sha256_file(dataset.split_path(data_dir, split))
-
-
-def fetch_holdout(client: Any, uri: str, tags: dict[str, str], dest: Path, split: str) -> Path:
-    """Download the pinned holdout and prove it is the one that was pinned (by sha256)."""
-    import mlflow
-    from mlflow.exceptions import MlflowException
-
-    try:
-        local = Path(
-            mlflow.artifacts.download_artifacts(
-                artifact_uri=tags["holdout_uri"], dst_path=str(dest), tracking_uri=uri
-            )
-        )
-    except (MlflowException, OSError) as exc:
-        raise StepError(
-            f"pinned holdout of v{tags['holdout_version']} at {tags['holdout_uri']} cannot be "
-            f"downloaded ({exc})"
-        ) from exc
-    # stored under the name of the split it was (test.npz); read it as that split
-    stored = sorted(local.glob("*.npz"))
-    if len(stored) != 1:
-        raise StepError(
-            f"pinned holdout at {tags['holdout_uri']}: expected one .npz, found {stored}"
-        )
-    got = sha256_file(stored[0])
-    if got != tags["holdout_sha256"]:
-        raise StepError(
-            f"pinned holdout at {tags['holdout_uri']}: sha256 {got[:12]} does not match the "
-            f"pinned {tags['holdout_sha256'][:12]} (registered-model tag holdout_sha256); "
-            "it was changed after it was pinned"
-        )
-    if stored[0].name != f"{split}.npz":
-        stored[0].rename(local / f"{split}.npz")
-    return local
 
 
 # --------------------------------------------------------------------------- step
@@ -554,7 +227,7 @@ def run(
 ) -> RegisterResult:
     run_info = read_json(run_file)
     uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or run_info["tracking_uri"]
-    client = _client(uri)
+    client = mlflow_client(uri)
     name = model_name(params, task)
     registry = Registry(client, name, params)
     mlrun = client.get_run(run_info["run_id"])
@@ -595,7 +268,7 @@ def run(
     holdout = {t: model_tags[t] for t in HOLDOUT_TAGS if model_tags.get(t)}
     paired: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        challenger_dir = _download(client, uri, name, version, Path(tmp) / "c")
+        challenger_dir = download_version(client, uri, name, version, Path(tmp) / "c")
         challenger, y_true, y_challenger = score_registered(
             challenger_dir, task, data_dir, params.split
         )
@@ -603,7 +276,7 @@ def run(
         champion_version = registry.aliases().get(CHAMPION)
         champion = None
         if champion_version is not None:
-            champion_dir = _download(client, uri, name, champion_version, Path(tmp) / "p")
+            champion_dir = download_version(client, uri, name, champion_version, Path(tmp) / "p")
             champion, _, y_champion = score_registered(champion_dir, task, data_dir, params.split)
             champion["version"] = champion_version
             names = dataset.read_label_names(data_dir)
@@ -623,7 +296,7 @@ def run(
     blessing = bless(params, lineage, challenger, champion, paired)
     client.set_model_version_tag(name, str(version), "blessed", str(blessing.blessed).lower())
     client.set_model_version_tag(
-        name, str(version), "blessing_reasons", "; ".join(blessing.reasons)[:_TAG_LIMIT]
+        name, str(version), "blessing_reasons", "; ".join(blessing.reasons)[:TAG_LIMIT]
     )
     for data, comparison in blessing.comparisons.items():
         o = comparison["overall"]
@@ -731,7 +404,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             run(params, task, args.run, args.data, args.out, tracking_uri=args.tracking_uri)
             return
         name = args.model_name or model_name(params, task)
-        registry = Registry(_client(args.tracking_uri), name, params)
+        registry = Registry(mlflow_client(args.tracking_uri), name, params)
         if not registry.exists():
             raise StepError(f"no registered model '{name}' at the tracking URI")
         if args.command == "status":
@@ -757,10 +430,6 @@ def _metric(key: str, value: float) -> Any:
     return Metric(key, value, int(time.time() * 1000), 0)
 
 
-def _v(version: int | None) -> str:
-    return f"v{version}" if version is not None else "none"
-
-
 def _format_status(status: dict[str, Any]) -> str:
     lines = [f"model {status['model']}"]
     for alias in (CHAMPION, CHALLENGER, PREVIOUS):
@@ -778,7 +447,7 @@ def _format_status(status: dict[str, Any]) -> str:
     for event in status["history"][-5:]:
         lines.append(
             f"  {event['at']}  {event['action']:<8} v{event['version']} "
-            f"(was {_v(event['previous'])})"
+            f"(was {version_label(event['previous'])})"
             f"{'  FORCED: ' + event['reason'] if event.get('forced') else ''}"
         )
     return "\n".join(lines) + "\n"

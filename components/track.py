@@ -31,10 +31,9 @@ from components.artifacts import (
 )
 from components.cli import output_dir, run_cli, step_params, step_parser
 from components.config import params_sha256
+from components.registry import tracking_uri
 
 log = logging.getLogger(__name__)
-
-DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 
 
 @dataclass(frozen=True)
@@ -63,10 +62,6 @@ class TrackResult:
     run_id: str
     experiment_id: str
     tracking_uri: str
-
-
-def tracking_uri() -> str:
-    return os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
 
 
 def flatten(d: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:

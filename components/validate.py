@@ -98,8 +98,8 @@ class ValidateParams:
 
 @dataclass(frozen=True)
 class ValidateResult:
-    success: bool
-    failures: list[str]
+    """A validation that returns passed (a failed one raises, listing every failure)."""
+
     evaluated: int
 
 
@@ -648,7 +648,7 @@ def run(params: ValidateParams, data_dir: str | Path, out_dir: str | Path) -> Va
             f"data validation failed ({failed} of {evaluated} expectations; details in "
             f"{out_dir / 'summary.json'}):\n" + "\n".join(f"  - {f}" for f in failures)
         )
-    return ValidateResult(success=True, failures=[], evaluated=evaluated)
+    return ValidateResult(evaluated=evaluated)
 
 
 # --------------------------------------------------------------------------- CLI

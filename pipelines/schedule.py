@@ -94,7 +94,7 @@ def plan_create(
         "cron_expression": cron,
         "max_concurrency": 1,
         "no_catchup": True,
-        "params": {"params": params},
+        "params": params,  # one pipeline parameter per params.yaml section
         "pipeline_id": pipeline_id or "<id returned by upload_pipeline>",
         "version_id": "<id returned by the upload>",
         "enabled": True,

@@ -37,16 +37,16 @@ def _component(fn):  # one image, no pip install of kfp at pod start
 
 
 @_component
-def fingerprint_op(params: dict) -> str:
+def fingerprint_op(ingest: dict) -> str:
     """sha256 of the raw source, recomputed every run (uncached): ingest's cache key."""
     from components.config import section
     from components.ingest import IngestParams, source_fingerprint
 
-    return source_fingerprint(section(params, "ingest", IngestParams))
+    return source_fingerprint(section({"ingest": ingest}, "ingest", IngestParams))
 
 
 @_component
-def ingest_op(params: dict, source_sha256: str, data: Output[Dataset]):
+def ingest_op(ingest: dict, source_sha256: str, data: Output[Dataset]):
     import json
     import shutil
     from pathlib import Path
@@ -55,17 +55,17 @@ def ingest_op(params: dict, source_sha256: str, data: Output[Dataset]):
     from components.config import section
     from components.ingest import IngestParams, run
 
-    ingest = section(params, "ingest", IngestParams)
-    run(ingest, data.path)
+    params = section({"ingest": ingest}, "ingest", IngestParams)
+    run(params, data.path)
     manifest = json.loads((Path(data.path) / "manifest.json").read_text())
     if combined_sha256(manifest["input_sha256"]) != source_sha256:
         shutil.rmtree(data.path)
-        raise StepError(f"{ingest.source} changed while the pipeline ran; run it again")
+        raise StepError(f"{params.source} changed while the pipeline ran; run it again")
 
 
 @_component
 def validate_op(
-    params: dict, data: Input[Dataset], report: Output[Artifact], data_docs: Output[HTML]
+    validate: dict, data: Input[Dataset], report: Output[Artifact], data_docs: Output[HTML]
 ):
     import shutil
     from pathlib import Path
@@ -73,13 +73,14 @@ def validate_op(
     from components.config import section
     from components.validate import ValidateParams, run
 
-    run(section(params, "validate", ValidateParams), data.path, report.path)
+    run(section({"validate": validate}, "validate", ValidateParams), data.path, report.path)
     shutil.copy(Path(report.path) / "data_docs" / "index.html", data_docs.path)
 
 
 @_component
 def train_op(
-    params: dict,
+    task: dict,
+    train: dict,
     data: Input[Dataset],
     gate: Input[Artifact],
     model: Output[Model],
@@ -92,6 +93,7 @@ def train_op(
     from components.config import section
     from components.train import TrainParams, run
 
+    params = {"task": task, "train": train}
     out = Path(model.path)
     result = run(
         section(params, "train", TrainParams),
@@ -111,7 +113,8 @@ def train_op(
 
 @_component
 def qat_op(
-    params: dict,
+    task: dict,
+    qat: dict,
     data: Input[Dataset],
     model: Input[Model],
     int8: Output[Model],
@@ -124,6 +127,7 @@ def qat_op(
     from components.config import section
     from components.qat import QatParams, run
 
+    params = {"task": task, "qat": qat}
     out = Path(int8.path)
     run(
         section(params, "qat", QatParams),
@@ -139,7 +143,8 @@ def qat_op(
 
 @_component
 def export_op(
-    params: dict,
+    task: dict,
+    export: dict,
     data: Input[Dataset],
     model: Input[Model],
     int8: Input[Model],
@@ -149,6 +154,7 @@ def export_op(
     from components.config import section
     from components.export import ExportParams, run
 
+    params = {"task": task, "export": export}
     run(
         section(params, "export", ExportParams),
         task_from_params(params),
@@ -161,7 +167,8 @@ def export_op(
 
 @_component
 def evaluate_op(
-    params: dict,
+    task: dict,
+    evaluate: dict,
     data: Input[Dataset],
     exported: Input[Model],
     evaluation: Output[Artifact],
@@ -176,6 +183,7 @@ def evaluate_op(
     from components.dataset import read_label_names
     from components.evaluate import EvaluateParams, run
 
+    params = {"task": task, "evaluate": evaluate}
     out = Path(evaluation.path)
     result = run(
         section(params, "evaluate", EvaluateParams),
@@ -186,20 +194,26 @@ def evaluate_op(
         metrics_file=out / "metrics.json",
         plots_file=out / "confusion.csv",
     )
-    for key in ("accuracy", "macro_f1", "latency_ms_b1", "latency_ms_b64"):
-        metrics.log_metric(key, float(result.metrics[key]))
+    for key, value in result.metrics.items():
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            metrics.log_metric(key, float(value))
     confusion.log_confusion_matrix(read_label_names(data.path), result.report["confusion_matrix"])
     json.dumps(result.metrics)
 
 
 @_component
 def serving_image_op(
-    params: dict, data: Input[Dataset], exported: Input[Model], infra: Output[Artifact]
+    task: dict,
+    serving_image: dict,
+    data: Input[Dataset],
+    exported: Input[Model],
+    infra: Output[Artifact],
 ) -> str:
     from components.cli import task_from_params
     from components.config import section
     from components.serving_image import ServingImageParams, run
 
+    params = {"task": task, "serving_image": serving_image}
     result = run(
         section(params, "serving_image", ServingImageParams),
         task_from_params(params),
@@ -212,7 +226,16 @@ def serving_image_op(
 
 @_component
 def track_op(
-    params: dict,
+    ingest: dict,
+    validate: dict,
+    task: dict,
+    train: dict,
+    qat: dict,
+    export: dict,
+    evaluate: dict,
+    serving_image: dict,
+    track: dict,
+    register: dict,
     experiment: str,
     data: Input[Dataset],
     report: Input[Artifact],
@@ -250,14 +273,31 @@ def track_op(
             metrics=metrics_dir,
             plots=plots_dir,
         )
-        track = section(params, "track", TrackParams)
-        track = TrackParams(experiment=experiment or track.experiment, run_name_prefix="kfp")
-        run(track, params, outputs, run_info.path)
+        # the MLflow run records every section, as `dvc repro` does
+        params = {
+            "ingest": ingest,
+            "validate": validate,
+            "task": task,
+            "train": train,
+            "qat": qat,
+            "export": export,
+            "evaluate": evaluate,
+            "serving_image": serving_image,
+            "track": track,
+            "register": register,
+        }
+        settings = section(params, "track", TrackParams)
+        settings = TrackParams(experiment=experiment or settings.experiment, run_name_prefix="kfp")
+        run(settings, params, outputs, run_info.path)
 
 
 @_component
 def register_op(
-    params: dict, data: Input[Dataset], run_info: Input[Artifact], registration: Output[Artifact]
+    task: dict,
+    register: dict,
+    data: Input[Dataset],
+    run_info: Input[Artifact],
+    registration: Output[Artifact],
 ) -> bool:
     import dataclasses
     from pathlib import Path
@@ -266,11 +306,12 @@ def register_op(
     from components.config import section
     from components.register import RegisterParams, run
 
-    register = dataclasses.replace(
+    params = {"task": task, "register": register}
+    settings = dataclasses.replace(
         section(params, "register", RegisterParams), auto_promote=False
     )  # promotion is the dsl.If branch
     result = run(
-        register,
+        settings,
         task_from_params(params),
         Path(run_info.path) / "run.json",
         data.path,
@@ -280,19 +321,21 @@ def register_op(
 
 
 @_component
-def promote_op(params: dict, registration: Input[Artifact], image_digest: str):
+def promote_op(task: dict, register: dict, registration: Input[Artifact], image_digest: str):
     import json
     from pathlib import Path
 
     from components.cli import task_from_params
     from components.config import section
-    from components.register import RegisterParams, Registry, _client, model_name
+    from components.register import RegisterParams, model_name
+    from components.registry import Registry, client
 
-    register = section(params, "register", RegisterParams)
+    params = {"task": task, "register": register}
+    settings = section(params, "register", RegisterParams)
     info = json.loads((Path(registration.path) / "registration.json").read_text())
     blessing = json.loads((Path(registration.path) / "blessing.json").read_text())
     champion = blessing.get("champion")
-    registry = Registry(_client(), model_name(register, task_from_params(params)), register)
+    registry = Registry(client(), model_name(settings, task_from_params(params)), settings)
     if image_digest:  # the pushed image's digest flows back into the version's lineage
         registry.client.set_model_version_tag(
             registry.name, str(info["version"]), "serving_image_digest", image_digest.strip()
@@ -341,36 +384,25 @@ def _with_cluster_env(task: dsl.PipelineTask, *, s3: bool = False) -> dsl.Pipeli
 
 
 @_component
-def record_failure_op(params: dict, experiment: str, status: dsl.PipelineTaskFinalStatus):
+def record_failure_op(track: dict, experiment: str, status: dsl.PipelineTaskFinalStatus):
     """Exit handler: a failed or cancelled run leaves an MLflow run saying so."""
     if status.state == "SUCCEEDED":
         return
     import mlflow
 
-    from components.track import tracking_uri
+    from components.registry import tracking_uri
 
     mlflow.set_tracking_uri(tracking_uri())
-    mlflow.set_experiment(experiment or params.get("track", {}).get("experiment", "default"))
-    with mlflow.start_run(
+    mlflow.set_experiment(experiment or track.get("experiment", "default"))
+    mlflow.start_run(
         run_name="failed-pipeline-run",
         tags={
             "pipeline_state": str(status.state),
             "pipeline_job": str(status.pipeline_job_resource_name),
         },
-    ):
-        mlflow.log_text(str(status.error_message), "error.txt")
-        mlflow.set_tag("mlflow.runStatus", "FAILED")
-    client = mlflow.MlflowClient()
-    last = client.search_runs(
-        [
-            mlflow.get_experiment_by_name(
-                experiment or params.get("track", {}).get("experiment", "default")
-            ).experiment_id
-        ],
-        max_results=1,
-        order_by=["attributes.start_time DESC"],
-    )[0]
-    client.set_terminated(last.info.run_id, status="FAILED")
+    )
+    mlflow.log_text(str(status.error_message), "error.txt")
+    mlflow.end_run(status="FAILED")  # this run, not whichever ran last in the experiment
 
 
 KANIKO_IMAGE = "gcr.io/kaniko-project/executor:v1.23.2"
@@ -398,70 +430,95 @@ def kaniko_build_op(context: Input[Artifact], destination: str, digest: dsl.Outp
 def make_pipeline(gpus: int = 0, accelerator_type: str = "nvidia.com/gpu") -> Any:
     """The pipeline; ``gpus`` > 0 makes train and qat request that many accelerators."""
 
-    def _training_pipeline(params: dict, experiment: str = "", build_in_cluster: bool = False):
-        exit_task = record_failure_op(params=params, experiment=experiment)
+    def _training_pipeline(
+        ingest: dict,
+        validate: dict,
+        task: dict,
+        train: dict,
+        qat: dict,
+        export: dict,
+        evaluate: dict,
+        serving_image: dict,
+        track: dict,
+        register: dict,
+        experiment: str = "",
+        build_in_cluster: bool = False,
+    ):
+        # one pipeline parameter per params.yaml section; each step gets only the sections it
+        # reads, so its cache key changes only when they do
+        exit_task = record_failure_op(track=track, experiment=experiment)
         _with_cluster_env(exit_task)
         with dsl.ExitHandler(exit_task, name="record-failures"):
             # a moving source: the uncached fingerprint keys ingest's cache on the bytes
-            fingerprint = fingerprint_op(params=params).set_caching_options(False)
-            ingest = ingest_op(params=params, source_sha256=fingerprint.output)
-            for task in (fingerprint, ingest):
-                task.set_retry(**RETRY)  # http(s) and s3 sources
-                _with_cluster_env(task, s3=True)
-            validate = validate_op(params=params, data=ingest.outputs["data"])
-            train = train_op(
-                params=params, data=ingest.outputs["data"], gate=validate.outputs["report"]
-            )
-            qat = qat_op(params=params, data=ingest.outputs["data"], model=train.outputs["model"])
+            fingerprint_t = fingerprint_op(ingest=ingest).set_caching_options(False)
+            ingest_t = ingest_op(ingest=ingest, source_sha256=fingerprint_t.output)
+            for t in (fingerprint_t, ingest_t):
+                t.set_retry(**RETRY)  # http(s) and s3 sources
+                _with_cluster_env(t, s3=True)
+            data = ingest_t.outputs["data"]
+            validate_t = validate_op(validate=validate, data=data)
+            train_t = train_op(task=task, train=train, data=data, gate=validate_t.outputs["report"])
+            qat_t = qat_op(task=task, qat=qat, data=data, model=train_t.outputs["model"])
             if gpus:  # train and qat on GPU nodes (compile --gpus N)
-                for task in (train, qat):
-                    task.set_accelerator_type(accelerator_type).set_accelerator_limit(gpus)
-            export = export_op(
-                params=params,
-                data=ingest.outputs["data"],
-                model=train.outputs["model"],
-                int8=qat.outputs["int8"],
+                for t in (train_t, qat_t):
+                    t.set_accelerator_type(accelerator_type).set_accelerator_limit(gpus)
+            export_t = export_op(
+                task=task,
+                export=export,
+                data=data,
+                model=train_t.outputs["model"],
+                int8=qat_t.outputs["int8"],
             )
-            evaluate = evaluate_op(
-                params=params, data=ingest.outputs["data"], exported=export.outputs["exported"]
+            exported = export_t.outputs["exported"]
+            evaluate_t = evaluate_op(task=task, evaluate=evaluate, data=data, exported=exported)
+            serving_t = serving_image_op(
+                task=task, serving_image=serving_image, data=data, exported=exported
             )
-            serving = serving_image_op(
-                params=params, data=ingest.outputs["data"], exported=export.outputs["exported"]
-            )
-            track = track_op(
-                params=params,
+            track_t = track_op(
+                ingest=ingest,
+                validate=validate,
+                task=task,
+                train=train,
+                qat=qat,
+                export=export,
+                evaluate=evaluate,
+                serving_image=serving_image,
+                track=track,
+                register=register,
                 experiment=experiment,
-                data=ingest.outputs["data"],
-                report=validate.outputs["report"],
-                model=train.outputs["model"],
-                int8=qat.outputs["int8"],
-                exported=export.outputs["exported"],
-                evaluation=evaluate.outputs["evaluation"],
-                infra=serving.outputs["infra"],
+                data=data,
+                report=validate_t.outputs["report"],
+                model=train_t.outputs["model"],
+                int8=qat_t.outputs["int8"],
+                exported=exported,
+                evaluation=evaluate_t.outputs["evaluation"],
+                infra=serving_t.outputs["infra"],
             )
-            track.set_retry(**RETRY).set_caching_options(False)
-            _with_cluster_env(track)
-            register = register_op(
-                params=params, data=ingest.outputs["data"], run_info=track.outputs["run_info"]
+            track_t.set_retry(**RETRY).set_caching_options(False)
+            _with_cluster_env(track_t)
+            register_t = register_op(
+                task=task, register=register, data=data, run_info=track_t.outputs["run_info"]
             )
-            register.set_retry(**RETRY).set_caching_options(False)
-            _with_cluster_env(register)
+            register_t.set_retry(**RETRY).set_caching_options(False)
+            _with_cluster_env(register_t)
             # only a blessed model gets an image and the champion alias
-            with dsl.If(register.outputs["Output"] == True, name="blessed"):  # noqa: E712
+            with dsl.If(register_t.outputs["Output"] == True, name="blessed"):  # noqa: E712
                 with dsl.If(build_in_cluster == True, name="kaniko"):  # noqa: E712
                     kaniko = kaniko_build_op(
-                        context=serving.outputs["infra"], destination=serving.outputs["Output"]
+                        context=serving_t.outputs["infra"], destination=serving_t.outputs["Output"]
                     )
                     kaniko.set_retry(**RETRY)
                     promoted = promote_op(
-                        params=params,
-                        registration=register.outputs["registration"],
+                        task=task,
+                        register=register,
+                        registration=register_t.outputs["registration"],
                         image_digest=kaniko.outputs["digest"],
                     )
                 with dsl.Else(name="no-image-build"):  # kfp.local: validated, not pushed
                     promoted_local = promote_op(
-                        params=params,
-                        registration=register.outputs["registration"],
+                        task=task,
+                        register=register,
+                        registration=register_t.outputs["registration"],
                         image_digest="",
                     )
                 for promote in (promoted, promoted_local):
@@ -487,13 +544,35 @@ def compile_pipeline(
     return out
 
 
+SECTIONS = (
+    "ingest",
+    "validate",
+    "task",
+    "train",
+    "qat",
+    "export",
+    "evaluate",
+    "serving_image",
+    "track",
+    "register",
+)  # the pipeline's parameters: one per params.yaml section
+
+
+def _drop_nulls(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _drop_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_drop_nulls(v) for v in value]
+    return value
+
+
 def pipeline_params(params: dict[str, Any]) -> dict[str, Any]:
-    """params.yaml as a KFP parameter: nulls dropped (the step's default applies)."""
-    if isinstance(params, dict):
-        return {k: pipeline_params(v) for k, v in params.items() if v is not None}
-    if isinstance(params, list):
-        return [pipeline_params(v) for v in params]
-    return params
+    """params.yaml as the pipeline's arguments: one dict per section, nulls dropped (the
+    step's default applies)."""
+    unknown = sorted(set(params) - set(SECTIONS))
+    if unknown:
+        raise ValueError(f"params sections {unknown} are not parameters of the pipeline")
+    return {s: _drop_nulls(params.get(s) or {}) for s in SECTIONS}
 
 
 def run_local(params: dict[str, Any], pipeline_root: str | Path) -> Any:
@@ -502,7 +581,7 @@ def run_local(params: dict[str, Any], pipeline_root: str | Path) -> Any:
 
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(pipeline_root))
     return make_pipeline()(
-        params=pipeline_params(params), experiment=params.get("track", {}).get("experiment", "")
+        **pipeline_params(params), experiment=params.get("track", {}).get("experiment", "")
     )
 
 

@@ -9,7 +9,7 @@ import paddle
 
 from components.artifacts import read_json
 from components.evaluate import EvaluateParams, LatencyParams, run
-from components.export import load_trained
+from components.modelio import load_trained
 
 
 def test_evaluate_scores_the_exported_model(exported, trained, digits_task, digits_data, tmp_path):

@@ -7,8 +7,9 @@ import paddle
 import pytest
 
 from components.artifacts import StepError, read_json
-from components.export import ExportParams, ParityParams, check_parity, load_trained
+from components.export import ExportParams, ParityParams, check_parity
 from components.export import run as export_run
+from components.modelio import load_trained
 from components.runtime import ModelFiles, PaddlePredictor
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from components.artifacts import sha256_file, sha256_tree
-from components.register import LINEAGE_TAGS
+from components.registry import LINEAGE_TAGS
 from tests.conftest import SERVER_BIN, STAGES, clone_repo, ran, set_params, sh
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from components.register import LINEAGE_TAGS
+from components.registry import LINEAGE_TAGS
 from tests.conftest import REPO, SERVER_BIN
 
 STEPS = [
@@ -63,6 +63,52 @@ def test_every_step_is_in_the_dag_with_its_dependencies(compiled):
 
 def _sub_dag(spec: dict, task: dict) -> dict:
     return spec["components"][task["componentRef"]["name"]]["dag"]["tasks"]
+
+
+def sections_read(task: dict) -> set[str]:
+    """The pipeline parameters (params.yaml sections) a task's inputs come from."""
+    params = task.get("inputs", {}).get("parameters", {}).values()
+    return {
+        p["componentInputParameter"].removeprefix("pipelinechannel--")
+        for p in params
+        if "componentInputParameter" in p
+    } - {"experiment", "build_in_cluster"}
+
+
+def test_each_step_is_keyed_only_on_the_params_sections_it_reads(compiled):
+    """KFP's cache key is a task's inputs: a step that does not get `register` is not
+    re-run (train is not retrained) when a `register` param changes."""
+    from pipelines.training import SECTIONS
+
+    tasks = all_tasks(compiled)
+    expected = {
+        "fingerprint-op": {"ingest"},
+        "ingest-op": {"ingest"},
+        "validate-op": {"validate"},
+        "train-op": {"task", "train"},
+        "qat-op": {"task", "qat"},
+        "export-op": {"task", "export"},
+        "evaluate-op": {"task", "evaluate"},
+        "serving-image-op": {"task", "serving_image"},
+        "register-op": {"task", "register"},
+        "promote-op": {"task", "register"},
+        "promote-op-2": {"task", "register"},
+        "record-failure-op": {"track"},
+        "track-op": set(SECTIONS),  # uncached: the MLflow run records every param
+    }
+    assert {name: sections_read(tasks[name]) for name in expected} == expected
+    steps = {
+        name: t
+        for name, t in tasks.items()
+        if "componentRef" in t and name.endswith(("op", "op-2"))
+    }
+    readers = {name for name, t in steps.items() if "register" in sections_read(t)}
+    assert readers == {"register-op", "promote-op", "promote-op-2", "track-op"}
+    assert set(compiled["root"]["inputDefinitions"]["parameters"]) == {
+        *SECTIONS,
+        "experiment",
+        "build_in_cluster",
+    }
 
 
 def test_only_a_blessed_model_gets_an_image_and_the_champion_alias(compiled):

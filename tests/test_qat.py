@@ -6,8 +6,9 @@ import paddle
 import pytest
 
 from components.artifacts import StepError, read_json
-from components.export import ExportParams, bundle_int8, load_trained, save_legacy
+from components.export import ExportParams, bundle_int8
 from components.export import run as export_run
+from components.modelio import load_trained, save_legacy
 from components.qat import (
     QatLatency,
     QatParams,

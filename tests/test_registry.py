@@ -22,14 +22,9 @@ import pytest
 from components.artifacts import StepError, read_json, write_json
 from components.export import ExportParams
 from components.export import run as export_run
-from components.register import (
-    CHALLENGER,
-    CHAMPION,
-    PREVIOUS,
-    RegisterParams,
-    Registry,
-)
+from components.register import RegisterParams
 from components.register import run as register_run
+from components.registry import CHALLENGER, CHAMPION, PREVIOUS, Registry
 from components.serving_image import RunningServer
 from tests.conftest import REPO
 
@@ -328,7 +323,7 @@ def test_pinned_holdout_catches_a_bad_challenger_that_corrupted_labels_hide(
 
     from components.artifacts import sha256_file
     from components.dataset import Split, read_split, write_split
-    from components.evaluate import score_model
+    from components.scoring import score_model
 
     name = "holdout-classifier"
     params = RegisterParams(model_name=name, min_accuracy=0.0)

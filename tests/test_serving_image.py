@@ -9,7 +9,7 @@ import paddle
 import pytest
 
 from components.artifacts import StepError, read_json
-from components.export import save_legacy
+from components.modelio import save_legacy
 from components.serving_image import ServingImageParams, detect_builder
 from components.serving_image import run as serving_run
 from tests.conftest import run_module
