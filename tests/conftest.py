@@ -175,17 +175,7 @@ def _merge(base: dict, new: dict) -> dict:
     return out
 
 
-STAGES = (
-    "ingest",
-    "validate",
-    "train",
-    "qat",
-    "export",
-    "serving_image",
-    "evaluate",
-    "track",
-    "register",
-)  # dvc.yaml, in order
+from components.cli import STEPS as STAGES  # noqa: E402  (dvc.yaml order)
 
 
 def ran(proc: subprocess.CompletedProcess[str]) -> list[str]:
