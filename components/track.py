@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class TrackParams:
-    experiment: str = "paddle-mlops"
+    experiment: str = "digits"
     run_name_prefix: str = "pipeline"
 
 

@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class EarlyStopping:
-    patience: int = 5
+    patience: int = 10
     min_delta: float = 0.0
 
     def check(self) -> None:
@@ -57,10 +57,10 @@ class EarlyStopping:
 
 @dataclass(frozen=True)
 class TrainParams:
-    epochs: int = 30
-    batch_size: int = 64
+    epochs: int = 40
+    batch_size: int = 32
     learning_rate: float = 1e-3
-    lr_step_size: int = 10
+    lr_step_size: int = 15
     lr_gamma: float = 0.5
     weight_decay: float = 0.0
     seed: int = 42

@@ -100,3 +100,44 @@ def test_paddle_mlops_step_help(step):
     proc = run_module("components.cli", step, "--help", timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert f"usage: python -m components.{step}" in proc.stdout
+
+
+def _params_classes() -> dict[str, type]:
+    import importlib
+
+    out = {}
+    for step in STAGES:
+        module = importlib.import_module(f"components.{step}")
+        name = "".join(part.title() for part in step.split("_")) + "Params"
+        out[step] = getattr(module, name)
+    return out
+
+
+# describe the data at the required ingest.source, so their default is "none declared"
+SOURCE_DESCRIPTION = {"ingest.idx_files", "ingest.sha256"}
+
+
+def test_dataclass_defaults_are_the_shipped_params():
+    """One source of defaults: a field left out of params.yaml means what params.yaml says."""
+    import dataclasses
+
+    from components.config import load_params, section
+
+    shipped = load_params(REPO / "params.yaml")
+    mismatches = []
+    for step, cls in _params_classes().items():
+        if step not in shipped:
+            continue
+        loaded = section(shipped, step, cls)
+        for f in dataclasses.fields(cls):
+            if f.default is not dataclasses.MISSING:
+                default = f.default
+            elif f.default_factory is not dataclasses.MISSING:
+                default = f.default_factory()
+            else:
+                continue  # required: params.yaml must give it
+            if f"{step}.{f.name}" in SOURCE_DESCRIPTION:
+                continue
+            if default != getattr(loaded, f.name):
+                mismatches.append(f"{step}.{f.name}: {default!r} != {getattr(loaded, f.name)!r}")
+    assert not mismatches, mismatches
