@@ -42,6 +42,7 @@ from tqdm import tqdm
 from components import dataset
 from components.artifacts import StepError, atomic_path, sha256_bytes, write_manifest
 from components.cli import output_dir, run_cli, step_params
+from components.config import DEFAULT_PARAMS
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +50,7 @@ IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp"}
 _IDX_DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
 IDX_IMAGES_NDIM, IDX_LABELS_NDIM = 3, 1  # [N, H, W] images, [N] labels
 _SHA256 = re.compile(r"[0-9a-fA-F]{64}")
-DEFAULT_PARAMS_FILE = "params.yaml"
+DEFAULT_PARAMS_FILE = str(DEFAULT_PARAMS)  # named in messages when no --params is given
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,6 @@ from components.cli import output_dir, run_cli, step_params, step_parser, task_f
 from components.modelio import load_trained, save_legacy
 from components.ov_runtime import OVPredictor, read_model, save_ir
 from components.runtime import ModelFiles, PaddlePredictor
-from components.scoring import classification_report
 from components.tasks import Task
 
 log = logging.getLogger(__name__)
@@ -189,24 +188,25 @@ def model_bytes(files: Sequence[Path]) -> int:
     return int(sum(Path(f).stat().st_size for f in files))
 
 
-def score(predictor: Any, inputs: list[np.ndarray], labels: np.ndarray, names: list[str]) -> dict:
-    pred = predictor.predict(inputs).argmax(axis=1)
-    report = classification_report(labels, pred, names)
+def outcomes(paired: dict[str, Any]) -> dict[str, Any]:
+    """Both models' accuracy and per-class recall, and int8's drops (points), read off the
+    paired counts of :func:`gates.compare` (which already hold them)."""
+    o, per_class = paired["overall"], paired["per_class"]
+    worst = max(per_class, key=lambda n: per_class[n]["drop_points"])
     return {
-        "accuracy": report["accuracy"],
-        "recall": {n: c["recall"] for n, c in report["per_class"].items()},
-        "predictions": pred,
-    }
-
-
-def drops(fp32: dict[str, Any], int8: dict[str, Any]) -> dict[str, Any]:
-    """Accuracy and worst per-class recall drop of int8 vs fp32, in points."""
-    per_class = {n: (fp32["recall"][n] - int8["recall"][n]) * 100.0 for n in fp32["recall"]}
-    worst = max(per_class, key=per_class.__getitem__)
-    return {
-        "accuracy_drop": (fp32["accuracy"] - int8["accuracy"]) * 100.0,
-        "worst_class": worst,
-        "worst_class_drop": per_class[worst],
+        "fp32": {
+            "accuracy": o["reference"],
+            "recall": {n: c["reference"] for n, c in per_class.items()},
+        },
+        "int8": {
+            "accuracy": o["candidate"],
+            "recall": {n: c["candidate"] for n, c in per_class.items()},
+        },
+        "drops": {
+            "accuracy_drop": o["drop_points"],
+            "worst_class": worst,
+            "worst_class_drop": per_class[worst]["drop_points"],
+        },
     }
 
 
@@ -256,15 +256,9 @@ def compare(
         inputs = task.preprocess(raw)
         by_split[split] = {}
         for runtime, predictors in (("openvino", ov), ("paddle_inference", pi)):
-            scores = {k: score(p, inputs, labels, names) for k, p in predictors.items()}
-            paired = gates.compare(
-                labels, scores["fp32"].pop("predictions"), scores["int8"].pop("predictions"), names
-            )
-            by_split[split][runtime] = {
-                **scores,
-                "drops": drops(scores["fp32"], scores["int8"]),
-                "paired": paired,
-            }
+            fp32, int8 = (predictors[k].predict(inputs).argmax(axis=1) for k in ("fp32", "int8"))
+            paired = gates.compare(labels, fp32, int8, names)
+            by_split[split][runtime] = {**outcomes(paired), "paired": paired}
     comparisons = by_split[params.split]
 
     latency: dict[str, float] = {}

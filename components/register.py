@@ -281,7 +281,14 @@ def run(
             champion["version"] = champion_version
             names = dataset.read_label_names(data_dir)
             paired["test"] = gates.compare(y_true, y_champion, y_challenger, names)
-            if len(holdout) == len(HOLDOUT_TAGS) and champion["inputs"] == challenger["inputs"]:
+            pinned = len(holdout) == len(HOLDOUT_TAGS)
+            if pinned and holdout["holdout_sha256"] == split_sha:  # the same bytes: same counts
+                paired["holdout"] = {
+                    **paired["test"],
+                    "pinned_from_version": int(holdout["holdout_version"]),
+                    "sha256": split_sha,
+                }
+            elif pinned and champion["inputs"] == challenger["inputs"]:
                 h_dir = fetch_holdout(client, uri, holdout, Path(tmp) / "h", params.split)
                 h_names = dataset.read_label_names(h_dir)
                 _, h_true, h_champion = score_registered(champion_dir, task, h_dir, params.split)
@@ -291,7 +298,7 @@ def run(
                     "pinned_from_version": int(holdout["holdout_version"]),
                     "sha256": holdout["holdout_sha256"],
                 }
-            elif len(holdout) != len(HOLDOUT_TAGS):
+            elif not pinned:
                 log.warning("%s has no pinned holdout yet: blessing on %s only", name, params.split)
     blessing = bless(params, lineage, challenger, champion, paired)
     client.set_model_version_tag(name, str(version), "blessed", str(blessing.blessed).lower())

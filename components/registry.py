@@ -194,13 +194,26 @@ class Registry:
                     self.client.delete_registered_model(self.lock_name)
 
     # changing -------------------------------------------------------------------------
-    def _record(self, event: dict[str, Any]) -> None:
+    def _record(
+        self, action: str, version: int, previous: int | None, *, forced: bool, reason: str
+    ) -> dict[str, Any]:
+        """Append a champion change to the history tag and return it."""
+        event = {
+            "action": action,
+            "version": version,
+            "previous": previous,
+            "at": _now(),
+            "by": _actor(),
+            "forced": forced,
+            "reason": reason,
+        }
         history = (self.history() + [event])[-self.params.history_length :]
         text = json.dumps(history, separators=(",", ":"))
         while len(text) > TAG_LIMIT and len(history) > 1:
             history = history[1:]
             text = json.dumps(history, separators=(",", ":"))
         self.client.set_registered_model_tag(self.name, HISTORY_TAG, text)
+        return event
 
     def promote(
         self,
@@ -244,16 +257,7 @@ class Registry:
             if current is not None:
                 self.client.set_registered_model_alias(self.name, PREVIOUS, str(current))
             self.client.set_registered_model_alias(self.name, CHAMPION, str(version))
-            event = {
-                "action": "promote",
-                "version": version,
-                "previous": current,
-                "at": _now(),
-                "by": _actor(),
-                "forced": force,
-                "reason": reason,
-            }
-            self._record(event)
+            event = self._record("promote", version, current, forced=force, reason=reason)
             self.client.set_model_version_tag(self.name, str(version), "promoted_at", event["at"])
             self._pin_holdout(mv)
             if force:
@@ -302,16 +306,7 @@ class Registry:
             self.client.set_registered_model_alias(self.name, CHAMPION, str(previous))
             if current is not None and current != previous:
                 self.client.set_registered_model_alias(self.name, PREVIOUS, str(current))
-            event = {
-                "action": "rollback",
-                "version": previous,
-                "previous": current,
-                "at": _now(),
-                "by": _actor(),
-                "forced": False,
-                "reason": reason,
-            }
-            self._record(event)
+            event = self._record("rollback", previous, current, forced=False, reason=reason)
         log.info("%s: rolled back champion %s -> v%d", self.name, version_label(current), previous)
         return event
 
