@@ -213,6 +213,8 @@ def test_forced_promotion_is_recorded_and_rollback_restores(server):
     assert status["champion"]["version"] == 1 and status["previous-champion"]["version"] == 2
     assert status["champion"]["tags"]["git_sha"] == LINEAGE["git_sha"]
     assert worse != 1
+    # neither the forced promotion of v2 nor the rollback moved the pinned holdout
+    assert status["holdout"]["holdout_version"] == "1"
 
 
 def test_racing_promotions_leave_one_champion_and_a_consistent_history(
