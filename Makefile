@@ -117,7 +117,7 @@ images:
 	@docker info >/dev/null 2>&1 || { echo "make images needs a running Docker engine" \
 	  "(in a cluster the pipeline builds the serving image with kaniko)"; exit 1; }
 	docker build -f components/Dockerfile -t $(COMPONENT_IMAGE) .
-	docker build -f serving/Dockerfile.cpu -t paddle-mlops/digits-server:dev \
+	docker build -t paddle-mlops/digits-server:dev \
 	  outputs/serving_image/context
 
 # Needs the digits export (outputs/export): dvc repro runs the stages up to export (or nothing).
@@ -136,7 +136,7 @@ mlflow-server: install
 	  --artifacts-destination $(CURDIR)/mlartifacts
 
 registry: install
-	python -m components.register status
+	python -m components registry status
 
 clean:
 	rm -rf outputs checkpoints metrics plots mlflow.db mlflow-server.db mlruns mlartifacts

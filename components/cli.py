@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import logging
 import os
@@ -17,18 +16,6 @@ if TYPE_CHECKING:
     from components.tasks import Task
 
 T = TypeVar("T")
-
-STEPS = (
-    "ingest",
-    "validate",
-    "train",
-    "qat",
-    "export",
-    "serving_image",
-    "evaluate",
-    "track",
-    "register",
-)
 
 
 def setup_logging() -> None:
@@ -61,27 +48,6 @@ def run_cli(body: Callable[[], None]) -> int:
     return 0
 
 
-def step_parser(module: str, doc: str | None) -> argparse.ArgumentParser:
-    """The argument parser every step CLI starts from (``--params`` included)."""
-    parser = argparse.ArgumentParser(
-        prog=f"python -m {module}",
-        description=doc,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument(
-        "--params", default="params.yaml", help="params file (default: %(default)s)"
-    )
-    return parser
-
-
-def step_params(path: str, name: str, cls: type[T]) -> tuple[T, dict[str, Any]]:
-    """``params.yaml`` section ``name`` as ``cls``, plus the whole params mapping."""
-    from components.config import load_params, section
-
-    all_params = load_params(path)
-    return section(all_params, name, cls, source=path), all_params
-
-
 def task_from_params(all_params: dict[str, Any]) -> Task:
     """The task named by ``task.name`` with ``task.options`` (errors name the params file)."""
     from components.config import params_source
@@ -111,14 +77,23 @@ def output_dir(path: str | Path, flag: str = "--out") -> Path:
     return out
 
 
+# commands besides the steps: name -> module whose main() runs it (imported by name, so a
+# step's import closure, and with it its dvc.yaml deps, does not include them)
+COMMANDS = {"registry": "components.registry", "dvc-yaml": "components.step"}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """``paddle-mlops STEP [args]``: the same entry points ``dvc.yaml`` calls."""
+    """``paddle-mlops STEP [args]``: the entry points ``dvc.yaml`` calls (one per step
+    declaration), plus ``registry`` (champion by hand) and ``dvc-yaml`` (write the stages)."""
+    steps = importlib.import_module("components.step").STEPS
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] not in STEPS:
-        sys.stderr.write(f"usage: paddle-mlops {{{','.join(STEPS)}}} [options]\n")
+    if argv and argv[0] in COMMANDS:
+        return int(importlib.import_module(COMMANDS[argv[0]]).main(argv[1:]))
+    if not argv or argv[0] not in steps:
+        names = ",".join((*steps, *COMMANDS))
+        sys.stderr.write(f"usage: paddle-mlops {{{names}}} [options]\n")
         return 2
-    module = importlib.import_module(f"components.{argv[0]}")
-    return int(module.main(argv[1:]))
+    return int(importlib.import_module(f"components.{argv[0]}").main(argv[1:]))
 
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,8 +19,8 @@ import numpy as np
 
 from components import dataset
 from components.artifacts import atomic_path, write_json, write_manifest, write_text
-from components.cli import output_dir, run_cli, step_params, step_parser, task_from_params
 from components.scoring import score_model
+from components.step import In, Out, Step
 from components.tasks import Task
 
 log = logging.getLogger(__name__)
@@ -152,31 +151,30 @@ def run(
     return EvaluateResult(metrics=metrics, report=report)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = step_parser("components.evaluate", __doc__)
-    parser.add_argument("--model", default="outputs/export")
-    parser.add_argument("--data", default="outputs/ingest")
-    parser.add_argument("--out", default="outputs/evaluate")
-    parser.add_argument("--metrics", default="metrics/evaluate.json")
-    parser.add_argument("--plots", default="plots/confusion.csv")
-    args = parser.parse_args(argv)
+STEP = Step(
+    name="evaluate",
+    doc=__doc__,
+    params=EvaluateParams,
+    sections=("task", "evaluate"),
+    run=run,
+    inputs=(
+        In("bundle", "outputs/package", "model_dir", source="package.bundle", help="model"),
+        In("data", "outputs/ingest", "data_dir", source="ingest.data", help="data set"),
+    ),
+    outputs=(
+        Out("evaluation", "outputs/evaluate", "out_dir", help="report, confusion matrix"),
+        Out("metrics", "metrics/evaluate.json", "metrics_file", kfp="Metrics", dvc="metrics"),
+        Out(
+            "confusion",
+            "plots/confusion.csv",
+            "plots_file",
+            kfp="ClassificationMetrics",
+            dvc="plots",
+        ),
+    ),
+)
 
-    def _go() -> None:
-        output_dir(args.out)
-        params, all_params = step_params(args.params, "evaluate", EvaluateParams)
-        task = task_from_params(all_params)
-        run(
-            params,
-            task,
-            args.model,
-            args.data,
-            args.out,
-            metrics_file=args.metrics,
-            plots_file=args.plots,
-        )
-
-    return run_cli(_go)
-
+main = STEP.main
 
 if __name__ == "__main__":
     sys.exit(main())

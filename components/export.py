@@ -21,9 +21,7 @@ best dygraph logits are closer than that tolerance may pick either class on anot
 from __future__ import annotations
 
 import logging
-import shutil
 import sys
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,10 +30,10 @@ import numpy as np
 import paddle
 
 from components import dataset, gates
-from components.artifacts import StepError, atomic_path, read_json, write_json, write_manifest
-from components.cli import output_dir, run_cli, step_params, step_parser, task_from_params
+from components.artifacts import StepError, atomic_path, write_json, write_manifest
 from components.modelio import load_trained, save_legacy
 from components.runtime import ModelFiles, PaddlePredictor
+from components.step import In, Out, Step
 from components.tasks import Task
 
 log = logging.getLogger(__name__)
@@ -57,22 +55,6 @@ class ExportParams:
 class ExportResult:
     out_dir: Path
     parity: dict[str, Any]
-
-
-def bundle_int8(qat_dir: Path, dest: Path) -> dict[str, Any]:
-    """Copy the gated int8 artifacts of the qat step next to the fp32 export."""
-    gate = qat_dir / "gate.json"
-    if not gate.exists() or not read_json(gate).get("passed"):
-        raise StepError(f"{gate}: no int8 model that passed the QAT gate; run qat first")
-    formats = {}
-    for fmt, program in (("paddle", "model.pdmodel"), ("openvino", "model.xml")):
-        shutil.copytree(qat_dir / fmt, dest / fmt)
-        params_file = "model.pdiparams" if fmt == "paddle" else "model.bin"
-        formats[f"int8_{fmt}"] = {
-            "program": f"{dest.name}/{fmt}/{program}",
-            "params": f"{dest.name}/{fmt}/{params_file}",
-        }
-    return formats
 
 
 def check_parity(
@@ -123,10 +105,8 @@ def run(
     train_dir: str | Path,
     data_dir: str | Path,
     out_dir: str | Path,
-    *,
-    qat_dir: str | Path | None = None,
 ) -> ExportResult:
-    """Export fp32 (PIR + legacy), check parity, and bundle the int8 model from ``qat_dir``."""
+    """Export fp32 (PIR + legacy) once and check parity; ``qat`` and ``package`` build on it."""
     train_dir, data_dir, out_dir = Path(train_dir), Path(data_dir), Path(out_dir)
     model, meta = load_trained(task, train_dir)
     spec = task.paddle_input_specs()
@@ -153,8 +133,6 @@ def run(
                 fmt,
                 {k: v for k, v in parity[fmt].items() if k.startswith("batch")},
             )
-        if qat_dir is not None:
-            formats.update(bundle_int8(Path(qat_dir), tmp / "int8"))
         num_classes = int(meta["num_classes"])
         signature = {
             "task": task.name,
@@ -193,22 +171,20 @@ def run(
     return ExportResult(out_dir=out_dir, parity=parity)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = step_parser("components.export", __doc__)
-    parser.add_argument("--train", default="outputs/train")
-    parser.add_argument("--data", default="outputs/ingest")
-    parser.add_argument("--out", default="outputs/export")
-    parser.add_argument("--qat", default=None, help="gated int8 bundle to include (qat output)")
-    args = parser.parse_args(argv)
+STEP = Step(
+    name="export",
+    doc=__doc__,
+    params=ExportParams,
+    sections=("task", "export"),
+    run=run,
+    inputs=(
+        In("model", "outputs/train", "train_dir", source="train.model", help="trained weights"),
+        In("data", "outputs/ingest", "data_dir", source="ingest.data", help="data set"),
+    ),
+    outputs=(Out("exported", "outputs/export", "out_dir", kfp="Model", help="fp32 export"),),
+)
 
-    def _go() -> None:
-        output_dir(args.out)
-        params, all_params = step_params(args.params, "export", ExportParams)
-        task = task_from_params(all_params)
-        run(params, task, args.train, args.data, args.out, qat_dir=args.qat)
-
-    return run_cli(_go)
-
+main = STEP.main
 
 if __name__ == "__main__":
     sys.exit(main())

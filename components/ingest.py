@@ -41,8 +41,9 @@ from tqdm import tqdm
 
 from components import dataset
 from components.artifacts import StepError, atomic_path, sha256_bytes, write_manifest
-from components.cli import output_dir, run_cli, step_params
+from components.cli import output_dir, run_cli
 from components.config import DEFAULT_PARAMS
+from components.step import Out, Step, Value
 
 log = logging.getLogger(__name__)
 
@@ -525,14 +526,28 @@ def source_fingerprint(params: IngestParams, params_file: str = DEFAULT_PARAMS_F
 
 
 def run(
-    params: IngestParams, out_dir: str | Path, *, params_file: str = DEFAULT_PARAMS_FILE
+    params: IngestParams,
+    out_dir: str | Path,
+    *,
+    params_file: str = DEFAULT_PARAMS_FILE,
+    expected_source_sha256: str = "",
 ) -> IngestResult:
     """Read, verify and split the source; write the split files, labels.json and manifest.
 
-    ``params_file`` is only named in error messages about the params."""
+    ``params_file`` is only named in error messages about the params. With
+    ``expected_source_sha256`` (the orchestrator's fingerprint, its cache key) the source
+    must still hold those bytes, or nothing is written."""
+    from components.artifacts import combined_sha256
+
     out_dir = Path(out_dir)
     raw = READERS[params.kind](params, params_file)
     verify_sha256(params.sha256, raw.input_sha256, params.source, params_file)
+    if expected_source_sha256 and combined_sha256(raw.input_sha256) != expected_source_sha256:
+        raise StepError(
+            f"{params.source} changed while the pipeline ran (its fingerprint was "
+            f"{expected_source_sha256[:12]}…, now {combined_sha256(raw.input_sha256)[:12]}…); "
+            "run the pipeline again"
+        )
     if raw.images.shape[0] == 0:
         raise StepError(f"{params.source}: no samples")
     log.info("read %d samples %s from %s", raw.images.shape[0], raw.images.shape[1:], params.source)
@@ -603,32 +618,36 @@ def materialize_builtin_digits(out_dir: str | Path) -> dict[str, str]:
 # --------------------------------------------------------------------------- CLI
 
 
+STEP = Step(
+    name="ingest",
+    doc=__doc__,
+    params=IngestParams,
+    sections=("ingest",),
+    run=run,
+    outputs=(Out("data", "outputs/ingest", "out_dir", kfp="Dataset", help="the data set"),),
+    values=(
+        Value(
+            "source_sha256",
+            "expected_source_sha256",
+            help="refuse to write unless the source still has this fingerprint",
+        ),
+    ),
+    extra_deps=("data/raw",),
+)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m components.ingest",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    sub = parser.add_subparsers(dest="command")
-    p_run = sub.add_parser("run", help="ingest the configured source (default)")
-    p_run.add_argument("--params", default="params.yaml")
-    p_run.add_argument("--out", default="outputs/ingest")
-    p_mat = sub.add_parser("materialize", help="write builtin:digits as IDX files")
-    p_mat.add_argument("--out", default="data/raw/digits")
+    """The step CLI, plus ``materialize`` (write builtin:digits as IDX files)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] not in ("run", "materialize", "-h", "--help"):
-        argv = ["run", *argv]
-    args = parser.parse_args(argv)
+    if argv[:1] != ["materialize"]:
+        return STEP.main(argv[1:] if argv[:1] == ["run"] else argv)
+    parser = argparse.ArgumentParser(prog="python -m components.ingest materialize")
+    parser.add_argument("--out", default="data/raw/digits")
+    args = parser.parse_args(argv[1:])
 
     def _go() -> None:
-        if args.command == "materialize":
-            for name, digest in materialize_builtin_digits(output_dir(args.out)).items():
-                log.info("wrote %s/%s sha256=%s", args.out, name, digest)
-            return
-        out = output_dir(args.out)
-        params, _ = step_params(args.params, "ingest", IngestParams)
-        result = run(params, out, params_file=args.params)
-        log.info("ingest done: %s (data sha256 %s)", result.out_dir, result.data_sha256)
+        for name, digest in materialize_builtin_digits(output_dir(args.out)).items():
+            log.info("wrote %s/%s sha256=%s", args.out, name, digest)
 
     return run_cli(_go)
 

@@ -26,6 +26,7 @@ per broken rule, naming the counts, the p-value and the setting that decided.
 from __future__ import annotations
 
 import logging
+import shutil
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -40,10 +41,10 @@ from tqdm import tqdm
 
 from components import dataset, gates
 from components.artifacts import StepError, atomic_path, write_json, write_manifest
-from components.cli import output_dir, run_cli, step_params, step_parser, task_from_params
-from components.modelio import load_trained, save_legacy
+from components.modelio import load_trained
 from components.ov_runtime import OVPredictor, read_model, save_ir
 from components.runtime import ModelFiles, PaddlePredictor
+from components.step import In, Out, Step
 from components.tasks import Task
 
 log = logging.getLogger(__name__)
@@ -351,16 +352,33 @@ def write_bundle(directory: Path, paddle_writer: Any) -> None:
     )
 
 
+def fp32_bundle(export_dir: Path, dest: Path) -> None:
+    """The exported fp32 program (export's ``legacy/``) as the bundle the int8 model is
+    compared with: the parent is exported once, by ``export``, and only converted here."""
+    legacy = ModelFiles.in_dir(export_dir / "legacy")
+    for name in (legacy.program, legacy.params):
+        if not name.exists():
+            raise StepError(f"{name}: missing; --exported must be the output of export")
+    (dest / "paddle").mkdir(parents=True)
+    shutil.copy2(legacy.program, dest / "paddle" / "model.pdmodel")
+    shutil.copy2(legacy.params, dest / "paddle" / "model.pdiparams")
+    save_ir(read_model(dest / "paddle" / "model.pdmodel"), dest / "openvino" / "model.xml")
+
+
 def run(
     params: QatParams,
     task: Task,
     train_dir: str | Path,
+    export_dir: str | Path,
     data_dir: str | Path,
     out_dir: str | Path,
     *,
     metrics_file: str | Path | None = None,
 ) -> QatResult:
-    train_dir, data_dir, out_dir = Path(train_dir), Path(data_dir), Path(out_dir)
+    """Fine-tune the trained model with fake quantization, gate it against the exported fp32
+    program (sample by sample, docs/gates.md) and write the int8 bundle."""
+    train_dir, export_dir = Path(train_dir), Path(export_dir)
+    data_dir, out_dir = Path(data_dir), Path(out_dir)
     metrics_file = Path(metrics_file) if metrics_file else out_dir / "metrics.json"
     spec = task.paddle_input_specs()
     teacher, _ = load_trained(task, train_dir)
@@ -373,8 +391,7 @@ def run(
     with atomic_path(out_dir) as tmp, tempfile.TemporaryDirectory() as ref:
         tmp.mkdir(parents=True)
         write_bundle(tmp, lambda p: quant.save_quantized_model(student, str(p), input_spec=spec))
-        # the fp32 parent in the same two formats, only to compare against
-        write_bundle(Path(ref), lambda p: save_legacy(teacher, spec, p))
+        fp32_bundle(export_dir, Path(ref))  # the exported parent, to compare against
         result = compare(tmp, Path(ref), task, data_dir, params)
         decision = gate(result["comparisons"], params)
         metrics = summarize(result, decision)
@@ -384,6 +401,7 @@ def run(
             "qat",
             inputs={
                 "model.pdparams": train_dir / "model.pdparams",
+                "fp32/model.pdmodel": export_dir / "legacy" / "model.pdmodel",
                 **{
                     f"{split}.npz": dataset.split_path(data_dir, split)
                     for split in ("train", params.split, params.report_split)
@@ -428,28 +446,30 @@ def check_bundle(
     return decision, summarize(result, decision)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = step_parser("components.qat", __doc__)
-    parser.add_argument("--train", default="outputs/train")
-    parser.add_argument("--data", default="outputs/ingest")
-    parser.add_argument("--out", default="outputs/qat")
-    parser.add_argument("--metrics", default="metrics/qat.json")
-    args = parser.parse_args(argv)
+STEP = Step(
+    name="qat",
+    doc=__doc__,
+    params=QatParams,
+    sections=("task", "qat"),
+    run=run,
+    inputs=(
+        In("model", "outputs/train", "train_dir", source="train.model", help="trained weights"),
+        In(
+            "exported",
+            "outputs/export",
+            "export_dir",
+            source="export.exported",
+            help="the fp32 export: the parent the int8 model is gated against",
+        ),
+        In("data", "outputs/ingest", "data_dir", source="ingest.data", help="data set"),
+    ),
+    outputs=(
+        Out("int8", "outputs/qat", "out_dir", kfp="Model", help="gated int8 bundle"),
+        Out("metrics", "metrics/qat.json", "metrics_file", kfp="Metrics", dvc="metrics"),
+    ),
+)
 
-    def _go() -> None:
-        output_dir(args.out)
-        params, all_params = step_params(args.params, "qat", QatParams)
-        run(
-            params,
-            task_from_params(all_params),
-            args.train,
-            args.data,
-            args.out,
-            metrics_file=args.metrics,
-        )
-
-    return run_cli(_go)
-
+main = STEP.main
 
 if __name__ == "__main__":
     sys.exit(main())

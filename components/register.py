@@ -1,30 +1,19 @@
-"""register: version the model in the MLflow registry, bless it against the champion, promote.
+"""register: version the model in the MLflow registry as the challenger, and bless it.
 
-``run`` (the dvc stage after ``track``):
-
-1. Registers the tracked run's ``model/`` artifacts (fp32 PIR + legacy, the gated int8 model,
-   signature, manifests) as a new version of ``register.model_name`` (default
-   ``<task>-classifier``), copies the lineage tags of the run onto it (``git_sha``,
-   ``data_sha256``, ``params_sha256``, ``ge_success``, ``qat_gate_passed``) plus key metrics,
-   and points alias ``challenger`` at it.
+1. Registers the tracked run's ``model/`` artifacts (the packaged bundle: fp32 PIR + legacy,
+   the gated int8 model, signature, manifests) as a new version of ``registry.model_name``
+   (default ``<task>-classifier``), copies the lineage tags of the run onto it (``git_sha``,
+   ``data_sha256``, ``params_sha256``, ``ge_success``, ``qat_gate_passed``, the serving image
+   and its infra validation) plus key metrics, and points alias ``challenger`` at it.
 2. Blesses it: the registered challenger and, if one exists, the registered champion are both
-   downloaded and scored by the same code as ``evaluate`` on the *current* test split. Blessed
-   means: lineage complete, data validation and the QAT gate passed, accuracy at least
-   ``register.min_accuracy``, and not more than ``register.max_regression`` points below the
+   downloaded and scored by the same code as ``evaluate``, sample by sample, on the current
+   test split and on the pinned holdout (docs/gates.md). Blessed means: lineage complete,
+   accuracy at least ``register.min_accuracy``, and no significant regression against the
    champion. ``blessing.json`` records the decision, every reason, and both models' metrics.
-3. With ``register.auto_promote``, a blessed challenger becomes ``champion``.
 
-Promotion and rollback hold a registry-wide lock (a lock entry created through the tracking
-server, which the backend database makes unique), so racing promotions serialise: exactly one
-champion, and the history tag ``champion_history`` lists every change in order with the
-previous champion. Alias ``previous-champion`` always names the version ``rollback`` restores.
-
-CLI::
-
-    python -m components.register [run]            # the dvc stage
-    python -m components.register status [--json]
-    python -m components.register promote [--version N] [--force --reason TEXT]
-    python -m components.register rollback [--reason TEXT]
+Promotion (pushing the image, moving ``champion``) is the next step, ``promote``; the
+registry's own commands (status, a manual or forced promotion, rollback) are
+``paddle-mlops registry --help``.
 """
 
 from __future__ import annotations
@@ -35,7 +24,6 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,22 +31,22 @@ from typing import Any
 import numpy as np
 
 from components import dataset, gates
-from components.artifacts import StepError, read_json, write_json
-from components.cli import output_dir, run_cli, step_params, step_parser, task_from_params
+from components.artifacts import read_json, write_json
 from components.registry import (
     CHALLENGER,
     CHAMPION,
     HOLDOUT_TAGS,
     LINEAGE_TAGS,
-    PREVIOUS,
     TAG_LIMIT,
     Registry,
+    RegistryParams,
     download_version,
     fetch_holdout,
     log_test_split,
-    version_label,
+    model_name,
 )
 from components.registry import client as mlflow_client
+from components.step import In, Out, Step
 from components.tasks import Task
 
 log = logging.getLogger(__name__)
@@ -68,17 +56,12 @@ _EXTRA_TAGS = ("serving_image_digest", "serving_image_built")  # copied when pre
 
 @dataclass(frozen=True)
 class RegisterParams:
-    model_name: str | None = None  # default: "<task>-classifier"
     min_accuracy: float = 0.95  # absolute floor on the test split
     max_regression: float = 0.0  # points of accuracy the challenger may trail the champion
     max_class_regression: float = 2.0  # points of recall, any class
     alpha: float = 0.1  # one-sided exact McNemar level
     min_class_flips: int = 3  # a class limit counts from this many samples lost (net)
-    auto_promote: bool = True
     split: str = "test"
-    lock_timeout_s: float = 120.0  # how long a promotion waits for another to finish
-    lock_stale_s: float = 600.0  # a lock older than this was left by a crashed process
-    history_length: int = 25
 
     def check(self) -> None:
         if not 0.0 <= self.min_accuracy <= 1.0:
@@ -111,11 +94,6 @@ class RegisterResult:
     name: str
     version: int
     blessing: Blessing
-    promoted: bool
-
-
-def model_name(params: RegisterParams, task: Task) -> str:
-    return params.model_name or f"{task.name}-classifier"
 
 
 # --------------------------------------------------------------------------- blessing
@@ -158,12 +136,6 @@ def bless(
     missing = [t for t in LINEAGE_TAGS if not lineage.get(t)]
     if missing:
         reasons.append(f"lineage tags missing: {', '.join(missing)}")
-    if lineage.get("ge_success") not in (None, "", "true"):
-        reasons.append("data validation (Great Expectations) did not pass")
-    if lineage.get("qat_gate_passed") not in (None, "", "true"):
-        reasons.append("the int8 model did not pass the QAT gate")
-    if lineage.get("infra_validated") not in (None, "", "true"):
-        reasons.append("infra validation of the serving image did not pass")
     acc = challenger["accuracy"]
     if acc < params.min_accuracy:
         reasons.append(f"accuracy {acc:.4f} is below register.min_accuracy {params.min_accuracy}")
@@ -216,24 +188,9 @@ def register_version(
     return int(mv.version)
 
 
-def run(
-    params: RegisterParams,
-    task: Task,
-    run_file: str | Path,
-    data_dir: str | Path,
-    out_dir: str | Path,
-    *,
-    tracking_uri: str | None = None,
-) -> RegisterResult:
-    run_info = read_json(run_file)
-    uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or run_info["tracking_uri"]
-    client = mlflow_client(uri)
-    name = model_name(params, task)
-    registry = Registry(client, name, params)
-    mlrun = client.get_run(run_info["run_id"])
-    lineage = {t: mlrun.data.tags.get(t, "") for t in LINEAGE_TAGS + _EXTRA_TAGS}
-    metrics = mlrun.data.metrics
-    key_metrics = {
+def key_metrics(metrics: dict[str, float]) -> dict[str, str]:
+    """The run's headline metrics as version tags (what ``registry status`` shows)."""
+    return {
         k: str(round(metrics[m], 6))
         for k, m in (
             ("accuracy", "test.accuracy"),
@@ -245,25 +202,21 @@ def run(
         )
         if m in metrics
     }
-    tags = {
-        **{k: v for k, v in lineage.items() if v},
-        **key_metrics,
-        "task": task.name,
-        "mlflow_run_id": mlrun.info.run_id,
-    }
-    version = register_version(
-        client,
-        name,
-        mlrun.info.run_id,
-        tags,
-        f"pipeline run {mlrun.info.run_id} ({lineage.get('git_sha')})",
-    )
-    client.set_registered_model_alias(name, CHALLENGER, str(version))
-    log.info("registered %s v%d (alias %s)", name, version, CHALLENGER)
 
-    data_dir = Path(data_dir)
-    split_sha = log_test_split(client, mlrun.info.run_id, data_dir, params.split)
-    client.set_model_version_tag(name, str(version), "test_split_sha256", split_sha)
+
+def compare_with_champion(
+    client: Any,
+    uri: str,
+    registry: Registry,
+    version: int,
+    params: RegisterParams,
+    task: Task,
+    data_dir: Path,
+    split_sha: str,
+) -> tuple[dict[str, Any], dict[str, Any] | None, dict[str, dict[str, Any]]]:
+    """Score the challenger and the champion (if any) as registered, sample by sample, on
+    ``data_dir``'s split and on the pinned holdout: (challenger, champion, paired counts)."""
+    name = registry.name
     model_tags = client.get_registered_model(name).tags
     holdout = {t: model_tags[t] for t in HOLDOUT_TAGS if model_tags.get(t)}
     paired: dict[str, dict[str, Any]] = {}
@@ -274,37 +227,42 @@ def run(
         )
         challenger["version"] = version
         champion_version = registry.aliases().get(CHAMPION)
-        champion = None
-        if champion_version is not None:
-            champion_dir = download_version(client, uri, name, champion_version, Path(tmp) / "p")
-            champion, _, y_champion = score_registered(champion_dir, task, data_dir, params.split)
-            champion["version"] = champion_version
-            names = dataset.read_label_names(data_dir)
-            paired["test"] = gates.compare(y_true, y_champion, y_challenger, names)
-            pinned = len(holdout) == len(HOLDOUT_TAGS)
-            if pinned and holdout["holdout_sha256"] == split_sha:  # the same bytes: same counts
-                paired["holdout"] = {
-                    **paired["test"],
-                    "pinned_from_version": int(holdout["holdout_version"]),
-                    "sha256": split_sha,
-                }
-            elif pinned and champion["inputs"] == challenger["inputs"]:
-                h_dir = fetch_holdout(client, uri, holdout, Path(tmp) / "h", params.split)
-                h_names = dataset.read_label_names(h_dir)
-                _, h_true, h_champion = score_registered(champion_dir, task, h_dir, params.split)
-                _, _, h_challenger = score_registered(challenger_dir, task, h_dir, params.split)
-                paired["holdout"] = {
-                    **gates.compare(h_true, h_champion, h_challenger, h_names),
-                    "pinned_from_version": int(holdout["holdout_version"]),
-                    "sha256": holdout["holdout_sha256"],
-                }
-            elif not pinned:
-                log.warning("%s has no pinned holdout yet: blessing on %s only", name, params.split)
-    blessing = bless(params, lineage, challenger, champion, paired)
+        if champion_version is None:
+            return challenger, None, paired
+        champion_dir = download_version(client, uri, name, champion_version, Path(tmp) / "p")
+        champion, _, y_champion = score_registered(champion_dir, task, data_dir, params.split)
+        champion["version"] = champion_version
+        names = dataset.read_label_names(data_dir)
+        paired["test"] = gates.compare(y_true, y_champion, y_challenger, names)
+        pinned = len(holdout) == len(HOLDOUT_TAGS)
+        if pinned and holdout["holdout_sha256"] == split_sha:  # the same bytes: same counts
+            paired["holdout"] = {
+                **paired["test"],
+                "pinned_from_version": int(holdout["holdout_version"]),
+                "sha256": split_sha,
+            }
+        elif pinned and champion["inputs"] == challenger["inputs"]:
+            h_dir = fetch_holdout(client, uri, holdout, Path(tmp) / "h", params.split)
+            h_names = dataset.read_label_names(h_dir)
+            _, h_true, h_champion = score_registered(champion_dir, task, h_dir, params.split)
+            _, _, h_challenger = score_registered(challenger_dir, task, h_dir, params.split)
+            paired["holdout"] = {
+                **gates.compare(h_true, h_champion, h_challenger, h_names),
+                "pinned_from_version": int(holdout["holdout_version"]),
+                "sha256": holdout["holdout_sha256"],
+            }
+        elif not pinned:
+            log.warning("%s has no pinned holdout yet: blessing on %s only", name, params.split)
+    return challenger, champion, paired
+
+
+def record_blessing(client: Any, name: str, version: int, run_id: str, blessing: Blessing) -> None:
+    """The decision on the version (tags) and on the run (metrics ``blessing.<data>.*``)."""
     client.set_model_version_tag(name, str(version), "blessed", str(blessing.blessed).lower())
     client.set_model_version_tag(
         name, str(version), "blessing_reasons", "; ".join(blessing.reasons)[:TAG_LIMIT]
     )
+    champion = blessing.champion
     for data, comparison in blessing.comparisons.items():
         o = comparison["overall"]
         summary = {
@@ -320,20 +278,61 @@ def run(
             name, str(version), f"blessing_{data}", json.dumps(summary, separators=(",", ":"))
         )
         client.log_batch(
-            mlrun.info.run_id,
+            run_id,
             metrics=[
                 _metric(f"blessing.{data}.{k}", float(v))
                 for k, v in summary.items()
                 if isinstance(v, int | float) and not isinstance(v, bool)
             ],
         )
-    out_dir = Path(out_dir)
+    client.log_metric(run_id, "blessed", float(blessing.blessed))
+
+
+def run(
+    params: RegisterParams,
+    task: Task,
+    run_file: str | Path,
+    data_dir: str | Path,
+    out_dir: str | Path,
+    *,
+    registry_params: RegistryParams | None = None,
+    tracking_uri: str | None = None,
+) -> RegisterResult:
+    """Register the run ``run_file`` names (or ``run.json`` in that directory) as the
+    ``challenger`` and bless it; promotion is the ``promote`` step's."""
+    run_file, data_dir, out_dir = Path(run_file), Path(data_dir), Path(out_dir)
+    run_info = read_json(run_file / "run.json" if run_file.is_dir() else run_file)
+    uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or run_info["tracking_uri"]
+    client = mlflow_client(uri)
+    registry_params = registry_params or RegistryParams()
+    name = model_name(registry_params, task)
+    registry = Registry(client, name, registry_params)
+    mlrun = client.get_run(run_info["run_id"])
+    run_id = mlrun.info.run_id
+    lineage = {t: mlrun.data.tags.get(t, "") for t in LINEAGE_TAGS + _EXTRA_TAGS}
+    tags = {
+        **{k: v for k, v in lineage.items() if v},
+        **key_metrics(mlrun.data.metrics),
+        "task": task.name,
+        "mlflow_run_id": run_id,
+    }
+    description = f"pipeline run {run_id} ({lineage.get('git_sha')})"
+    version = register_version(client, name, run_id, tags, description)
+    client.set_registered_model_alias(name, CHALLENGER, str(version))
+    log.info("registered %s v%d (alias %s)", name, version, CHALLENGER)
+
+    split_sha = log_test_split(client, run_id, data_dir, params.split)
+    client.set_model_version_tag(name, str(version), "test_split_sha256", split_sha)
+    challenger, champion, paired = compare_with_champion(
+        client, uri, registry, version, params, task, data_dir, split_sha
+    )
+    blessing = bless(params, lineage, challenger, champion, paired)
+    record_blessing(client, name, version, run_id, blessing)
     write_json(
         out_dir / "blessing.json",
         {"model": name, "version": version, **asdict(blessing), "params": asdict(params)},
     )
-    client.log_artifact(mlrun.info.run_id, str(out_dir / "blessing.json"))
-    client.log_metric(mlrun.info.run_id, "blessed", float(blessing.blessed))
+    client.log_artifact(run_id, str(out_dir / "blessing.json"))
     if blessing.blessed:
         log.info(
             "%s v%d blessed (accuracy %.4f%s)",
@@ -351,84 +350,19 @@ def run(
             version,
             "\n".join(f"  - {r}" for r in blessing.reasons),
         )
-
-    promoted = False
-    if blessing.blessed and params.auto_promote:
-        registry.promote(
-            version,
-            reason="blessed by the pipeline",
-            expected_champion=champion["version"] if champion else None,
-        )
-        promoted = True
     write_json(
         out_dir / "registration.json",
         {
             "model": name,
             "version": version,
             "blessed": blessing.blessed,
-            "promoted": promoted,
+            # the champion the blessing judged against: promote refuses if it moved since
+            "judged_against": champion["version"] if champion else None,
+            "tracking_uri": uri,
             "aliases": registry.aliases(),
         },
     )
-    return RegisterResult(name, version, blessing, promoted)
-
-
-# --------------------------------------------------------------------------- CLI
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = step_parser("components.register", __doc__)
-    parser.add_argument(
-        "--tracking-uri",
-        default=None,
-        help="default: MLFLOW_TRACKING_URI, else sqlite:///mlflow.db",
-    )
-    parser.add_argument("--model-name", default=None, help="default: register.model_name")
-    sub = parser.add_subparsers(dest="command")
-    p_run = sub.add_parser("run", help="register + bless the tracked run (the dvc stage)")
-    p_run.add_argument("--run", default="outputs/track/run.json")
-    p_run.add_argument("--data", default="outputs/ingest")
-    p_run.add_argument("--out", default="outputs/register")
-    p_status = sub.add_parser("status", help="champion, challenger, history")
-    p_status.add_argument("--json", action="store_true")
-    p_promote = sub.add_parser("promote", help="make a version the champion")
-    p_promote.add_argument("--version", type=int, default=None, help="default: the challenger")
-    p_promote.add_argument("--force", action="store_true", help="promote although not blessed")
-    p_promote.add_argument("--reason", default="")
-    p_rollback = sub.add_parser("rollback", help="restore the previous champion")
-    p_rollback.add_argument("--reason", default="")
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if not any(a in ("run", "status", "promote", "rollback", "-h", "--help") for a in argv):
-        argv.append("run")
-    args = parser.parse_args(argv)
-
-    def _go() -> None:
-        if args.command == "run":
-            output_dir(args.out)
-        params, all_params = step_params(args.params, "register", RegisterParams)
-        task = task_from_params(all_params)
-        if args.command == "run":
-            run(params, task, args.run, args.data, args.out, tracking_uri=args.tracking_uri)
-            return
-        name = args.model_name or model_name(params, task)
-        registry = Registry(mlflow_client(args.tracking_uri), name, params)
-        if not registry.exists():
-            raise StepError(f"no registered model '{name}' at the tracking URI")
-        if args.command == "status":
-            status = registry.status()
-            sys.stdout.write(
-                json.dumps(status, indent=2) + "\n" if args.json else _format_status(status)
-            )
-        elif args.command == "promote":
-            version = args.version or registry.aliases().get(CHALLENGER)
-            if version is None:
-                raise StepError(f"{name}: no --version given and no '{CHALLENGER}' alias")
-            event = registry.promote(version, force=args.force, reason=args.reason)
-            sys.stdout.write(json.dumps(event) + "\n")
-        elif args.command == "rollback":
-            sys.stdout.write(json.dumps(registry.rollback(reason=args.reason)) + "\n")
-
-    return run_cli(_go)
+    return RegisterResult(name, version, blessing)
 
 
 def _metric(key: str, value: float) -> Any:
@@ -437,28 +371,31 @@ def _metric(key: str, value: float) -> Any:
     return Metric(key, value, int(time.time() * 1000), 0)
 
 
-def _format_status(status: dict[str, Any]) -> str:
-    lines = [f"model {status['model']}"]
-    for alias in (CHAMPION, CHALLENGER, PREVIOUS):
-        entry = status.get(alias)
-        if entry is None:
-            lines.append(f"  {alias:<18} -")
-            continue
-        t = entry["tags"]
-        lines.append(
-            f"  {alias:<18} v{entry['version']}  accuracy {t.get('accuracy', '?')}  "
-            f"blessed {t.get('blessed', '?')}  git {t.get('git_sha', '?')[:12]}  "
-            f"data {t.get('data_sha256', '?')[:12]}  params {t.get('params_sha256', '?')[:12]}  "
-            f"ge {t.get('ge_success', '?')}  qat_gate {t.get('qat_gate_passed', '?')}"
-        )
-    for event in status["history"][-5:]:
-        lines.append(
-            f"  {event['at']}  {event['action']:<8} v{event['version']} "
-            f"(was {version_label(event['previous'])})"
-            f"{'  FORCED: ' + event['reason'] if event.get('forced') else ''}"
-        )
-    return "\n".join(lines) + "\n"
+STEP = Step(
+    name="register",
+    doc=__doc__,
+    params=RegisterParams,
+    sections=("task", "register", "registry"),
+    shared=(("registry", "registry_params", RegistryParams),),
+    run=run,
+    inputs=(
+        In("run_info", "outputs/track", "run_file", source="track.run_info", help="run.json"),
+        In("data", "outputs/ingest", "data_dir", source="ingest.data", help="data set"),
+    ),
+    outputs=(
+        Out(
+            "registration",
+            "outputs/register",
+            "out_dir",
+            dvc="uncached",
+            help="registration.json, blessing.json",
+        ),
+    ),
+    result="blessing.blessed",
+    result_type=bool,
+)
 
+main = STEP.main
 
 if __name__ == "__main__":
     sys.exit(main())

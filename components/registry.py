@@ -16,10 +16,11 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from components import dataset
 from components.artifacts import StepError, sha256_file
@@ -42,12 +43,24 @@ _EXTRA_TAGS = ("serving_image_digest", "serving_image_built")
 TAG_LIMIT = 5000
 
 
-class RegistrySettings(Protocol):
-    """What the registry needs of the register params."""
+@dataclass(frozen=True)
+class RegistryParams:
+    """``params.yaml: registry``: the registered model and how changes of its champion
+    are serialised (read by register, promote and ``paddle-mlops registry``)."""
 
-    lock_timeout_s: float
-    lock_stale_s: float
-    history_length: int
+    model_name: str | None = None  # default: "<task>-classifier"
+    lock_timeout_s: float = 120.0  # how long a promotion waits for another to finish
+    lock_stale_s: float = 600.0  # a lock older than this was left by a crashed process
+    history_length: int = 25
+
+    def check(self) -> None:
+        for name in ("lock_timeout_s", "lock_stale_s", "history_length"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0")
+
+
+def model_name(params: RegistryParams, task: Any) -> str:
+    return params.model_name or f"{task.name}-classifier"
 
 
 def tracking_uri() -> str:
@@ -80,7 +93,7 @@ def _actor() -> str:
 class Registry:
     """Aliases, lineage, history and the promotion lock of one registered model."""
 
-    def __init__(self, client: Any, name: str, params: RegistrySettings):
+    def __init__(self, client: Any, name: str, params: RegistryParams):
         self.client, self.name, self.params = client, name, params
         self.lock_name = f"{name}--promotion-lock"
 
@@ -372,3 +385,82 @@ def fetch_holdout(client: Any, uri: str, tags: dict[str, str], dest: Path, split
 
 def version_label(version: int | None) -> str:
     return f"v{version}" if version is not None else "none"
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def _format_status(status: dict[str, Any]) -> str:
+    lines = [f"model {status['model']}"]
+    for alias in (CHAMPION, CHALLENGER, PREVIOUS):
+        entry = status.get(alias)
+        if entry is None:
+            lines.append(f"  {alias:<18} -")
+            continue
+        t = entry["tags"]
+        lines.append(
+            f"  {alias:<18} v{entry['version']}  accuracy {t.get('accuracy', '?')}  "
+            f"blessed {t.get('blessed', '?')}  git {t.get('git_sha', '?')[:12]}  "
+            f"data {t.get('data_sha256', '?')[:12]}  params {t.get('params_sha256', '?')[:12]}  "
+            f"ge {t.get('ge_success', '?')}  qat_gate {t.get('qat_gate_passed', '?')}"
+        )
+    for event in status["history"][-5:]:
+        lines.append(
+            f"  {event['at']}  {event['action']:<8} v{event['version']} "
+            f"(was {version_label(event['previous'])})"
+            f"{'  FORCED: ' + event['reason'] if event.get('forced') else ''}"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``paddle-mlops registry status|promote|rollback``: the champion by hand."""
+    import argparse
+    import sys
+
+    from components.cli import run_cli, task_from_params
+    from components.config import load_params, section
+
+    parser = argparse.ArgumentParser(
+        prog="paddle-mlops registry",
+        description="The registered model's champion: show it, promote a version by hand "
+        "(refused unless blessed, or --force with a recorded --reason), roll back.",
+    )
+    parser.add_argument("--params", default="params.yaml")
+    parser.add_argument(
+        "--tracking-uri",
+        default=None,
+        help="default: MLFLOW_TRACKING_URI, else " + DEFAULT_TRACKING_URI,
+    )
+    parser.add_argument("--model-name", default=None, help="default: registry.model_name")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_status = sub.add_parser("status", help="champion, challenger, history")
+    p_status.add_argument("--json", action="store_true")
+    p_promote = sub.add_parser("promote", help="make a version the champion")
+    p_promote.add_argument("--version", type=int, default=None, help="default: the challenger")
+    p_promote.add_argument("--force", action="store_true", help="promote although not blessed")
+    p_promote.add_argument("--reason", default="")
+    p_rollback = sub.add_parser("rollback", help="restore the previous champion")
+    p_rollback.add_argument("--reason", default="")
+    args = parser.parse_args(argv)
+
+    def _go() -> None:
+        all_params = load_params(args.params)
+        params = section(all_params, "registry", RegistryParams, source=args.params)
+        name = args.model_name or model_name(params, task_from_params(all_params))
+        registry = Registry(client(args.tracking_uri), name, params)
+        if not registry.exists():
+            raise StepError(f"no registered model '{name}' at the tracking URI")
+        if args.command == "status":
+            status = registry.status()
+            out = json.dumps(status, indent=2) + "\n" if args.json else _format_status(status)
+        elif args.command == "promote":
+            version = args.version or registry.aliases().get(CHALLENGER)
+            if version is None:
+                raise StepError(f"{name}: no --version given and no '{CHALLENGER}' alias")
+            out = json.dumps(registry.promote(version, force=args.force, reason=args.reason))
+        else:
+            out = json.dumps(registry.rollback(reason=args.reason))
+        sys.stdout.write(out.rstrip("\n") + "\n")
+
+    return run_cli(_go)

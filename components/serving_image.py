@@ -30,8 +30,8 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
@@ -43,13 +43,17 @@ from components.artifacts import (
     atomic_path,
     combined_sha256,
     read_json,
+    sha256_file,
     sha256_tree,
     write_json,
     write_manifest,
+    write_text,
 )
-from components.cli import output_dir, run_cli, step_params, step_parser, task_from_params
+from components.config import load_params, section
+from components.images import build_image, detect_builder
 from components.kserve_client import KServeClient, KServeError
 from components.runtime import BatchedPredictor, ModelFiles, PaddlePredictor
+from components.step import In, Out, Step
 from components.tasks import Task
 
 log = logging.getLogger(__name__)
@@ -60,10 +64,64 @@ SERVER_NAME = "paddle-mlops-server"
 
 @dataclass(frozen=True)
 class ServerFlags:
+    """The server's runtime configuration (``params.yaml: serving_image.server``).
+
+    Its one form is ``server.env`` (:func:`render_server_env`): infra validation starts the
+    binary with it, the image bakes it in, and kustomize turns the committed
+    ``k8s/*/server.env`` into the ConfigMaps the pods read.
+    """
+
     workers: int = 2
     threads_per_worker: int = 1
     max_batch_size: int = 64
     max_queue_delay_us: int = 1000
+
+
+# The smallest value the server accepts for each field (serving/src/config.cc); 0 threads
+# per worker means the runtime's default, a 0 queue delay runs whatever is queued at once.
+SERVER_FLAG_MINIMUMS = {
+    "workers": 1,
+    "threads_per_worker": 0,
+    "max_batch_size": 1,
+    "max_queue_delay_us": 0,
+}
+SERVER_ENV_HEADER = (
+    "# Generated from params.yaml serving_image.server by "
+    "components.serving_image.render_server_env: do not edit by hand.\n"
+)
+# The committed copies kustomize generates ConfigMaps from (a kustomization may only read
+# files below its own directory, hence one per kustomization); tests/test_k8s.py pins them.
+K8S_SERVER_ENV_FILES = (
+    REPO / "k8s" / "serving" / "server.env",
+    REPO / "k8s" / "kserve" / "server.env",
+)
+# Read by the binary besides SERVING_* (KServe's names); never inherited by a validation run.
+_LEGACY_SERVER_ENV = ("PORT", "MODEL_DIR", "MODEL_NAME")
+
+
+def server_env(flags: ServerFlags) -> dict[str, str]:
+    """``flags`` as the environment the server reads: flag ``--foo-bar`` is ``SERVING_FOO_BAR``
+    (``EnvNameForFlag`` in serving/src/config.cc; a flag on the command line would win)."""
+    return {f"SERVING_{f.name.upper()}": str(getattr(flags, f.name)) for f in fields(flags)}
+
+
+def render_server_env(flags: ServerFlags) -> str:
+    """``server.env``: a comment line, then sorted ``KEY=VALUE`` lines (docker ``--env-file``
+    and kustomize ``configMapGenerator.envs`` read it as it is)."""
+    env = server_env(flags)
+    return SERVER_ENV_HEADER + "".join(f"{k}={env[k]}\n" for k in sorted(env))
+
+
+def write_k8s_server_env(
+    params_file: str | Path = REPO / "params.yaml",
+    paths: Sequence[Path] = K8S_SERVER_ENV_FILES,
+) -> list[Path]:
+    """Refresh the committed ``k8s/*/server.env`` from ``params_file``."""
+    flags = section(load_params(params_file), "serving_image", ServingImageParams).server
+    text = render_server_env(flags)
+    for path in paths:
+        Path(path).write_text(text)
+    return [Path(p) for p in paths]
 
 
 @dataclass(frozen=True)
@@ -71,7 +129,6 @@ class ServingImageParams:
     image_repository: str = "paddle-mlops/digits-server"
     image_tag: str | None = None  # default: the first 12 hex digits of the context hash
     builder: Literal["auto", "docker", "podman", "buildah", "none"] = "auto"
-    push: bool = False
     variants: list[str] = field(default_factory=lambda: ["fp32", "int8"])
     server_binary: str | None = None  # default: build serving/ into build/serving
     golden_samples: int = 64
@@ -88,6 +145,12 @@ class ServingImageParams:
         unknown = set(self.variants) - {"fp32", "int8"}
         if unknown:
             raise ValueError(f"variants: unknown {sorted(unknown)} (fp32, int8)")
+        if self.golden_samples < 1:
+            raise ValueError(f"golden_samples: must be >= 1, got {self.golden_samples}")
+        for name, minimum in SERVER_FLAG_MINIMUMS.items():
+            value = getattr(self.server, name)
+            if value < minimum:
+                raise ValueError(f"server.{name}: must be >= {minimum}, got {value}")
 
 
 @dataclass(frozen=True)
@@ -140,11 +203,22 @@ def _free_port() -> int:
 class ServerProcess:
     """A KServe-v2 server process on a free loopback port, stopped with SIGTERM."""
 
-    def __init__(self, argv: Callable[[int], list[str]], name: str, log_file: Path):
+    def __init__(
+        self,
+        argv: Callable[[int], list[str]],
+        name: str,
+        log_file: Path,
+        env: Mapping[str, str] | None = None,  # None: this process's environment
+    ):
         self.port = _free_port()
         self.name = name
         self._log = open(log_file, "w")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(argv(self.port), stdout=self._log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            argv(self.port),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=None if env is None else dict(env),
+        )
         self.client = KServeClient(f"http://127.0.0.1:{self.port}")
 
     free_port = staticmethod(_free_port)
@@ -180,8 +254,20 @@ class ServerProcess:
         return code
 
 
+def server_process_env(flags: ServerFlags) -> dict[str, str]:
+    """This process's environment without anything the server would read as configuration
+    (``SERVING_*``, ``PORT``, ``MODEL_DIR``, ``MODEL_NAME``), plus :func:`server_env`."""
+    inherited = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("SERVING_") and k not in _LEGACY_SERVER_ENV
+    }
+    return {**inherited, **server_env(flags)}
+
+
 class RunningServer(ServerProcess):
-    """The real C++ server binary serving one variant of an exported model."""
+    """The real C++ server binary serving one variant of an exported model, configured by
+    ``server.env`` (:func:`server_env`) exactly as the image and the k8s pods are."""
 
     def __init__(
         self,
@@ -201,14 +287,11 @@ class RunningServer(ServerProcess):
                 f"--model-name={name}",
                 "--host=127.0.0.1",
                 f"--port={port}",
-                f"--workers={flags.workers}",
-                f"--threads-per-worker={flags.threads_per_worker}",
-                f"--max-batch-size={flags.max_batch_size}",
-                f"--max-queue-delay-us={flags.max_queue_delay_us}",
                 *extra_args,
             ],
             name,
             log_file,
+            env=server_process_env(flags),
         )
 
 
@@ -250,11 +333,22 @@ def validate_variant(
     failures: list[str] = []
     try:
         server.wait_ready(params.startup_timeout_s)
-        got = server.client.infer(name, dict(zip(input_names, golden, strict=True)), binary=True)[
-            output_name
-        ]
+        # no request larger than the server's max batch size (it answers 400 to those)
+        batch = params.server.max_batch_size
+        starts = range(0, len(golden[0]), batch)
+        got = np.concatenate(
+            [
+                server.client.infer(
+                    name,
+                    {n: x[i : i + batch] for n, x in zip(input_names, golden, strict=True)},
+                    binary=True,
+                )[output_name]
+                for i in starts
+            ]
+        )
+        n_json = min(4, batch)
         got_json = server.client.infer(
-            name, {n: x[:4] for n, x in zip(input_names, golden, strict=True)}
+            name, {n: x[:n_json] for n, x in zip(input_names, golden, strict=True)}
         )[output_name]
         diff = np.abs(got - expected)
         atol, rtol = (
@@ -266,10 +360,11 @@ def validate_variant(
         report["checks"]["answers"] = {
             "reference": "paddle_inference" if variant == "fp32" else "openvino",
             "samples": int(len(expected)),
+            "requests": len(starts),
             "max_abs_diff": float(diff.max()),
             "top1_agreement": float((got.argmax(1) == expected.argmax(1)).mean()),
             "top1_mismatches": mismatches,
-            "json_equals_binary": bool(np.array_equal(got_json, got[:4])),
+            "json_equals_binary": bool(np.array_equal(got_json, got[:n_json])),
         }
         if variant != "fp32":  # recorded: another runtime's int8 kernels round differently
             other = _paddle(model_dir, signature, "int8_paddle").predict(golden)
@@ -324,58 +419,26 @@ def validate_variant(
 # --------------------------------------------------------------------------- image
 
 
-def detect_builder(requested: str) -> tuple[str | None, str]:
-    """The first working image builder, or None with the reason."""
-    builders = ("docker", "podman", "buildah")
-    if requested not in (*builders, "auto", "none"):
-        raise StepError(
-            f"serving_image.builder: {requested!r} is not one of "
-            f"{['auto', *builders, 'none']} (in a cluster, kaniko builds the image)"
-        )
-    candidates = list(builders) if requested == "auto" else [requested]
-    if requested == "none":
-        return None, "builder: none in params"
-    reasons = []
-    for tool in candidates:
-        path = shutil.which(tool)
-        if path is None:
-            reasons.append(f"{tool}: not installed")
-            continue
-        probe = [tool, "info"] if tool != "buildah" else [tool, "version"]
-        proc = subprocess.run(probe, capture_output=True, text=True, timeout=60)
-        if proc.returncode == 0:
-            return tool, "ok"
-        first = (proc.stderr or proc.stdout).strip().splitlines()
-        reasons.append(f"{tool}: {first[-1] if first else 'unusable'}")
-    return None, "; ".join(reasons)
-
-
-def build_image(builder: str, context: Path, ref: str, push: bool) -> str:
-    """Build (and push) ``ref`` from ``context``; returns the image digest/id."""
-    cmd = ([builder, "bud"] if builder == "buildah" else [builder, "build"]) + [
-        "-t",
-        ref,
-        "-f",
-        str(context / "Dockerfile"),
-        str(context),
+def bake_server_env(dockerfile: str, flags: ServerFlags) -> str:
+    """``dockerfile`` with ``server_env(flags)`` as an ``ENV`` line right before its
+    ``ENTRYPOINT`` (the final stage): the image runs as infra validation ran it. A pod's
+    own env (KServe's ``PORT``, a ConfigMap via ``envFrom``) still overrides it."""
+    lines = dockerfile.splitlines(keepends=True)
+    at = [i for i, line in enumerate(lines) if line.lstrip().upper().startswith("ENTRYPOINT")]
+    if len(at) != 1:
+        raise StepError(f"the serving Dockerfile needs exactly one ENTRYPOINT, found {len(at)}")
+    env = server_env(flags)
+    baked = [
+        "# server.env (generated from params.yaml serving_image.server)\n",
+        "ENV " + " ".join(f"{k}={env[k]}" for k in sorted(env)) + "\n",
     ]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        tail = "\n".join(proc.stderr.splitlines()[-15:])
-        raise StepError(f"{builder} build of {ref} failed:\n{tail}")
-    if push:
-        proc = subprocess.run([builder, "push", ref], capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise StepError(f"{builder} push {ref} failed: {proc.stderr.strip()[-500:]}")
-    fmt = "{{.Id}}" if builder != "buildah" else "{{.FromImageDigest}}"
-    inspect = subprocess.run(
-        [builder, "inspect", "--format", fmt, ref], capture_output=True, text=True
-    )
-    return inspect.stdout.strip()
+    return "".join(lines[: at[0]] + baked + lines[at[0] :])
 
 
-def assemble_context(dest: Path, model_dir: Path, serving_src: Path) -> str:
-    shutil.copy2(serving_src / "Dockerfile.cpu", dest / "Dockerfile")
+def assemble_context(dest: Path, model_dir: Path, serving_src: Path, flags: ServerFlags) -> str:
+    dockerfile = (serving_src / "Dockerfile.cpu").read_text()
+    (dest / "Dockerfile").write_text(bake_server_env(dockerfile, flags))
+    (dest / "server.env").write_text(render_server_env(flags))
     shutil.copytree(
         serving_src, dest / "serving", ignore=shutil.ignore_patterns("build*", ".*", "__pycache__")
     )
@@ -395,8 +458,16 @@ def run(
     out_dir: str | Path,
     *,
     serving_src: str | Path = REPO / "serving",
-    build_dir: str | Path = REPO / "build" / "serving",
+    build_dir: str | Path | None = None,
 ) -> ServingImageResult:
+    """Serve ``model_dir`` with the real server binary (built from ``serving_src`` into
+    ``build_dir``, default ``$SERVING_BUILD_DIR`` or ``build/serving``), check every variant's
+    answers and latency, and build the image when a builder is here (``promote`` pushes it)."""
+    build_dir = build_dir or os.environ.get("SERVING_BUILD_DIR") or REPO / "build" / "serving"
+    try:  # params.yaml was checked when read; params built in Python were not
+        params.check()
+    except ValueError as exc:
+        raise StepError(f"serving_image: {exc}") from exc
     model_dir, data_dir, out_dir = Path(model_dir), Path(data_dir), Path(out_dir)
     serving_src = Path(serving_src)
     binary = (
@@ -412,7 +483,7 @@ def run(
     with atomic_path(out_dir) as tmp:
         tmp.mkdir(parents=True)
         (tmp / "context").mkdir()
-        context_sha = assemble_context(tmp / "context", model_dir, serving_src)
+        context_sha = assemble_context(tmp / "context", model_dir, serving_src, params.server)
         ref = f"{params.image_repository}:{params.image_tag or context_sha[:12]}"
         builder, why = detect_builder(params.builder)
         digest = None
@@ -424,7 +495,7 @@ def run(
                 ref,
             )
         else:
-            digest = build_image(builder, tmp / "context", ref, params.push)
+            digest = build_image(builder, tmp / "context", ref)  # pushed by promote
             log.info("built %s with %s (%s)", ref, builder, digest)
 
         reports = [
@@ -432,6 +503,7 @@ def run(
         ]
         failures = [f for r in reports for f in r["failures"]]
         validated = not failures
+        write_text(tmp / "server.env", render_server_env(params.server))
         summary = {
             "image": ref,
             "digest": digest,
@@ -439,7 +511,7 @@ def run(
             "builder": builder,
             "builder_note": why,
             "context_sha256": context_sha,
-            "pushed": bool(builder and params.push),
+            "server_env_sha256": sha256_file(tmp / "server.env"),
             "infra_validated": validated,
             "variants": reports,
             "server_binary": str(binary),
@@ -449,7 +521,7 @@ def run(
             tmp,
             "serving_image",
             inputs={"model": model_dir},
-            outputs={"infra.json": tmp / "infra.json"},
+            outputs={"infra.json": tmp / "infra.json", "server.env": tmp / "server.env"},
             params=asdict(params),
             extra={
                 "image": ref,
@@ -465,32 +537,29 @@ def run(
     return ServingImageResult(ref, digest, builder is not None, builder, validated, summary)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = step_parser("components.serving_image", __doc__)
-    parser.add_argument("--model", default="outputs/export")
-    parser.add_argument("--data", default="outputs/ingest")
-    parser.add_argument("--out", default="outputs/serving_image")
-    parser.add_argument("--serving-src", default=str(REPO / "serving"))
-    parser.add_argument(
-        "--build-dir", default=os.environ.get("SERVING_BUILD_DIR", str(REPO / "build" / "serving"))
-    )
-    args = parser.parse_args(argv)
+STEP = Step(
+    name="serving_image",
+    doc=__doc__,
+    params=ServingImageParams,
+    sections=("task", "serving_image"),
+    run=run,
+    inputs=(
+        In("bundle", "outputs/package", "model_dir", source="package.bundle", help="model"),
+        In("data", "outputs/ingest", "data_dir", source="ingest.data", help="golden samples"),
+    ),
+    outputs=(
+        Out(
+            "infra",
+            "outputs/serving_image",
+            "out_dir",
+            help="infra.json, server.env, the image's build context",
+        ),
+    ),
+    result="image",
+    extra_deps=("serving/src", "serving/CMakeLists.txt", "serving/Dockerfile.cpu"),
+)
 
-    def _go() -> None:
-        output_dir(args.out)
-        params, all_params = step_params(args.params, "serving_image", ServingImageParams)
-        run(
-            params,
-            task_from_params(all_params),
-            args.model,
-            args.data,
-            args.out,
-            serving_src=args.serving_src,
-            build_dir=args.build_dir,
-        )
-
-    return run_cli(_go)
-
+main = STEP.main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,9 +29,9 @@ from components.artifacts import (
     read_json,
     write_json,
 )
-from components.cli import output_dir, run_cli, step_params, step_parser
 from components.config import params_sha256
 from components.registry import tracking_uri
+from components.step import In, Out, Step
 
 log = logging.getLogger(__name__)
 
@@ -44,17 +44,55 @@ class TrackParams:
 
 @dataclass(frozen=True)
 class StepOutputs:
-    """Where each step left its files (defaults match dvc.yaml)."""
+    """Where each step left its files (the ports of the track step)."""
 
-    ingest: Path = Path("outputs/ingest")
-    validate: Path = Path("outputs/validate")
-    train: Path = Path("outputs/train")
-    export: Path = Path("outputs/export")
-    qat: Path = Path("outputs/qat")
-    evaluate: Path = Path("outputs/evaluate")
-    serving_image: Path = Path("outputs/serving_image")
-    metrics: Path = Path("metrics")
-    plots: Path = Path("plots")
+    data: Path
+    report: Path
+    model: Path
+    exported: Path
+    int8: Path
+    bundle: Path
+    evaluation: Path
+    infra: Path
+    train_metrics: Path
+    qat_metrics: Path
+    evaluate_metrics: Path
+    train_plots: Path
+    confusion: Path
+
+    def manifests(self) -> dict[str, dict[str, Any]]:
+        """Each step's manifest.json, keyed by step name."""
+        dirs = {
+            "ingest": self.data,
+            "validate": self.report,
+            "train": self.model,
+            "export": self.exported,
+            "qat": self.int8,
+            "package": self.bundle,
+            "evaluate": self.evaluation,
+            "serving_image": self.infra,
+        }
+        return {step: read_json(d / "manifest.json") for step, d in dirs.items()}
+
+    def step_files(self) -> dict[str, list[tuple[Path, str | None]]]:
+        """What each nested run logs: (file or directory, artifact path)."""
+        return {
+            "ingest": [(self.data / "manifest.json", None), (self.data / "labels.json", None)],
+            "validate": [(self.report, "great_expectations")],
+            "train": [
+                (self.model / n, None) for n in ("manifest.json", "history.json", "model_meta.json")
+            ],
+            "export": [
+                (self.exported / n, None)
+                for n in ("manifest.json", "parity.json", "signature.json")
+            ],
+            "qat": [(self.int8 / "manifest.json", None), (self.int8 / "gate.json", None)],
+            "package": [(self.bundle / "manifest.json", None)],
+            "evaluate": [(self.evaluation, None)],
+            "serving_image": [
+                (self.infra / n, None) for n in ("manifest.json", "infra.json", "server.env")
+            ],
+        }
 
 
 @dataclass(frozen=True)
@@ -97,33 +135,19 @@ def _log_dir(mlflow_mod: Any, path: Path, artifact_path: str | None = None) -> N
         mlflow_mod.log_artifact(str(path), artifact_path)
 
 
-def run(
-    params: TrackParams, all_params: Mapping[str, Any], outputs: StepOutputs, out_dir: str | Path
-) -> TrackResult:
-    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-    import mlflow
-
-    out_dir = Path(out_dir)
-    uri = tracking_uri()
-    mlflow.set_tracking_uri(uri)
-    manifests = {
-        step: read_json(getattr(outputs, step) / "manifest.json")
-        for step in ("ingest", "validate", "train", "qat", "export", "evaluate", "serving_image")
-    }
-    ge_summary = read_json(outputs.validate / "summary.json")
-    train_metrics = read_json(outputs.metrics / "train.json")
-    eval_metrics = read_json(outputs.metrics / "evaluate.json")
-    qat_metrics = read_json(outputs.metrics / "qat.json")
-    infra = read_json(outputs.serving_image / "infra.json")
-    history = read_json(outputs.train / "history.json")
-    data_sha = combined_sha256(manifests["ingest"].get("input_sha256", {}))
-    sha = git_sha()
-    task_name = str(all_params.get("task", {}).get("name", "unknown"))
-    tags = {
-        "git_sha": sha,
-        "data_sha256": data_sha,
+def lineage_tags(
+    all_params: Mapping[str, Any], outputs: StepOutputs, manifests: Mapping[str, Any]
+) -> dict[str, str]:
+    """The parent run's tags: what the model was made from and where (registry lineage)."""
+    ge_summary = read_json(outputs.report / "summary.json")
+    train_metrics = read_json(outputs.train_metrics)
+    qat_metrics = read_json(outputs.qat_metrics)
+    infra = read_json(outputs.infra / "infra.json")
+    return {
+        "git_sha": git_sha(),
+        "data_sha256": combined_sha256(manifests["ingest"].get("input_sha256", {})),
         "params_sha256": params_sha256(dict(all_params)),
-        "task": task_name,
+        "task": str(all_params.get("task", {}).get("name", "unknown")),
         "amp_effective": str(train_metrics.get("amp_effective")),
         "ge_success": str(bool(ge_summary.get("success"))).lower(),
         "qat_gate_passed": str(bool(qat_metrics.get("gate_passed"))).lower(),
@@ -135,84 +159,83 @@ def run(
         **_machine_tags(manifests["train"]),
     }
 
+
+def step_metrics(outputs: StepOutputs) -> dict[str, dict[str, Any]]:
+    """Metrics per step, as the nested runs and (prefixed) the parent run log them."""
+    ge_summary = read_json(outputs.report / "summary.json")
+    qat = read_json(outputs.qat_metrics)
+    return {
+        "train": read_json(outputs.train_metrics),
+        "evaluate": read_json(outputs.evaluate_metrics),
+        "qat": {**qat, "gate_passed": float(bool(qat.get("gate_passed")))},
+        "validate": {
+            "success": float(bool(ge_summary.get("success"))),
+            "expectations_evaluated": ge_summary.get("evaluated", 0),
+            "expectations_failed": ge_summary.get("failed", 0),
+        },
+    }
+
+
+def _log_epochs(mlflow_mod: Any, history: list[dict[str, Any]]) -> None:
+    for row in history:
+        metrics = {k: float(v) for k, v in row.items() if k != "epoch"}
+        mlflow_mod.log_metrics(metrics, step=int(row["epoch"]))
+
+
+def run(
+    params: TrackParams,
+    all_params: Mapping[str, Any],
+    out_dir: str | Path,
+    outputs: StepOutputs,
+) -> TrackResult:
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    import mlflow
+
+    out_dir = Path(out_dir)
+    uri = tracking_uri()
+    mlflow.set_tracking_uri(uri)
+    manifests = outputs.manifests()
+    tags = lineage_tags(all_params, outputs, manifests)
+    metrics = step_metrics(outputs)
+    history = read_json(outputs.model / "history.json")
     try:
         mlflow.set_experiment(params.experiment)
     except Exception as exc:  # MLflow raises its own exception types for bad URIs/backends
         raise StepError(
             f"MLflow tracking at {uri}: cannot open experiment '{params.experiment}' ({exc})"
         ) from exc
-    run_name = f"{params.run_name_prefix}-{task_name}-{sha[:8]}"
+    run_name = f"{params.run_name_prefix}-{tags['task']}-{tags['git_sha'][:8]}"
     with mlflow.start_run(run_name=run_name, tags=tags) as parent:
         flat = {k: str(v) for k, v in flatten(all_params)}
         mlflow.log_params({k: v[:6000] for k, v in flat.items()})
         mlflow.log_metrics(
             {
-                **_numeric(train_metrics, "train."),
-                **_numeric(eval_metrics, "test."),
-                **_numeric(qat_metrics, "qat."),
-                "qat.gate_passed": float(bool(qat_metrics.get("gate_passed"))),
-                "ge_success": float(bool(ge_summary.get("success"))),
+                **_numeric(metrics["train"], "train."),
+                **_numeric(metrics["evaluate"], "test."),
+                **_numeric(metrics["qat"], "qat."),
+                "ge_success": metrics["validate"]["success"],
             }
         )
-        for row in history:
-            epoch = int(row["epoch"])
-            mlflow.log_metrics({k: float(v) for k, v in row.items() if k != "epoch"}, step=epoch)
-        _log_dir(mlflow, outputs.export, "model")
-        _log_dir(mlflow, outputs.plots, "plots")
-        _log_dir(mlflow, outputs.metrics, "metrics")
-
-        step_files: dict[str, list[tuple[Path, str | None]]] = {
-            "ingest": [
-                (outputs.ingest / "manifest.json", None),
-                (outputs.ingest / "labels.json", None),
-            ],
-            "validate": [(outputs.validate, "great_expectations")],
-            "train": [
-                (outputs.train / "manifest.json", None),
-                (outputs.train / "history.json", None),
-                (outputs.train / "model_meta.json", None),
-            ],
-            "qat": [
-                (outputs.qat / "manifest.json", None),
-                (outputs.qat / "gate.json", None),
-            ],
-            "export": [
-                (outputs.export / "manifest.json", None),
-                (outputs.export / "parity.json", None),
-                (outputs.export / "signature.json", None),
-            ],
-            "evaluate": [(outputs.evaluate, None)],
-            "serving_image": [
-                (outputs.serving_image / "manifest.json", None),
-                (outputs.serving_image / "infra.json", None),
-            ],
-        }
-        step_metrics = {
-            "train": train_metrics,
-            "evaluate": eval_metrics,
-            "qat": {**qat_metrics, "gate_passed": float(bool(qat_metrics.get("gate_passed")))},
-            "validate": {
-                "success": float(bool(ge_summary.get("success"))),
-                "expectations_evaluated": ge_summary.get("evaluated", 0),
-                "expectations_failed": ge_summary.get("failed", 0),
-            },
-        }
-        for step, files in step_files.items():
+        _log_epochs(mlflow, history)
+        _log_dir(mlflow, outputs.bundle, "model")
+        for name, plot in (("train", outputs.train_plots), ("confusion", outputs.confusion)):
+            mlflow.log_text(plot.read_text(encoding="utf-8"), f"plots/{name}.csv")
+        for step, file in (
+            ("train", outputs.train_metrics),
+            ("qat", outputs.qat_metrics),
+            ("evaluate", outputs.evaluate_metrics),
+        ):
+            mlflow.log_dict(read_json(file), f"metrics/{step}.json")
+        for step, files in outputs.step_files().items():
             step_tags = {**tags, **_machine_tags(manifests.get(step, {})), "step": step}
             with mlflow.start_run(run_name=step, nested=True, tags=step_tags):
                 section_params = all_params.get(step, {})
                 if isinstance(section_params, Mapping) and section_params:
                     mlflow.log_params({k: str(v)[:6000] for k, v in flatten(section_params)})
-                if step in step_metrics:
-                    metrics = _numeric(step_metrics[step], "")
-                    if metrics:
-                        mlflow.log_metrics(metrics)
+                if _numeric(metrics.get(step, {}), ""):
+                    mlflow.log_metrics(_numeric(metrics[step], ""))
                 if step == "train":
-                    for row in history:
-                        mlflow.log_metrics(
-                            {k: float(v) for k, v in row.items() if k != "epoch"},
-                            step=int(row["epoch"]),
-                        )
+                    _log_epochs(mlflow, history)
                 for path, artifact_path in files:
                     _log_dir(mlflow, path, artifact_path)
         result = TrackResult(parent.info.run_id, parent.info.experiment_id, uri)
@@ -230,18 +253,56 @@ def run(
     return result
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = step_parser("components.track", __doc__)
-    parser.add_argument("--out", default="outputs/track")
-    args = parser.parse_args(argv)
+def run_step(
+    params: TrackParams, all_params: Mapping[str, Any], run_info: Path, **paths: Path
+) -> TrackResult:
+    """:func:`run` with each upstream output as its own port (the STEP binding)."""
+    return run(params, all_params, run_info, StepOutputs(**paths))
 
-    def _go() -> None:
-        output_dir(args.out)
-        params, all_params = step_params(args.params, "track", TrackParams)
-        run(params, all_params, StepOutputs(), args.out)
 
-    return run_cli(_go)
+def _port(name: str, path: str, source: str, kfp: Any = "Artifact") -> In:
+    return In(name, path, name, source=source, kfp=kfp)
 
+
+STEP = Step(
+    name="track",
+    doc=__doc__,
+    params=TrackParams,
+    # the run records every section, as the params of the whole pipeline
+    sections=(
+        "task",
+        "ingest",
+        "validate",
+        "train",
+        "export",
+        "qat",
+        "evaluate",
+        "serving_image",
+        "track",
+        "register",
+        "registry",
+        "promote",
+    ),
+    run=run_step,
+    inputs=(
+        _port("data", "outputs/ingest", "ingest.data", "Dataset"),
+        _port("report", "outputs/validate", "validate.report"),
+        _port("model", "outputs/train", "train.model", "Model"),
+        _port("exported", "outputs/export", "export.exported", "Model"),
+        _port("int8", "outputs/qat", "qat.int8", "Model"),
+        _port("bundle", "outputs/package", "package.bundle", "Model"),
+        _port("evaluation", "outputs/evaluate", "evaluate.evaluation"),
+        _port("infra", "outputs/serving_image", "serving_image.infra"),
+        _port("train_metrics", "metrics/train.json", "train.metrics", "Metrics"),
+        _port("qat_metrics", "metrics/qat.json", "qat.metrics", "Metrics"),
+        _port("evaluate_metrics", "metrics/evaluate.json", "evaluate.metrics", "Metrics"),
+        _port("train_plots", "plots/train.csv", "train.plots"),
+        _port("confusion", "plots/confusion.csv", "evaluate.confusion", "ClassificationMetrics"),
+    ),
+    outputs=(Out("run_info", "outputs/track", "run_info", dvc="uncached", help="run.json"),),
+)
+
+main = STEP.main
 
 if __name__ == "__main__":
     sys.exit(main())

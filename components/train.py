@@ -18,7 +18,6 @@ import logging
 import math
 import sys
 import time
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -38,8 +37,8 @@ from components.artifacts import (
     write_manifest,
     write_text,
 )
-from components.cli import output_dir, run_cli, step_params, step_parser, task_from_params
 from components.config import params_sha256
+from components.step import In, Out, Step
 from components.tasks import Task
 
 log = logging.getLogger(__name__)
@@ -175,6 +174,107 @@ def _evaluate(
     return total_loss / len(labels), correct / len(labels)
 
 
+@dataclass
+class _Trainer:
+    """The model, optimizer, schedule and AMP of one training run."""
+
+    model: paddle.nn.Layer
+    opt: paddle.optimizer.Optimizer
+    scheduler: Any
+    amp: AmpMode
+    scaler: Any
+
+    @classmethod
+    def build(cls, params: TrainParams, task: Task, num_classes: int, amp: AmpMode) -> _Trainer:
+        paddle.seed(params.seed)
+        model = task.build_model(num_classes)
+        scheduler = paddle.optimizer.lr.StepDecay(
+            learning_rate=params.learning_rate, step_size=params.lr_step_size, gamma=params.lr_gamma
+        )
+        opt = paddle.optimizer.Adam(
+            learning_rate=scheduler,
+            parameters=model.parameters(),
+            weight_decay=params.weight_decay or None,
+        )
+        scaler = None
+        if amp.enabled:
+            if amp.level == "O2":
+                model, opt = paddle.amp.decorate(
+                    models=model, optimizers=opt, level="O2", dtype=amp.dtype
+                )
+            if amp.dtype == "float16":
+                scaler = paddle.amp.GradScaler(init_loss_scaling=2.0**15)
+        return cls(model, opt, scheduler, amp, scaler)
+
+    def step(self, batch: list[paddle.Tensor], y: paddle.Tensor) -> tuple[float, int]:
+        """One optimizer step; the batch's loss and number of correct predictions."""
+        amp = self.amp
+        with paddle.amp.auto_cast(
+            enable=amp.enabled,
+            level=amp.level if amp.enabled else "O1",
+            dtype=amp.dtype if amp.enabled else "float16",
+        ):
+            logits = self.model(*batch)
+        loss = F.cross_entropy(logits.astype("float32"), y)  # loss always in fp32
+        if self.scaler is not None:
+            self.scaler.scale(loss).backward()
+            self.scaler.step(self.opt)
+            self.scaler.update()
+        else:
+            loss.backward()
+            self.opt.step()
+        self.opt.clear_grad()
+        return float(loss), int((logits.argmax(axis=1) == y).astype("int64").sum())
+
+    def epoch(
+        self,
+        task: Task,
+        x_train: list[np.ndarray],
+        y_train: np.ndarray,
+        batch_size: int,
+        rng: np.random.Generator,
+    ) -> tuple[float, float]:
+        """One pass over the shuffled training set: mean loss and accuracy."""
+        n = len(y_train)
+        order = rng.permutation(n)
+        self.model.train()
+        loss_sum, correct = 0.0, 0
+        for start in range(0, n, batch_size):
+            idx = order[start : start + batch_size]
+            batch = [paddle.to_tensor(x) for x in task.augment([x[idx] for x in x_train], rng)]
+            loss, hits = self.step(batch, paddle.to_tensor(y_train[idx]))
+            loss_sum += loss * len(idx)
+            correct += hits
+        return loss_sum / n, correct / n
+
+
+def _resume(trainer: _Trainer, ckpt_dir: Path, fingerprint: str) -> dict[str, Any]:
+    """Training state from the last checkpoint made with these params and data (else fresh)."""
+    fresh = {
+        "history": [],
+        "best": {"val_accuracy": -math.inf, "epoch": 0, "bad_epochs": 0},
+        "best_state": {k: v.clone() for k, v in trainer.model.state_dict().items()},
+        "train_seconds": 0.0,
+        "samples_seen": 0,
+        "epoch": 0,
+        "stopped": False,
+        "resumed_from": None,
+    }
+    state = _load_checkpoint(ckpt_dir, fingerprint)
+    if state is None:
+        return fresh
+    trainer.model.set_state_dict(paddle.load(str(ckpt_dir / "last" / "model.pdparams")))
+    trainer.opt.set_state_dict(paddle.load(str(ckpt_dir / "last" / "opt.pdopt")))
+    log.info("resuming from checkpoint after epoch %d", state["epoch"])
+    return {
+        **fresh,
+        **{k: state[k] for k in ("history", "best", "train_seconds", "samples_seen", "epoch")},
+        "best_state": paddle.load(str(ckpt_dir / "last" / "best.pdparams")),
+        "stopped": state.get("stopped", False),
+        "resumed_from": state["epoch"] + 1,
+    }
+
+
 def run(
     params: TrainParams,
     task: Task,
@@ -188,10 +288,7 @@ def run(
 ) -> TrainResult:
     """Train ``task``'s model on ``data_dir``; write the best weights to ``out_dir``."""
     data_dir, out_dir, ckpt_dir = Path(data_dir), Path(out_dir), Path(checkpoint_dir)
-    metrics_file = Path(metrics_file) if metrics_file else out_dir / "metrics.json"
-    plots_file = Path(plots_file) if plots_file else out_dir / "curves.csv"
     label_names = dataset.read_label_names(data_dir)
-    num_classes = len(label_names)
 
     device = resolve_device(params.device)
     paddle.set_device(device)
@@ -202,122 +299,66 @@ def run(
     x_train_raw, y_train = task.read_split(data_dir, "train")
     x_val_raw, y_val = task.read_split(data_dir, "val")
     x_train, x_val = task.preprocess(x_train_raw), task.preprocess(x_val_raw)
-    n = len(y_train)
 
     data_sha = "".join(sha256_file(dataset.split_path(data_dir, s)) for s in ("train", "val"))
     fingerprint = _fingerprint(params, task_params or {}, data_sha)
+    trainer = _Trainer.build(params, task, len(label_names), amp)
+    state = _resume(trainer, ckpt_dir, fingerprint)
+    history, best = state["history"], state["best"]
 
-    paddle.seed(params.seed)
-    model = task.build_model(num_classes)
-    scheduler = paddle.optimizer.lr.StepDecay(
-        learning_rate=params.learning_rate, step_size=params.lr_step_size, gamma=params.lr_gamma
-    )
-    opt = paddle.optimizer.Adam(
-        learning_rate=scheduler,
-        parameters=model.parameters(),
-        weight_decay=params.weight_decay or None,
-    )
-    scaler = None
-    if amp.enabled:
-        if amp.level == "O2":
-            model, opt = paddle.amp.decorate(
-                models=model, optimizers=opt, level="O2", dtype=amp.dtype
-            )
-        if amp.dtype == "float16":
-            scaler = paddle.amp.GradScaler(init_loss_scaling=2.0**15)
-
-    history: list[dict[str, float]] = []
-    best = {"val_accuracy": -math.inf, "epoch": 0, "bad_epochs": 0}
-    best_state = {k: v.clone() for k, v in model.state_dict().items()}
-    start_epoch, train_seconds, samples_seen = 1, 0.0, 0
-    resumed_from = None
-    state = _load_checkpoint(ckpt_dir, fingerprint)
-    if state is not None:
-        model.set_state_dict(paddle.load(str(ckpt_dir / "last" / "model.pdparams")))
-        opt.set_state_dict(paddle.load(str(ckpt_dir / "last" / "opt.pdopt")))
-        best_state = paddle.load(str(ckpt_dir / "last" / "best.pdparams"))
-        history, best = state["history"], state["best"]
-        train_seconds, samples_seen = state["train_seconds"], state["samples_seen"]
-        start_epoch = resumed_from = state["epoch"] + 1
-        log.info("resuming from checkpoint after epoch %d", state["epoch"])
-
-    stopped = state is not None and state.get("stopped", False)
     epochs = tqdm(
-        range(start_epoch, params.epochs + 1),
+        range(state["epoch"] + 1, params.epochs + 1),
         desc="train",
         unit="epoch",
-        initial=start_epoch - 1,
+        initial=state["epoch"],
         total=params.epochs,
     )
     for epoch in epochs:
-        if stopped:
+        if state["stopped"]:
             break
         paddle.seed(params.seed * 1000 + epoch)
-        rng = np.random.default_rng([params.seed, epoch])
-        order = rng.permutation(n)
-        model.train()
         t0 = time.perf_counter()
-        loss_sum, correct = 0.0, 0
-        for start in range(0, n, params.batch_size):
-            idx = order[start : start + params.batch_size]
-            batch = [paddle.to_tensor(x) for x in task.augment([x[idx] for x in x_train], rng)]
-            y = paddle.to_tensor(y_train[idx])
-            with paddle.amp.auto_cast(
-                enable=amp.enabled,
-                level=amp.level if amp.enabled else "O1",
-                dtype=amp.dtype if amp.enabled else "float16",
-            ):
-                logits = model(*batch)
-            loss = F.cross_entropy(logits.astype("float32"), y)  # loss always in fp32
-            if scaler is not None:
-                scaler.scale(loss).backward()
-                scaler.step(opt)
-                scaler.update()
-            else:
-                loss.backward()
-                opt.step()
-            opt.clear_grad()
-            loss_sum += float(loss) * len(idx)
-            correct += int((logits.argmax(axis=1) == y).astype("int64").sum())
-        train_seconds += time.perf_counter() - t0
-        samples_seen += n
-        lr = scheduler.get_lr()
-        scheduler.step()
+        rng = np.random.default_rng([params.seed, epoch])
+        train_loss, train_acc = trainer.epoch(task, x_train, y_train, params.batch_size, rng)
+        state["train_seconds"] += time.perf_counter() - t0
+        state["samples_seen"] += len(y_train)
+        lr = trainer.scheduler.get_lr()
+        trainer.scheduler.step()
 
-        val_loss, val_acc = _evaluate(model, x_val, y_val, params.eval_batch_size)
+        val_loss, val_acc = _evaluate(trainer.model, x_val, y_val, params.eval_batch_size)
         row = {
             "epoch": epoch,
-            "train_loss": loss_sum / n,
-            "train_accuracy": correct / n,
+            "train_loss": train_loss,
+            "train_accuracy": train_acc,
             "val_loss": val_loss,
             "val_accuracy": val_acc,
             "lr": lr,
         }
         history.append(row)
         if val_acc > best["val_accuracy"] + params.early_stopping.min_delta:
-            best = {"val_accuracy": val_acc, "epoch": epoch, "bad_epochs": 0}
-            best_state = {k: v.clone() for k, v in model.state_dict().items()}
+            best.update(val_accuracy=val_acc, epoch=epoch, bad_epochs=0)
+            state["best_state"] = {k: v.clone() for k, v in trainer.model.state_dict().items()}
         else:
             best["bad_epochs"] += 1
-        stopped = best["bad_epochs"] >= params.early_stopping.patience
-        epochs.set_postfix(loss=f"{row['train_loss']:.4f}", val_acc=f"{val_acc:.4f}")
+        state["stopped"] = best["bad_epochs"] >= params.early_stopping.patience
+        epochs.set_postfix(loss=f"{train_loss:.4f}", val_acc=f"{val_acc:.4f}")
         log.debug("epoch %d: %s", epoch, row)
         _save_checkpoint(
             ckpt_dir,
-            model,
-            opt,
-            best_state,
+            trainer.model,
+            trainer.opt,
+            state["best_state"],
             {
                 "fingerprint": fingerprint,
                 "epoch": epoch,
                 "history": history,
                 "best": best,
-                "train_seconds": train_seconds,
-                "samples_seen": samples_seen,
-                "stopped": stopped,
+                "train_seconds": state["train_seconds"],
+                "samples_seen": state["samples_seen"],
+                "stopped": state["stopped"],
             },
         )
-        if stopped:
+        if state["stopped"]:
             log.info(
                 "early stopping after epoch %d (best epoch %d, val_accuracy %.4f)",
                 epoch,
@@ -326,39 +367,36 @@ def run(
             )
     epochs.close()
 
+    seconds = state["train_seconds"]
     result = TrainResult(
         model_path=out_dir / "model.pdparams",
         best_val_accuracy=float(best["val_accuracy"]),
         best_epoch=int(best["epoch"]),
         epochs_run=len(history),
-        samples_per_second=samples_seen / train_seconds if train_seconds else 0.0,
+        samples_per_second=state["samples_seen"] / seconds if seconds else 0.0,
         amp_effective=amp.level,
-        resumed_from_epoch=resumed_from,
+        resumed_from_epoch=state["resumed_from"],
     )
-    with atomic_path(out_dir) as tmp:
-        tmp.mkdir(parents=True)
-        paddle.save(best_state, str(tmp / "model.pdparams"))
-        write_json(
-            tmp / "model_meta.json",
-            {
-                "task": task.name,
-                "task_params": task_params or {},
-                "num_classes": num_classes,
-                "label_names": label_names,
-                "best_epoch": result.best_epoch,
-            },
-        )
-        write_json(tmp / "history.json", history)
-        write_manifest(
-            tmp,
-            "train",
-            inputs={s: dataset.split_path(data_dir, s) for s in ("train", "val")},
-            outputs={"model.pdparams": tmp / "model.pdparams"},
-            params=asdict(params),
-            extra={"amp": asdict(amp), "device": device, "fingerprint": fingerprint},
-        )
+    _write_outputs(
+        out_dir,
+        result,
+        state["best_state"],
+        history,
+        params=params,
+        amp=amp,
+        device=device,
+        fingerprint=fingerprint,
+        meta={
+            "task": task.name,
+            "task_params": task_params or {},
+            "num_classes": len(label_names),
+            "label_names": label_names,
+            "best_epoch": result.best_epoch,
+        },
+        inputs={s: dataset.split_path(data_dir, s) for s in ("train", "val")},
+    )
     write_json(
-        metrics_file,
+        Path(metrics_file) if metrics_file else out_dir / "metrics.json",
         {
             "best_val_accuracy": result.best_val_accuracy,
             "best_epoch": result.best_epoch,
@@ -368,7 +406,7 @@ def run(
             "amp_requested": params.amp,
         },
     )
-    write_text(plots_file, _curves_csv(history))
+    write_text(Path(plots_file) if plots_file else out_dir / "curves.csv", _curves_csv(history))
     log.info(
         "best val_accuracy %.4f at epoch %d; %d epochs, %.0f samples/s, amp=%s",
         result.best_val_accuracy,
@@ -378,6 +416,35 @@ def run(
         result.amp_effective,
     )
     return result
+
+
+def _write_outputs(
+    out_dir: Path,
+    result: TrainResult,
+    best_state: dict[str, Any],
+    history: list[dict[str, Any]],
+    *,
+    params: TrainParams,
+    amp: AmpMode,
+    device: str,
+    fingerprint: str,
+    meta: dict[str, Any],
+    inputs: dict[str, Path],
+) -> None:
+    """The best weights, their metadata, the history and the manifest, atomically."""
+    with atomic_path(out_dir) as tmp:
+        tmp.mkdir(parents=True)
+        paddle.save(best_state, str(tmp / "model.pdparams"))
+        write_json(tmp / "model_meta.json", meta)
+        write_json(tmp / "history.json", history)
+        write_manifest(
+            tmp,
+            "train",
+            inputs=inputs,
+            outputs={"model.pdparams": tmp / "model.pdparams"},
+            params=asdict(params),
+            extra={"amp": asdict(amp), "device": device, "fingerprint": fingerprint},
+        )
 
 
 def _curves_csv(history: list[dict[str, float]]) -> str:
@@ -390,32 +457,39 @@ def _curves_csv(history: list[dict[str, float]]) -> str:
     return buf.getvalue()
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = step_parser("components.train", __doc__)
-    parser.add_argument("--data", default="outputs/ingest")
-    parser.add_argument("--out", default="outputs/train")
-    parser.add_argument("--checkpoints", default="checkpoints/train")
-    parser.add_argument("--metrics", default="metrics/train.json")
-    parser.add_argument("--plots", default="plots/train.csv")
-    args = parser.parse_args(argv)
+STEP = Step(
+    name="train",
+    doc=__doc__,
+    params=TrainParams,
+    sections=("task", "train"),
+    run=run,
+    inputs=(
+        In("data", "outputs/ingest", "data_dir", source="ingest.data", help="data set"),
+        # trains only on data that passed validation
+        In(
+            "validation",
+            "outputs/validate",
+            "",
+            source="validate.report",
+            files=("summary.json",),
+            order_only=True,
+        ),
+    ),
+    outputs=(
+        Out("model", "outputs/train", "out_dir", kfp="Model", help="best weights"),
+        Out(
+            "checkpoints",
+            "checkpoints/train",
+            "checkpoint_dir",
+            dvc="persist",
+            help="per-epoch state; a killed run resumes from it",
+        ),
+        Out("metrics", "metrics/train.json", "metrics_file", kfp="Metrics", dvc="metrics"),
+        Out("plots", "plots/train.csv", "plots_file", dvc="plots", help="curves per epoch"),
+    ),
+)
 
-    def _go() -> None:
-        output_dir(args.out)
-        params, all_params = step_params(args.params, "train", TrainParams)
-        task, task_params = task_from_params(all_params), all_params.get("task", {})
-        run(
-            params,
-            task,
-            args.data,
-            args.out,
-            checkpoint_dir=args.checkpoints,
-            metrics_file=args.metrics,
-            plots_file=args.plots,
-            task_params=task_params,
-        )
-
-    return run_cli(_go)
-
+main = STEP.main
 
 if __name__ == "__main__":
     sys.exit(main())

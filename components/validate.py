@@ -36,7 +36,7 @@ import pandas as pd
 
 from components import dataset
 from components.artifacts import StepError, atomic_path, write_json, write_manifest
-from components.cli import output_dir, run_cli, step_params, step_parser
+from components.step import In, Out, Step
 
 # Before Great Expectations is first imported (lazily, below): no usage statistics sent anywhere.
 os.environ["GX_ANALYTICS_ENABLED"] = "false"
@@ -521,6 +521,44 @@ def _describe_leak(table: _Table, column: str | None, res: dict[str, Any]) -> st
 # --------------------------------------------------------------------------- step
 
 
+def _checked_run(
+    tables: list[_Table], suites: dict[str, list[Any]], docs_dir: Path
+) -> list[tuple[_Table, Any]]:
+    """:func:`_run_suites`, with any Great Expectations error as one readable line."""
+    try:
+        return _run_suites(tables, suites, docs_dir)
+    except StepError:
+        raise
+    except Exception as exc:  # no Great Expectations traceback reaches the user
+        log.debug("great_expectations failed", exc_info=True)
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise StepError(
+            f"validate: Great Expectations failed: {type(exc).__name__}: {first}"
+        ) from exc
+
+
+def _count(results: list[tuple[_Table, Any]]) -> tuple[int, list[tuple[Any, list[str]]]]:
+    """Expectations evaluated, and each failed one with its readable description lines."""
+    evaluated, failures = 0, []
+    for table, result in results:
+        for expectation in result.results:
+            evaluated += 1
+            if not expectation.success:
+                failures.append((expectation, describe_failure(table, expectation)))
+    return evaluated, failures
+
+
+def _duplicate_summary(duplicates: pd.DataFrame) -> dict[str, dict[str, Any]]:
+    return {
+        str(r.file): {
+            "rows": int(r.rows),
+            "duplicate_rows": int(r.duplicate_rows),
+            "duplicate_fraction": float(r.duplicate_fraction),
+        }
+        for r in duplicates.itertuples()
+    }
+
+
 def run(params: ValidateParams, data_dir: str | Path, out_dir: str | Path) -> ValidateResult:
     """Validate the ingested data set in ``data_dir``; write results to ``out_dir``.
 
@@ -574,49 +612,23 @@ def run(params: ValidateParams, data_dir: str | Path, out_dir: str | Path) -> Va
 
     with atomic_path(out_dir) as tmp:
         tmp.mkdir(parents=True)
-        try:
-            results = _run_suites(tables, suites, (tmp / "data_docs").resolve())
-        except StepError:
-            raise
-        except Exception as exc:  # no Great Expectations traceback reaches the user
-            log.debug("great_expectations failed", exc_info=True)
-            raise StepError(
-                f"validate: Great Expectations failed: {type(exc).__name__}: "
-                f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
-            ) from exc
-        failures: list[str] = []
-        evaluated = failed = 0
-        for table, result in results:
-            for expectation in result.results:
-                evaluated += 1
-                if not expectation.success:
-                    failed += 1
-                    failures.extend(describe_failure(table, expectation))
-        success = failed == 0
+        results = _checked_run(tables, suites, (tmp / "data_docs").resolve())
+        evaluated, failures = _count(results)
+        success = not failures
         write_json(
             tmp / "result.json",
-            {
-                "success": success,
-                "validation_results": [r.to_json_dict() for _, r in results],
-            },
+            {"success": success, "validation_results": [r.to_json_dict() for _, r in results]},
         )
         write_json(
             tmp / "summary.json",
             {
                 "success": success,
                 "evaluated": evaluated,
-                "failed": failed,
-                "failures": failures,
+                "failed": len(failures),
+                "failures": [f for _, lines in failures for f in lines],
                 "image_shape": shape,
                 "rows": {t.name: len(t.frame) for t in tables},
-                "duplicates": {
-                    str(r.file): {
-                        "rows": int(r.rows),
-                        "duplicate_rows": int(r.duplicate_rows),
-                        "duplicate_fraction": float(r.duplicate_fraction),
-                    }
-                    for r in duplicates.itertuples()
-                },
+                "duplicates": _duplicate_summary(duplicates),
                 "data_docs": "data_docs/index.html",
             },
         )
@@ -634,9 +646,10 @@ def run(params: ValidateParams, data_dir: str | Path, out_dir: str | Path) -> Va
                 "data_docs": tmp / "data_docs",
             },
             params=asdict(params),
-            extra={"success": success, "evaluated": evaluated, "failed": failed},
+            extra={"success": success, "evaluated": evaluated, "failed": len(failures)},
         )
-
+    failed = len(failures)
+    lines = [f for _, described in failures for f in described]
     log.info(
         "validate: %d expectations evaluated, %d failed; Data Docs at %s",
         evaluated,
@@ -646,28 +659,25 @@ def run(params: ValidateParams, data_dir: str | Path, out_dir: str | Path) -> Va
     if not success:
         raise StepError(
             f"data validation failed ({failed} of {evaluated} expectations; details in "
-            f"{out_dir / 'summary.json'}):\n" + "\n".join(f"  - {f}" for f in failures)
+            f"{out_dir / 'summary.json'}):\n" + "\n".join(f"  - {f}" for f in lines)
         )
     return ValidateResult(evaluated=evaluated)
 
 
-# --------------------------------------------------------------------------- CLI
+STEP = Step(
+    name="validate",
+    doc=__doc__,
+    params=ValidateParams,
+    sections=("validate",),
+    run=run,
+    inputs=(In("data", "outputs/ingest", "data_dir", source="ingest.data", help="data set"),),
+    outputs=(
+        Out("report", "outputs/validate", "out_dir", help="summary, suites, Data Docs"),
+        Out("data_docs", "", "", kfp="HTML", derived_from=("report", "data_docs/index.html")),
+    ),
+)
 
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = step_parser("components.validate", __doc__)
-    parser.add_argument("--data", default="outputs/ingest", help="ingested data set directory")
-    parser.add_argument("--out", default="outputs/validate")
-    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
-
-    def _go() -> None:
-        out = output_dir(args.out)
-        params, _ = step_params(args.params, "validate", ValidateParams)
-        result = run(params, args.data, out)
-        log.info("validate passed: %d expectations", result.evaluated)
-
-    return run_cli(_go)
-
+main = STEP.main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -64,29 +64,37 @@ def exported(
 
 @pytest.fixture(scope="session")
 def qat_out(
-    tmp_path_factory: pytest.TempPathFactory, trained: Path, digits_data: Path, digits_task
+    tmp_path_factory: pytest.TempPathFactory,
+    trained: Path,
+    exported: Path,
+    digits_data: Path,
+    digits_task,
 ):
-    """The qat step on the small trained model: (output dir, QatResult)."""
+    """The qat step on the small trained model and its export: (output dir, QatResult)."""
     from components.qat import QatLatency, QatParams
     from components.qat import run as qat_run
 
     out = tmp_path_factory.mktemp("qat") / "qat"
     params = QatParams(epochs=2, latency=QatLatency(warmup=1, repeats=3))
     result = qat_run(
-        params, digits_task, trained, digits_data, out, metrics_file=out.parent / "m.json"
+        params,
+        digits_task,
+        trained,
+        exported,
+        digits_data,
+        out,
+        metrics_file=out.parent / "m.json",
     )
     return out, result
 
 
 @pytest.fixture(scope="session")
-def exported_int8(
-    tmp_path_factory: pytest.TempPathFactory, trained: Path, digits_data: Path, digits_task, qat_out
-) -> Path:
-    """A full export bundle: fp32 PIR + legacy and the gated int8 model."""
-    from components.export import ExportParams, run
+def exported_int8(tmp_path_factory: pytest.TempPathFactory, exported: Path, qat_out) -> Path:
+    """The served bundle (the package step): fp32 PIR + legacy and the gated int8 model."""
+    from components.package import run
 
-    out = tmp_path_factory.mktemp("export-int8") / "export"
-    run(ExportParams(), digits_task, trained, digits_data, out, qat_dir=qat_out[0])
+    out = tmp_path_factory.mktemp("package") / "bundle"
+    run(exported, qat_out[0], out)
     return out
 
 
@@ -175,7 +183,7 @@ def _merge(base: dict, new: dict) -> dict:
     return out
 
 
-from components.cli import STEPS as STAGES  # noqa: E402  (dvc.yaml order)
+from components.step import STEPS as STAGES  # noqa: E402  (dvc.yaml order)
 
 
 def ran(proc: subprocess.CompletedProcess[str]) -> list[str]:

@@ -93,23 +93,15 @@ def test_dvc_deps_cover_the_stage_import_closure(stage):
     assert not missing, f"dvc.yaml stage '{stage}' does not depend on {missing}"
 
 
-@pytest.mark.parametrize("step", ["qat", "serving_image", "register"])
-def test_paddle_mlops_step_help(step):
-    from tests.conftest import run_module
-
-    proc = run_module("components.cli", step, "--help", timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert f"usage: python -m components.{step}" in proc.stdout
-
-
 def _params_classes() -> dict[str, type]:
-    import importlib
+    """Each params section and the dataclass that reads it (the steps' and shared ones)."""
+    from components.step import all_steps
 
-    out = {}
-    for step in STAGES:
-        module = importlib.import_module(f"components.{step}")
-        name = "".join(part.title() for part in step.split("_")) + "Params"
-        out[step] = getattr(module, name)
+    out: dict[str, type] = {}
+    for step in all_steps():
+        if step.params is not None:
+            out[step.name] = step.params
+        out.update({section: cls for section, _, cls in step.shared})
     return out
 
 

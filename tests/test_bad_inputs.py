@@ -75,7 +75,7 @@ def _idx_params(tmp: Path, source: str, **extra: object) -> Path:
 
 def _ingest(tmp: Path, expect: list[str], params: Path | None = None, **kw: object) -> Run:
     out = tmp / "outputs" / "ingest"
-    args = ["--params", str(params or PARAMS), "--out", str(out)]
+    args = ["--params", str(params or PARAMS), "--data", str(out)]
     return Run("components.ingest", args, expect, out=out, **kw)  # type: ignore[arg-type]
 
 
@@ -244,22 +244,22 @@ def out_is_an_existing_file(tmp: Path) -> Run:
     _idx_params(tmp, str(_idx_dir(tmp / "raw")))
     out = tmp / "result.npz"
     out.write_text("keep me")
-    args = ["--params", PARAMS, "--out", str(out)]
-    return Run("components.ingest", args, [f"--out {out}: is an existing file, not a directory"])
+    args = ["--params", PARAMS, "--data", str(out)]
+    return Run("components.ingest", args, [f"--data {out}: is an existing file, not a directory"])
 
 
 def out_parent_is_a_file(tmp: Path) -> Run:
     _idx_params(tmp, str(_idx_dir(tmp / "raw")))
     (tmp / "outputs").write_text("a file")
     out = tmp / "outputs" / "ingest"
-    args = ["--params", PARAMS, "--out", str(out)]
-    return Run("components.ingest", args, [f"--out {out}: its parent {tmp / 'outputs'} is a file"])
+    args = ["--params", PARAMS, "--data", str(out)]
+    return Run("components.ingest", args, [f"--data {out}: its parent {tmp / 'outputs'} is a file"])
 
 
 def validate_params_is_a_directory(tmp: Path) -> Run:
     (tmp / "conf").mkdir()
     out = tmp / "outputs" / "validate"
-    args = ["--params", str(tmp / "conf"), "--data", str(tmp), "--out", str(out)]
+    args = ["--params", str(tmp / "conf"), "--data", str(tmp), "--report", str(out)]
     return Run("components.validate", args, [f"{tmp / 'conf'}: is a directory"], out=out)
 
 
@@ -267,15 +267,15 @@ def validate_out_is_an_existing_file(tmp: Path) -> Run:
     _params(tmp, validate={"min_rows": 1})
     out = tmp / "summary.json"
     out.write_text("{}")
-    args = ["--params", PARAMS, "--data", str(tmp), "--out", str(out)]
-    return Run("components.validate", args, [f"--out {out}: is an existing file"])
+    args = ["--params", PARAMS, "--data", str(tmp), "--report", str(out)]
+    return Run("components.validate", args, [f"--report {out}: is an existing file"])
 
 
 def validate_data_is_a_file(tmp: Path) -> Run:
     _params(tmp, validate={"min_rows": 1})
     (tmp / "data.npz").write_bytes(b"not a directory")
     out = tmp / "outputs" / "validate"
-    args = ["--params", PARAMS, "--data", str(tmp / "data.npz"), "--out", str(out)]
+    args = ["--params", PARAMS, "--data", str(tmp / "data.npz"), "--report", str(out)]
     expect = [f"{tmp / 'data.npz'}: is a file, not an ingested data set directory"]
     return Run("components.validate", args, expect, out=out)
 
@@ -283,7 +283,7 @@ def validate_data_is_a_file(tmp: Path) -> Run:
 def validate_bad_duplicate_bound(tmp: Path) -> Run:
     _params(tmp, validate={"max_duplicate_fraction": -0.1})
     out = tmp / "outputs" / "validate"
-    args = ["--params", PARAMS, "--data", str(tmp), "--out", str(out)]
+    args = ["--params", PARAMS, "--data", str(tmp), "--report", str(out)]
     expect = [f"{PARAMS}: validate: max_duplicate_fraction must be within [0, 1], got -0.1"]
     return Run("components.validate", args, expect, out=out)
 
@@ -291,7 +291,7 @@ def validate_bad_duplicate_bound(tmp: Path) -> Run:
 def _train(tmp: Path, options: dict, expect: list[str]) -> Run:
     _params(tmp, task={"name": "digits", "options": options}, train={"epochs": 1})
     out = tmp / "outputs" / "train"
-    args = ["--params", PARAMS, "--data", str(tmp / "nodata"), "--out", str(out)]
+    args = ["--params", PARAMS, "--data", str(tmp / "nodata"), "--model", str(out)]
     args += ["--checkpoints", str(tmp / "ckpt"), "--metrics", str(tmp / "m.json")]
     args += ["--plots", str(tmp / "p.csv")]
     return Run("components.train", args, expect, out=out)
@@ -316,24 +316,31 @@ def task_mean_std_mismatch(tmp: Path) -> Run:
 def task_unknown(tmp: Path) -> Run:
     _params(tmp, task={"name": "ernie"}, train={"epochs": 1})
     args = ["--params", PARAMS, "--data", str(tmp / "nodata")]
-    args += ["--out", str(tmp / "outputs" / "train")]
+    args += ["--model", str(tmp / "outputs" / "train")]
     return Run("components.train", args, [f"{PARAMS}: task.name 'ernie' is not a known task"])
 
 
-def _out_is_a_file(module: str, *before: str) -> Callable[[Path], Run]:
+def _out_is_a_file(step: str) -> Callable[[Path], Run]:
+    from components.step import flag, load
+
+    out = f"--{flag(load(step).cli_outputs()[0].name)}"  # the step's main output
+
     def case(tmp: Path) -> Run:
         (tmp / "result").write_text("not a directory\n")
-        args = ["--params", PARAMS, *before, "--out", str(tmp / "result")]
-        return Run(module, args, [f"--out {tmp / 'result'}: is an existing file, not a directory"])
+        args = ["--params", PARAMS, out, str(tmp / "result")]
+        return Run(
+            f"components.{step}", args, [f"{out} {tmp / 'result'}: is an existing file, not a"]
+        )
 
-    case.__name__ = f"{module.rsplit('.', 1)[1]}_out_is_an_existing_file"
+    case.__name__ = f"{step}_out_is_an_existing_file"
     return case
 
 
 OTHER_STEPS_OUT_IS_A_FILE = [
-    _out_is_a_file(f"components.{step}")
-    for step in ("train", "qat", "export", "evaluate", "serving_image", "track")
-] + [_out_is_a_file("components.register", "run")]
+    _out_is_a_file(step)
+    for step in ("train", "export", "qat", "package", "evaluate", "serving_image", "track")
+    + ("register", "promote")
+]
 
 
 CASES: list[Callable[[Path], Run]] = [

@@ -603,7 +603,7 @@ def test_image_folder_missing(tmp_path: Path) -> None:
 
 def _cli(params: Path, out: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "components.ingest", "--params", str(params), "--out", str(out)],
+        [sys.executable, "-m", "components.ingest", "--params", str(params), "--data", str(out)],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -4,6 +4,7 @@ MLflow server's command line accepted by the mlflow version we pin."""
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,13 @@ from pathlib import Path
 import pytest
 import yaml
 
+from components.config import load_params, section
+from components.serving_image import (
+    K8S_SERVER_ENV_FILES,
+    ServingImageParams,
+    render_server_env,
+    server_env,
+)
 from tests.conftest import REPO
 
 K8S = REPO / "k8s"
@@ -130,7 +138,7 @@ def test_kserve_variant_follows_the_custom_runtime_contract():
     assert container["name"] == "kserve-container"
     assert container["ports"][0]["containerPort"] == 8080
     assert "--model-dir=/mnt/models" in container["args"]
-    assert {"name": "PORT", "value": "8080"} in container["env"]
+    assert {"name": "PORT", "value": "8080"} in container["env"]  # KServe's contract
     assert runtime["protocolVersions"] == ["v2"]
     isvc = docs["InferenceService"]["spec"]["predictor"]["model"]
     assert isvc["runtime"] == docs["ServingRuntime"]["metadata"]["name"]
@@ -156,3 +164,76 @@ def test_pipeline_runs_get_only_namespaced_named_permissions():
     assert "pipelines.schedule" in " ".join(job["containers"][0]["args"])
     cron = docs[("ConfigMap", "retraining-schedule")]["data"]["CRON"]
     assert len(cron.split()) == 6
+
+
+REGENERATE = (
+    'python -c "from components.serving_image import write_k8s_server_env; write_k8s_server_env()"'
+)
+
+
+def _server_flags():
+    return section(load_params(REPO / "params.yaml"), "serving_image", ServingImageParams).server
+
+
+def test_committed_server_env_is_rendered_from_params():
+    """One source: k8s/*/server.env is params.yaml serving_image.server, byte for byte."""
+    committed = sorted(K8S.rglob("server.env"))
+    assert committed == sorted(K8S_SERVER_ENV_FILES), "a server.env the generator does not write"
+    expected = render_server_env(_server_flags())
+    for path in committed:
+        assert path.read_text() == expected, (
+            f"{path.relative_to(REPO)} is not params.yaml serving_image.server; "
+            f"regenerate it from the repository root with: {REGENERATE}"
+        )
+
+
+def _generated_configmap(directory: Path) -> str:
+    """The name of the one ConfigMap ``directory``'s kustomization generates from server.env."""
+    kustomization = yaml.safe_load((directory / "kustomization.yaml").read_text())
+    (generator,) = kustomization["configMapGenerator"]
+    assert generator["envs"] == ["server.env"]
+    return generator["name"]
+
+
+@pytest.mark.parametrize(
+    ("directory", "kind"), [("serving", "Deployment"), ("kserve", "ServingRuntime")]
+)
+def test_server_config_comes_only_from_the_generated_configmap(directory, kind):
+    (doc,) = [
+        d
+        for f in kustomize_resources(K8S / directory)
+        for d in yaml.safe_load_all(f.read_text())
+        if d and d["kind"] == kind
+    ]
+    spec = doc["spec"]["template"]["spec"] if kind == "Deployment" else doc["spec"]
+    container = spec["containers"][0]
+    assert container["envFrom"] == [
+        {"configMapRef": {"name": _generated_configmap(K8S / directory)}}
+    ]
+    names = [e["name"] for e in container.get("env", [])]
+    assert names == ["PORT"], "SERVING_* belong in server.env, not restated in the manifest"
+    # nor as flags, which would win over server.env
+    flags = {
+        "--" + k[len("SERVING_") :].lower().replace("_", "-") for k in server_env(_server_flags())
+    }
+    assert not [a for a in container.get("args", []) if a.split("=")[0] in flags]
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl (kustomize) not installed")
+@pytest.mark.parametrize(
+    ("directory", "kind"), [("serving", "Deployment"), ("kserve", "ServingRuntime")]
+)
+def test_kustomize_wires_the_generated_configmap_into_the_pods(directory, kind):
+    proc = subprocess.run(
+        ["kubectl", "kustomize", str(K8S / directory)], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    docs = [d for d in yaml.safe_load_all(proc.stdout) if d]
+    (configmap,) = [d for d in docs if d["kind"] == "ConfigMap"]
+    (workload,) = [d for d in docs if d["kind"] == kind]
+    # the hashed name: a changed server.env rolls the pods
+    assert configmap["metadata"]["name"].startswith(_generated_configmap(K8S / directory) + "-")
+    assert configmap["data"] == server_env(_server_flags())
+    spec = workload["spec"]["template"]["spec"] if kind == "Deployment" else workload["spec"]
+    refs = [e["configMapRef"]["name"] for e in spec["containers"][0]["envFrom"]]
+    assert refs == [configmap["metadata"]["name"]]

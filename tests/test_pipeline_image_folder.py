@@ -98,6 +98,6 @@ def test_image_folder_task_runs_the_whole_pipeline(repo):
     qat = json.loads((repo / "metrics" / "qat.json").read_text())
     assert qat["gate_passed"] is True
     assert qat["size_ratio"] <= 0.30  # ResNet weights dominate the files
-    assert (repo / "outputs" / "export" / "int8" / "openvino" / "model.bin").exists()
+    assert (repo / "outputs" / "package" / "int8" / "openvino" / "model.bin").exists()
     infra = json.loads((repo / "outputs" / "serving_image" / "infra.json").read_text())
     assert infra["infra_validated"] is True  # the C++ server serves the ResNet, both variants

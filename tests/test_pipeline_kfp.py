@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -19,8 +20,9 @@ STEPS = [
     "ingest-op",
     "validate-op",
     "train-op",
-    "qat-op",
     "export-op",
+    "qat-op",
+    "package-op",
     "evaluate-op",
     "serving-image-op",
     "track-op",
@@ -55,9 +57,11 @@ def test_every_step_is_in_the_dag_with_its_dependencies(compiled):
     deps = {name: set(t.get("dependentTasks", [])) for name, t in tasks.items()}
     assert deps["validate-op"] == {"ingest-op"}
     assert "validate-op" in deps["train-op"]  # no training on data that failed validation
-    assert {"train-op", "qat-op"} <= deps["export-op"]
-    assert {"export-op"} <= deps["serving-image-op"] and {"export-op"} <= deps["evaluate-op"]
-    assert {"evaluate-op", "serving-image-op", "qat-op"} <= deps["track-op"]
+    assert deps["export-op"] == {"ingest-op", "train-op"}
+    assert {"train-op", "export-op"} <= deps["qat-op"]  # qat starts from the one fp32 export
+    assert deps["package-op"] == {"export-op", "qat-op"}
+    assert {"package-op"} <= deps["serving-image-op"] and {"package-op"} <= deps["evaluate-op"]
+    assert {"evaluate-op", "serving-image-op", "qat-op", "package-op"} <= deps["track-op"]
     assert "track-op" in deps["register-op"]
 
 
@@ -72,7 +76,7 @@ def sections_read(task: dict) -> set[str]:
         p["componentInputParameter"].removeprefix("pipelinechannel--")
         for p in params
         if "componentInputParameter" in p
-    } - {"experiment", "build_in_cluster"}
+    } - {"build_in_cluster"}
 
 
 def test_each_step_is_keyed_only_on_the_params_sections_it_reads(compiled):
@@ -86,13 +90,14 @@ def test_each_step_is_keyed_only_on_the_params_sections_it_reads(compiled):
         "ingest-op": {"ingest"},
         "validate-op": {"validate"},
         "train-op": {"task", "train"},
-        "qat-op": {"task", "qat"},
         "export-op": {"task", "export"},
+        "qat-op": {"task", "qat"},
+        "package-op": set(),
         "evaluate-op": {"task", "evaluate"},
         "serving-image-op": {"task", "serving_image"},
-        "register-op": {"task", "register"},
-        "promote-op": {"task", "register"},
-        "promote-op-2": {"task", "register"},
+        "register-op": {"task", "register", "registry"},
+        "promote-op": {"promote", "registry"},
+        "promote-op-2": {"promote", "registry"},
         "record-failure-op": {"track"},
         "track-op": set(SECTIONS),  # uncached: the MLflow run records every param
     }
@@ -103,10 +108,9 @@ def test_each_step_is_keyed_only_on_the_params_sections_it_reads(compiled):
         if "componentRef" in t and name.endswith(("op", "op-2"))
     }
     readers = {name for name, t in steps.items() if "register" in sections_read(t)}
-    assert readers == {"register-op", "promote-op", "promote-op-2", "track-op"}
+    assert readers == {"register-op", "track-op"}
     assert set(compiled["root"]["inputDefinitions"]["parameters"]) == {
         *SECTIONS,
-        "experiment",
         "build_in_cluster",
     }
 
@@ -278,9 +282,15 @@ def test_kfp_local_runs_the_whole_dag_and_leaves_a_champion(tmp_path, server_bin
     for key in (*LINEAGE_TAGS, "blessed"):
         assert tags[key], key
     assert tags["infra_validated"] == "true" and tags["blessed"] == "true"
-    # the same metric contract as dvc repro, in the artifacts
-    metrics = list((tmp_path / "root").rglob("metrics.json"))
-    assert {p.parent.name for p in metrics} >= {"model", "int8", "evaluation"}
+    # the same metric files as dvc repro's metrics/*.json, as each task's Metrics artifact
+    metrics = {
+        p.parent.name: json.loads(p.read_text())
+        for p in (tmp_path / "root").rglob("metrics")
+        if p.is_file()
+    }
+    assert {"train-op", "qat-op", "evaluate-op"} <= set(metrics), sorted(metrics)
+    assert metrics["evaluate-op"]["accuracy"] > 0.5 and metrics["qat-op"]["gate_passed"] is True
+    assert metrics["train-op"]["epochs_run"] == 3
 
 
 def test_a_failing_run_is_recorded_in_mlflow_by_the_exit_handler(tmp_path, server_binary):

@@ -6,9 +6,9 @@ import paddle
 import pytest
 
 from components.artifacts import StepError, read_json
-from components.export import ExportParams, bundle_int8
-from components.export import run as export_run
-from components.modelio import load_trained, save_legacy
+from components.modelio import load_trained
+from components.package import bundle_int8
+from components.package import run as package_run
 from components.qat import (
     QatLatency,
     QatParams,
@@ -17,14 +17,15 @@ from components.qat import (
     quantizer,
     write_bundle,
 )
+from components.qat import fp32_bundle as make_fp32_bundle
 from components.qat import run as qat_run
 
 
 @pytest.fixture(scope="module")
-def fp32_bundle(tmp_path_factory, trained, digits_task):
-    ref = tmp_path_factory.mktemp("fp32")
-    model, _ = load_trained(digits_task, trained)
-    write_bundle(ref, lambda p: save_legacy(model, digits_task.paddle_input_specs(), p))
+def fp32_bundle(tmp_path_factory, exported):
+    """The exported fp32 program as qat compares against it (no second export)."""
+    ref = tmp_path_factory.mktemp("fp32") / "bundle"
+    make_fp32_bundle(exported, ref)
     return ref
 
 
@@ -96,7 +97,7 @@ def test_gate_rejects_an_int8_model_with_corrupted_scales(
 
 
 def test_failed_gate_stops_the_stage_and_records_the_decision(
-    tmp_path, trained, digits_task, digits_data, monkeypatch
+    tmp_path, trained, exported, digits_task, digits_data, monkeypatch
 ):
     def corrupting_finetune(student, *args, **kwargs):
         history = finetune(student, *args, **kwargs)
@@ -112,6 +113,7 @@ def test_failed_gate_stops_the_stage_and_records_the_decision(
             QatParams(epochs=1, latency=QatLatency(warmup=0, repeats=1)),
             digits_task,
             trained,
+            exported,
             digits_data,
             out,
             metrics_file=tmp_path / "qat.json",
@@ -119,20 +121,23 @@ def test_failed_gate_stops_the_stage_and_records_the_decision(
     assert "QAT gate failed" in str(err.value) and "points below" in str(err.value)
     assert read_json(tmp_path / "qat.json")["gate_passed"] is False
     assert read_json(out / "gate.json")["passed"] is False
-    # export refuses to ship an int8 model that failed its gate
+    # package refuses to ship an int8 model that failed its gate, and leaves nothing
     with pytest.raises(StepError, match="passed the QAT gate"):
-        export_run(
-            ExportParams(), digits_task, trained, digits_data, tmp_path / "export", qat_dir=out
-        )
+        package_run(exported, out, tmp_path / "bundle")
+    assert not (tmp_path / "bundle").exists()
 
 
-def test_export_bundles_the_gated_int8_model(qat_out, trained, digits_task, digits_data, tmp_path):
+def test_package_bundles_the_gated_int8_model_with_the_fp32_export(qat_out, exported, tmp_path):
     out, _ = qat_out
-    export_run(ExportParams(), digits_task, trained, digits_data, tmp_path / "export", qat_dir=out)
-    sig = read_json(tmp_path / "export" / "signature.json")
+    package_run(exported, out, tmp_path / "bundle")
+    sig = read_json(tmp_path / "bundle" / "signature.json")
     assert sig["formats"]["int8_paddle"]["program"] == "int8/paddle/model.pdmodel"
     assert sig["formats"]["int8_openvino"]["program"] == "int8/openvino/model.xml"
-    assert (tmp_path / "export" / "int8" / "openvino" / "model.bin").exists()
+    assert set(read_json(exported / "signature.json")["formats"]) < set(sig["formats"])
+    assert (tmp_path / "bundle" / "int8" / "openvino" / "model.bin").exists()
+    assert (tmp_path / "bundle" / "legacy" / "model.pdmodel").read_bytes() == (
+        exported / "legacy" / "model.pdmodel"
+    ).read_bytes()  # the fp32 program is the export's, not a second export
     formats = bundle_int8(out, tmp_path / "again" / "int8")
     assert set(formats) == {"int8_paddle", "int8_openvino"}
 
@@ -160,7 +165,9 @@ def test_upstream_qat_convert_still_fails():
 
 
 @pytest.mark.parametrize("isa", ["AVX2", "AVX512_CORE", "AVX512_CORE_VNNI", "ALL"])
-def test_int8_model_passes_its_gate_on_every_cpu_generation(isa, tmp_path, trained, digits_data):
+def test_int8_model_passes_its_gate_on_every_cpu_generation(
+    isa, tmp_path, trained, exported, digits_data
+):
     """The qat stage with the shipped params, with oneDNN (OpenVINO's and Paddle's CPU kernels)
     capped at an older ISA: AVX2 without VNNI (int8 through 16-bit sums, where 8-bit weights
     overflow), AVX-512 without VNNI, AVX-512 VNNI (AMD EPYC-like), and everything this CPU has.
@@ -176,9 +183,10 @@ def test_int8_model_passes_its_gate_on_every_cpu_generation(isa, tmp_path, train
     proc = run_module(
         "components.qat",
         "--params", str(tmp_path / "params.yaml"),
-        "--train", str(trained),
+        "--model", str(trained),
+        "--exported", str(exported),
         "--data", str(digits_data),
-        "--out", str(tmp_path / "qat"),
+        "--int8", str(tmp_path / "qat"),
         "--metrics", str(tmp_path / "qat.json"),
         env={"ONEDNN_MAX_CPU_ISA": isa},
     )  # fmt: skip

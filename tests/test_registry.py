@@ -15,6 +15,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from types import SimpleNamespace
 
 import paddle
 import pytest
@@ -22,13 +23,16 @@ import pytest
 from components.artifacts import StepError, read_json, write_json
 from components.export import ExportParams
 from components.export import run as export_run
+from components.promote import PromoteParams
+from components.promote import run as promote_run
 from components.register import RegisterParams
 from components.register import run as register_run
-from components.registry import CHALLENGER, CHAMPION, PREVIOUS, Registry
+from components.registry import CHALLENGER, CHAMPION, PREVIOUS, Registry, RegistryParams
 from components.serving_image import RunningServer
 from tests.conftest import REPO
 
 PARAMS = RegisterParams(min_accuracy=0.5)
+REGISTRY = RegistryParams()
 LINEAGE = {
     "git_sha": "a" * 40,
     "data_sha256": "b" * 64,
@@ -113,7 +117,7 @@ def tracked_run(uri: str, export_dir: Path, dest: Path, tags: dict[str, str]) ->
 def cli(uri: str, *args: str, name: str = "digits-classifier") -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO), "MLFLOW_TRACKING_URI": uri}
     return subprocess.run(
-        [sys.executable, "-m", "components.register", "--model-name", name, *args],
+        [sys.executable, "-m", "components", "registry", "--model-name", name, *args],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -125,13 +129,42 @@ def cli(uri: str, *args: str, name: str = "digits-classifier") -> subprocess.Com
 def registry(uri: str, name: str = "digits-classifier") -> Registry:
     from mlflow import MlflowClient
 
-    return Registry(MlflowClient(tracking_uri=uri, registry_uri=uri), name, PARAMS)
+    return Registry(MlflowClient(tracking_uri=uri, registry_uri=uri), name, REGISTRY)
 
 
-def register(server, tmp_path, export_dir, digits_task, digits_data, tags=LINEAGE, params=PARAMS):
+def register(
+    server,
+    tmp_path,
+    export_dir,
+    digits_task,
+    digits_data,
+    tags=LINEAGE,
+    params=PARAMS,
+    name="digits-classifier",
+    auto_promote=True,
+) -> SimpleNamespace:
+    """The register then the promote step, as the pipeline runs them."""
     run_file = tracked_run(server, export_dir, tmp_path / "run.json", tags)
-    return register_run(
-        params, digits_task, run_file, digits_data, tmp_path / "out", tracking_uri=server
+    registered = register_run(
+        params,
+        digits_task,
+        run_file,
+        digits_data,
+        tmp_path / "out",
+        registry_params=RegistryParams(model_name=name),
+        tracking_uri=server,
+    )
+    # what serving_image leaves: the validated image, not built on this machine
+    write_json(tmp_path / "infra" / "infra.json", {"image": tags["serving_image"], "built": False})
+    promoted = promote_run(
+        PromoteParams(auto_promote=auto_promote),
+        tmp_path / "out",
+        tmp_path / "infra",
+        tmp_path / "promote",
+        registry_params=RegistryParams(model_name=name),
+    )
+    return SimpleNamespace(
+        version=registered.version, blessing=registered.blessing, promoted=promoted.promoted
     )
 
 
@@ -227,7 +260,7 @@ def test_racing_promotions_leave_one_champion_and_a_consistent_history(
             exported,
             digits_task,
             digits_data,
-            params=RegisterParams(min_accuracy=0.5, auto_promote=False),
+            auto_promote=False,
         ).version
         for i in range(2)
     ]
@@ -237,7 +270,7 @@ def test_racing_promotions_leave_one_champion_and_a_consistent_history(
     env = {**os.environ, "PYTHONPATH": str(REPO), "MLFLOW_TRACKING_URI": server}
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "components.register", "promote", "--version", str(v)],
+            [sys.executable, "-m", "components", "registry", "promote", "--version", str(v)],
             cwd=REPO,
             env=env,
             stdout=subprocess.PIPE,
@@ -265,7 +298,7 @@ def test_a_held_lock_makes_a_promotion_wait(server):
     with reg.lock():
         env = {**os.environ, "PYTHONPATH": str(REPO), "MLFLOW_TRACKING_URI": server}
         proc = subprocess.Popen(
-            [sys.executable, "-m", "components.register", "promote", "--version", str(target)],
+            [sys.executable, "-m", "components", "registry", "promote", "--version", str(target)],
             cwd=REPO,
             env=env,
             stdout=subprocess.PIPE,
@@ -303,15 +336,7 @@ def test_rollback_without_previous_champion_is_a_readable_error(
     server, tmp_path, exported, digits_task, digits_data
 ):
     name = "lonely-classifier"
-    run_file = tracked_run(server, exported, tmp_path / "run.json", LINEAGE)
-    register_run(
-        RegisterParams(model_name=name, min_accuracy=0.5),
-        digits_task,
-        run_file,
-        digits_data,
-        tmp_path / "out",
-        tracking_uri=server,
-    )
+    register(server, tmp_path, exported, digits_task, digits_data, name=name)
     with pytest.raises(StepError, match="nothing to roll back to"):
         registry(server, name).rollback()
 
@@ -328,14 +353,9 @@ def test_pinned_holdout_catches_a_bad_challenger_that_corrupted_labels_hide(
     from components.scoring import score_model
 
     name = "holdout-classifier"
-    params = RegisterParams(model_name=name, min_accuracy=0.0)
-    first = register_run(
-        params,
-        digits_task,
-        tracked_run(server, exported, tmp_path / "run1.json", LINEAGE),
-        digits_data,
-        tmp_path / "out1",
-        tracking_uri=server,
+    params = RegisterParams(min_accuracy=0.0)
+    first = register(
+        server, tmp_path / "1", exported, digits_task, digits_data, params=params, name=name
     )
     assert first.promoted
     reg = registry(server, name)
@@ -351,15 +371,10 @@ def test_pinned_holdout_catches_a_bad_challenger_that_corrupted_labels_hide(
     test = read_split(digits_data, "test")
     write_split(corrupted, "test", Split(test.images, bad_predictions.astype(np.int64)))
 
-    second = register_run(
-        params,
-        digits_task,
-        tracked_run(server, bad_export, tmp_path / "run2.json", LINEAGE),
-        corrupted,
-        tmp_path / "out2",
-        tracking_uri=server,
+    second = register(
+        server, tmp_path / "2", bad_export, digits_task, corrupted, params=params, name=name
     )
-    blessing = read_json(tmp_path / "out2" / "blessing.json")
+    blessing = read_json(tmp_path / "2" / "out" / "blessing.json")
     on_test = blessing["comparisons"]["test"]
     assert on_test["passed"] and on_test["overall"]["better"] > on_test["overall"]["worse"]
     on_holdout = blessing["comparisons"]["holdout"]
@@ -383,13 +398,14 @@ def test_a_holdout_changed_after_pinning_is_refused(
     reg.client.set_registered_model_tag(name, "holdout_sha256", "0" * 64)
     try:
         with pytest.raises(StepError, match="does not match the pinned 000000000000"):
-            register_run(
-                RegisterParams(model_name=name, min_accuracy=0.0),
+            register(
+                server,
+                tmp_path,
+                exported,
                 digits_task,
-                tracked_run(server, exported, tmp_path / "run.json", LINEAGE),
                 digits_data,
-                tmp_path / "out",
-                tracking_uri=server,
+                params=RegisterParams(min_accuracy=0.0),
+                name=name,
             )
     finally:
         reg.client.set_registered_model_tag(name, "holdout_sha256", pinned)

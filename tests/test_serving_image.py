@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 
 import paddle
 import pytest
 
-from components.artifacts import StepError, read_json
+from components.artifacts import StepError, read_json, sha256_file
+from components.config import section
+from components.images import detect_builder
 from components.modelio import save_legacy
-from components.serving_image import ServingImageParams, detect_builder
+from components.serving_image import (
+    ServerFlags,
+    ServingImageParams,
+    render_server_env,
+    server_env,
+)
 from components.serving_image import run as serving_run
 from tests.conftest import run_module
 
@@ -61,14 +69,14 @@ def test_builder_none_skips_the_build_but_still_validates_the_server(
     fake_tools(tmp_path / "bin", calls, docker=0, podman=0, buildah=0)  # all would "work"
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
     params = ServingImageParams(
-        server_binary=str(server_binary), builder="none", push=True, variants=["fp32"], **FAST
+        server_binary=str(server_binary), builder="none", variants=["fp32"], **FAST
     )
     result = serving_run(params, digits_task, exported_int8, digits_data, tmp_path / "out")
     assert not calls.exists(), calls.read_text()  # no builder was even probed
     assert (result.built, result.builder, result.digest) == (False, None, None)
     assert result.infra_validated
     infra = read_json(tmp_path / "out" / "infra.json")
-    assert infra["built"] is False and infra["builder"] is None and infra["pushed"] is False
+    assert infra["built"] is False and infra["builder"] is None
     assert "builder: none" in infra["builder_note"]  # the reason, for whoever reads infra.json
     # the infra check ran against the real server all the same
     (fp32,) = infra["variants"]
@@ -102,7 +110,7 @@ def test_unknown_builder_is_a_readable_params_error(tmp_path):
     params = tmp_path / "params.yaml"
     params.write_text("serving_image:\n  builder: kaniko\n")
     proc = run_module(
-        "components.serving_image", "--params", str(params), "--out", str(tmp_path / "out")
+        "components.serving_image", "--params", str(params), "--infra", str(tmp_path / "out")
     )
     assert proc.returncode == 1, proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
@@ -135,3 +143,103 @@ def test_a_server_that_answers_differently_fails_validation(
 def test_an_unknown_builder_from_python_is_a_readable_error():
     with pytest.raises(StepError, match=r"serving_image.builder: 'kaniko' is not one of"):
         detect_builder("kaniko")
+
+
+def _served_config(log_file) -> dict:
+    """The configuration the server reports it runs with (its ``listening`` log line)."""
+    for line in log_file.read_text().splitlines():
+        if line.startswith("{") and json.loads(line).get("msg") == "listening":
+            return json.loads(line)["config"]
+    raise AssertionError(f"no 'listening' line in {log_file}")
+
+
+def test_server_env_is_what_validation_ran_the_image_bakes_and_the_step_records(
+    server_binary, exported_int8, digits_task, digits_data, tmp_path
+):
+    flags = ServerFlags(workers=1, threads_per_worker=2, max_batch_size=16, max_queue_delay_us=500)
+    params = ServingImageParams(
+        server_binary=str(server_binary), builder="none", variants=["fp32"], server=flags, **FAST
+    )
+    assert serving_run(params, digits_task, exported_int8, digits_data, tmp_path / "out")
+    out = tmp_path / "out"
+    text = render_server_env(flags)
+    assert text.splitlines()[0].startswith("# ") and "serving_image.server" in text.splitlines()[0]
+    assert text.splitlines()[1:] == [
+        "SERVING_MAX_BATCH_SIZE=16",
+        "SERVING_MAX_QUEUE_DELAY_US=500",
+        "SERVING_THREADS_PER_WORKER=2",
+        "SERVING_WORKERS=1",
+    ]
+    assert (out / "server.env").read_text() == text
+    assert (out / "context" / "server.env").read_text() == text
+    infra = read_json(out / "infra.json")
+    assert infra["server_env_sha256"] == sha256_file(out / "server.env")
+    assert (
+        read_json(out / "manifest.json")["outputs"]["server.env"]["sha256"]
+        == (infra["server_env_sha256"])
+    )
+    # the image: one ENV line with the same values, in the final stage, before ENTRYPOINT
+    dockerfile = (out / "context" / "Dockerfile").read_text().splitlines()
+    (env_line,) = [line for line in dockerfile if line.startswith("ENV SERVING_")]
+    assert env_line.split()[1:] == text.splitlines()[1:]
+    assert dockerfile.index(env_line) + 1 == next(
+        i for i, line in enumerate(dockerfile) if line.startswith("ENTRYPOINT")
+    )
+    assert dockerfile.index(env_line) > max(
+        i for i, line in enumerate(dockerfile) if line.startswith("FROM")
+    )
+    # and the server that was validated ran with exactly these values (from the environment)
+    served = _served_config(out / "server-fp32.log")
+    assert {k: served[k] for k in ("workers", "threads_per_worker")} == {
+        "workers": 1,
+        "threads_per_worker": 2,
+    }
+    assert (served["max_batch_size"], served["max_queue_delay_us"]) == (16, 500)
+
+
+def test_golden_replay_is_chunked_to_the_servers_max_batch_size(
+    server_binary, exported_int8, digits_task, digits_data, tmp_path, monkeypatch
+):
+    # a stray SERVING_* in the caller's environment must not reach the validated server
+    monkeypatch.setenv("SERVING_MAX_BATCH_SIZE", "1")
+    monkeypatch.setenv("SERVING_DYNAMIC_BATCHING", "not-a-bool")
+    params = ServingImageParams(
+        server_binary=str(server_binary),
+        builder="none",
+        golden_samples=20,
+        latency_requests=5,
+        server=ServerFlags(max_batch_size=8),
+    )
+    result = serving_run(params, digits_task, exported_int8, digits_data, tmp_path / "out")
+    assert result.infra_validated
+    infra = read_json(tmp_path / "out" / "infra.json")
+    for report in infra["variants"]:
+        answers = report["checks"]["answers"]
+        assert (answers["samples"], answers["requests"]) == (20, 3), report  # 8 + 8 + 4
+        assert answers["json_equals_binary"] and report["passed"], report
+        served = _served_config(tmp_path / "out" / f"server-{report['variant']}.log")
+        assert served["max_batch_size"] == 8
+
+
+@pytest.mark.parametrize(
+    ("values", "field"),
+    [
+        ({"golden_samples": 0}, "golden_samples"),
+        ({"server": {"max_batch_size": 0}}, "server.max_batch_size"),
+        ({"server": {"workers": 0}}, "server.workers"),
+        ({"server": {"threads_per_worker": -1}}, "server.threads_per_worker"),
+        ({"server": {"max_queue_delay_us": -5}}, "server.max_queue_delay_us"),
+    ],
+)
+def test_nonsense_serving_params_are_rejected_naming_the_field(values, field):
+    with pytest.raises(StepError, match=rf"params.yaml: serving_image: {field}: must be >= "):
+        section({"serving_image": values}, "serving_image", ServingImageParams)
+
+
+def test_zero_threads_and_queue_delay_are_the_servers_own_defaults_not_errors():
+    params = section(
+        {"serving_image": {"server": {"threads_per_worker": 0, "max_queue_delay_us": 0}}},
+        "serving_image",
+        ServingImageParams,
+    )
+    assert server_env(params.server)["SERVING_THREADS_PER_WORKER"] == "0"

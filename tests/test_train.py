@@ -104,7 +104,7 @@ def _train_cli(params: Path, data: Path, out: Path, ckpt: Path) -> subprocess.Po
             str(params),
             "--data",
             str(data),
-            "--out",
+            "--model",
             str(out),
             "--checkpoints",
             str(ckpt),

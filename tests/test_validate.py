@@ -239,7 +239,7 @@ def test_cli_exits_1_with_message(data: Path, tmp_path: Path) -> None:
             str(params),
             "--data",
             str(data),
-            "--out",
+            "--report",
             str(out),
         ],
         cwd=REPO,

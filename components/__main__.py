@@ -1,0 +1,7 @@
+"""``python -m components STEP [options]``: the same as ``paddle-mlops STEP``."""
+
+import sys
+
+from components.cli import main
+
+sys.exit(main())

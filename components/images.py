@@ -1,0 +1,68 @@
+"""Container images of the serving step: find a builder, build, push (library layer).
+
+``serving_image`` builds the image it validated (no push: nothing leaves this machine before
+the model is blessed); ``promote`` pushes it once the model is blessed.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+from components.artifacts import StepError
+
+BUILDERS = ("docker", "podman", "buildah")
+
+
+def detect_builder(requested: str) -> tuple[str | None, str]:
+    """The first working image builder, or None with the reason."""
+    if requested not in (*BUILDERS, "auto", "none"):
+        raise StepError(
+            f"serving_image.builder: {requested!r} is not one of "
+            f"{['auto', *BUILDERS, 'none']} (in a cluster, kaniko builds the image)"
+        )
+    if requested == "none":
+        return None, "builder: none in params"
+    candidates = list(BUILDERS) if requested == "auto" else [requested]
+    reasons = []
+    for tool in candidates:
+        if shutil.which(tool) is None:
+            reasons.append(f"{tool}: not installed")
+            continue
+        probe = [tool, "info"] if tool != "buildah" else [tool, "version"]
+        proc = subprocess.run(probe, capture_output=True, text=True, timeout=60)
+        if proc.returncode == 0:
+            return tool, "ok"
+        first = (proc.stderr or proc.stdout).strip().splitlines()
+        reasons.append(f"{tool}: {first[-1] if first else 'unusable'}")
+    return None, "; ".join(reasons)
+
+
+def build_image(builder: str, context: Path, ref: str) -> str:
+    """Build ``ref`` from ``context`` (its ``Dockerfile``); returns the image id."""
+    cmd = [builder, "bud"] if builder == "buildah" else [builder, "build"]
+    cmd += ["-t", ref, "-f", str(context / "Dockerfile"), str(context)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = "\n".join(proc.stderr.splitlines()[-15:])
+        raise StepError(f"{builder} build of {ref} failed:\n{tail}")
+    fmt = "{{.Id}}" if builder != "buildah" else "{{.FromImageDigest}}"
+    inspect = subprocess.run(
+        [builder, "inspect", "--format", fmt, ref], capture_output=True, text=True
+    )
+    return inspect.stdout.strip()
+
+
+def push_image(builder: str, ref: str) -> str:
+    """Push ``ref``; returns the registry's digest (``sha256:...``) when the builder says it."""
+    proc = subprocess.run([builder, "push", ref], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise StepError(f"{builder} push {ref} failed: {proc.stderr.strip()[-500:]}")
+    inspect = subprocess.run(
+        [builder, "inspect", "--format", "{{index .RepoDigests 0}}", ref],
+        capture_output=True,
+        text=True,
+    )
+    digest = inspect.stdout.strip()
+    return digest.split("@", 1)[1] if "@" in digest else digest

@@ -1,0 +1,147 @@
+"""One declaration per step: the CLI, the KFP component and the dvc.yaml stage all follow
+from ``STEP`` in the step's module, read the same params sections and produce the same outputs.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import yaml
+
+from components.step import (
+    STEPS,
+    Step,
+    all_steps,
+    dvc_stage,
+    flag,
+    kfp_main,
+    load,
+)
+from tests.conftest import REPO, run_module
+
+DECLARED = {s.name: s for s in all_steps()}
+
+
+def test_dvc_yaml_is_generated_from_the_declarations():
+    committed = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+    generated = {name: dvc_stage(step) for name, step in DECLARED.items()}
+    assert list(committed) == list(STEPS)
+    assert committed == generated, "run `python -m components dvc-yaml` and commit dvc.yaml"
+
+
+@pytest.mark.parametrize("name", STEPS)
+def test_cli_and_dvc_stage_bind_the_same_ports(name):
+    step = DECLARED[name]
+    stage = dvc_stage(step)
+    # the stage's command, parsed by the step's own CLI, gives each port its declared path
+    argv = shlex.split(stage["cmd"])
+    assert argv[:4] == ["python", "-m", "components", name]
+    args = step.parser().parse_args(argv[4:])
+    assert args.params == "params.yaml"
+    for port in (*step.cli_inputs(), *step.cli_outputs()):
+        assert getattr(args, port.name) == port.path, port.name
+    # what the stage declares as outputs is exactly what the step writes
+    outs = [
+        next(iter(o)) if isinstance(o, dict) else o
+        for k in ("outs", "metrics", "plots")
+        for o in stage.get(k, [])
+    ]
+    assert sorted(outs) == sorted(p.path for p in step.cli_outputs())
+    for key, kind in (("metrics", "metrics"), ("plots", "plots")):
+        assert [next(iter(o)) for o in stage.get(key, [])] == [
+            p.path for p in step.outputs if p.dvc == kind
+        ]
+    assert stage.get("params", []) == list(step.sections)
+    for port in step.inputs:
+        wanted = [f"{port.path}/{f}" for f in port.files] or [port.path]
+        assert set(wanted) <= set(stage["deps"]), port.name
+
+
+@pytest.mark.parametrize("name", STEPS)
+def test_inputs_are_the_outputs_of_earlier_steps_at_the_same_path(name):
+    """So dvc.yaml's graph (paths) and the KFP DAG (sources) are the same graph."""
+    step = DECLARED[name]
+    for port in step.inputs:
+        producer, output = port.source.split(".")
+        assert STEPS.index(producer) < STEPS.index(name), port.source
+        out = next(o for o in DECLARED[producer].outputs if o.name == output)
+        assert out.path == port.path, (
+            f"{name}.{port.name} reads {port.path}, {port.source} is {out.path}"
+        )
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory) -> dict:
+    from pipelines.training import compile_pipeline
+
+    out = compile_pipeline(tmp_path_factory.mktemp("kfp") / "training.yaml")
+    return next(yaml.safe_load_all(out.read_text()))
+
+
+@pytest.mark.parametrize("name", STEPS)
+def test_kfp_component_has_the_declared_sections_and_ports(compiled, name):
+    step = DECLARED[name]
+    component = compiled["components"][f"comp-{name.replace('_', '-')}-op"]
+    inputs = component["inputDefinitions"]
+    assert set(inputs.get("parameters", {})) == {*step.sections, *(v.name for v in step.values)}
+    assert set(inputs.get("artifacts", {})) == {p.name for p in step.inputs}
+    outputs = component.get("outputDefinitions", {})
+    assert set(outputs.get("artifacts", {})) == {p.name for p in step.outputs}
+    assert set(outputs.get("parameters", {})) == ({"Output"} if step.result else set())
+
+
+def test_every_params_section_is_read_by_a_step_and_every_step_section_exists():
+    shipped = yaml.safe_load((REPO / "params.yaml").read_text())
+    read = {s for step in DECLARED.values() for s in step.sections}
+    assert read == set(shipped)
+    for step in DECLARED.values():
+        if step.params is not None:
+            assert step.name in step.sections
+        for section, _, _ in step.shared:
+            assert section in step.sections
+
+
+@pytest.mark.parametrize("name", STEPS)
+def test_paddle_mlops_step_help(name):
+    proc = run_module("components", name, "--help", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert f"usage: python -m components.{name}" in proc.stdout
+    for port in (*DECLARED[name].cli_inputs(), *DECLARED[name].cli_outputs()):
+        assert f"--{flag(port.name)}" in proc.stdout
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {
+        p.relative_to(root).as_posix(): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and p.name != "manifest.json"
+    }
+
+
+def test_cli_and_kfp_component_produce_the_same_outputs(tmp_path, exported, qat_out):
+    """The package step through its CLI and through the body of its KFP component."""
+    step: Step = load("package")
+    proc = run_module(
+        "components",
+        "package",
+        "--exported",
+        str(exported),
+        "--int8",
+        str(qat_out[0]),
+        "--bundle",
+        str(tmp_path / "cli"),
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    artifacts = {
+        "exported": SimpleNamespace(path=str(exported)),
+        "int8": SimpleNamespace(path=str(qat_out[0])),
+        "bundle": SimpleNamespace(path=str(tmp_path / "kfp")),
+    }
+    assert kfp_main(step.name, artifacts) is None
+    cli, kfp = _tree(tmp_path / "cli"), _tree(tmp_path / "kfp")
+    assert cli and cli == kfp
+    assert "int8/openvino/model.xml" in cli and "legacy/model.pdmodel" in cli
