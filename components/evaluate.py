@@ -20,7 +20,7 @@ import numpy as np
 from components import dataset
 from components.artifacts import atomic_path, write_json, write_manifest, write_text
 from components.scoring import score_model
-from components.step import In, Out, Step
+from components.step import BUNDLE, DATA, Out, Step
 from components.tasks import Task
 
 log = logging.getLogger(__name__)
@@ -158,8 +158,8 @@ STEP = Step(
     sections=("task", "evaluate"),
     run=run,
     inputs=(
-        In("bundle", "outputs/package", "model_dir", source="package.bundle", help="model"),
-        In("data", "outputs/ingest", "data_dir", source="ingest.data", help="data set"),
+        BUNDLE,
+        DATA,
     ),
     outputs=(
         Out("evaluation", "outputs/evaluate", "out_dir", help="report, confusion matrix"),

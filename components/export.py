@@ -33,7 +33,7 @@ from components import dataset, gates
 from components.artifacts import StepError, atomic_path, write_json, write_manifest
 from components.modelio import load_trained, save_legacy
 from components.runtime import ModelFiles, PaddlePredictor
-from components.step import In, Out, Step
+from components.step import DATA, In, Out, Step
 from components.tasks import Task
 
 log = logging.getLogger(__name__)
@@ -179,7 +179,7 @@ STEP = Step(
     run=run,
     inputs=(
         In("model", "outputs/train", "train_dir", source="train.model", help="trained weights"),
-        In("data", "outputs/ingest", "data_dir", source="ingest.data", help="data set"),
+        DATA,
     ),
     outputs=(Out("exported", "outputs/export", "out_dir", kfp="Model", help="fp32 export"),),
 )

@@ -44,7 +44,7 @@ from components.artifacts import StepError, atomic_path, write_json, write_manif
 from components.modelio import load_trained
 from components.ov_runtime import OVPredictor, read_model, save_ir
 from components.runtime import ModelFiles, PaddlePredictor
-from components.step import In, Out, Step
+from components.step import DATA, In, Out, Step
 from components.tasks import Task
 
 log = logging.getLogger(__name__)
@@ -461,7 +461,7 @@ STEP = Step(
             source="export.exported",
             help="the fp32 export: the parent the int8 model is gated against",
         ),
-        In("data", "outputs/ingest", "data_dir", source="ingest.data", help="data set"),
+        DATA,
     ),
     outputs=(
         Out("int8", "outputs/qat", "out_dir", kfp="Model", help="gated int8 bundle"),

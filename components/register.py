@@ -46,7 +46,7 @@ from components.registry import (
     model_name,
 )
 from components.registry import client as mlflow_client
-from components.step import In, Out, Step
+from components.step import DATA, In, Out, Step
 from components.tasks import Task
 
 log = logging.getLogger(__name__)
@@ -380,7 +380,7 @@ STEP = Step(
     run=run,
     inputs=(
         In("run_info", "outputs/track", "run_file", source="track.run_info", help="run.json"),
-        In("data", "outputs/ingest", "data_dir", source="ingest.data", help="data set"),
+        DATA,
     ),
     outputs=(
         Out(

@@ -53,7 +53,7 @@ from components.config import load_params, section
 from components.images import build_image, detect_builder
 from components.kserve_client import KServeClient, KServeError
 from components.runtime import BatchedPredictor, ModelFiles, PaddlePredictor
-from components.step import In, Out, Step
+from components.step import BUNDLE, DATA, Out, Step
 from components.tasks import Task
 
 log = logging.getLogger(__name__)
@@ -544,8 +544,8 @@ STEP = Step(
     sections=("task", "serving_image"),
     run=run,
     inputs=(
-        In("bundle", "outputs/package", "model_dir", source="package.bundle", help="model"),
-        In("data", "outputs/ingest", "data_dir", source="ingest.data", help="golden samples"),
+        BUNDLE,
+        DATA,
     ),
     outputs=(
         Out(

@@ -93,6 +93,11 @@ class Value:
     help: str = ""
 
 
+# inputs several steps read: the ingested data set and the served bundle
+DATA = In("data", "outputs/ingest", "data_dir", source="ingest.data", help="ingested data set")
+BUNDLE = In("bundle", "outputs/package", "model_dir", source="package.bundle", help="served bundle")
+
+
 @dataclass(frozen=True)
 class Step:
     name: str

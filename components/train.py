@@ -38,7 +38,7 @@ from components.artifacts import (
     write_text,
 )
 from components.config import params_sha256
-from components.step import In, Out, Step
+from components.step import DATA, In, Out, Step
 from components.tasks import Task
 
 log = logging.getLogger(__name__)
@@ -464,7 +464,7 @@ STEP = Step(
     sections=("task", "train"),
     run=run,
     inputs=(
-        In("data", "outputs/ingest", "data_dir", source="ingest.data", help="data set"),
+        DATA,
         # trains only on data that passed validation
         In(
             "validation",

@@ -36,7 +36,7 @@ import pandas as pd
 
 from components import dataset
 from components.artifacts import StepError, atomic_path, write_json, write_manifest
-from components.step import In, Out, Step
+from components.step import DATA, Out, Step
 
 # Before Great Expectations is first imported (lazily, below): no usage statistics sent anywhere.
 os.environ["GX_ANALYTICS_ENABLED"] = "false"
@@ -670,7 +670,7 @@ STEP = Step(
     params=ValidateParams,
     sections=("validate",),
     run=run,
-    inputs=(In("data", "outputs/ingest", "data_dir", source="ingest.data", help="data set"),),
+    inputs=(DATA,),
     outputs=(
         Out("report", "outputs/validate", "out_dir", help="summary, suites, Data Docs"),
         Out("data_docs", "", "", kfp="HTML", derived_from=("report", "data_docs/index.html")),
