@@ -264,6 +264,299 @@ Status ParseOutputs(const json& root, const ModelIO& io, bool binary_default,
   return Status::Ok();
 }
 
+// Checks the JSON header (the first `header_size` bytes of `body`) and parses
+// it into `root`, which must be an object.
+Status ParseJsonHeader(std::string_view body, size_t header_size,
+                       bool has_length_header, json* root) {
+  if (header_size > body.size()) {
+    return InvalidArgument(
+        "Inference-Header-Content-Length " + std::to_string(header_size) +
+        " exceeds the request body size " + std::to_string(body.size()));
+  }
+  if (header_size == 0) return InvalidArgument("empty inference request");
+
+  // nlohmann stops at a NUL byte; binary bytes in the JSON part mean the
+  // client sent tensor data without announcing where the JSON ends.
+  if (std::memchr(body.data(), '\0', header_size) != nullptr) {
+    return InvalidArgument(
+        has_length_header
+            ? "malformed JSON in request: NUL byte in the JSON header"
+            : "request body is not JSON: binary tensor data needs the "
+              "Inference-Header-Content-Length header");
+  }
+  try {
+    *root = json::parse(body.begin(), body.begin() + header_size);
+  } catch (const json::parse_error& e) {
+    return InvalidArgument(std::string("malformed JSON in request: ") +
+                           e.what());
+  }
+  if (!root->is_object()) {
+    return InvalidArgument("the inference request must be a JSON object");
+  }
+  return Status::Ok();
+}
+
+// The optional request "id" (absent or null: none).
+Status ParseRequestId(const json& root, std::optional<std::string>* id) {
+  if (const auto it = root.find("id"); it != root.end() && !it->is_null()) {
+    if (!it->is_string()) return InvalidArgument("'id' must be a string");
+    *id = it->get<std::string>();
+  }
+  return Status::Ok();
+}
+
+// The request-level "parameters": "binary_data_output" (the default of the
+// outputs' "binary_data") and "timeout" (microseconds).
+Status ParseRequestParameters(const json& root, bool* binary_output_default,
+                              int64_t* timeout_us) {
+  Status status;
+  const json* params = FindParameters(root, "request", &status);
+  RETURN_IF_ERROR(status);
+  if (params == nullptr) return Status::Ok();
+  if (const auto b = params->find("binary_data_output"); b != params->end()) {
+    if (!b->is_boolean()) {
+      return InvalidArgument("'binary_data_output' must be a boolean");
+    }
+    *binary_output_default = b->get<bool>();
+  }
+  if (params->contains("timeout")) {
+    ASSIGN_OR_RETURN(*timeout_us,
+                     GetInt(*params, "timeout", "request parameters"));
+    if (*timeout_us < 0) {
+      return InvalidArgument("'timeout' must be >= 0 (microseconds)");
+    }
+  }
+  return Status::Ok();
+}
+
+// Position in the model's inputs of the input that the request element `in`
+// names.
+StatusOr<size_t> FindInputIndex(const json& in, const ModelIO& io) {
+  if (!in.is_object()) {
+    return InvalidArgument("each element of 'inputs' must be an object");
+  }
+  const auto name_it = in.find("name");
+  if (name_it == in.end() || !name_it->is_string()) {
+    return InvalidArgument("each input needs a string 'name'");
+  }
+  const std::string name = name_it->get<std::string>();
+  size_t index = io.inputs.size();
+  for (size_t i = 0; i < io.inputs.size(); ++i) {
+    if (io.inputs[i].name == name) index = i;
+  }
+  if (index == io.inputs.size()) {
+    std::string known;
+    for (const auto& spec : io.inputs) {
+      known += (known.empty() ? "'" : ", '") + spec.name + "'";
+    }
+    return InvalidArgument("unexpected input '" + name +
+                           "'; the model expects " + known);
+  }
+  return index;
+}
+
+// The input's "datatype", which must be the one the model expects.
+StatusOr<DataType> ParseInputDatatype(const json& in, const std::string& where,
+                                      const TensorSpec& spec) {
+  const auto dt_it = in.find("datatype");
+  if (dt_it == in.end() || !dt_it->is_string()) {
+    return InvalidArgument(where + " needs a string 'datatype'");
+  }
+  const std::string dt_name = dt_it->get<std::string>();
+  const DataType dtype = DataTypeFromName(dt_name);
+  if (dtype == DataType::kInvalid) {
+    return InvalidArgument(where + ": unknown datatype '" + dt_name + "'");
+  }
+  if (dtype != spec.dtype) {
+    return InvalidArgument(where + ": datatype " + dt_name +
+                           " is not supported, the model expects " +
+                           DataTypeName(spec.dtype));
+  }
+  return dtype;
+}
+
+// The input's "shape", checked against the model's (see CheckShape).
+StatusOr<Shape> ParseInputShape(const json& in, const std::string& where,
+                                const TensorSpec& spec,
+                                int64_t max_batch_size) {
+  const auto shape_it = in.find("shape");
+  if (shape_it == in.end() || !shape_it->is_array()) {
+    return InvalidArgument(where + " needs a 'shape' array");
+  }
+  Shape shape;
+  for (const auto& dim : *shape_it) {
+    if (!dim.is_number_integer() || dim.get<int64_t>() < 0) {
+      return InvalidArgument(where +
+                             ": 'shape' must hold non-negative integers");
+    }
+    shape.push_back(dim.get<int64_t>());
+  }
+  RETURN_IF_ERROR(CheckShape(shape, spec, max_batch_size));
+  return shape;
+}
+
+// Converts the input's JSON "data" (flat or nested) into `tensor`, whose
+// name, dtype and shape are set.
+Status ConvertJsonData(const json& data, const std::string& where,
+                       Tensor* tensor) {
+  const int64_t count = ElementCount(tensor->shape);
+  const int64_t found = CountElements(data, count);
+  if (found != count) {
+    return InvalidArgument(where + ": 'data' has " +
+                           (found > count ? "more than " + std::to_string(count)
+                                          : std::to_string(found)) +
+                           " elements but shape " +
+                           ShapeToString(tensor->shape) + " needs " +
+                           std::to_string(count));
+  }
+  tensor->data.reserve(static_cast<size_t>(count) *
+                       DataTypeByteSize(tensor->dtype));
+  int64_t converted = 0;
+  return FlattenData(data, tensor->dtype, tensor->name, 0, count,
+                     &tensor->data, &converted);
+}
+
+// The input's "binary_data_size" parameter, which must match its shape.
+Status CheckBinaryDataSize(const json& params, const std::string& where,
+                           const Tensor& tensor, size_t byte_size) {
+  ASSIGN_OR_RETURN(const int64_t size,
+                   GetInt(params, "binary_data_size", where));
+  if (size < 0 || static_cast<size_t>(size) != byte_size) {
+    return InvalidArgument(where + ": binary_data_size " +
+                           std::to_string(size) + " does not match shape " +
+                           ShapeToString(tensor.shape) + " of " +
+                           DataTypeName(tensor.dtype) + " (" +
+                           std::to_string(byte_size) + " bytes)");
+  }
+  return Status::Ok();
+}
+
+// Fills `tensor` (the input at `index`; name, dtype and shape set) from its
+// JSON "data", or queues it in `binaries` when its data follows the JSON.
+Status ParseInputData(const json& in, const json* params,
+                      const std::string& where, size_t index, Tensor* tensor,
+                      std::vector<PendingBinary>* binaries) {
+  const bool has_binary =
+      params != nullptr && params->contains("binary_data_size");
+  const auto data_it = in.find("data");
+  const bool has_data = data_it != in.end();
+  if (has_binary && has_data) {
+    return InvalidArgument(where + " has both 'data' and 'binary_data_size'");
+  }
+  if (has_binary) {
+    const size_t byte_size = static_cast<size_t>(ElementCount(tensor->shape)) *
+                             DataTypeByteSize(tensor->dtype);
+    RETURN_IF_ERROR(CheckBinaryDataSize(*params, where, *tensor, byte_size));
+    binaries->push_back({index, byte_size});
+    return Status::Ok();
+  }
+  if (has_data) return ConvertJsonData(*data_it, where, tensor);
+  return InvalidArgument(where + " has neither 'data' nor 'binary_data_size'");
+}
+
+// Parses one element of "inputs" into its slot of `inputs` (model input
+// order); `seen` marks the model inputs given so far.
+Status ParseInput(const json& in, const ModelIO& io, std::vector<bool>* seen,
+                  std::vector<Tensor>* inputs,
+                  std::vector<PendingBinary>* binaries) {
+  ASSIGN_OR_RETURN(const size_t index, FindInputIndex(in, io));
+  const TensorSpec& spec = io.inputs[index];
+  const std::string where = "input '" + spec.name + "'";
+  if ((*seen)[index]) {
+    return InvalidArgument(where + " is given more than once");
+  }
+  (*seen)[index] = true;
+  ASSIGN_OR_RETURN(const DataType dtype, ParseInputDatatype(in, where, spec));
+  ASSIGN_OR_RETURN(Shape shape,
+                   ParseInputShape(in, where, spec, io.max_batch_size));
+
+  Status status;
+  const json* params = FindParameters(in, where, &status);
+  RETURN_IF_ERROR(status);
+  RETURN_IF_ERROR(CheckNoSharedMemory(params, where));
+
+  Tensor& tensor = (*inputs)[index];
+  tensor.name = spec.name;
+  tensor.dtype = dtype;
+  tensor.shape = std::move(shape);
+  return ParseInputData(in, params, where, index, &tensor, binaries);
+}
+
+// Parses "inputs" into `inputs` (model input order): each model input exactly
+// once. Inputs sent as binary data are queued in `binaries`, in request order.
+Status ParseInputs(const json& root, const ModelIO& io,
+                   std::vector<Tensor>* inputs,
+                   std::vector<PendingBinary>* binaries) {
+  const auto inputs_it = root.find("inputs");
+  if (inputs_it == root.end() || !inputs_it->is_array()) {
+    return InvalidArgument("the request needs an 'inputs' array");
+  }
+  inputs->resize(io.inputs.size());
+  std::vector<bool> seen(io.inputs.size(), false);
+  for (const auto& in : *inputs_it) {
+    RETURN_IF_ERROR(ParseInput(in, io, &seen, inputs, binaries));
+  }
+  for (size_t i = 0; i < io.inputs.size(); ++i) {
+    if (!seen[i]) {
+      return InvalidArgument("missing input '" + io.inputs[i].name + "'");
+    }
+  }
+  return Status::Ok();
+}
+
+// Copies the binary tensor data after the JSON header into `inputs`: the
+// tensors follow the JSON in the order the inputs were listed, and every byte
+// of the body must belong to one.
+Status ReadBinaryInputs(std::string_view body, size_t header_size,
+                        bool has_length_header,
+                        const std::vector<PendingBinary>& binaries,
+                        std::vector<Tensor>* inputs) {
+  size_t offset = header_size;
+  for (const auto& pending : binaries) {
+    Tensor& tensor = (*inputs)[pending.input_index];
+    if (body.size() - offset < pending.byte_size) {
+      return InvalidArgument("request body is truncated: input '" +
+                             tensor.name + "' needs " +
+                             std::to_string(pending.byte_size) +
+                             " bytes of binary data at offset " +
+                             std::to_string(offset - header_size) +
+                             " but only " +
+                             std::to_string(body.size() - offset) + " remain");
+    }
+    tensor.data.assign(body.data() + offset,
+                       body.data() + offset + pending.byte_size);
+    offset += pending.byte_size;
+  }
+  if (offset != body.size()) {
+    if (!has_length_header) {
+      return InvalidArgument(
+          "binary input data needs the Inference-Header-Content-Length header");
+    }
+    return InvalidArgument(
+        "request body has " + std::to_string(body.size() - offset) +
+        " bytes after the JSON header and binary inputs that no input claims");
+  }
+  return Status::Ok();
+}
+
+// The batch size (dim 0) that all inputs must share; 1 without inputs.
+StatusOr<int64_t> CommonBatchSize(const std::vector<Tensor>& inputs) {
+  int64_t batch_size = 1;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const Tensor& tensor = inputs[i];
+    const int64_t batch = tensor.shape.empty() ? 1 : tensor.shape[0];
+    if (i == 0) {
+      batch_size = batch;
+    } else if (batch != batch_size) {
+      return InvalidArgument("inputs disagree on the batch size (dim 0): '" +
+                             inputs[0].name + "' has " +
+                             std::to_string(batch_size) + ", '" + tensor.name +
+                             "' has " + std::to_string(batch));
+    }
+  }
+  return batch_size;
+}
+
 void AppendJsonElement(const char* src, DataType dtype, std::string* out) {
   char buf[32];
   auto write_int = [&](auto v) {
@@ -392,220 +685,20 @@ StatusOr<InferRequest> ParseInferRequest(std::string_view body,
                                          std::optional<size_t> json_length,
                                          const ModelIO& io) {
   const size_t header_size = json_length.value_or(body.size());
-  if (header_size > body.size()) {
-    return InvalidArgument(
-        "Inference-Header-Content-Length " + std::to_string(header_size) +
-        " exceeds the request body size " + std::to_string(body.size()));
-  }
-  if (header_size == 0) return InvalidArgument("empty inference request");
-
-  // nlohmann stops at a NUL byte; binary bytes in the JSON part mean the
-  // client sent tensor data without announcing where the JSON ends.
-  if (std::memchr(body.data(), '\0', header_size) != nullptr) {
-    return InvalidArgument(
-        json_length.has_value()
-            ? "malformed JSON in request: NUL byte in the JSON header"
-            : "request body is not JSON: binary tensor data needs the "
-              "Inference-Header-Content-Length header");
-  }
+  const bool has_length_header = json_length.has_value();
   json root;
-  try {
-    root = json::parse(body.begin(), body.begin() + header_size);
-  } catch (const json::parse_error& e) {
-    return InvalidArgument(std::string("malformed JSON in request: ") +
-                           e.what());
-  }
-  if (!root.is_object()) {
-    return InvalidArgument("the inference request must be a JSON object");
-  }
+  RETURN_IF_ERROR(ParseJsonHeader(body, header_size, has_length_header, &root));
 
   InferRequest request;
-  if (const auto it = root.find("id"); it != root.end() && !it->is_null()) {
-    if (!it->is_string()) return InvalidArgument("'id' must be a string");
-    request.id = it->get<std::string>();
-  }
-
+  RETURN_IF_ERROR(ParseRequestId(root, &request.id));
   bool binary_output_default = false;
-  Status status;
-  const json* params = FindParameters(root, "request", &status);
-  RETURN_IF_ERROR(status);
-  if (params != nullptr) {
-    if (const auto b = params->find("binary_data_output"); b != params->end()) {
-      if (!b->is_boolean()) {
-        return InvalidArgument("'binary_data_output' must be a boolean");
-      }
-      binary_output_default = b->get<bool>();
-    }
-    if (params->contains("timeout")) {
-      ASSIGN_OR_RETURN(request.timeout_us,
-                       GetInt(*params, "timeout", "request parameters"));
-      if (request.timeout_us < 0) {
-        return InvalidArgument("'timeout' must be >= 0 (microseconds)");
-      }
-    }
-  }
-
-  const auto inputs_it = root.find("inputs");
-  if (inputs_it == root.end() || !inputs_it->is_array()) {
-    return InvalidArgument("the request needs an 'inputs' array");
-  }
-  request.inputs.resize(io.inputs.size());
-  std::vector<bool> seen(io.inputs.size(), false);
+  RETURN_IF_ERROR(ParseRequestParameters(root, &binary_output_default,
+                                         &request.timeout_us));
   std::vector<PendingBinary> binaries;
-
-  for (const auto& in : *inputs_it) {
-    if (!in.is_object()) {
-      return InvalidArgument("each element of 'inputs' must be an object");
-    }
-    const auto name_it = in.find("name");
-    if (name_it == in.end() || !name_it->is_string()) {
-      return InvalidArgument("each input needs a string 'name'");
-    }
-    const std::string name = name_it->get<std::string>();
-    const std::string where = "input '" + name + "'";
-    size_t index = io.inputs.size();
-    for (size_t i = 0; i < io.inputs.size(); ++i) {
-      if (io.inputs[i].name == name) index = i;
-    }
-    if (index == io.inputs.size()) {
-      std::string known;
-      for (const auto& spec : io.inputs) {
-        known += (known.empty() ? "'" : ", '") + spec.name + "'";
-      }
-      return InvalidArgument("unexpected input '" + name +
-                             "'; the model expects " + known);
-    }
-    if (seen[index]) return InvalidArgument(where + " is given more than once");
-    seen[index] = true;
-    const TensorSpec& spec = io.inputs[index];
-
-    const auto dt_it = in.find("datatype");
-    if (dt_it == in.end() || !dt_it->is_string()) {
-      return InvalidArgument(where + " needs a string 'datatype'");
-    }
-    const std::string dt_name = dt_it->get<std::string>();
-    const DataType dtype = DataTypeFromName(dt_name);
-    if (dtype == DataType::kInvalid) {
-      return InvalidArgument(where + ": unknown datatype '" + dt_name + "'");
-    }
-    if (dtype != spec.dtype) {
-      return InvalidArgument(where + ": datatype " + dt_name +
-                             " is not supported, the model expects " +
-                             DataTypeName(spec.dtype));
-    }
-
-    const auto shape_it = in.find("shape");
-    if (shape_it == in.end() || !shape_it->is_array()) {
-      return InvalidArgument(where + " needs a 'shape' array");
-    }
-    Shape shape;
-    for (const auto& dim : *shape_it) {
-      if (!dim.is_number_integer() || dim.get<int64_t>() < 0) {
-        return InvalidArgument(where +
-                               ": 'shape' must hold non-negative integers");
-      }
-      shape.push_back(dim.get<int64_t>());
-    }
-    RETURN_IF_ERROR(CheckShape(shape, spec, io.max_batch_size));
-    const int64_t count = ElementCount(shape);
-    const size_t byte_size =
-        static_cast<size_t>(count) * DataTypeByteSize(dtype);
-
-    Status param_status;
-    const json* in_params = FindParameters(in, where, &param_status);
-    RETURN_IF_ERROR(param_status);
-    RETURN_IF_ERROR(CheckNoSharedMemory(in_params, where));
-
-    Tensor& tensor = request.inputs[index];
-    tensor.name = name;
-    tensor.dtype = dtype;
-    tensor.shape = shape;
-
-    const bool has_binary =
-        in_params != nullptr && in_params->contains("binary_data_size");
-    const auto data_it = in.find("data");
-    const bool has_data = data_it != in.end();
-    if (has_binary && has_data) {
-      return InvalidArgument(where + " has both 'data' and 'binary_data_size'");
-    }
-    if (has_binary) {
-      ASSIGN_OR_RETURN(const int64_t size,
-                       GetInt(*in_params, "binary_data_size", where));
-      if (size < 0 || static_cast<size_t>(size) != byte_size) {
-        return InvalidArgument(
-            where + ": binary_data_size " + std::to_string(size) +
-            " does not match shape " + ShapeToString(shape) + " of " +
-            DataTypeName(dtype) + " (" + std::to_string(byte_size) + " bytes)");
-      }
-      binaries.push_back({index, byte_size});
-    } else if (has_data) {
-      const int64_t found = CountElements(*data_it, count);
-      if (found != count) {
-        return InvalidArgument(where + ": 'data' has " +
-                               (found > count
-                                    ? "more than " + std::to_string(count)
-                                    : std::to_string(found)) +
-                               " elements but shape " + ShapeToString(shape) +
-                               " needs " + std::to_string(count));
-      }
-      tensor.data.reserve(byte_size);
-      int64_t converted = 0;
-      RETURN_IF_ERROR(FlattenData(*data_it, dtype, name, 0, count, &tensor.data,
-                                  &converted));
-    } else {
-      return InvalidArgument(where +
-                             " has neither 'data' nor 'binary_data_size'");
-    }
-  }
-
-  for (size_t i = 0; i < io.inputs.size(); ++i) {
-    if (!seen[i]) {
-      return InvalidArgument("missing input '" + io.inputs[i].name + "'");
-    }
-  }
-
-  // Binary tensors follow the JSON in the order the inputs were listed.
-  size_t offset = header_size;
-  for (const auto& pending : binaries) {
-    if (body.size() - offset < pending.byte_size) {
-      return InvalidArgument("request body is truncated: input '" +
-                             request.inputs[pending.input_index].name +
-                             "' needs " + std::to_string(pending.byte_size) +
-                             " bytes of binary data at offset " +
-                             std::to_string(offset - header_size) +
-                             " but only " +
-                             std::to_string(body.size() - offset) + " remain");
-    }
-    Tensor& tensor = request.inputs[pending.input_index];
-    tensor.data.assign(body.data() + offset,
-                       body.data() + offset + pending.byte_size);
-    offset += pending.byte_size;
-  }
-  if (offset != body.size()) {
-    if (!json_length.has_value()) {
-      return InvalidArgument(
-          "binary input data needs the Inference-Header-Content-Length header");
-    }
-    return InvalidArgument(
-        "request body has " + std::to_string(body.size() - offset) +
-        " bytes after the JSON header and binary inputs that no input claims");
-  }
-
-  // All inputs must agree on the batch size.
-  request.batch_size = 1;
-  for (size_t i = 0; i < request.inputs.size(); ++i) {
-    const Tensor& tensor = request.inputs[i];
-    const int64_t batch = tensor.shape.empty() ? 1 : tensor.shape[0];
-    if (i == 0) {
-      request.batch_size = batch;
-    } else if (batch != request.batch_size) {
-      return InvalidArgument("inputs disagree on the batch size (dim 0): '" +
-                             request.inputs[0].name + "' has " +
-                             std::to_string(request.batch_size) + ", '" +
-                             tensor.name + "' has " + std::to_string(batch));
-    }
-  }
-
+  RETURN_IF_ERROR(ParseInputs(root, io, &request.inputs, &binaries));
+  RETURN_IF_ERROR(ReadBinaryInputs(body, header_size, has_length_header,
+                                   binaries, &request.inputs));
+  ASSIGN_OR_RETURN(request.batch_size, CommonBatchSize(request.inputs));
   RETURN_IF_ERROR(
       ParseOutputs(root, io, binary_output_default, &request.outputs));
   return request;
