@@ -275,37 +275,19 @@ def _resume(trainer: _Trainer, ckpt_dir: Path, fingerprint: str) -> dict[str, An
     }
 
 
-def run(
+def _fit(
+    trainer: _Trainer,
+    state: dict[str, Any],
     params: TrainParams,
     task: Task,
-    data_dir: str | Path,
-    out_dir: str | Path,
-    *,
-    checkpoint_dir: str | Path,
-    metrics_file: str | Path | None = None,
-    plots_file: str | Path | None = None,
-    task_params: dict[str, Any] | None = None,
-) -> TrainResult:
-    """Train ``task``'s model on ``data_dir``; write the best weights to ``out_dir``."""
-    data_dir, out_dir, ckpt_dir = Path(data_dir), Path(out_dir), Path(checkpoint_dir)
-    label_names = dataset.read_label_names(data_dir)
-
-    device = resolve_device(params.device)
-    paddle.set_device(device)
-    amp = resolve_amp(params.amp, params.amp_dtype, device)
-    log_fn = log.warning if (params.amp != "off" and not amp.enabled) else log.info
-    log_fn("AMP requested=%s effective=%s: %s", amp.requested, amp.level, amp.reason)
-
-    x_train_raw, y_train = task.read_split(data_dir, "train")
-    x_val_raw, y_val = task.read_split(data_dir, "val")
-    x_train, x_val = task.preprocess(x_train_raw), task.preprocess(x_val_raw)
-
-    data_sha = "".join(sha256_file(dataset.split_path(data_dir, s)) for s in ("train", "val"))
-    fingerprint = _fingerprint(params, task_params or {}, data_sha)
-    trainer = _Trainer.build(params, task, len(label_names), amp)
-    state = _resume(trainer, ckpt_dir, fingerprint)
+    data: tuple[list[np.ndarray], np.ndarray, list[np.ndarray], np.ndarray],
+    ckpt_dir: Path,
+    fingerprint: str,
+) -> None:
+    """The epochs from ``state`` on: train, validate, keep the best weights, checkpoint each
+    epoch, stop early; ``state`` is updated in place."""
+    x_train, y_train, x_val, y_val = data
     history, best = state["history"], state["best"]
-
     epochs = tqdm(
         range(state["epoch"] + 1, params.epochs + 1),
         desc="train",
@@ -366,6 +348,39 @@ def run(
                 best["val_accuracy"],
             )
     epochs.close()
+
+
+def run(
+    params: TrainParams,
+    task: Task,
+    data_dir: str | Path,
+    out_dir: str | Path,
+    *,
+    checkpoint_dir: str | Path,
+    metrics_file: str | Path | None = None,
+    plots_file: str | Path | None = None,
+    task_params: dict[str, Any] | None = None,
+) -> TrainResult:
+    """Train ``task``'s model on ``data_dir``; write the best weights to ``out_dir``."""
+    data_dir, out_dir, ckpt_dir = Path(data_dir), Path(out_dir), Path(checkpoint_dir)
+    label_names = dataset.read_label_names(data_dir)
+
+    device = resolve_device(params.device)
+    paddle.set_device(device)
+    amp = resolve_amp(params.amp, params.amp_dtype, device)
+    log_fn = log.warning if (params.amp != "off" and not amp.enabled) else log.info
+    log_fn("AMP requested=%s effective=%s: %s", amp.requested, amp.level, amp.reason)
+
+    x_train_raw, y_train = task.read_split(data_dir, "train")
+    x_val_raw, y_val = task.read_split(data_dir, "val")
+    x_train, x_val = task.preprocess(x_train_raw), task.preprocess(x_val_raw)
+
+    data_sha = "".join(sha256_file(dataset.split_path(data_dir, s)) for s in ("train", "val"))
+    fingerprint = _fingerprint(params, task_params or {}, data_sha)
+    trainer = _Trainer.build(params, task, len(label_names), amp)
+    state = _resume(trainer, ckpt_dir, fingerprint)
+    _fit(trainer, state, params, task, (x_train, y_train, x_val, y_val), ckpt_dir, fingerprint)
+    history, best = state["history"], state["best"]
 
     seconds = state["train_seconds"]
     result = TrainResult(

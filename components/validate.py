@@ -559,6 +559,30 @@ def _duplicate_summary(duplicates: pd.DataFrame) -> dict[str, dict[str, Any]]:
     }
 
 
+def _tables(
+    samples: dict[str, pd.DataFrame], num_classes: int
+) -> tuple[list[_Table], pd.DataFrame]:
+    """Every table a suite runs on (per-split samples, class counts, split hashes,
+    duplicates), and the duplicates table itself."""
+    tables = [_Table(_file(s), f, "samples", ["index"]) for s, f in samples.items()]
+    tables.append(
+        _Table(
+            "class_counts",
+            class_count_table(samples, num_classes),
+            "class_counts",
+            ["file", "label"],
+        )
+    )
+    tables.append(
+        _Table("split_hashes", split_hash_table(samples), "split_hashes", ["file", "index"])
+    )
+    duplicates = duplicate_table(samples)
+    tables.append(
+        _Table("duplicates", duplicates, "duplicates", ["file", "rows", "duplicate_rows"])
+    )
+    return tables, duplicates
+
+
 def run(params: ValidateParams, data_dir: str | Path, out_dir: str | Path) -> ValidateResult:
     """Validate the ingested data set in ``data_dir``; write results to ``out_dir``.
 
@@ -579,22 +603,7 @@ def run(params: ValidateParams, data_dir: str | Path, out_dir: str | Path) -> Va
         len(names),
     )
 
-    tables = [_Table(_file(s), f, "samples", ["index"]) for s, f in samples.items()]
-    tables.append(
-        _Table(
-            "class_counts",
-            class_count_table(samples, len(names)),
-            "class_counts",
-            ["file", "label"],
-        )
-    )
-    tables.append(
-        _Table("split_hashes", split_hash_table(samples), "split_hashes", ["file", "index"])
-    )
-    duplicates = duplicate_table(samples)
-    tables.append(
-        _Table("duplicates", duplicates, "duplicates", ["file", "rows", "duplicate_rows"])
-    )
+    tables, duplicates = _tables(samples, len(names))
     suites = {
         "samples": _samples_expectations(params, len(names), shape),
         "class_counts": _class_count_expectations(params),
