@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 BENCH_ARCH ?= resnet50
 MLFLOW_PORT ?= 5000
 
-.PHONY: help install apt-deps bench-deps serving serving-test run data repro status test lint format metrics plots mlflow-ui mlflow-server registry bench bench-serving pipeline kfp-local images clean
+.PHONY: help install apt-deps bench-deps serving serving-test run data repro status test lint format metrics plots mlflow-ui mlflow-server registry bench bench-serving pipeline kfp-local images container-deps kfp-containers clean
 
 help:
 	@echo "make run      - install, materialise data/raw, run the whole pipeline (dvc repro)"
@@ -27,7 +27,8 @@ help:
 	@echo "make bench-serving - C++ server vs in-process OpenVINO and vs a FastAPI server (installs wrk)"
 	@echo "make pipeline - compile the KFP v2 DAG to pipelines/compiled/training.yaml"
 	@echo "make kfp-local - run the whole KFP DAG on this machine through kfp.local"
-	@echo "make images   - build the component and serving images (needs a Docker engine)"
+	@echo "make images   - build the base, component and server images with podman (installs it)"
+	@echo "make kfp-containers - the whole KFP DAG, every step in the component image (podman)"
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -55,6 +56,11 @@ apt-deps:
 
 bench-deps:
 	$(call apt_install,$(BENCH_APT_PACKAGES))
+
+# podman (+ runc) builds and runs the images; mmdebstrap makes base images from Debian packages
+CONTAINER_APT_PACKAGES := podman runc mmdebstrap uidmap fuse-overlayfs slirp4netns
+container-deps:
+	$(call apt_install,$(CONTAINER_APT_PACKAGES))
 
 OV_CMAKE = $$($(BIN)/python -c "import openvino, os; print(os.path.join(os.path.dirname(openvino.__file__), 'cmake'))")
 serving: install apt-deps
@@ -112,13 +118,13 @@ pipeline: install
 kfp-local: data serving
 	python -m pipelines.training local --params params.yaml --pipeline-root outputs/kfp-local
 
-COMPONENT_IMAGE ?= registry.example.com/paddle-mlops/components:latest
-images:
-	@docker info >/dev/null 2>&1 || { echo "make images needs a running Docker engine" \
-	  "(in a cluster the pipeline builds the serving image with kaniko)"; exit 1; }
-	docker build -f components/Dockerfile -t $(COMPONENT_IMAGE) .
-	docker build -t paddle-mlops/digits-server:dev \
-	  outputs/serving_image/context
+# Base images from Debian packages, the component image, the C++ server image; tags are content
+# hashes (an unchanged tree rebuilds nothing). Refs, sizes and build times: build/images.json.
+images: install container-deps
+	python containers/images.py build
+
+kfp-containers: data images
+	python -m pipelines.containers --params params.yaml --pipeline-root outputs/kfp-containers
 
 # Needs the digits export (outputs/export): dvc repro runs the stages up to export (or nothing).
 bench-serving: bench-deps data serving

@@ -6,6 +6,7 @@ the model is blessed); ``promote`` pushes it once the model is blessed.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -13,6 +14,28 @@ from pathlib import Path
 from components.artifacts import StepError
 
 BUILDERS = ("docker", "podman", "buildah")
+CONTAINERS_CONF = Path(__file__).resolve().parents[1] / "containers" / "containers.conf"
+
+
+def _run(cmd: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
+    """A builder command; podman reads the project's containers.conf unless the caller set
+    ``CONTAINERS_CONF`` (without it podman cannot run containers on these hosts)."""
+    env = dict(os.environ)
+    if CONTAINERS_CONF.is_file():
+        env.setdefault("CONTAINERS_CONF", str(CONTAINERS_CONF))
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, **kwargs)  # type: ignore[call-overload]
+
+
+def image_present(builder: str, ref: str | None) -> bool:
+    """Whether ``ref`` is in ``builder``'s local store (no registry is asked)."""
+    if not ref:
+        return False
+    cmd = (
+        [builder, "inspect", "--type", "image", ref]
+        if builder == "buildah"
+        else [builder, "image", "inspect", ref]
+    )
+    return _run(cmd).returncode == 0
 
 
 def detect_builder(requested: str) -> tuple[str | None, str]:
@@ -31,7 +54,7 @@ def detect_builder(requested: str) -> tuple[str | None, str]:
             reasons.append(f"{tool}: not installed")
             continue
         probe = [tool, "info"] if tool != "buildah" else [tool, "version"]
-        proc = subprocess.run(probe, capture_output=True, text=True, timeout=60)
+        proc = _run(probe, timeout=60)
         if proc.returncode == 0:
             return tool, "ok"
         first = (proc.stderr or proc.stdout).strip().splitlines()
@@ -43,26 +66,18 @@ def build_image(builder: str, context: Path, ref: str) -> str:
     """Build ``ref`` from ``context`` (its ``Dockerfile``); returns the image id."""
     cmd = [builder, "bud"] if builder == "buildah" else [builder, "build"]
     cmd += ["-t", ref, "-f", str(context / "Dockerfile"), str(context)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = _run(cmd)
     if proc.returncode != 0:
         tail = "\n".join(proc.stderr.splitlines()[-15:])
         raise StepError(f"{builder} build of {ref} failed:\n{tail}")
     fmt = "{{.Id}}" if builder != "buildah" else "{{.FromImageDigest}}"
-    inspect = subprocess.run(
-        [builder, "inspect", "--format", fmt, ref], capture_output=True, text=True
-    )
-    return inspect.stdout.strip()
+    return _run([builder, "inspect", "--format", fmt, ref]).stdout.strip()
 
 
 def push_image(builder: str, ref: str) -> str:
     """Push ``ref``; returns the registry's digest (``sha256:...``) when the builder says it."""
-    proc = subprocess.run([builder, "push", ref], capture_output=True, text=True)
+    proc = _run([builder, "push", ref])
     if proc.returncode != 0:
         raise StepError(f"{builder} push {ref} failed: {proc.stderr.strip()[-500:]}")
-    inspect = subprocess.run(
-        [builder, "inspect", "--format", "{{index .RepoDigests 0}}", ref],
-        capture_output=True,
-        text=True,
-    )
-    digest = inspect.stdout.strip()
+    digest = _run([builder, "inspect", "--format", "{{index .RepoDigests 0}}", ref]).stdout.strip()
     return digest.split("@", 1)[1] if "@" in digest else digest

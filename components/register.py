@@ -51,7 +51,8 @@ from components.tasks import Task
 
 log = logging.getLogger(__name__)
 
-_EXTRA_TAGS = ("serving_image_digest", "serving_image_built")  # copied when present
+# copied when present: the image digest, and the component image the steps ran in
+_EXTRA_TAGS = ("serving_image_digest", "serving_image_built", "component_image")
 
 
 @dataclass(frozen=True)

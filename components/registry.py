@@ -39,7 +39,6 @@ LINEAGE_TAGS = (
     "serving_image",
     "infra_validated",
 )
-_EXTRA_TAGS = ("serving_image_digest", "serving_image_built")
 TAG_LIMIT = 5000
 
 

@@ -144,7 +144,7 @@ def lineage_tags(
     qat_metrics = read_json(outputs.qat_metrics)
     infra = read_json(outputs.infra / "infra.json")
     return {
-        "git_sha": git_sha(),
+        "git_sha": "" if (sha := git_sha()) == "unknown" else sha,  # unknown is no lineage
         "data_sha256": combined_sha256(manifests["ingest"].get("input_sha256", {})),
         "params_sha256": params_sha256(dict(all_params)),
         "task": str(all_params.get("task", {}).get("name", "unknown")),
@@ -157,6 +157,8 @@ def lineage_tags(
         "infra_validated": str(bool(infra.get("infra_validated"))).lower(),
         # the hardware and runtimes the model was trained on (each step's own: nested runs)
         **_machine_tags(manifests["train"]),
+        # the container image (reference@id) the steps ran in, when an orchestrator says so
+        **({"component_image": image} if (image := os.environ.get("PADDLE_MLOPS_IMAGE")) else {}),
     }
 
 
@@ -204,7 +206,7 @@ def run(
         raise StepError(
             f"MLflow tracking at {uri}: cannot open experiment '{params.experiment}' ({exc})"
         ) from exc
-    run_name = f"{params.run_name_prefix}-{tags['task']}-{tags['git_sha'][:8]}"
+    run_name = f"{params.run_name_prefix}-{tags['task']}-{(tags['git_sha'] or 'nogit')[:8]}"
     with mlflow.start_run(run_name=run_name, tags=tags) as parent:
         flat = {k: str(v) for k, v in flatten(all_params)}
         mlflow.log_params({k: v[:6000] for k, v in flat.items()})

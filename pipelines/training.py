@@ -12,6 +12,7 @@ through ``kfp.local`` (see ``run_local``).
 """
 
 import argparse
+import functools
 import json
 import sys
 from collections.abc import Mapping, Sequence
@@ -24,15 +25,16 @@ from kfp.dsl import Artifact, Input
 from components.step import Step, all_steps, kfp_component
 
 IMAGE = "registry.example.com/paddle-mlops/components:latest"
+# components/Containerfile.gpu: Paddle's CUDA wheel, for the steps that train (compile --gpus N)
+GPU_IMAGE = "registry.example.com/paddle-mlops/components-gpu:latest"
+GPU_STEPS = ("train", "qat")
 REPO = Path(__file__).resolve().parents[1]
 
 STEPS: dict[str, Step] = {s.name: s for s in all_steps()}
-OPS = {name: kfp_component(step, IMAGE) for name, step in STEPS.items()}
 # the pipeline's parameters: one per params.yaml section that some step reads
 SECTIONS = tuple(dict.fromkeys(s for step in STEPS.values() for s in step.sections))
 
 
-@dsl.component(base_image=IMAGE, install_kfp_package=False)
 def fingerprint_op(ingest: dict) -> str:
     """sha256 of the raw source, recomputed every run (uncached): ingest's cache key."""
     from components.config import section
@@ -41,16 +43,37 @@ def fingerprint_op(ingest: dict) -> str:
     return source_fingerprint(section({"ingest": ingest}, "ingest", IngestParams))
 
 
-def step_task(
-    name: str, sections: Mapping[str, Any], tasks: Mapping[str, Any], **values: Any
+def wire(
+    op: Any, step: Step, sections: Mapping[str, Any], tasks: Mapping[str, Any], **values: Any
 ) -> dsl.PipelineTask:
-    """The task of step ``name``: its sections, and each input from the task of its source."""
-    step = STEPS[name]
+    """The task of ``step``: its sections, and each input from the task of its source."""
     inputs = {}
     for port in step.inputs:
         producer, output = (port.source or "").split(".")
         inputs[port.name] = tasks[producer].outputs[output]
-    return OPS[name](**{s: sections[s] for s in step.sections}, **inputs, **values)
+    return op(**{s: sections[s] for s in step.sections}, **inputs, **values)
+
+
+def with_resources(task: dsl.PipelineTask, resources: Mapping[str, Any], name: str) -> Any:
+    spec = {**resources.get("default", {}), **resources.get(name, {})}
+    setters = {
+        "cpu_request": task.set_cpu_request,
+        "cpu_limit": task.set_cpu_limit,
+        "memory_request": task.set_memory_request,
+        "memory_limit": task.set_memory_limit,
+    }
+    unknown = sorted(set(spec) - set(setters))
+    if unknown:
+        raise ValueError(f"params.yaml: resources.{name}: unknown keys {unknown}")
+    for key, value in spec.items():
+        setters[key](str(value))
+    return task
+
+
+def load_resources(params_file: str | Path = REPO / "params.yaml") -> dict[str, Any]:
+    import yaml
+
+    return (yaml.safe_load(Path(params_file).read_text()) or {}).get("resources") or {}
 
 
 RETRY = {"num_retries": 3, "backoff_duration": "30s", "backoff_factor": 2.0}
@@ -86,7 +109,6 @@ def _with_cluster_env(task: dsl.PipelineTask, *, s3: bool = False) -> dsl.Pipeli
     return task
 
 
-@dsl.component(base_image=IMAGE, install_kfp_package=False)
 def record_failure_op(track: dict, status: dsl.PipelineTaskFinalStatus):
     """Exit handler: a failed or cancelled run leaves an MLflow run saying so."""
     if status.state == "SUCCEEDED":
@@ -130,8 +152,30 @@ def kaniko_build_op(context: Input[Artifact], destination: str, digest: dsl.Outp
     )
 
 
-def make_pipeline(gpus: int = 0, accelerator_type: str = "nvidia.com/gpu") -> Any:
-    """The pipeline; ``gpus`` > 0 makes train and qat request that many accelerators."""
+@functools.cache
+def ops(image: str) -> dict[str, Any]:
+    """Every component in ``image``: the steps (from their declarations) and the pipeline's
+    own two (the source fingerprint, the exit handler)."""
+    made = {name: kfp_component(step, image) for name, step in STEPS.items()}
+    for fn in (fingerprint_op, record_failure_op):
+        made[fn.__name__] = dsl.component(base_image=image, install_kfp_package=False)(fn)
+    return made
+
+
+def make_pipeline(
+    gpus: int = 0,
+    accelerator_type: str = "nvidia.com/gpu",
+    resources: Mapping[str, Any] | None = None,
+    image: str = IMAGE,
+) -> Any:
+    """The pipeline in ``image``; ``gpus`` > 0 runs train and qat in the GPU image with that
+    many accelerators; ``resources`` (default: ``params.yaml: resources``) sizes every task."""
+    resources = load_resources() if resources is None else resources
+    cpu_ops, gpu_ops = ops(image), ops(GPU_IMAGE)
+
+    def step_task(name: str, sections: Any, tasks: Any, **values: Any) -> dsl.PipelineTask:
+        op = gpu_ops[name] if gpus and name in GPU_STEPS else cpu_ops[name]
+        return with_resources(wire(op, STEPS[name], sections, tasks, **values), resources, name)
 
     def _training_pipeline(
         task: dict,
@@ -150,11 +194,13 @@ def make_pipeline(gpus: int = 0, accelerator_type: str = "nvidia.com/gpu") -> An
     ):
         # one pipeline parameter per params.yaml section; each step gets only its own
         sections = dict(locals())
-        exit_task = record_failure_op(track=track)
+        exit_task = cpu_ops["record_failure_op"](track=track)
+        with_resources(exit_task, resources, "record_failure")
         _with_cluster_env(exit_task)
         with dsl.ExitHandler(exit_task, name="record-failures"):
             # a moving source: the uncached fingerprint keys ingest's cache on the bytes
-            fingerprint_t = fingerprint_op(ingest=ingest).set_caching_options(False)
+            fingerprint_t = cpu_ops["fingerprint_op"](ingest=ingest).set_caching_options(False)
+            with_resources(fingerprint_t, resources, "fingerprint")
             tasks: dict[str, Any] = {}
             for name in STEPS:
                 if name == "promote":
@@ -178,7 +224,7 @@ def make_pipeline(gpus: int = 0, accelerator_type: str = "nvidia.com/gpu") -> An
                         context=tasks["serving_image"].outputs["infra"],
                         destination=tasks["serving_image"].outputs["Output"],
                     )
-                    kaniko.set_retry(**RETRY)
+                    with_resources(kaniko, resources, "kaniko_build").set_retry(**RETRY)
                     promoted = step_task(
                         "promote", sections, tasks, image_digest=kaniko.outputs["digest"]
                     )
@@ -217,7 +263,7 @@ def _drop_nulls(value: Any) -> Any:
 def pipeline_params(params: dict[str, Any]) -> dict[str, Any]:
     """params.yaml as the pipeline's arguments: one dict per section, nulls dropped (the
     step's default applies)."""
-    unknown = sorted(set(params) - set(SECTIONS))
+    unknown = sorted(set(params) - set(SECTIONS) - {"resources"})  # resources: compile time
     if unknown:
         raise ValueError(f"params sections {unknown} are not parameters of the pipeline")
     return {s: _drop_nulls(params.get(s) or {}) for s in SECTIONS}

@@ -166,16 +166,37 @@ def test_retries_and_caching_are_explicit(compiled):
 
 
 def test_gpu_requests_only_when_asked(tmp_path):
+    from pipelines.training import GPU_IMAGE, IMAGE
+
     cpu, _ = _compile(tmp_path / "cpu")
     gpu, _ = _compile(tmp_path / "gpu", gpus=1)
     for spec, expected in ((cpu, None), (gpu, "nvidia.com/gpu")):
         executors = spec["deploymentSpec"]["executors"]
         for name, executor in executors.items():
             acc = executor["container"].get("resources", {}).get("accelerator")
+            image = executor["container"]["image"]
             if name in ("exec-train-op", "exec-qat-op") and expected:
                 assert acc["resourceType"] == expected and acc["resourceCount"] == "1"
+                assert image == GPU_IMAGE  # the CUDA wheel, for the GPU steps only
             else:
                 assert acc is None, name
+                assert image != GPU_IMAGE, name
+        assert executors["exec-serving-image-op"]["container"]["image"] == IMAGE
+
+
+def test_every_task_has_cpu_and_memory_requests_and_limits_from_params(compiled):
+    import yaml as _yaml
+
+    resources = _yaml.safe_load((REPO / "params.yaml").read_text())["resources"]
+    executors = compiled["deploymentSpec"]["executors"]
+    for name, executor in executors.items():
+        got = executor["container"]["resources"]
+        step = name.removeprefix("exec-").removesuffix("-op").replace("-", "_")
+        want = {**resources["default"], **resources.get(step, {})}
+        assert got["resourceCpuRequest"] == str(want["cpu_request"]), name
+        assert got["resourceCpuLimit"] == str(want["cpu_limit"]), name
+        assert got["resourceMemoryRequest"] == str(want["memory_request"]), name
+        assert got["resourceMemoryLimit"] == str(want["memory_limit"]), name
 
 
 def test_credentials_come_from_secrets_and_the_config_map(tmp_path):

@@ -1,0 +1,238 @@
+"""Build the project's images with podman from this repository alone.
+
+    python containers/images.py build            # base images, component image, server image
+    python containers/images.py refs             # the refs an unchanged tree builds (JSON)
+
+1. Two base images from Debian packages (``mmdebstrap`` → ``podman import``), so no public
+   image registry is needed: ``base-python`` (Python 3.11, what the steps run on) and
+   ``base-runtime`` (no Python: what the C++ server runs on). In production pass any base with
+   ``--build-arg BASE=python:3.11-slim-bookworm`` / ``debian:bookworm-slim`` instead.
+2. The component image (``components/Containerfile``): the steps, their pinned dependencies
+   and the prebuilt C++ server; multi-stage, no compiler in the runtime stage, uid 10001.
+3. The server image (``serving/Containerfile``): the C++ server and the OpenVINO libraries it
+   loads, taken from the component image; the serving_image step adds a model on top.
+
+Tags are content hashes (the recipe, the files the build copies, the base's tag), so an
+unchanged tree gives the same tags and an unchanged image is not rebuilt. ``pip install`` in a
+build uses this machine's pip configuration (index mirrors, CA bundle), mounted read-only for
+the build only: nothing of it is baked into an image.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+CONF = REPO / "containers" / "containers.conf"
+PREFIX = os.environ.get("IMAGE_PREFIX", "paddle-mlops")
+SUITE = "bookworm"
+BASES = {
+    # libgomp1: Paddle's CPU kernels; libcpp-httplib0.11: the C++ server (infra validation)
+    "base-python": ["python3", "ca-certificates", "libgomp1", "libcpp-httplib0.11"],
+    "base-runtime": ["ca-certificates", "libcpp-httplib0.11"],
+}
+# what the component image's build copies (its content tag covers exactly these)
+COMPONENT_FILES = [
+    "pyproject.toml",
+    "constraints.txt",
+    "params.yaml",
+    "components",
+    "pipelines",
+    "serving/src",
+    "serving/CMakeLists.txt",
+    "serving/tests",
+    "components/Containerfile",
+]
+SERVER_FILES = ["serving/Containerfile"]
+
+log = logging.getLogger("images")
+
+
+def podman(*args: str, capture: bool = False) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "CONTAINERS_CONF": str(CONF)}
+    return subprocess.run(
+        ["podman", *args],
+        env=env,
+        text=True,
+        check=False,
+        capture_output=capture,
+    )
+
+
+def exists(ref: str) -> bool:
+    return podman("image", "exists", ref).returncode == 0
+
+
+def tracked(paths: list[str]) -> list[Path]:
+    out = subprocess.run(
+        ["git", "ls-files", "-z", "--", *paths],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return sorted(REPO / p for p in out.split("\0") if p)
+
+
+def content_tag(*parts: str, files: list[Path] = ()) -> str:
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(part.encode() + b"\0")
+    for f in files:
+        h.update(f.relative_to(REPO).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()[:12]
+
+
+def refs() -> dict[str, str]:
+    bases = {
+        name: f"{PREFIX}/{name}:{content_tag(SUITE, 'minbase', *pkgs)}"
+        for name, pkgs in BASES.items()
+    }
+    components = f"{PREFIX}/components:" + content_tag(
+        bases["base-python"], files=tracked(COMPONENT_FILES)
+    )
+    server = f"{PREFIX}/server:" + content_tag(
+        bases["base-runtime"], components, files=tracked(SERVER_FILES)
+    )
+    return {**bases, "components": components, "server": server}
+
+
+def pip_mounts() -> list[str]:
+    """Read-only ``-v`` mounts of this machine's pip configuration and the local paths it
+    names (mirrors, wheel dirs, constraints), plus its CA bundle at /run/host-ca.crt."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "config", "debug"], capture_output=True, text=True
+    )
+    paths: set[str] = set()
+    for line in proc.stdout.splitlines():
+        line = line.strip()
+        if line.endswith(", exists: True"):
+            paths.add(line.split(",")[0])
+    listing = subprocess.run(
+        [sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True
+    ).stdout
+    for line in listing.splitlines():
+        value = line.split("=", 1)[1].strip("'\"") if "=" in line else ""
+        for token in value.split():
+            token = token.removeprefix("file://").rstrip("/")
+            if token.endswith("/simple"):  # a file:// index links to files beside it
+                token = token.removesuffix("/simple")
+            if token.startswith("/") and Path(token).exists():
+                paths.add(token)
+    ca = "/etc/ssl/certs/ca-certificates.crt"
+    mounts = [f"{p}:{p}:ro" for p in sorted(paths) if p != ca]
+    if Path(ca).exists():
+        mounts.append(f"{ca}:/run/host-ca.crt:ro")
+    return [arg for m in mounts for arg in ("-v", m)]
+
+
+def build_base(ref: str, packages: list[str]) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        rootfs = Path(tmp) / "rootfs.tar"
+        subprocess.run(
+            [
+                "mmdebstrap",
+                "--variant=minbase",
+                f"--include={','.join(packages)}",
+                "--dpkgopt=path-exclude=/usr/share/doc/*",
+                "--dpkgopt=path-exclude=/usr/share/man/*",
+                "--dpkgopt=path-exclude=/usr/share/locale/*",
+                SUITE,
+                str(rootfs),
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+        if podman("import", "--change", "CMD=/bin/bash", str(rootfs), ref).returncode:
+            raise SystemExit(f"podman import {ref} failed")
+
+
+def build(ref: str, containerfile: str, args: dict[str, str], extra: list[str] = ()) -> None:
+    cmd = ["build", "--network", "host", "-f", containerfile, "-t", ref, *extra]
+    for k, v in args.items():
+        cmd += ["--build-arg", f"{k}={v}"]
+    if podman(*cmd, str(REPO)).returncode:
+        raise SystemExit(f"podman build {ref} failed")
+
+
+def git_sha() -> str:
+    return (
+        subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True
+        ).stdout.strip()
+        or "unknown"
+    )
+
+
+def build_all() -> dict[str, dict[str, object]]:
+    wanted = refs()
+    report: dict[str, dict[str, object]] = {}
+    for name, ref in wanted.items():
+        t0 = time.monotonic()
+        built = not exists(ref)
+        if built:
+            log.info("building %s", ref)
+            common = {"GIT_SHA": git_sha()}
+            if name in BASES:
+                build_base(ref, BASES[name])
+            elif name == "components":
+                build(
+                    ref,
+                    "components/Containerfile",
+                    {**common, "BASE": wanted["base-python"]},
+                    pip_mounts(),
+                )
+            else:
+                build(
+                    ref,
+                    "serving/Containerfile",
+                    {**common, "BASE": wanted["base-runtime"], "COMPONENTS": wanted["components"]},
+                )
+        else:
+            log.info("up to date: %s", ref)
+        size = podman("image", "inspect", "--format", "{{.Size}}", ref, capture=True)
+        report[name] = {
+            "ref": ref,
+            "built": built,
+            "seconds": round(time.monotonic() - t0, 1),
+            "size_mb": round(int(size.stdout.strip() or 0) / 1e6, 1),
+        }
+    out = REPO / "build" / "images.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("command", choices=["build", "refs"])
+    args = parser.parse_args(argv)
+    if args.command == "refs":
+        sys.stdout.write(json.dumps(refs(), indent=2) + "\n")
+        return 0
+    for name, row in build_all().items():
+        log.info(
+            "%-13s %s  %s MB  %s s%s",
+            name,
+            row["ref"],
+            row["size_mb"],
+            row["seconds"],
+            "" if row["built"] else " (unchanged)",
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

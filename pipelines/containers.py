@@ -1,0 +1,223 @@
+"""The whole training DAG with every step in the component image (``make kfp-containers``).
+
+``kfp.local.DockerRunner`` drives podman through its Docker-compatible socket: each step runs
+in the component image that ``make images`` built (``build/images.json``), as uid 10001, with
+a read-only root filesystem (only ``/tmp`` and ``/work`` are writable, as tmpfs) and host
+networking, against a real ``mlflow server`` on 127.0.0.1. The image reference and id that ran
+the steps are recorded on the MLflow run and the registered version (``component_image``).
+
+    python -m pipelines.containers --params params.yaml --pipeline-root outputs/kfp-containers
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+CONF = REPO / "containers" / "containers.conf"
+log = logging.getLogger("kfp-containers")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_for(check: Any, what: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{what} did not come up within {timeout_s:.0f} s")
+        time.sleep(0.3)
+
+
+@contextmanager
+def podman_socket(workdir: Path) -> Iterator[str]:
+    """``podman system service`` on a private socket; yields its ``DOCKER_HOST``."""
+    sock = workdir / "podman.sock"
+    env = {**os.environ, "CONTAINERS_CONF": str(CONF)}
+    proc = subprocess.Popen(
+        ["podman", "system", "service", "--time=0", f"unix://{sock}"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        wait_for(sock.exists, "podman system service", 30)
+        yield f"unix://{sock}"
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+
+
+def _healthy(uri: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{uri}/health", timeout=2) as resp:
+            return resp.status == 200
+    except OSError:
+        return False
+
+
+@contextmanager
+def mlflow_server(root: Path) -> Iterator[str]:
+    """A real tracking server on 127.0.0.1 (SQLite, proxied artifact store)."""
+    port = free_port()
+    log_file = open(root / "mlflow-server.log", "w")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(
+        [
+            str(Path(sys.executable).parent / "mlflow"),
+            "server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+            "--backend-store-uri",
+            f"sqlite:///{root / 'mlflow.db'}",
+            "--artifacts-destination",
+            str(root / "mlartifacts"),
+        ],
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    uri = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: _healthy(uri) or proc.poll() is not None, "mlflow server", 90)
+        if proc.poll() is not None:
+            raise SystemExit((root / "mlflow-server.log").read_text()[-2000:])
+        yield uri
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+        log_file.close()
+
+
+def run_container(
+    client: Any, image: str, command: list[str], volumes: dict[str, Any], **args: Any
+) -> int:
+    """kfp.local's ``run_docker_container`` without ``auto_remove``: podman's Docker API
+    removes an auto-removed container before ``wait`` reads its exit code, and kfp.local then
+    counts a failed step as SUCCESS (measured: kfp 2.17.3, podman 4.3). Here the exit code is
+    read first and the container removed after. No pull either: the image is local."""
+    args.pop("auto_remove", None)
+    container = client.containers.run(
+        image=image,
+        command=command,
+        detach=True,
+        stdout=True,
+        stderr=True,
+        volumes=volumes,
+        **args,
+    )
+    try:
+        for line in container.logs(stream=True, follow=True):
+            sys.stdout.write(line.decode(errors="replace"))
+        return int(container.wait()["StatusCode"])
+    finally:
+        container.remove(force=True)
+
+
+def component_image() -> tuple[str, str]:
+    """The component image ``make images`` built: (reference, image id)."""
+    record = REPO / "build" / "images.json"
+    if not record.is_file():
+        raise SystemExit("no build/images.json: run `make images` first")
+    ref = json.loads(record.read_text())["components"]["ref"]
+    proc = subprocess.run(
+        ["podman", "image", "inspect", "--format", "{{.Id}}", ref],
+        env={**os.environ, "CONTAINERS_CONF": str(CONF)},
+        capture_output=True,
+        text=True,
+    )
+    if proc.returncode:
+        raise SystemExit(f"{ref} is not on this machine: run `make images`")
+    return ref, proc.stdout.strip()
+
+
+def run(params: dict[str, Any], pipeline_root: Path, tracking_uri: str | None = None) -> None:
+    from kfp import local
+    from kfp.local import docker_task_handler
+
+    from pipelines.training import make_pipeline, pipeline_params
+
+    docker_task_handler.run_docker_container = run_container  # see run_container
+    ref, image_id = component_image()
+    pipeline_root.mkdir(parents=True, exist_ok=True)
+    pipeline_root.chmod(0o777)
+    with tempfile.TemporaryDirectory() as tmp, podman_socket(Path(tmp)) as docker_host:
+        os.environ["DOCKER_HOST"] = docker_host
+        server = mlflow_server(pipeline_root) if tracking_uri is None else None
+        uri = tracking_uri or server.__enter__()  # type: ignore[union-attr]
+        try:
+            runner = local.DockerRunner(
+                user="10001:10001",
+                read_only=True,
+                tmpfs={"/tmp": "rw,exec,size=2g", "/work": "rw,size=512m"},
+                network_mode="host",
+                environment={
+                    "MLFLOW_TRACKING_URI": uri,
+                    "PADDLE_MLOPS_IMAGE": f"{ref}@{image_id}",
+                    "LOG_LEVEL": os.environ.get("LOG_LEVEL", "INFO"),
+                },
+            )
+            local.init(runner=runner, pipeline_root=str(pipeline_root))
+            old = os.umask(0)  # directories KFP creates here are writable by uid 10001
+            try:
+                t0 = time.monotonic()
+                make_pipeline(image=ref)(**pipeline_params(params))
+                log.info("the DAG ran in %s in %.0f s", ref, time.monotonic() - t0)
+            finally:
+                os.umask(old)
+        finally:
+            if server is not None:
+                server.__exit__(None, None, None)
+        log.info("MLflow: %s (database %s)", uri, pipeline_root / "mlflow.db")
+
+
+def main(argv: list[str] | None = None) -> int:
+    from components.config import load_params
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--pipeline-root", default="outputs/kfp-containers")
+    parser.add_argument("--tracking-uri", default=None, help="default: a fresh mlflow server")
+    args = parser.parse_args(argv)
+    if shutil.which("podman") is None:
+        raise SystemExit("make kfp-containers needs podman (apt-get install podman runc)")
+    params = json.loads(json.dumps(load_params(args.params)))
+    ingest = params.get("ingest", {})
+    if ingest.get("kind") != "builtin" and "://" not in ingest.get("source", ""):
+        # the source is read inside the container: put it under the (mounted) pipeline root
+        root = Path(args.pipeline_root).resolve()
+        dest = root / "source"
+        shutil.rmtree(dest, ignore_errors=True)
+        shutil.copytree(Path(ingest["source"]).resolve(), dest)
+        ingest["source"] = str(dest)
+    run(params, Path(args.pipeline_root).resolve(), args.tracking_uri)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

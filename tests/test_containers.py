@@ -1,0 +1,254 @@
+"""The images as containers (podman): a step in the component image as uid 10001 on a
+read-only root filesystem, and the C++ server image serving a model, draining on SIGTERM and
+refusing a missing model. Skipped, with the reason, where podman is not installed."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import numpy as np
+import pytest
+
+from tests.conftest import REPO
+
+CONF = REPO / "containers" / "containers.conf"
+pytestmark = pytest.mark.skipif(
+    shutil.which("podman") is None or shutil.which("mmdebstrap") is None,
+    reason="podman/mmdebstrap not installed (make container-deps); .ci/run installs them",
+)
+
+
+def podman(*args: str, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess:
+    proc = subprocess.run(
+        ["podman", *args],
+        env={**os.environ, "CONTAINERS_CONF": str(CONF)},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    if check and proc.returncode:
+        raise AssertionError(f"podman {' '.join(args)}: {proc.stderr[-3000:]}")
+    return proc
+
+
+@pytest.fixture(scope="session")
+def images() -> dict[str, dict]:
+    """``make images`` (an unchanged tree rebuilds nothing)."""
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "containers" / "images.py"), "build"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=3600,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads((REPO / "build" / "images.json").read_text())
+
+
+def test_images_are_tagged_by_content_labelled_non_root_and_without_compilers(images):
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "containers" / "images.py"), "refs"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert {k: v["ref"] for k, v in images.items()} == json.loads(proc.stdout)
+    sha = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True
+    ).stdout.strip()
+    for name in ("components", "server"):
+        ref = images[name]["ref"]
+        info = json.loads(podman("image", "inspect", ref).stdout)[0]
+        assert info["Config"]["User"] == "10001:10001", name
+        assert info["Config"]["Labels"]["org.opencontainers.image.revision"] == sha, name
+        for tool in ("g++", "cc", "cmake", "make"):
+            found = podman(
+                "run",
+                "--rm",
+                "--entrypoint",
+                "/bin/sh",
+                ref,
+                "-c",
+                f"command -v {tool}",
+                check=False,
+            )
+            assert found.returncode != 0, f"{tool} in {name}: {found.stdout}"
+    assert images["server"]["size_mb"] < 250
+
+
+def test_a_step_runs_in_its_image_as_uid_10001_on_a_read_only_root(images, digits_data, tmp_path):
+    data, out = tmp_path / "data", tmp_path / "out"
+    shutil.copytree(digits_data, data)
+    out.mkdir()
+    out.chmod(0o777)  # the container's uid 10001 writes here, nowhere else
+    ref = images["components"]["ref"]
+    proc = podman(
+        "run",
+        "--rm",
+        "--read-only",
+        "--tmpfs",
+        "/tmp",
+        "--tmpfs",
+        "/work",
+        "-v",
+        f"{data}:/data:ro",
+        "-v",
+        f"{out}:/out",
+        ref,
+        "sh",
+        "-c",
+        "id -u && ! touch /opt/paddle-mlops/x 2>/dev/null && "
+        "python -m components validate --params /opt/paddle-mlops/params.yaml "
+        "--data /data --report /out/validate",
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.splitlines()[0] == "10001"
+    summary = json.loads((out / "validate" / "summary.json").read_text())
+    assert summary["success"] and summary["evaluated"] > 0
+    assert (out / "validate" / "data_docs" / "index.html").is_file()
+    assert (out / "validate").stat().st_uid == 10001
+    # the commit the image was built from is the step's lineage (not "unknown")
+    manifest = json.loads((out / "validate" / "manifest.json").read_text())
+    label = json.loads(podman("image", "inspect", ref).stdout)[0]["Config"]["Labels"]
+    assert manifest["git_sha"] == label["org.opencontainers.image.revision"] != "unknown"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _get(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return resp.status
+    except OSError:
+        return 0
+
+
+def test_the_server_image_serves_a_model_and_drains_on_sigterm(images, exported_int8, tmp_path):
+    import tritonclient.http as httpclient
+
+    port = _free_port()
+    name = f"paddle-mlops-test-{port}"
+    podman(
+        "run",
+        "-d",
+        "--name",
+        name,
+        "--read-only",
+        "-p",
+        f"127.0.0.1:{port}:8080",
+        "-v",
+        f"{exported_int8}:/mnt/models:ro",
+        images["server"]["ref"],
+        "--variant=int8",
+        "--model-name=digits",
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while _get(f"http://127.0.0.1:{port}/v2/health/ready") != 200:
+            assert time.monotonic() < deadline, podman("logs", name, check=False).stderr
+            time.sleep(0.3)
+        client = httpclient.InferenceServerClient(url=f"127.0.0.1:{port}")
+        signature = json.loads((exported_int8 / "signature.json").read_text())
+        spec = signature["inputs"][0]
+        shape = [4, *spec["shape"][1:]]
+        x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+        inp = httpclient.InferInput(spec["name"], shape, "FP32")
+        inp.set_data_from_numpy(x, binary_data=True)
+        result = client.infer("digits", [inp])
+        out = result.as_numpy(signature["outputs"][0]["name"])
+        assert out.shape[0] == 4 and np.isfinite(out).all()
+        # hostile input: a readable 400, and the server keeps serving
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v2/models/digits/infer", data=b"{not json", method="POST"
+        )
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(req, timeout=5)
+        assert err.value.code == 400
+        assert _get(f"http://127.0.0.1:{port}/v2/health/live") == 200
+    finally:
+        podman("stop", "--time", "30", name, check=False)
+        code = podman("inspect", "--format", "{{.State.ExitCode}}", name, check=False)
+        logs = podman("logs", name, check=False)
+        podman("rm", "-f", name, check=False)
+    assert code.stdout.strip() == "0", logs.stderr[-2000:]  # SIGTERM: drained, clean exit
+
+
+@pytest.mark.parametrize("broken", ["missing", "corrupt"])
+def test_the_server_image_refuses_a_missing_or_corrupt_model(images, tmp_path, broken):
+    model = tmp_path / "model"
+    if broken == "corrupt":
+        model.mkdir()
+        (model / "signature.json").write_text("{ not json")
+    args = ["-v", f"{model}:/mnt/models:ro"] if broken == "corrupt" else []
+    proc = podman("run", "--rm", *args, images["server"]["ref"], check=False, timeout=120)
+    assert proc.returncode != 0
+    lines = (proc.stdout + proc.stderr).strip().splitlines()
+    assert lines and "/mnt/models" in "\n".join(lines), lines
+
+
+def test_the_whole_dag_runs_with_every_step_in_the_component_image(images, tmp_path):
+    """``make kfp-containers`` on tiny params: kfp.local's DockerRunner (podman), uid 10001,
+    read-only root, a real MLflow server; the champion names the image and commit that ran."""
+    import yaml
+    from mlflow import MlflowClient
+
+    from tests.test_pipeline_kfp import tiny_params
+
+    params = tiny_params()
+    params["serving_image"].pop("server_binary")  # the image's own prebuilt server
+    params["track"]["experiment"] = "kfp-containers"
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    root = tmp_path / "root"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipelines.containers",
+            "--params",
+            str(tmp_path / "params.yaml"),
+            "--pipeline-root",
+            str(root),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-5000:]
+    for step in (
+        "ingest-op",
+        "train-op",
+        "qat-op",
+        "serving-image-op",
+        "register-op",
+        "promote-op-2",
+    ):
+        assert f"Task '{step}' finished with status" in log.replace("\x1b[96m", "").replace(
+            "\x1b[0m", ""
+        ), step
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+    model = client.get_registered_model("digits-classifier")
+    version = client.get_model_version("digits-classifier", model.aliases["champion"])
+    tags = version.tags
+    ref = images["components"]["ref"]
+    assert tags["component_image"].startswith(f"{ref}@")
+    label = json.loads(podman("image", "inspect", ref).stdout)[0]["Config"]["Labels"]
+    assert tags["git_sha"] == label["org.opencontainers.image.revision"]
+    assert tags["blessed"] == "true" and tags["infra_validated"] == "true"
+    metrics = json.loads(next(root.rglob("evaluate-op/metrics")).read_text())
+    assert metrics["accuracy"] > 0.5
