@@ -164,13 +164,20 @@ def build(ref: str, containerfile: str, args: dict[str, str], extra: list[str] =
         raise SystemExit(f"podman build {ref} failed")
 
 
-def git_sha() -> str:
-    return (
-        subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True
-        ).stdout.strip()
-        or "unknown"
-    )
+def git_sha(paths: list[str]) -> str:
+    """The commit the image is built from, ``-dirty`` when ``paths`` differ from it."""
+    sha = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True
+    ).stdout.strip()
+    if not sha:
+        return "unknown"
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no", "--", *paths],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    return f"{sha}-dirty" if dirty else sha
 
 
 def build_all() -> dict[str, dict[str, object]]:
@@ -181,7 +188,8 @@ def build_all() -> dict[str, dict[str, object]]:
         built = not exists(ref)
         if built:
             log.info("building %s", ref)
-            common = {"GIT_SHA": git_sha()}
+            files = COMPONENT_FILES if name == "components" else SERVER_FILES
+            common = {"GIT_SHA": git_sha(files)}
             if name in BASES:
                 build_base(ref, BASES[name])
             elif name == "components":

@@ -2,7 +2,7 @@
 
 ``kfp.local.DockerRunner`` drives podman through its Docker-compatible socket: each step runs
 in the component image that ``make images`` built (``build/images.json``), as uid 10001, with
-a read-only root filesystem (only ``/tmp`` and ``/work`` are writable, as tmpfs) and host
+a read-only root filesystem (only ``/tmp``, a tmpfs, and the mounted pipeline root are writable) and host
 networking, against a real ``mlflow server`` on 127.0.0.1. The image reference and id that ran
 the steps are recorded on the MLflow run and the registered version (``component_image``).
 
@@ -171,12 +171,13 @@ def run(params: dict[str, Any], pipeline_root: Path, tracking_uri: str | None = 
             runner = local.DockerRunner(
                 user="10001:10001",
                 read_only=True,
-                tmpfs={"/tmp": "rw,exec,size=2g", "/work": "rw,size=512m"},
+                tmpfs={"/tmp": "rw,exec,size=2g,mode=1777"},  # the only writable path
                 network_mode="host",
                 environment={
                     "MLFLOW_TRACKING_URI": uri,
                     "PADDLE_MLOPS_IMAGE": f"{ref}@{image_id}",
                     "LOG_LEVEL": os.environ.get("LOG_LEVEL", "INFO"),
+                    "HOME": "/tmp",  # caches (Paddle's dy2static sources, matplotlib)
                 },
             )
             local.init(runner=runner, pipeline_root=str(pipeline_root))
