@@ -118,10 +118,13 @@ def _json_default(obj: Any) -> Any:
 
 
 def git_sha(cwd: str | os.PathLike[str] | None = None) -> str:
-    """The current commit (with ``-dirty`` when the tree has changes), or ``unknown``."""
+    """The commit of the code that runs (``GIT_SHA`` in an image; else the git checkout this
+    package is in, whatever the working directory), ``-dirty`` when that tree has changes,
+    or ``unknown``."""
     env_sha = os.environ.get("GIT_SHA")
     if env_sha:
         return env_sha
+    cwd = cwd or Path(__file__).resolve().parents[1]
     try:
         sha = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, check=True
