@@ -2,9 +2,10 @@
 
 ``kfp.local.DockerRunner`` drives podman through its Docker-compatible socket: each step runs
 in the component image that ``make images`` built (``build/images.json``), as uid 10001, with
-a read-only root filesystem (only ``/tmp``, a tmpfs, and the mounted pipeline root are writable) and host
-networking, against a real ``mlflow server`` on 127.0.0.1. The image reference and id that ran
-the steps are recorded on the MLflow run and the registered version (``component_image``).
+a read-only root filesystem (only ``/tmp``, a tmpfs, and the mounted pipeline root are
+writable) and host networking, against a real ``mlflow server`` on 127.0.0.1. The image
+reference and id that ran the steps are recorded on the MLflow run and the registered version
+(``component_image``).
 
     python -m pipelines.containers --params params.yaml --pipeline-root outputs/kfp-containers
 """
