@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -190,3 +191,24 @@ def ran(proc: subprocess.CompletedProcess[str]) -> list[str]:
     """The stages a ``dvc repro`` ran, in dvc.yaml order."""
     text = proc.stdout + proc.stderr
     return [s for s in STAGES if f"Running stage '{s}'" in text]
+
+
+CONTAINERS_CONF = REPO / "containers" / "containers.conf"
+HAVE_PODMAN = shutil.which("podman") is not None and shutil.which("mmdebstrap") is not None
+NO_PODMAN = "podman/mmdebstrap not installed (make container-deps); .ci/run installs them"
+
+
+@pytest.fixture(scope="session")
+def images() -> dict[str, dict]:
+    """``make images`` (an unchanged tree rebuilds nothing): refs, sizes, build times."""
+    if not HAVE_PODMAN:
+        pytest.skip(NO_PODMAN)
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "containers" / "images.py"), "build"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=3600,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads((REPO / "build" / "images.json").read_text())

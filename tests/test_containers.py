@@ -16,13 +16,10 @@ import urllib.request
 import numpy as np
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import HAVE_PODMAN, NO_PODMAN, REPO
 
 CONF = REPO / "containers" / "containers.conf"
-pytestmark = pytest.mark.skipif(
-    shutil.which("podman") is None or shutil.which("mmdebstrap") is None,
-    reason="podman/mmdebstrap not installed (make container-deps); .ci/run installs them",
-)
+pytestmark = pytest.mark.skipif(not HAVE_PODMAN, reason=NO_PODMAN)
 
 
 def podman(*args: str, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -36,20 +33,6 @@ def podman(*args: str, check: bool = True, timeout: float = 600) -> subprocess.C
     if check and proc.returncode:
         raise AssertionError(f"podman {' '.join(args)}: {proc.stderr[-3000:]}")
     return proc
-
-
-@pytest.fixture(scope="session")
-def images() -> dict[str, dict]:
-    """``make images`` (an unchanged tree rebuilds nothing)."""
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "containers" / "images.py"), "build"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=3600,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads((REPO / "build" / "images.json").read_text())
 
 
 def test_images_are_tagged_by_content_labelled_non_root_and_without_compilers(images):

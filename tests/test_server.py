@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import re
 import signal
 import socket
@@ -21,7 +22,8 @@ import pytest
 import tritonclient.http as httpclient
 
 from components.ov_runtime import OVPredictor
-from components.serving_image import RunningServer, ServerFlags
+from components.serving_image import RunningServer, ServerFlags, ServerProcess, server_env
+from tests.conftest import CONTAINERS_CONF, HAVE_PODMAN, NO_PODMAN
 
 NAME = "digits"
 
@@ -60,14 +62,41 @@ def reference(exported_int8, golden):
     return OVPredictor(exported_int8 / "legacy" / "model.pdmodel").predict([golden])
 
 
-@pytest.fixture(scope="module")
-def server(server_binary, exported_int8, tmp_path_factory):
-    srv = start(
-        server_binary,
-        exported_int8,
-        tmp_path_factory.mktemp("srv"),
-        flags=ServerFlags(workers=2, max_batch_size=16, max_queue_delay_us=2000),
-    )
+def start_container(image: str, model_dir: Path, tmp: Path, flags: ServerFlags) -> ServerProcess:
+    """The server image under podman, published on a loopback port, the model mounted
+    read-only at /mnt/models (as KServe does), configured by the same server.env values."""
+    env_flags = [arg for k, v in server_env(flags).items() for arg in ("--env", f"{k}={v}")]
+    server = ServerProcess(
+        lambda port: [
+            "podman", "run", "--rm", "--read-only",
+            "-p", f"127.0.0.1:{port}:8080", "-v", f"{model_dir}:/mnt/models:ro",
+            *env_flags, image, "--variant=fp32", f"--model-name={NAME}",
+        ],
+        NAME,
+        tmp / f"container-{time.time()}.log",
+        env={**os.environ, "CONTAINERS_CONF": str(CONTAINERS_CONF)},
+    )  # fmt: skip
+    server.wait_ready(120)
+    return server
+
+
+@pytest.fixture(
+    scope="module",
+    params=[
+        "binary",
+        pytest.param("container", marks=pytest.mark.skipif(not HAVE_PODMAN, reason=NO_PODMAN)),
+    ],
+)
+def server(request, server_binary, exported_int8, tmp_path_factory):
+    """The server as built here, and as its image runs under podman: the same tests."""
+    flags = ServerFlags(workers=2, max_batch_size=16, max_queue_delay_us=2000)
+    tmp = tmp_path_factory.mktemp("srv")
+    if request.param == "binary":
+        srv = start(server_binary, exported_int8, tmp, flags=flags)
+    else:
+        srv = start_container(
+            request.getfixturevalue("images")["server"]["ref"], exported_int8, tmp, flags
+        )
     yield srv
     assert srv.stop() == 0
 
