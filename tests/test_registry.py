@@ -9,11 +9,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -28,7 +26,6 @@ from components.promote import run as promote_run
 from components.register import RegisterParams
 from components.register import run as register_run
 from components.registry import CHALLENGER, CHAMPION, PREVIOUS, Registry, RegistryParams
-from components.serving_image import RunningServer
 from tests.conftest import REPO
 
 PARAMS = RegisterParams(min_accuracy=0.5)
@@ -46,45 +43,11 @@ LINEAGE = {
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory):
-    root = tmp_path_factory.mktemp("mlflow-server")
-    port = RunningServer.free_port()
-    log = open(root / "server.log", "w")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen(
-        [
-            str(Path(sys.executable).parent / "mlflow"),
-            "server",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--workers",
-            "1",
-            "--backend-store-uri",
-            f"sqlite:///{root / 'mlflow.db'}",
-            "--artifacts-destination",
-            str(root / "artifacts"),
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    uri = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            with urllib.request.urlopen(f"{uri}/health", timeout=2) as resp:
-                if resp.status == 200:
-                    break
-        except OSError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            log.close()
-            raise RuntimeError((root / "server.log").read_text()[-3000:])
-        time.sleep(0.3)
-    yield uri
-    os.killpg(proc.pid, signal.SIGTERM)
-    proc.wait(timeout=30)
-    log.close()
+    """A real ``mlflow server`` on 127.0.0.1 (the one ``make kfp-containers`` starts)."""
+    from pipelines.containers import mlflow_server
+
+    with mlflow_server(tmp_path_factory.mktemp("mlflow-server")) as uri:
+        yield uri
 
 
 @pytest.fixture(scope="module")
