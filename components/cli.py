@@ -8,14 +8,12 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from components.artifacts import StepError
 
 if TYPE_CHECKING:
     from components.tasks import Task
-
-T = TypeVar("T")
 
 
 def setup_logging() -> None:

@@ -136,21 +136,22 @@ def _log_dir(mlflow_mod: Any, path: Path, artifact_path: str | None = None) -> N
 
 
 def lineage_tags(
-    all_params: Mapping[str, Any], outputs: StepOutputs, manifests: Mapping[str, Any]
+    all_params: Mapping[str, Any],
+    outputs: StepOutputs,
+    manifests: Mapping[str, Any],
+    metrics: Mapping[str, Mapping[str, Any]],
 ) -> dict[str, str]:
-    """The parent run's tags: what the model was made from and where (registry lineage)."""
-    ge_summary = read_json(outputs.report / "summary.json")
-    train_metrics = read_json(outputs.train_metrics)
-    qat_metrics = read_json(outputs.qat_metrics)
+    """The parent run's tags: what the model was made from and where (registry lineage);
+    ``metrics`` is :func:`step_metrics`."""
     infra = read_json(outputs.infra / "infra.json")
     return {
         "git_sha": "" if (sha := git_sha()) == "unknown" else sha,  # unknown is no lineage
         "data_sha256": combined_sha256(manifests["ingest"].get("input_sha256", {})),
         "params_sha256": params_sha256(dict(all_params)),
         "task": str(all_params.get("task", {}).get("name", "unknown")),
-        "amp_effective": str(train_metrics.get("amp_effective")),
-        "ge_success": str(bool(ge_summary.get("success"))).lower(),
-        "qat_gate_passed": str(bool(qat_metrics.get("gate_passed"))).lower(),
+        "amp_effective": str(metrics["train"].get("amp_effective")),
+        "ge_success": str(bool(metrics["validate"]["success"])).lower(),
+        "qat_gate_passed": str(bool(metrics["qat"]["gate_passed"])).lower(),
         "serving_image": str(infra.get("image") or ""),
         "serving_image_digest": str(infra.get("digest") or ""),
         "serving_image_built": str(bool(infra.get("built"))).lower(),
@@ -197,8 +198,8 @@ def run(
     uri = tracking_uri()
     mlflow.set_tracking_uri(uri)
     manifests = outputs.manifests()
-    tags = lineage_tags(all_params, outputs, manifests)
     metrics = step_metrics(outputs)
+    tags = lineage_tags(all_params, outputs, manifests, metrics)
     history = read_json(outputs.model / "history.json")
     try:
         mlflow.set_experiment(params.experiment)

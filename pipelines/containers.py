@@ -13,6 +13,7 @@ reference and id that ran the steps are recorded on the MLflow run and the regis
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -164,34 +165,30 @@ def run(params: dict[str, Any], pipeline_root: Path, tracking_uri: str | None = 
     ref, image_id = component_image()
     pipeline_root.mkdir(parents=True, exist_ok=True)
     pipeline_root.chmod(0o777)
-    with tempfile.TemporaryDirectory() as tmp, podman_socket(Path(tmp)) as docker_host:
-        os.environ["DOCKER_HOST"] = docker_host
-        server = mlflow_server(pipeline_root) if tracking_uri is None else None
-        uri = tracking_uri or server.__enter__()  # type: ignore[union-attr]
+    with contextlib.ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        os.environ["DOCKER_HOST"] = stack.enter_context(podman_socket(tmp))
+        uri = tracking_uri or stack.enter_context(mlflow_server(pipeline_root))
+        runner = local.DockerRunner(
+            user="10001:10001",
+            read_only=True,
+            tmpfs={"/tmp": "rw,exec,size=2g,mode=1777"},  # the only writable path
+            network_mode="host",
+            environment={
+                "MLFLOW_TRACKING_URI": uri,
+                "PADDLE_MLOPS_IMAGE": f"{ref}@{image_id}",
+                "LOG_LEVEL": os.environ.get("LOG_LEVEL", "INFO"),
+                "HOME": "/tmp",  # caches (Paddle's dy2static sources, matplotlib)
+            },
+        )
+        local.init(runner=runner, pipeline_root=str(pipeline_root))
+        old = os.umask(0)  # directories KFP creates here are writable by uid 10001
         try:
-            runner = local.DockerRunner(
-                user="10001:10001",
-                read_only=True,
-                tmpfs={"/tmp": "rw,exec,size=2g,mode=1777"},  # the only writable path
-                network_mode="host",
-                environment={
-                    "MLFLOW_TRACKING_URI": uri,
-                    "PADDLE_MLOPS_IMAGE": f"{ref}@{image_id}",
-                    "LOG_LEVEL": os.environ.get("LOG_LEVEL", "INFO"),
-                    "HOME": "/tmp",  # caches (Paddle's dy2static sources, matplotlib)
-                },
-            )
-            local.init(runner=runner, pipeline_root=str(pipeline_root))
-            old = os.umask(0)  # directories KFP creates here are writable by uid 10001
-            try:
-                t0 = time.monotonic()
-                make_pipeline(image=ref)(**pipeline_params(params))
-                log.info("the DAG ran in %s in %.0f s", ref, time.monotonic() - t0)
-            finally:
-                os.umask(old)
+            t0 = time.monotonic()
+            make_pipeline(image=ref)(**pipeline_params(params))
+            log.info("the DAG ran in %s in %.0f s", ref, time.monotonic() - t0)
         finally:
-            if server is not None:
-                server.__exit__(None, None, None)
+            os.umask(old)
         log.info("MLflow: %s (database %s)", uri, pipeline_root / "mlflow.db")
 
 

@@ -171,10 +171,10 @@ def make_pipeline(
     """The pipeline in ``image``; ``gpus`` > 0 runs train and qat in the GPU image with that
     many accelerators; ``resources`` (default: ``params.yaml: resources``) sizes every task."""
     resources = load_resources() if resources is None else resources
-    cpu_ops, gpu_ops = ops(image), ops(GPU_IMAGE)
+    cpu_ops = ops(image)
 
     def step_task(name: str, sections: Any, tasks: Any, **values: Any) -> dsl.PipelineTask:
-        op = gpu_ops[name] if gpus and name in GPU_STEPS else cpu_ops[name]
+        op = ops(GPU_IMAGE)[name] if gpus and name in GPU_STEPS else cpu_ops[name]
         return with_resources(wire(op, STEPS[name], sections, tasks, **values), resources, name)
 
     def _training_pipeline(
