@@ -66,6 +66,30 @@ def tracking_uri() -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
 
 
+def redact_uri(uri: str | None) -> str:
+    """``uri`` without credentials (``user:password@`` or a password in the query), for logs
+    and files: ``http://u:p@host/x`` -> ``http://***@host/x``."""
+    from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+    if not uri:
+        return ""
+    parts = urlsplit(uri)
+    if "@" not in parts.netloc and not parts.query:
+        return uri
+    netloc = parts.netloc
+    if "@" in netloc:
+        netloc = "***@" + netloc.rsplit("@", 1)[1]
+    secret = ("password", "passwd", "pwd", "token", "secret", "key")
+    query = urlencode(
+        [
+            (k, "***" if any(w in k.lower() for w in secret) else v)
+            for k, v in parse_qsl(parts.query, keep_blank_values=True)
+        ],
+        safe="*",
+    )
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
 def client(uri: str | None = None) -> Any:
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     from mlflow import MlflowClient
