@@ -77,7 +77,11 @@ def output_dir(path: str | Path, flag: str = "--out") -> Path:
 
 # commands besides the steps: name -> module whose main() runs it (imported by name, so a
 # step's import closure, and with it its dvc.yaml deps, does not include them)
-COMMANDS = {"registry": "components.registry", "dvc-yaml": "components.step"}
+COMMANDS = {
+    "registry": "components.registry",
+    "dvc-yaml": "components.step",
+    "fetch-model": "components.fetch_model",
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -75,9 +75,21 @@ def build_image(builder: str, context: Path, ref: str) -> str:
 
 
 def push_image(builder: str, ref: str) -> str:
-    """Push ``ref``; returns the registry's digest (``sha256:...``) when the builder says it."""
-    proc = _run([builder, "push", ref])
-    if proc.returncode != 0:
-        raise StepError(f"{builder} push {ref} failed: {proc.stderr.strip()[-500:]}")
-    digest = _run([builder, "inspect", "--format", "{{index .RepoDigests 0}}", ref]).stdout.strip()
-    return digest.split("@", 1)[1] if "@" in digest else digest
+    """Push ``ref``; returns the digest (``sha256:...``) of the manifest the registry stored."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        digest_file = Path(tmp) / "digest"
+        extra = ["--digestfile", str(digest_file)] if builder in ("podman", "buildah") else []
+        proc = _run([builder, "push", *extra, ref])
+        if proc.returncode != 0:
+            raise StepError(f"{builder} push {ref} failed: {proc.stderr.strip()[-500:]}")
+        if digest_file.is_file():
+            return digest_file.read_text().strip()
+    # docker: the repo digest recorded for this repository by the push
+    repository = ref.rsplit(":", 1)[0] if ref.rfind(":") > ref.rfind("/") else ref
+    fmt = "{{range .RepoDigests}}{{println .}}{{end}}"
+    for line in _run([builder, "inspect", "--format", fmt, ref]).stdout.split():
+        if line.startswith(repository + "@"):
+            return line.split("@", 1)[1]
+    raise StepError(f"{builder} push {ref}: the registry returned no digest")

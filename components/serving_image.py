@@ -6,8 +6,8 @@
    compiled in a step or in the image build.
 2. Builds ``image_repository:tag`` where a builder works (docker, podman or buildah on this
    machine; in the cluster a kaniko job builds the same context). No builder is a normal
-   case: the step says so and still produces the context. Image reference and digest go to
-   the manifest.
+   case: the step says so and still produces the context. The image reference and the local
+   image id go to the manifest; the registry digest exists only once ``promote`` pushes it.
 3. Always validates the infrastructure: builds (or reuses) the server binary, starts it on
    127.0.0.1 with the exported model (``fp32`` and ``int8`` variants), replays golden inputs
    from the test split and compares the answers with Paddle Inference (Python) on the same
@@ -161,7 +161,7 @@ class ServingImageParams:
 @dataclass(frozen=True)
 class ServingImageResult:
     image: str
-    digest: str | None
+    image_id: str | None  # the local build's image id: not a registry digest (promote pushes)
     built: bool
     builder: str | None
     infra_validated: bool
@@ -519,7 +519,7 @@ def run(
                     else "no server image: run `make images` or set serving_image.server_image"
                 ),
             )
-        digest = None
+        image_id = None
         if builder is None:
             log.warning(
                 "no image builder here (%s): build context ready; in the cluster a "
@@ -528,8 +528,8 @@ def run(
                 ref,
             )
         else:
-            digest = build_image(builder, tmp / "context", ref)  # pushed by promote
-            log.info("built %s with %s (%s)", ref, builder, digest)
+            image_id = build_image(builder, tmp / "context", ref)  # pushed by promote
+            log.info("built %s with %s (image id %s)", ref, builder, image_id)
 
         reports = [
             validate_variant(binary, model_dir, v, golden, params, tmp) for v in params.variants
@@ -539,7 +539,7 @@ def run(
         write_text(tmp / "server.env", render_server_env(params.server))
         summary = {
             "image": ref,
-            "digest": digest,
+            "image_id": image_id,
             "built": builder is not None,
             "builder": builder,
             "builder_note": why,
@@ -558,7 +558,7 @@ def run(
             params=asdict(params),
             extra={
                 "image": ref,
-                "digest": digest,
+                "image_id": image_id,
                 "infra_validated": validated,
                 "context_sha256": context_sha,
             },
@@ -567,7 +567,7 @@ def run(
         log.info("infra validation %s: %s", r["variant"], {k: v for k, v in r["checks"].items()})
     if not validated:
         raise StepError("infra validation failed:\n" + "\n".join(f"  - {f}" for f in failures))
-    return ServingImageResult(ref, digest, builder is not None, builder, validated, summary)
+    return ServingImageResult(ref, image_id, builder is not None, builder, validated, summary)
 
 
 STEP = Step(

@@ -47,6 +47,7 @@ STEPS = (
     "track",
     "register",
     "promote",
+    "deploy",
 )
 
 KfpType = Literal["Dataset", "Model", "Artifact", "Metrics", "ClassificationMetrics", "HTML"]

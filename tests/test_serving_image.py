@@ -76,7 +76,7 @@ def test_builder_none_skips_the_build_but_still_validates_the_server(
     )
     result = serving_run(params, digits_task, exported_int8, digits_data, tmp_path / "out")
     assert not calls.exists(), calls.read_text()  # no builder was even probed
-    assert (result.built, result.builder, result.digest) == (False, None, None)
+    assert (result.built, result.builder, result.image_id) == (False, None, None)
     assert result.infra_validated
     infra = read_json(tmp_path / "out" / "infra.json")
     assert infra["built"] is False and infra["builder"] is None
