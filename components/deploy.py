@@ -221,6 +221,7 @@ def render(
             _pin(doc, rel, params, components_image, configmaps, labels)
         for cm in configmaps.values():
             cm["metadata"]["namespace"] = params.namespace
+            cm["metadata"]["labels"].update(labels)
         rendered[variant] = [*configmaps.values(), *docs]
     return rendered
 

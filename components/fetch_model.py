@@ -94,7 +94,7 @@ def _place(bundle: Path, dest: Path) -> None:
     if not dest.exists():
         bundle.rename(dest)
         return
-    for entry in sorted(bundle.iterdir()):
+    for entry in sorted(bundle.iterdir(), key=lambda p: p.name == MARKER):  # marker last
         shutil.move(str(entry), str(dest / entry.name))
 
 
@@ -129,7 +129,9 @@ def fetch(uri: str, dest: str | Path, *, tracking: str | None = None) -> Fetched
             "empty or absent directory"
         )
     dest.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=dest.parent, prefix=f".{dest.name}.fetch-") as tmp:
+    # downloaded on DEST's filesystem (an emptyDir mount: inside it), so placing is a rename
+    scratch = dest if dest.is_dir() else dest.parent
+    with tempfile.TemporaryDirectory(dir=scratch, prefix=f".{dest.name}.fetch-") as tmp:
         import mlflow
         from mlflow.exceptions import MlflowException
 

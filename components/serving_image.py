@@ -128,7 +128,7 @@ def write_k8s_server_env(
 
 @dataclass(frozen=True)
 class ServingImageParams:
-    image_repository: str = "paddle-mlops/digits-server"
+    image_repository: str = "localhost/paddle-mlops/digits-server"
     image_tag: str | None = None  # default: the first 12 hex digits of the context hash
     builder: Literal["auto", "docker", "podman", "buildah", "none"] = "auto"
     variants: list[str] = field(default_factory=lambda: ["fp32", "int8"])

@@ -83,7 +83,7 @@ def test_repro_leaves_a_champion_with_lineage_in_the_registry(repo):
         assert tags[key], key
     assert tags["ge_success"] == "true" and tags["qat_gate_passed"] == "true"
     assert tags["infra_validated"] == "true"
-    assert tags["serving_image"].startswith("paddle-mlops/digits-server:")
+    assert tags["serving_image"].startswith("localhost/paddle-mlops/digits-server:")
     blessing = json.loads((repo / "outputs" / "register" / "blessing.json").read_text())
     assert blessing["blessed"] is True
     # the first champion pins its test split as the holdout of every later blessing

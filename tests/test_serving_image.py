@@ -49,7 +49,7 @@ def test_infra_validation_passes_for_fp32_and_int8(
     assert "RUN " not in dockerfile and not (ctx / "serving").exists()
     assert (ctx / "model" / "signature.json").exists()
     assert (ctx / "model" / "int8" / "openvino" / "model.xml").exists()
-    assert result.image.startswith("paddle-mlops/digits-server:")
+    assert result.image.startswith("localhost/paddle-mlops/digits-server:")
     assert infra["built"] == (result.builder is not None)
 
 
