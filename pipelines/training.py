@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from kfp import compiler, dsl
+from kfp import compiler, dsl, kubernetes
 from kfp.dsl import Artifact, Input
 
 from components.step import Step, all_steps, kfp_component
@@ -84,8 +84,6 @@ S3_SECRET = "pipeline-s3"  # optional: credentials of s3:// ingest sources
 
 def _with_cluster_env(task: dsl.PipelineTask, *, s3: bool = False) -> dsl.PipelineTask:
     """Tracking URI from the ConfigMap, credentials from Secrets (never in the spec)."""
-    from kfp import kubernetes
-
     kubernetes.use_config_map_as_env(
         task, MLFLOW_CONFIG_MAP, {"MLFLOW_TRACKING_URI": "MLFLOW_TRACKING_URI"}
     )
@@ -130,12 +128,30 @@ def record_failure_op(track: dict, status: dsl.PipelineTaskFinalStatus):
     mlflow.end_run(status="FAILED")  # this run, not whichever ran last in the experiment
 
 
-KANIKO_IMAGE = "gcr.io/kaniko-project/executor:v1.23.2"
+# the last gcr.io release, pinned by digest (the multi-arch index of v1.23.2)
+KANIKO_IMAGE = (
+    "gcr.io/kaniko-project/executor:v1.23.2"
+    "@sha256:9e69fd4330ec887829c780f5126dd80edc663df6def362cd22e79bcdf00ac53f"
+)
+# Push credentials of the kaniko task: a Secret of type kubernetes.io/dockerconfigjson whose
+# docker config JSON is under `.dockerconfigjson` (what the type requires) and, the same
+# bytes, under `config.json`: mounted at KANIKO_DOCKER_CONFIG it is the file kaniko reads,
+# /kaniko/.docker/config.json (kfp-kubernetes mounts a whole Secret, it cannot rename a key).
+# Create it with the command at the end of k8s/pipelines/secrets.template.yaml.
+REGISTRY_PUSH_SECRET = "registry-push"
+KANIKO_DOCKER_CONFIG = "/kaniko/.docker"
 
 
 @dsl.container_component
 def kaniko_build_op(context: Input[Artifact], destination: str, digest: dsl.OutputPath(str)):
-    """Build and push the serving image from the context serving_image prepared."""
+    """Build and push the serving image from the context serving_image prepared.
+
+    ``destination`` is the serving_image step's image ref, ``params.yaml:
+    serving_image.image_repository`` + ``:tag``: set the repository with its registry host
+    (``registry.example.com/team/digits-server``); one without a host means Docker Hub.
+    Kaniko checks it may push there before building, with the credentials of the
+    ``REGISTRY_PUSH_SECRET`` the pipeline mounts at ``/kaniko/.docker/config.json``.
+    """
     return dsl.ContainerSpec(
         image=KANIKO_IMAGE,
         command=["/kaniko/executor"],
@@ -174,8 +190,12 @@ def make_pipeline(
     cpu_ops = ops(image)
 
     def step_task(name: str, sections: Any, tasks: Any, **values: Any) -> dsl.PipelineTask:
-        op = ops(GPU_IMAGE)[name] if gpus and name in GPU_STEPS else cpu_ops[name]
-        return with_resources(wire(op, STEPS[name], sections, tasks, **values), resources, name)
+        gpu = gpus and name in GPU_STEPS
+        op = ops(GPU_IMAGE)[name] if gpu else cpu_ops[name]
+        task = wire(op, STEPS[name], sections, tasks, **values)
+        # the image the step runs in: lineage (track) and the fetch-model image (deploy)
+        task.set_env_variable("PADDLE_MLOPS_IMAGE", GPU_IMAGE if gpu else image)
+        return with_resources(task, resources, name)
 
     def _training_pipeline(
         task: dict,
@@ -190,6 +210,7 @@ def make_pipeline(
         register: dict,
         registry: dict,
         promote: dict,
+        deploy: dict,
         build_in_cluster: bool = False,
     ):
         # one pipeline parameter per params.yaml section; each step gets only its own
@@ -203,7 +224,7 @@ def make_pipeline(
             with_resources(fingerprint_t, resources, "fingerprint")
             tasks: dict[str, Any] = {}
             for name in STEPS:
-                if name == "promote":
+                if name in ("promote", "deploy"):
                     continue  # only for a blessed model, below
                 values = {"source_sha256": fingerprint_t.output} if name == "ingest" else {}
                 tasks[name] = step_task(name, sections, tasks, **values)
@@ -225,18 +246,27 @@ def make_pipeline(
                         destination=tasks["serving_image"].outputs["Output"],
                     )
                     with_resources(kaniko, resources, "kaniko_build").set_retry(**RETRY)
+                    kubernetes.use_secret_as_volume(
+                        kaniko, REGISTRY_PUSH_SECRET, mount_path=KANIKO_DOCKER_CONFIG
+                    )
                     promoted = step_task(
                         "promote", sections, tasks, image_digest=kaniko.outputs["digest"]
                     )
+                    deployed = step_task("deploy", sections, {**tasks, "promote": promoted})
                 with dsl.Else(name="no-image-build"):  # kfp.local: validated, not pushed
                     promoted_local = step_task("promote", sections, tasks)
-                for t in (promoted, promoted_local):
+                    deployed_local = step_task(
+                        "deploy", sections, {**tasks, "promote": promoted_local}
+                    )
+                # the champion is deployed right after it moved (rendered only without a
+                # pushed image); both talk to MLflow: retried, never cached
+                for t in (promoted, promoted_local, deployed, deployed_local):
                     t.set_retry(**RETRY).set_caching_options(False)
                     _with_cluster_env(t)
 
     return dsl.pipeline(
         name="paddle-mlops-training",
-        description=" → ".join(STEPS) + " (promote: blessed models only)",
+        description=" → ".join(STEPS) + " (promote, deploy: blessed models only)",
     )(_training_pipeline)
 
 

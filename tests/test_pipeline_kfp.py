@@ -331,3 +331,25 @@ def test_a_failing_run_is_recorded_in_mlflow_by_the_exit_handler(tmp_path, serve
     runs = client.search_runs([exp.experiment_id])
     assert [r.info.status for r in runs] == ["FAILED"]
     assert runs[0].data.tags["pipeline_state"] == "FAILED"
+
+
+def test_kaniko_pushes_with_the_registry_secret_mounted_as_its_docker_config(tmp_path):
+    """The push credentials: Secret REGISTRY_PUSH_SECRET (type dockerconfigjson, with a
+    config.json key) mounted at /kaniko/.docker, i.e. /kaniko/.docker/config.json; the
+    destination is the serving_image step's ref (params.yaml serving_image.image_repository)."""
+    from pipelines.training import KANIKO_DOCKER_CONFIG, KANIKO_IMAGE, REGISTRY_PUSH_SECRET
+
+    spec, executors = _compile(tmp_path)
+    (volume,) = executors["exec-kaniko-build-op"]["secretAsVolume"]
+    assert volume["secretName"] == REGISTRY_PUSH_SECRET == "registry-push"
+    assert volume["mountPath"] == KANIKO_DOCKER_CONFIG == "/kaniko/.docker"
+    assert volume["optional"] is False  # no credentials: no build
+    assert not any("secretAsVolume" in e for k, e in executors.items() if "kaniko" not in k)
+    container = spec["deploymentSpec"]["executors"]["exec-kaniko-build-op"]["container"]
+    assert container["image"] == KANIKO_IMAGE and "@sha256:" in KANIKO_IMAGE
+    destination = container["args"][container["args"].index("--destination") + 1]
+    assert destination == "{{$.inputs.parameters['destination']}}"
+    task = next(t for t in all_tasks(spec).values() if t["taskInfo"]["name"] == "kaniko-build-op")
+    # (inside the condition's sub-DAG: the serving_image task's output, passed down)
+    source = task["inputs"]["parameters"]["destination"]["componentInputParameter"]
+    assert source == "pipelinechannel--serving-image-op-Output"
