@@ -81,6 +81,7 @@ COMMANDS = {
     "registry": "components.registry",
     "dvc-yaml": "components.step",
     "fetch-model": "components.fetch_model",
+    "mlflow-users": "components.mlflow_auth",
 }
 
 

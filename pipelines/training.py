@@ -78,21 +78,25 @@ def load_resources(params_file: str | Path = REPO / "params.yaml") -> dict[str, 
 
 RETRY = {"num_retries": 3, "backoff_duration": "30s", "backoff_factor": 2.0}
 MLFLOW_CONFIG_MAP = "mlflow-client-env"  # k8s/mlflow/client-env.yaml
-MLFLOW_AUTH_SECRET = "mlflow-auth"  # optional: basic auth of the tracking server
+MLFLOW_AUTH_SECRET = "mlflow-auth"  # the pipeline user of the tracking server (basic auth)
+MLFLOW_CLIENT_LABEL = "paddle-mlops/mlflow-client"  # admitted by the MLflow NetworkPolicy
 S3_SECRET = "pipeline-s3"  # optional: credentials of s3:// ingest sources
 
 
 def _with_cluster_env(task: dsl.PipelineTask, *, s3: bool = False) -> dsl.PipelineTask:
-    """Tracking URI from the ConfigMap, credentials from Secrets (never in the spec)."""
+    """Tracking URI from the ConfigMap, credentials from Secrets (never in the spec), and the
+    label the MLflow NetworkPolicy admits (k8s/mlflow/networkpolicy.yaml)."""
     kubernetes.use_config_map_as_env(
         task, MLFLOW_CONFIG_MAP, {"MLFLOW_TRACKING_URI": "MLFLOW_TRACKING_URI"}
     )
+    # the server runs basic-auth: without the pipeline user's Secret the pod does not start
     kubernetes.use_secret_as_env(
         task,
         MLFLOW_AUTH_SECRET,
         {"username": "MLFLOW_TRACKING_USERNAME", "password": "MLFLOW_TRACKING_PASSWORD"},
-        optional=True,
+        optional=False,
     )
+    kubernetes.add_pod_label(task, MLFLOW_CLIENT_LABEL, "true")
     if s3:
         kubernetes.use_secret_as_env(
             task,

@@ -89,17 +89,16 @@ def _container(name: str) -> dict:
     raise AssertionError(f"no workload {name}")
 
 
-def test_mlflow_server_reads_its_credentials_from_secrets():
+def test_mlflow_server_reads_its_credentials_from_secrets_never_from_its_command_line():
     env = {e["name"]: e for e in _container("mlflow")["env"]}
     for var, secret in (
-        ("DB_USER", "mlflow-db"),
-        ("DB_PASSWORD", "mlflow-db"),
+        ("MLFLOW_BACKEND_STORE_URI", "mlflow-db"),  # what --backend-store-uri reads
         ("AWS_ACCESS_KEY_ID", "mlflow-s3"),
         ("AWS_SECRET_ACCESS_KEY", "mlflow-s3"),
     ):
         assert env[var]["valueFrom"]["secretKeyRef"]["name"] == secret
     args = " ".join(_container("mlflow")["args"])
-    assert "postgresql://$(DB_USER):$(DB_PASSWORD)@mlflow-postgres:5432" in args
+    assert "postgresql://" not in args and "PASSWORD" not in args
     assert "--serve-artifacts" in args
 
 
@@ -260,13 +259,6 @@ def test_kustomize_wires_the_generated_configmap_into_the_pods(directory, kind):
 # each directory under k8s/ with a kustomization.yaml: all its YAML documents
 # (kustomization.yaml and kustomizeconfig.yaml are not resources)
 KUSTOMIZE_DIRS = sorted(p.parent for p in K8S.rglob("kustomization.yaml"))
-PENDING = {  # directory -> whose pending work leaves it failing the checker
-    "mlflow": (
-        "k8s/mlflow hardening is the MLflow-manifests helper's pending work (seccomp "
-        "RuntimeDefault, drop ALL, read-only root, cpu limits, non-root postgres, postgres "
-        "liveness probe)"
-    ),
-}
 
 
 def test_every_manifest_under_k8s_is_in_a_checked_directory():
@@ -288,17 +280,7 @@ def test_every_manifest_under_k8s_is_in_a_checked_directory():
 
 
 @pytest.mark.parametrize(
-    "directory",
-    [
-        pytest.param(
-            d,
-            id=d.relative_to(K8S).as_posix(),
-            marks=[pytest.mark.xfail(reason=PENDING[d.name], strict=False)]
-            if d.name in PENDING
-            else [],
-        )
-        for d in KUSTOMIZE_DIRS
-    ],
+    "directory", [pytest.param(d, id=d.relative_to(K8S).as_posix()) for d in KUSTOMIZE_DIRS]
 )
 def test_manifests_pass_the_checker(directory):
     """Strict Kubernetes schemas, KServe's models, the hardening policy; image digests are
