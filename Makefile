@@ -57,8 +57,9 @@ apt-deps:
 bench-deps:
 	$(call apt_install,$(BENCH_APT_PACKAGES))
 
-# podman (+ runc) builds and runs the images; mmdebstrap makes base images from Debian packages
-CONTAINER_APT_PACKAGES := podman runc mmdebstrap uidmap fuse-overlayfs slirp4netns
+# podman (+ runc) builds and runs the images; mmdebstrap makes base images from Debian packages;
+# docker-registry is the local OCI registry of tests/test_deploy.py
+CONTAINER_APT_PACKAGES := podman runc mmdebstrap uidmap fuse-overlayfs slirp4netns docker-registry
 container-deps:
 	$(call apt_install,$(CONTAINER_APT_PACKAGES))
 

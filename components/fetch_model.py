@@ -31,7 +31,7 @@ from typing import Any
 
 from components.artifacts import StepError, combined_sha256, read_json, sha256_tree, write_json
 from components.registry import client as mlflow_client
-from components.registry import redact_uri, tracking_uri
+from components.registry import download_version, redact_uri, tracking_uri
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +100,7 @@ def _place(bundle: Path, dest: Path) -> None:
 
 def fetch(uri: str, dest: str | Path, *, tracking: str | None = None) -> Fetched:
     """Download the serving bundle of ``uri`` into ``dest`` and verify it (module docstring)."""
-    from components.mlflow_model import BUNDLE_TAG, bundle_dir, bundle_sha256
+    from components.mlflow_model import BUNDLE_TAG
 
     dest = Path(dest)
     ref = parse_model_uri(uri)
@@ -132,24 +132,15 @@ def fetch(uri: str, dest: str | Path, *, tracking: str | None = None) -> Fetched
     # downloaded on DEST's filesystem (an emptyDir mount: inside it), so placing is a rename
     scratch = dest if dest.is_dir() else dest.parent
     with tempfile.TemporaryDirectory(dir=scratch, prefix=f".{dest.name}.fetch-") as tmp:
-        import mlflow
         from mlflow.exceptions import MlflowException
 
         log.info("downloading %s (v%d) from %s", ref, version, redact_uri(tracking))
-        try:
-            root = mlflow.artifacts.download_artifacts(
-                artifact_uri=f"models:/{name}/{version}", dst_path=tmp, tracking_uri=tracking
-            )
+        try:  # verified against the version's tag by download_version
+            bundle = download_version(client, tracking, name, version, Path(tmp))
         except (MlflowException, OSError) as exc:
             raise StepError(f"{ref} (v{version}): download failed ({_reason(exc)})") from exc
-        bundle = bundle_dir(Path(root))
-        got = bundle_sha256(bundle)
-        if got != expected:
-            raise StepError(
-                f"{ref} (v{version}): the downloaded bundle has sha256 {got[:16]}..., the "
-                f"version's tag {BUNDLE_TAG} says {expected[:16]}...: the files changed after "
-                "registration; refusing to serve them"
-            )
+        except StepError as exc:
+            raise StepError(f"{ref}: {exc}; refusing to serve it") from exc
         write_json(
             bundle / MARKER, {"name": name, "version": version, "sha256": expected, "uri": uri}
         )

@@ -18,6 +18,7 @@ happened and succeeds (the pipeline worked; the model was not good enough). For 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -65,9 +66,15 @@ def run(
     if not info["blessed"]:
         log.warning("%s v%d was not blessed: no push, no promotion", name, version)
     else:
-        registry = Registry(
-            mlflow_client(info.get("tracking_uri")), name, registry_params or RegistryParams()
-        )
+        # the environment's URI (it may hold credentials); registration.json's is redacted
+        uri = os.environ.get("MLFLOW_TRACKING_URI") or str(info.get("tracking_uri") or "")
+        if "***" in uri:
+            raise StepError(
+                f"{registration_dir / 'registration.json'}: field 'tracking_uri' {uri} is "
+                "redacted (it held credentials); set MLFLOW_TRACKING_URI (credentials in "
+                "MLFLOW_TRACKING_USERNAME/PASSWORD)"
+            )
+        registry = Registry(mlflow_client(uri or None), name, registry_params or RegistryParams())
         if digest is None and params.push:
             if not infra.get("built"):
                 raise StepError(

@@ -1,15 +1,22 @@
 """register: version the model in the MLflow registry as the challenger, and bless it.
 
-1. Registers the tracked run's ``model/`` artifacts (the packaged bundle: fp32 PIR + legacy,
-   the gated int8 model, signature, manifests) as a new version of ``registry.model_name``
-   (default ``<task>-classifier``), copies the lineage tags of the run onto it (``git_sha``,
-   ``data_sha256``, ``params_sha256``, ``ge_success``, ``qat_gate_passed``, the serving image
-   and its infra validation) plus key metrics, and points alias ``challenger`` at it.
+1. Registers the MLflow model the tracked run logged (``run.json``: ``model_id``; a pyfunc
+   whose ``artifacts/bundle`` is the packaged bundle: fp32 PIR + legacy, the gated int8
+   model, signature, manifests; :mod:`components.mlflow_model`) as a new version of
+   ``registry.model_name`` (default ``<task>-classifier``). The version's source is
+   ``models:/<model_id>`` (with ``model_id`` and ``run_id``; the tag ``mlflow_model_id`` too),
+   its download URI the LoggedModel's artifact location, so ``models:/<name>/<version>``
+   downloads (and ``mlflow.pyfunc.load_model`` loads) the MLflow model root: MLmodel + the
+   bundle. It copies the lineage tags of the run onto the version
+   (``git_sha``, ``data_sha256``, ``params_sha256``, ``ge_success``, ``qat_gate_passed``, the
+   serving image and its infra validation, ``bundle_sha256``) plus key metrics, and points
+   alias ``challenger`` at it.
 2. Blesses it: the registered challenger and, if one exists, the registered champion are both
-   downloaded and scored by the same code as ``evaluate``, sample by sample, on the current
-   test split and on the pinned holdout (docs/gates.md). Blessed means: lineage complete,
-   accuracy at least ``register.min_accuracy``, and no significant regression against the
-   champion. ``blessing.json`` records the decision, every reason, and both models' metrics.
+   downloaded (each bundle re-hashed against its ``bundle_sha256`` tag) and scored by the same
+   code as ``evaluate``, sample by sample, on the current test split and on the pinned holdout
+   (docs/gates.md). Blessed means: lineage complete, accuracy at least
+   ``register.min_accuracy``, and no significant regression against the champion.
+   ``blessing.json`` records the decision, every reason, and both models' metrics.
 
 Promotion (pushing the image, moving ``champion``) is the next step, ``promote``; the
 registry's own commands (status, a manual or forced promotion, rollback) are
@@ -31,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from components import dataset, gates
-from components.artifacts import read_json, write_json
+from components.artifacts import StepError, read_json, write_json
 from components.registry import (
     CHALLENGER,
     CHAMPION,
@@ -42,8 +49,10 @@ from components.registry import (
     RegistryParams,
     download_version,
     fetch_holdout,
+    global_tracking_uri,
     log_test_split,
     model_name,
+    redact_uri,
 )
 from components.registry import client as mlflow_client
 from components.step import DATA, In, Out, Step
@@ -51,8 +60,8 @@ from components.tasks import Task
 
 log = logging.getLogger(__name__)
 
-# copied when present: the image digest, and the component image the steps ran in
-_EXTRA_TAGS = ("serving_image_digest", "serving_image_built", "component_image")
+# copied when present: the local image id, and the component image the steps ran in
+_EXTRA_TAGS = ("serving_image_id", "serving_image_built", "component_image")
 
 
 @dataclass(frozen=True)
@@ -168,9 +177,49 @@ def bless(
 # --------------------------------------------------------------------------- step
 
 
+def logged_model(client: Any, run_info: dict[str, Any], run_file: Path) -> Any:
+    """The LoggedModel ``run.json`` names, checked to belong to its run."""
+    from mlflow.exceptions import MlflowException
+
+    model_id = run_info.get("model_id")
+    if not model_id:
+        raise StepError(
+            f"{run_file}: field 'model_id' missing: the run was tracked without an MLflow "
+            "model (older track step?); run track again"
+        )
+    try:
+        model = client.get_logged_model(model_id)
+    except MlflowException as exc:
+        raise StepError(
+            f"{run_file}: field 'model_id' {model_id}: no such logged model at the tracking "
+            f"URI ({exc.error_code})"
+        ) from exc
+    if model.source_run_id != run_info["run_id"]:
+        raise StepError(
+            f"{run_file}: logged model {model_id} belongs to run {model.source_run_id}, "
+            f"not to field 'run_id' {run_info['run_id']}"
+        )
+    return model
+
+
 def register_version(
-    client: Any, name: str, run_id: str, tags: dict[str, str], description: str
+    client: Any,
+    uri: str,
+    name: str,
+    run_id: str,
+    model: Any,
+    tags: dict[str, str],
+    description: str,
 ) -> int:
+    """A new version of ``name`` from the LoggedModel ``model`` of run ``run_id``.
+
+    Source ``models:/<model_id>`` with ``model_id`` and ``run_id``: what MLflow 3 itself
+    (``mlflow.register_model``, the UI) registers a LoggedModel as. The registry resolves it
+    to the LoggedModel's artifact location once, at creation, and
+    ``get_model_version_download_uri`` returns that: the MLflow model root (MLmodel +
+    ``artifacts/bundle``). A database-backed registry resolves it through MLflow's
+    process-global tracking URI, so that is ``uri`` while the version is created.
+    """
     from mlflow.exceptions import MlflowException
 
     try:
@@ -182,10 +231,15 @@ def register_version(
     except MlflowException as exc:
         if exc.error_code != "RESOURCE_ALREADY_EXISTS":
             raise
-    source = client.get_run(run_id).info.artifact_uri.rstrip("/") + "/model"
-    mv = client.create_model_version(
-        name, source=source, run_id=run_id, tags=tags, description=description
-    )
+    with global_tracking_uri(uri):
+        mv = client.create_model_version(
+            name,
+            source=f"models:/{model.model_id}",
+            run_id=run_id,
+            tags=tags,
+            description=description,
+            model_id=model.model_id,
+        )
     return int(mv.version)
 
 
@@ -301,26 +355,50 @@ def run(
 ) -> RegisterResult:
     """Register the run ``run_file`` names (or ``run.json`` in that directory) as the
     ``challenger`` and bless it; promotion is the ``promote`` step's."""
+    from components.mlflow_model import BUNDLE_TAG
+
     run_file, data_dir, out_dir = Path(run_file), Path(data_dir), Path(out_dir)
-    run_info = read_json(run_file / "run.json" if run_file.is_dir() else run_file)
+    run_file = run_file / "run.json" if run_file.is_dir() else run_file
+    run_info = read_json(run_file)
     uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or run_info["tracking_uri"]
+    if uri == run_info["tracking_uri"] and "***" in uri:
+        raise StepError(
+            f"{run_file}: field 'tracking_uri' {uri} is redacted (it held credentials); set "
+            "MLFLOW_TRACKING_URI (and MLFLOW_TRACKING_USERNAME/PASSWORD or TOKEN)"
+        )
     client = mlflow_client(uri)
     registry_params = registry_params or RegistryParams()
     name = model_name(registry_params, task)
     registry = Registry(client, name, registry_params)
     mlrun = client.get_run(run_info["run_id"])
     run_id = mlrun.info.run_id
+    model = logged_model(client, run_info, run_file)
     lineage = {t: mlrun.data.tags.get(t, "") for t in LINEAGE_TAGS + _EXTRA_TAGS}
+    logged_sha = model.tags.get(BUNDLE_TAG, "")
+    if lineage[BUNDLE_TAG] and lineage[BUNDLE_TAG] != logged_sha:
+        raise StepError(
+            f"run {run_id}: tag {BUNDLE_TAG} {lineage[BUNDLE_TAG][:12]} differs from the logged "
+            f"model {model.model_id}'s {logged_sha[:12] or '(none)'}: the model is not the "
+            "bundle the run recorded"
+        )
     tags = {
         **{k: v for k, v in lineage.items() if v},
         **key_metrics(mlrun.data.metrics),
         "task": task.name,
         "mlflow_run_id": run_id,
+        "mlflow_model_id": model.model_id,
     }
-    description = f"pipeline run {run_id} ({lineage.get('git_sha')})"
-    version = register_version(client, name, run_id, tags, description)
+    description = f"pipeline run {run_id} ({lineage.get('git_sha')}), model {model.model_id}"
+    version = register_version(client, uri, name, run_id, model, tags, description)
     client.set_registered_model_alias(name, CHALLENGER, str(version))
-    log.info("registered %s v%d (alias %s)", name, version, CHALLENGER)
+    log.info(
+        "registered %s v%d (alias %s) from model %s, bundle sha256 %s",
+        name,
+        version,
+        CHALLENGER,
+        model.model_id,
+        (lineage[BUNDLE_TAG] or "none")[:12],
+    )
 
     split_sha = log_test_split(client, run_id, data_dir, params.split)
     client.set_model_version_tag(name, str(version), "test_split_sha256", split_sha)
@@ -359,7 +437,9 @@ def run(
             "blessed": blessing.blessed,
             # the champion the blessing judged against: promote refuses if it moved since
             "judged_against": champion["version"] if champion else None,
-            "tracking_uri": uri,
+            "tracking_uri": redact_uri(uri),
+            "model_id": model.model_id,
+            "source": redact_uri(client.get_model_version_download_uri(name, str(version))),
             "aliases": registry.aliases(),
         },
     )

@@ -38,6 +38,7 @@ LINEAGE_TAGS = (
     "qat_gate_passed",
     "serving_image",
     "infra_validated",
+    "bundle_sha256",  # components.mlflow_model.BUNDLE_TAG: the served files, byte for byte
 )
 TAG_LIMIT = 5000
 
@@ -88,6 +89,27 @@ def redact_uri(uri: str | None) -> str:
         safe="*",
     )
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+@contextlib.contextmanager
+def global_tracking_uri(uri: str) -> Iterator[str]:
+    """MLflow's process-global tracking URI (and ``MLFLOW_TRACKING_URI``, which
+    ``mlflow.set_tracking_uri`` exports) set to ``uri`` for the block, then both put back as
+    they were: for the MLflow calls that only read the global one (the fluent API, a
+    database registry resolving ``models:/<model_id>``) inside code that holds a client."""
+    import mlflow
+    from mlflow.tracking._tracking_service import utils
+
+    old_uri, old_env = utils._tracking_uri, os.environ.get("MLFLOW_TRACKING_URI")
+    mlflow.set_tracking_uri(uri)
+    try:
+        yield uri
+    finally:
+        mlflow.set_tracking_uri(old_uri)
+        if old_env is None:
+            os.environ.pop("MLFLOW_TRACKING_URI", None)
+        else:
+            os.environ["MLFLOW_TRACKING_URI"] = old_env
 
 
 def client(uri: str | None = None) -> Any:
@@ -348,15 +370,43 @@ class Registry:
 
 
 def download_version(client: Any, uri: str, name: str, version: int, dest: Path) -> Path:
-    """Download a version's files without touching process-global MLflow URIs."""
+    """Download a version's MLflow model into ``dest`` and return the serving bundle inside it
+    (``components.mlflow_model.bundle_dir``), without touching process-global MLflow URIs.
+
+    When the version has a ``bundle_sha256`` tag, the downloaded bundle must hash to it.
+    Versions registered before models were MLflow models (the bare bundle as the version's
+    files, no MLmodel) are still returned as they are, with a warning, so a new challenger
+    can be compared with such a champion.
+    """
     import mlflow
 
+    from components.mlflow_model import BUNDLE_TAG, bundle_dir, bundle_sha256
+
     source = client.get_model_version_download_uri(name, str(version))
-    return Path(
+    root = Path(
         mlflow.artifacts.download_artifacts(
             artifact_uri=source, dst_path=str(dest), tracking_uri=uri
         )
     )
+    expected = client.get_model_version(name, str(version)).tags.get(BUNDLE_TAG)
+    if not (root / "MLmodel").exists() and (root / "signature.json").is_file() and not expected:
+        log.warning(
+            "%s v%s is a bare bundle, not an MLflow model (registered before track logged "
+            "MLflow models); scoring it as it is",
+            name,
+            version,
+        )
+        return root
+    bundle = bundle_dir(root)
+    if expected:
+        got = bundle_sha256(bundle)
+        if got != expected:
+            raise StepError(
+                f"{name} v{version}: the downloaded bundle's sha256 {got[:12]} differs from "
+                f"the version tag {BUNDLE_TAG} {expected[:12]}: its files changed after "
+                "registration"
+            )
+    return bundle
 
 
 # --------------------------------------------------------------------------- holdout

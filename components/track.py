@@ -3,12 +3,17 @@
 Runs after evaluate and reads only the files the steps wrote, so the steps stay free of
 MLflow. The parent run carries every parameter of ``params.yaml`` (flattened), the headline
 metrics, the per-epoch training curves (``step`` = epoch), the tags ``git_sha``,
-``data_sha256`` (of the raw inputs), ``params_sha256`` and ``task``, and the exported model
-under ``model/``. Each nested run (ingest ... evaluate, serving_image) carries that
-step's manifest, outputs such as the Great Expectations result and Data Docs, and metrics.
+``data_sha256`` (of the raw inputs), ``params_sha256``, ``task`` and ``bundle_sha256``, and
+the packaged serving bundle as an MLflow model (an MLflow 3 LoggedModel named ``model``, a
+``pyfunc`` with a signature and an input example from the test split:
+:mod:`components.mlflow_model`); the headline test metrics are linked to that model. Each
+nested run (ingest ... evaluate, serving_image) carries that step's manifest, outputs such as
+the Great Expectations result and Data Docs, and metrics.
 
 Tracking URI: ``MLFLOW_TRACKING_URI`` if set, else ``sqlite:///mlflow.db`` in the working
-directory (no server needed). ``run.json`` in the output directory names the run.
+directory (no server needed). ``run.json`` in the output directory names the run and the
+logged model (``model_id``, ``model_uri`` = ``models:/<model_id>``, ``bundle_sha256``) that
+``register`` versions; the tracking URI in it is redacted (no credentials).
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from components.artifacts import (
     write_json,
 )
 from components.config import params_sha256
-from components.registry import tracking_uri
+from components.registry import redact_uri, tracking_uri
 from components.step import In, Out, Step
 
 log = logging.getLogger(__name__)
@@ -100,6 +105,9 @@ class TrackResult:
     run_id: str
     experiment_id: str
     tracking_uri: str
+    model_id: str = ""
+    model_uri: str = ""
+    bundle_sha256: str = ""
 
 
 def flatten(d: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
@@ -143,6 +151,8 @@ def lineage_tags(
 ) -> dict[str, str]:
     """The parent run's tags: what the model was made from and where (registry lineage);
     ``metrics`` is :func:`step_metrics`."""
+    from components.mlflow_model import BUNDLE_TAG, bundle_sha256
+
     infra = read_json(outputs.infra / "infra.json")
     return {
         "git_sha": "" if (sha := git_sha()) == "unknown" else sha,  # unknown is no lineage
@@ -153,9 +163,12 @@ def lineage_tags(
         "ge_success": str(bool(metrics["validate"]["success"])).lower(),
         "qat_gate_passed": str(bool(metrics["qat"]["gate_passed"])).lower(),
         "serving_image": str(infra.get("image") or ""),
-        "serving_image_digest": str(infra.get("digest") or ""),
+        # the local build's image id; the registry digest is promote's (after a push)
+        "serving_image_id": str(infra.get("image_id") or ""),
         "serving_image_built": str(bool(infra.get("built"))).lower(),
         "infra_validated": str(bool(infra.get("infra_validated"))).lower(),
+        # the served files, byte for byte (the registered version's tag; the blessing checks it)
+        BUNDLE_TAG: bundle_sha256(outputs.bundle),
         # the hardware and runtimes the model was trained on (each step's own: nested runs)
         **_machine_tags(manifests["train"]),
         # the container image (reference@id) the steps ran in, when an orchestrator says so
@@ -194,33 +207,52 @@ def run(
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     import mlflow
 
+    from components.config import params_source
+    from components.mlflow_model import BUNDLE_TAG, log_bundle_model
+
     out_dir = Path(out_dir)
     uri = tracking_uri()
+    shown_uri = redact_uri(uri)
+    if shown_uri != uri:  # MLflow prints "View run <tracking URI>/#/..." links as they are
+        os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
     mlflow.set_tracking_uri(uri)
     manifests = outputs.manifests()
     metrics = step_metrics(outputs)
     tags = lineage_tags(all_params, outputs, manifests, metrics)
     history = read_json(outputs.model / "history.json")
+    task_section = all_params.get("task") or {}
     try:
         mlflow.set_experiment(params.experiment)
     except Exception as exc:  # MLflow raises its own exception types for bad URIs/backends
         raise StepError(
-            f"MLflow tracking at {uri}: cannot open experiment '{params.experiment}' ({exc})"
+            f"MLflow tracking at {shown_uri}: cannot open experiment '{params.experiment}' "
+            f"({str(exc).replace(uri, shown_uri)})"
         ) from exc
     run_name = f"{params.run_name_prefix}-{tags['task']}-{(tags['git_sha'] or 'nogit')[:8]}"
     with mlflow.start_run(run_name=run_name, tags=tags) as parent:
         flat = {k: str(v) for k, v in flatten(all_params)}
         mlflow.log_params({k: v[:6000] for k, v in flat.items()})
+        logged = log_bundle_model(
+            outputs.bundle,
+            outputs.data,
+            str(task_section.get("name", "")),
+            task_section.get("options"),
+            source=params_source(all_params),
+        )
+        if logged.bundle_sha256 != tags[BUNDLE_TAG]:
+            raise StepError(
+                f"{outputs.bundle}: changed while track ran (sha256 {logged.bundle_sha256[:12]}, "
+                f"run tag {BUNDLE_TAG} {tags[BUNDLE_TAG][:12]}); run the pipeline again"
+            )
+        mlflow.log_metrics(_numeric(metrics["evaluate"], "test."), model_id=logged.model_id)
         mlflow.log_metrics(
             {
                 **_numeric(metrics["train"], "train."),
-                **_numeric(metrics["evaluate"], "test."),
                 **_numeric(metrics["qat"], "qat."),
                 "ge_success": metrics["validate"]["success"],
             }
         )
         _log_epochs(mlflow, history)
-        _log_dir(mlflow, outputs.bundle, "model")
         for name, plot in (("train", outputs.train_plots), ("confusion", outputs.confusion)):
             mlflow.log_text(plot.read_text(encoding="utf-8"), f"plots/{name}.csv")
         for step, file in (
@@ -241,18 +273,36 @@ def run(
                     _log_epochs(mlflow, history)
                 for path, artifact_path in files:
                     _log_dir(mlflow, path, artifact_path)
-        result = TrackResult(parent.info.run_id, parent.info.experiment_id, uri)
+        result = TrackResult(
+            parent.info.run_id,
+            parent.info.experiment_id,
+            uri,
+            logged.model_id,
+            logged.model_uri,
+            logged.bundle_sha256,
+        )
     write_json(
         out_dir / "run.json",
         {
             "run_id": result.run_id,
             "experiment_id": result.experiment_id,
             "experiment": params.experiment,
-            "tracking_uri": uri,
+            # no credentials in files: register takes the URI from MLFLOW_TRACKING_URI first
+            "tracking_uri": shown_uri,
+            # what register versions: the LoggedModel of this run
+            "model_id": result.model_id,
+            "model_uri": result.model_uri,
+            BUNDLE_TAG: result.bundle_sha256,
             "tags": tags,
         },
     )
-    log.info("MLflow run %s in experiment '%s' at %s", result.run_id, params.experiment, uri)
+    log.info(
+        "MLflow run %s in experiment '%s' at %s: model %s",
+        result.run_id,
+        params.experiment,
+        shown_uri,
+        result.model_uri,
+    )
     return result
 
 
@@ -285,6 +335,7 @@ STEP = Step(
         "register",
         "registry",
         "promote",
+        "deploy",
     ),
     run=run_step,
     inputs=(

@@ -278,11 +278,11 @@ training_pipeline = make_pipeline()
 
 
 def compile_pipeline(
-    out: str | Path, gpus: int = 0, accelerator_type: str = "nvidia.com/gpu"
+    out: str | Path, gpus: int = 0, accelerator_type: str = "nvidia.com/gpu", image: str = IMAGE
 ) -> Path:
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    compiler.Compiler().compile(make_pipeline(gpus, accelerator_type), str(out))
+    compiler.Compiler().compile(make_pipeline(gpus, accelerator_type, image=image), str(out))
     return out
 
 
@@ -326,13 +326,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_compile.add_argument("--out", default="pipelines/compiled/training.yaml")
     p_compile.add_argument("--gpus", type=int, default=0, help="accelerators for train and qat")
     p_compile.add_argument("--accelerator-type", default="nvidia.com/gpu")
+    p_compile.add_argument(
+        "--image",
+        default=IMAGE,
+        help="the component image every CPU task runs in; pin it by digest "
+        "(REPO@sha256:...): deploy renders it as the fetch-model image",
+    )
     p_local = sub.add_parser("local")
     p_local.add_argument("--params", default="params.yaml")
     p_local.add_argument("--pipeline-root", default="outputs/kfp-local")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, force=True)
     if args.command == "compile":
-        logging.info("compiled %s", compile_pipeline(args.out, args.gpus, args.accelerator_type))
+        out = compile_pipeline(args.out, args.gpus, args.accelerator_type, args.image)
+        logging.info("compiled %s", out)
     else:
         params = load_params(args.params)
         ingest = params.get("ingest", {})

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -97,6 +99,77 @@ def exported_int8(tmp_path_factory: pytest.TempPathFactory, exported: Path, qat_
     out = tmp_path_factory.mktemp("package") / "bundle"
     run(exported, qat_out[0], out)
     return out
+
+
+@contextlib.contextmanager
+def mlflow_tracking(uri: str) -> Iterator[str]:
+    """MLflow's global tracking URI set to ``uri`` for the fluent API (``start_run``,
+    ``pyfunc.log_model``, the track step), then put back (the environment variable too)."""
+    from components.registry import global_tracking_uri
+
+    with global_tracking_uri(uri):
+        yield uri
+
+
+@pytest.fixture(scope="session")
+def step_outputs(
+    tmp_path_factory: pytest.TempPathFactory,
+    digits_data: Path,
+    digits_task,
+    trained: Path,
+    exported: Path,
+    qat_out,
+    exported_int8: Path,
+):
+    """Every port of the track step: the session fixtures' real step outputs, plus validate
+    and evaluate run here; serving_image's infra.json is written as a machine without an
+    image builder leaves it (test_registry does the same: no server image in this test)."""
+    from components.artifacts import write_json, write_manifest
+    from components.evaluate import EvaluateParams, LatencyParams
+    from components.evaluate import run as evaluate_run
+    from components.track import StepOutputs
+    from components.validate import ValidateParams
+    from components.validate import run as validate_run
+
+    root = tmp_path_factory.mktemp("steps")
+    validate_run(ValidateParams(), digits_data, root / "validate")
+    evaluate_run(
+        EvaluateParams(latency=LatencyParams(batch_sizes=[1], warmup=1, repeats=2)),
+        digits_task,
+        exported_int8,
+        digits_data,
+        root / "evaluate",
+        metrics_file=root / "metrics" / "evaluate.json",
+        plots_file=root / "plots" / "confusion.csv",
+    )
+    infra = root / "serving_image"
+    write_json(
+        infra / "infra.json",
+        {
+            "image": "paddle-mlops/digits-server:0123456789ab",
+            "image_id": None,
+            "built": False,
+            "infra_validated": True,
+        },
+    )
+    (infra / "server.env").write_text("MODEL_DIR=/models/model\n")
+    write_manifest(infra, "serving_image", inputs={"model": exported_int8}, outputs={}, params={})
+    qat_dir, _ = qat_out
+    return StepOutputs(
+        data=digits_data,
+        report=root / "validate",
+        model=trained,
+        exported=exported,
+        int8=qat_dir,
+        bundle=exported_int8,
+        evaluation=root / "evaluate",
+        infra=infra,
+        train_metrics=trained / "metrics.json",
+        qat_metrics=qat_dir.parent / "m.json",
+        evaluate_metrics=root / "metrics" / "evaluate.json",
+        train_plots=trained / "curves.csv",
+        confusion=root / "plots" / "confusion.csv",
+    )
 
 
 SERVER_BIN = REPO / "build" / "serving" / "paddle-mlops-server"

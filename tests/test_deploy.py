@@ -9,11 +9,23 @@ server containers the deploy step starts.
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from types import SimpleNamespace
 
+import numpy as np
+import paddle
 import pytest
 import yaml
 
-from components.artifacts import StepError
+from components.artifacts import StepError, read_json, sha256_tree, write_json
 from components.deploy import (
     FETCH_CONTAINERS,
     SERVER_CONTAINERS,
@@ -23,8 +35,26 @@ from components.deploy import (
     image_repository,
     render,
 )
+from components.deploy import run as deploy_run
+from components.export import ExportParams
+from components.export import run as export_run
 from components.k8s_check import check_manifests
+from components.kserve_client import KServeClient
+from components.promote import PromoteParams
+from components.promote import run as promote_run
+from components.register import RegisterParams
+from components.register import run as register_run
+from components.registry import Registry, RegistryParams
+from components.registry import client as mlflow_client
+from components.runtime import ModelFiles, PaddlePredictor
+from components.serving_image import ServingImageParams
+from components.serving_image import run as serving_image_run
 from components.step import REPO
+from components.track import TrackParams
+from components.track import run as track_run
+from pipelines.containers import free_port
+from tests.conftest import HAVE_PODMAN, NO_PODMAN, mlflow_tracking
+from tests.test_registry import TASK_OPTIONS
 
 DIGEST = "sha256:" + "ab" * 32
 COMPONENTS = "registry.example.com/paddle-mlops/components@sha256:" + "cd" * 32
@@ -126,3 +156,295 @@ def test_bad_deploy_params_name_the_field():
 
     with pytest.raises(StepError, match="deploy: target must be one of"):
         run(DeployParams(target="helm"), REPO, REPO / "nowhere")
+
+
+# --------------------------------------------------------------------------- on this machine
+
+HAVE_REGISTRY = shutil.which("docker-registry") is not None
+NAME = "deploy-test-classifier"
+# the blessing is not what these tests are about: any version of this test is blessed
+LENIENT = RegisterParams(min_accuracy=0.0, max_regression=100.0, max_class_regression=100.0)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory):
+    from pipelines.containers import mlflow_server
+
+    root = tmp_path_factory.mktemp("deploy-mlflow")
+    with mlflow_server(root) as uri, mlflow_tracking(uri):
+        yield SimpleNamespace(uri=uri, artifacts=root / "mlartifacts")
+
+
+@pytest.fixture(scope="module")
+def oci_registry(tmp_path_factory: pytest.TempPathFactory):
+    """A real OCI registry (Debian's docker-registry) on 127.0.0.1, plain HTTP, declared
+    insecure to podman through its own registries.conf."""
+    if not HAVE_PODMAN:
+        pytest.skip(NO_PODMAN)
+    if not HAVE_REGISTRY:
+        pytest.skip("docker-registry not installed (.ci/run installs it)")
+    root = tmp_path_factory.mktemp("oci-registry")
+    port = free_port()
+    (root / "config.yml").write_text(
+        yaml.safe_dump(
+            {
+                "version": 0.1,
+                "log": {"level": "warn"},
+                "storage": {"filesystem": {"rootdirectory": str(root / "data")}},
+                "http": {"addr": f"127.0.0.1:{port}"},
+            }
+        )
+    )
+    host = f"127.0.0.1:{port}"
+    (root / "registries.conf").write_text(f'[[registry]]\nlocation = "{host}"\ninsecure = true\n')
+    log_file = open(root / "registry.log", "w")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(
+        ["docker-registry", "serve", str(root / "config.yml")],
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    saved = os.environ.get("CONTAINERS_REGISTRIES_CONF")
+    os.environ["CONTAINERS_REGISTRIES_CONF"] = str(root / "registries.conf")
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://{host}/v2/", timeout=2):
+                    break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError((root / "registry.log").read_text()[-2000:]) from None
+                time.sleep(0.2)
+        yield host
+    finally:
+        if saved is None:
+            os.environ.pop("CONTAINERS_REGISTRIES_CONF", None)
+        else:
+            os.environ["CONTAINERS_REGISTRIES_CONF"] = saved
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+        log_file.close()
+
+
+@pytest.fixture(scope="module")
+def other_export(tmp_path_factory, digits_task, digits_data) -> Path:
+    """A second real model with other weights (another seed, not trained): other answers."""
+    root = tmp_path_factory.mktemp("other")
+    paddle.seed(11)
+    model = digits_task.build_model(10)
+    (root / "train").mkdir()
+    paddle.save(model.state_dict(), str(root / "train" / "model.pdparams"))
+    write_json(root / "train" / "model_meta.json", {"num_classes": 10})
+    export_run(ExportParams(), digits_task, root / "train", digits_data, root / "export")
+    return root / "export"
+
+
+def release_version(
+    server, host: str, images: dict, step_outputs, bundle: Path, root: Path, task, data: Path
+) -> Path:
+    """The pipeline's own steps from serving_image to promote, for ``bundle``: the image is
+    built, infra-validated, tracked, registered, blessed, pushed to ``host`` and promoted."""
+    infra = root / "infra"
+    serving_image_run(
+        ServingImageParams(
+            image_repository=f"{host}/paddle-mlops/digits-server",
+            builder="podman",
+            server_image=images["server"]["ref"],
+            variants=["fp32"],
+            golden_samples=16,
+            latency_requests=5,
+        ),
+        task,
+        bundle,
+        data,
+        infra,
+    )
+    outputs = dataclasses.replace(step_outputs, bundle=bundle, infra=infra)
+    all_params = {"task": {"name": "digits", "options": TASK_OPTIONS}}
+    track_run(TrackParams(experiment="deploy-tests"), all_params, root / "track", outputs)
+    register_run(
+        LENIENT,
+        task,
+        root / "track",
+        data,
+        root / "register",
+        registry_params=RegistryParams(model_name=NAME),
+        tracking_uri=server.uri,
+    )
+    promote_run(
+        PromoteParams(auto_promote=True, push=True),
+        root / "register",
+        infra,
+        root / "promote",
+        registry_params=RegistryParams(model_name=NAME),
+    )
+    return root / "promote"
+
+
+def served(url: str, bundle: Path, golden: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the server's logits, the in-process Paddle Inference logits of ``bundle``)."""
+    signature = read_json(bundle / "signature.json")
+    got = KServeClient(url).infer(NAME, {signature["inputs"][0]["name"]: golden}, binary=True)
+    program = bundle / signature["formats"]["pir"]["program"]
+    expected = PaddlePredictor(ModelFiles.in_dir(program.parent, program.stem)).predict([golden])
+    return got[signature["outputs"][0]["name"]], expected
+
+
+def assert_serves(url: str, bundle: Path, golden: np.ndarray, version: int) -> np.ndarray:
+    got, expected = served(url, bundle, golden)
+    np.testing.assert_allclose(got, expected, atol=1e-4, rtol=1e-3)
+    meta = KServeClient(url)._request("GET", f"/v2/models/{NAME}")
+    assert str(version) in json.loads(meta[2])["versions"]
+    return got
+
+
+def test_promote_serve_rollback_with_real_containers(
+    server, oci_registry, images, step_outputs, exported, other_export, digits_task,
+    digits_data, tmp_path, monkeypatch,
+):  # fmt: skip
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", server.uri)
+    params = DeployParams(
+        target="podman",
+        server_variant="fp32",
+        local_port=free_port(),
+        local_name=f"paddle-mlops-deploy-test-{os.getpid()}",
+        local_state_dir=str(tmp_path / "state"),
+        rollout_timeout_s=120,
+    )
+    golden = digits_task.preprocess(digits_task.read_split(digits_data, "test")[0][:16])[0]
+    args = (server, oci_registry, images, step_outputs)
+    try:
+        promoted = release_version(*args, exported, tmp_path / "v1", digits_task, digits_data)
+        first = deploy_run(params, promoted, tmp_path / "deploy1")
+        assert (first["version"], first["deployed"]) == (1, True)
+        assert first["image"].startswith(f"{oci_registry}/paddle-mlops/digits-server@sha256:")
+        one = assert_serves(first["local"]["url"], exported, golden, 1)
+
+        promoted = release_version(*args, other_export, tmp_path / "v2", digits_task, digits_data)
+        second = deploy_run(params, promoted, tmp_path / "deploy2")
+        assert second["version"] == 2 and second["image"] != first["image"]
+        two = assert_serves(second["local"]["url"], other_export, golden, 2)
+        assert not np.allclose(one, two, atol=1e-2)  # the check can tell the versions apart
+
+        # rollback in the registry, then the deploy step's CLI (what a user runs)
+        Registry(mlflow_client(server.uri), NAME, RegistryParams()).rollback(reason="test")
+        params_file = tmp_path / "params.yaml"
+        params_file.write_text(
+            yaml.safe_dump(
+                {
+                    "deploy": dataclasses.asdict(params),
+                    "registry": {"model_name": NAME},
+                }
+            )
+        )
+        proc = subprocess.run(
+            [sys.executable, "-m", "components", "deploy", "--params", str(params_file),
+             "--promotion", str(promoted), "--deployment", str(tmp_path / "deploy3")],
+            cwd=REPO, capture_output=True, text=True, timeout=600,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        third = read_json(tmp_path / "deploy3" / "deployment.json")
+        assert third["version"] == 1 and third["image"] == first["image"]
+        assert_serves(third["local"]["url"], exported, golden, 1)
+        # one server container, labelled with the version it serves
+        label = subprocess.run(
+            ["podman", "inspect", "--format", '{{index .Config.Labels "' + VERSION_LABEL + '"}}',
+             params.local_name],
+            capture_output=True, text=True, check=True,
+        ).stdout.strip()  # fmt: skip
+        assert label == "1"
+    finally:
+        subprocess.run(["podman", "rm", "--force", params.local_name], capture_output=True)
+        subprocess.run(
+            ["podman", "rm", "--force", f"{params.local_name}-previous"], capture_output=True
+        )
+
+
+@pytest.fixture(scope="module")
+def unpushed(server, step_outputs, tmp_path_factory, digits_task, digits_data):
+    """A version registered by the real track and register steps whose image was never
+    pushed (no digest), under alias ``candidate``: what a laptop run without a registry
+    leaves."""
+    root = tmp_path_factory.mktemp("unpushed")
+    all_params = {"task": {"name": "digits", "options": TASK_OPTIONS}}
+    track_run(TrackParams(experiment="deploy-tests"), all_params, root / "track", step_outputs)
+    result = register_run(
+        LENIENT,
+        digits_task,
+        root / "track",
+        digits_data,
+        root / "register",
+        registry_params=RegistryParams(model_name=NAME),
+        tracking_uri=server.uri,
+    )
+    client = mlflow_client(server.uri)
+    client.set_registered_model_alias(NAME, "candidate", str(result.version))
+    write_json(root / "promote" / "promotion.json", {"model": NAME, "version": result.version})
+    return SimpleNamespace(version=result.version, promotion=root / "promote", root=root)
+
+
+def test_deploy_refuses_a_version_without_an_image_digest(server, unpushed, tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", server.uri)
+    params = DeployParams(target="podman", alias="candidate", local_state_dir=str(tmp_path))
+    with pytest.raises(StepError, match=r"refusing to deploy:\n.*no serving image digest"):
+        deploy_run(params, unpushed.promotion, tmp_path / "out")
+    assert not (tmp_path / "out").exists()  # nothing that looks like a deployment
+    # render-only (a laptop): recorded, not an error
+    record = deploy_run(DeployParams(alias="candidate"), unpushed.promotion, tmp_path / "out")
+    assert record["deployed"] is False and "no serving image digest" in record["refused"]
+
+
+def test_fetch_model_verifies_places_and_is_idempotent(server, unpushed, exported_int8, tmp_path):
+    from components.fetch_model import MARKER, fetch
+
+    uri = f"models:/{NAME}@candidate"
+    got = fetch(uri, tmp_path / "m", tracking=server.uri)
+    assert (got.version, got.fetched) == (unpushed.version, True)
+    files = {k: v for k, v in sha256_tree(tmp_path / "m").items() if k != MARKER}
+    assert files == sha256_tree(exported_int8)  # the serving bundle, byte for byte
+    assert fetch(uri, tmp_path / "m", tracking=server.uri).fetched is False  # already there
+    (tmp_path / "mount").mkdir()  # an emptyDir mount point: filled in place
+    assert fetch(f"models:/{NAME}/{unpushed.version}", tmp_path / "mount", tracking=server.uri)
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "stray.txt").write_text("x")
+    with pytest.raises(StepError, match="not empty and not a verified copy"):
+        fetch(uri, tmp_path / "other", tracking=server.uri)
+
+
+def test_fetch_model_cli_names_a_bad_uri_and_a_missing_version(server, tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO), "MLFLOW_TRACKING_URI": server.uri}
+    for uri, message in (
+        ("s3://bucket/model", "expected models:/NAME/VERSION or models:/NAME@ALIAS"),
+        (f"models:/{NAME}/999", f"models:/{NAME}/999: not in the registry"),
+    ):
+        proc = subprocess.run(
+            [sys.executable, "-m", "components", "fetch-model", uri, str(tmp_path / "m")],
+            capture_output=True, text=True, timeout=300, env=env, cwd=REPO,
+        )  # fmt: skip
+        assert proc.returncode != 0
+        assert message in proc.stderr and "Traceback" not in proc.stderr
+        assert not (tmp_path / "m").exists()
+
+
+def test_fetch_model_refuses_files_changed_after_registration(server, unpushed, tmp_path):
+    """Last in the module: it corrupts the artifact store of the version it checks."""
+    from components.fetch_model import fetch
+
+    client = mlflow_client(server.uri)
+    model_id = client.get_model_version(NAME, str(unpushed.version)).tags["mlflow_model_id"]
+    params = [
+        p
+        for p in server.artifacts.rglob("*.pdiparams")
+        if model_id in p.as_posix() and "int8" not in p.as_posix()
+    ]
+    assert params, f"no stored .pdiparams of {model_id} under {server.artifacts}"
+    data = bytearray(params[0].read_bytes())
+    data[-1] ^= 0xFF
+    params[0].write_bytes(bytes(data))
+    with pytest.raises(
+        StepError, match="its files changed after registration; refusing to serve it"
+    ):
+        fetch(f"models:/{NAME}/{unpushed.version}", tmp_path / "m", tracking=server.uri)
+    assert not (tmp_path / "m").exists()

@@ -104,7 +104,7 @@ def test_changing_train_params_reruns_train_and_downstream_only(repo):
     assert ran(proc) == list(STAGES[STAGES.index("train") :])
 
 
-def test_mlflow_run_holds_params_metrics_curves_and_artifacts(repo):
+def test_mlflow_run_holds_params_metrics_curves_and_artifacts(repo, tmp_path):
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=f"sqlite:///{repo / 'mlflow.db'}")
@@ -166,16 +166,29 @@ def test_mlflow_run_holds_params_metrics_curves_and_artifacts(repo):
         return out
 
     parent_files = files(parent.info.run_id)
+    assert {"plots/train.csv", "plots/confusion.csv", "metrics/qat.json"} <= parent_files
+    # the packaged bundle is the run's MLflow model (a LoggedModel), byte for byte
+    import mlflow
+
+    model = client.get_logged_model(run_json["model_id"])
+    assert model.source_run_id == parent.info.run_id
+    assert model.tags["bundle_sha256"] == parent.data.tags["bundle_sha256"]
+    root = mlflow.artifacts.download_artifacts(
+        artifact_uri=model.artifact_location,
+        dst_path=str(tmp_path),
+        tracking_uri=f"sqlite:///{repo / 'mlflow.db'}",
+    )
+    model_files = sha256_tree(root)
     assert {
-        "model/model.json",
-        "model/model.pdiparams",
-        "model/signature.json",
-        "model/legacy/model.pdmodel",
-        "model/int8/openvino/model.xml",
-        "plots/train.csv",
-        "plots/confusion.csv",
-        "metrics/qat.json",
-    } <= parent_files
+        "MLmodel",
+        "artifacts/bundle/model.json",
+        "artifacts/bundle/model.pdiparams",
+        "artifacts/bundle/signature.json",
+        "artifacts/bundle/legacy/model.pdmodel",
+        "artifacts/bundle/int8/openvino/model.xml",
+    } <= set(model_files)
+    bundle = sha256_tree(repo / "outputs" / "package")
+    assert {f"artifacts/bundle/{k}": v for k, v in bundle.items()}.items() <= model_files.items()
     validate_files = files(by_step["validate"].info.run_id)
     assert "great_expectations/data_docs/index.html" in validate_files
     assert "great_expectations/result.json" in validate_files

@@ -129,7 +129,9 @@ def test_only_a_blessed_model_gets_an_image_and_the_champion_alias(compiled):
     assert "build_in_cluster'] == true" in cluster["triggerPolicy"]["condition"]
     assert local["triggerPolicy"]["condition"].startswith("!(")
     in_cluster = _sub_dag(compiled, cluster)
-    assert set(in_cluster) == {"kaniko-build-op", "promote-op"}
+    assert set(in_cluster) == {"kaniko-build-op", "promote-op", "deploy-op"}
+    # the champion is deployed after its promotion, in both branches
+    assert in_cluster["deploy-op"]["dependentTasks"] == ["promote-op"]
     # the pushed image's digest flows into the promotion (and the version's tags)
     digest = in_cluster["promote-op"]["inputs"]["parameters"]["image_digest"]
     assert digest["taskOutputParameter"] == {
@@ -138,7 +140,8 @@ def test_only_a_blessed_model_gets_an_image_and_the_champion_alias(compiled):
     }
     kaniko = in_cluster["kaniko-build-op"]["inputs"]["artifacts"]["context"]
     assert kaniko["componentInputArtifact"].endswith("serving-image-op-infra")
-    assert list(_sub_dag(compiled, local)) == ["promote-op-2"]
+    assert sorted(_sub_dag(compiled, local)) == ["deploy-op-2", "promote-op-2"]
+    assert _sub_dag(compiled, local)["deploy-op-2"]["dependentTasks"] == ["promote-op-2"]
     container = compiled["deploymentSpec"]["executors"]["exec-kaniko-build-op"]["container"]
     assert container["image"].startswith("gcr.io/kaniko-project/executor")
     assert "--digest-file" in container["args"] and "--destination" in container["args"]

@@ -25,7 +25,14 @@ from components.promote import PromoteParams
 from components.promote import run as promote_run
 from components.register import RegisterParams
 from components.register import run as register_run
-from components.registry import CHALLENGER, CHAMPION, PREVIOUS, Registry, RegistryParams
+from components.registry import (
+    CHALLENGER,
+    CHAMPION,
+    PREVIOUS,
+    Registry,
+    RegistryParams,
+    global_tracking_uri,
+)
 from tests.conftest import REPO
 
 PARAMS = RegisterParams(min_accuracy=0.5)
@@ -63,17 +70,34 @@ def bad_export(tmp_path_factory, digits_task, digits_data) -> Path:
     return root / "export"
 
 
-def tracked_run(uri: str, export_dir: Path, dest: Path, tags: dict[str, str]) -> Path:
-    """What the track step leaves: an MLflow run with model/ artifacts and lineage tags."""
-    from mlflow import MlflowClient
+# the digits_task fixture's options (what params.yaml: task.options would say)
+TASK_OPTIONS = {"conv_channels": [6, 16], "augment_shift": 1}
 
-    client = MlflowClient(tracking_uri=uri)
-    exp = client.get_experiment_by_name("registry-tests")
-    exp_id = exp.experiment_id if exp else client.create_experiment("registry-tests")
-    run = client.create_run(exp_id, tags=tags)
-    client.log_artifacts(run.info.run_id, str(export_dir), "model")
-    client.set_terminated(run.info.run_id)
-    write_json(dest, {"run_id": run.info.run_id, "tracking_uri": uri})
+
+def tracked_run(
+    uri: str, export_dir: Path, data_dir: Path, dest: Path, tags: dict[str, str]
+) -> Path:
+    """What the track step leaves: an MLflow run with lineage tags, the bundle logged as its
+    MLflow model (components.mlflow_model, as track logs it) and run.json naming both."""
+    import mlflow
+
+    from components.mlflow_model import BUNDLE_TAG, log_bundle_model
+
+    with global_tracking_uri(uri):
+        experiment = mlflow.set_experiment("registry-tests")
+        with mlflow.start_run(experiment_id=experiment.experiment_id, tags=tags) as run:
+            logged = log_bundle_model(export_dir, data_dir, "digits", TASK_OPTIONS)
+            mlflow.set_tag(BUNDLE_TAG, logged.bundle_sha256)
+    write_json(
+        dest,
+        {
+            "run_id": run.info.run_id,
+            "tracking_uri": uri,
+            "model_id": logged.model_id,
+            "model_uri": logged.model_uri,
+            BUNDLE_TAG: logged.bundle_sha256,
+        },
+    )
     return dest
 
 
@@ -107,7 +131,7 @@ def register(
     auto_promote=True,
 ) -> SimpleNamespace:
     """The register then the promote step, as the pipeline runs them."""
-    run_file = tracked_run(server, export_dir, tmp_path / "run.json", tags)
+    run_file = tracked_run(server, export_dir, digits_data, tmp_path / "run.json", tags)
     registered = register_run(
         params,
         digits_task,
@@ -145,17 +169,26 @@ def test_first_model_is_blessed_and_becomes_champion(
     blessing = read_json(tmp_path / "out" / "blessing.json")
     assert blessing["blessed"] and blessing["champion"] is None
     assert blessing["challenger"]["accuracy"] > 0.5
-    # the registered files are the export: fp32 PIR, legacy, signature
+    # the registered files are an MLflow model whose bundle is the export, byte for byte:
+    # fp32 PIR, legacy, signature
     import mlflow
+
+    from components.artifacts import sha256_tree
+    from components.mlflow_model import bundle_dir, bundle_sha256
 
     version = reg.aliases()[CHAMPION]
     source = reg.client.get_model_version_download_uri("digits-classifier", str(version))
-    files = os.listdir(
+    root = Path(
         mlflow.artifacts.download_artifacts(
             artifact_uri=source, dst_path=str(tmp_path / "dl"), tracking_uri=server
         )
     )
+    assert "MLmodel" in os.listdir(root)
+    bundle = bundle_dir(root)
+    files = os.listdir(bundle)
     assert {"model.json", "model.pdiparams", "signature.json", "legacy"} <= set(files)
+    assert sha256_tree(bundle) == sha256_tree(exported)
+    assert tags["bundle_sha256"] == bundle_sha256(exported)
 
 
 def test_worse_challenger_is_not_promoted_and_says_why(
