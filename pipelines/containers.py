@@ -78,39 +78,54 @@ def _healthy(uri: str) -> bool:
 
 
 @contextmanager
-def mlflow_server(root: Path) -> Iterator[str]:
-    """A real tracking server on 127.0.0.1 (SQLite, proxied artifact store)."""
+def mlflow_server_process(
+    root: Path, *, app_name: str | None = None, env: dict[str, str] | None = None
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """A real tracking server on 127.0.0.1 (SQLite, proxied artifact store): (URI, process).
+
+    ``app_name`` e.g. ``basic-auth``; ``env`` its environment (default: this process's). The
+    backend store URI is passed as ``MLFLOW_BACKEND_STORE_URI``, as k8s/mlflow does (no
+    database credentials on a command line).
+    """
     port = free_port()
-    log_file = open(root / "mlflow-server.log", "w")  # noqa: SIM115 - closed below
+    log_path = root / "mlflow-server.log"
+    log_file = open(log_path, "w")  # noqa: SIM115 - closed below
+    cmd = [str(Path(sys.executable).parent / "mlflow"), "server"]
+    cmd += ["--app-name", app_name] if app_name else []
+    cmd += ["--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+    cmd += ["--artifacts-destination", str(root / "mlartifacts")]
     proc = subprocess.Popen(
-        [
-            str(Path(sys.executable).parent / "mlflow"),
-            "server",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--workers",
-            "1",
-            "--backend-store-uri",
-            f"sqlite:///{root / 'mlflow.db'}",
-            "--artifacts-destination",
-            str(root / "mlartifacts"),
-        ],
+        cmd,
+        env={
+            **(os.environ if env is None else env),
+            "MLFLOW_BACKEND_STORE_URI": f"sqlite:///{root / 'mlflow.db'}",
+        },
         stdout=log_file,
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
     uri = f"http://127.0.0.1:{port}"
     try:
-        wait_for(lambda: _healthy(uri) or proc.poll() is not None, "mlflow server", 90)
+        wait_for(lambda: _healthy(uri) or proc.poll() is not None, "mlflow server", 120)
         if proc.poll() is not None:
-            raise SystemExit((root / "mlflow-server.log").read_text()[-2000:])
-        yield uri
+            raise SystemExit(log_path.read_text()[-2000:])
+        yield uri, proc
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=30)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
         log_file.close()
+
+
+@contextmanager
+def mlflow_server(root: Path) -> Iterator[str]:
+    """:func:`mlflow_server_process`, no authentication: yields the URI."""
+    with mlflow_server_process(root) as (uri, _):
+        yield uri
 
 
 def run_container(

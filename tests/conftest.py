@@ -101,6 +101,24 @@ def exported_int8(tmp_path_factory: pytest.TempPathFactory, exported: Path, qat_
     return out
 
 
+def untrained_export(root: Path, task, data_dir: Path, seed: int) -> Path:
+    """A model with random weights (``seed``), exported for real: other answers than the
+    trained one, as a broken or a different training run would give."""
+    import paddle
+
+    from components.artifacts import write_json
+    from components.export import ExportParams
+    from components.export import run as export_run
+
+    paddle.seed(seed)
+    model = task.build_model(10)
+    (root / "train").mkdir(parents=True)
+    paddle.save(model.state_dict(), str(root / "train" / "model.pdparams"))
+    write_json(root / "train" / "model_meta.json", {"num_classes": 10})
+    export_run(ExportParams(), task, root / "train", data_dir, root / "export")
+    return root / "export"
+
+
 @contextlib.contextmanager
 def mlflow_tracking(uri: str) -> Iterator[str]:
     """MLflow's global tracking URI set to ``uri`` for the fluent API (``start_run``,

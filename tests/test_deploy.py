@@ -21,7 +21,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
-import paddle
 import pytest
 import yaml
 
@@ -36,8 +35,6 @@ from components.deploy import (
     render,
 )
 from components.deploy import run as deploy_run
-from components.export import ExportParams
-from components.export import run as export_run
 from components.k8s_check import check_manifests
 from components.kserve_client import KServeClient
 from components.promote import PromoteParams
@@ -53,7 +50,7 @@ from components.step import REPO
 from components.track import TrackParams
 from components.track import run as track_run
 from pipelines.containers import free_port
-from tests.conftest import HAVE_PODMAN, NO_PODMAN, mlflow_tracking
+from tests.conftest import HAVE_PODMAN, NO_PODMAN, mlflow_tracking, untrained_export
 from tests.test_registry import TASK_OPTIONS
 
 DIGEST = "sha256:" + "ab" * 32
@@ -230,14 +227,7 @@ def oci_registry(tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture(scope="module")
 def other_export(tmp_path_factory, digits_task, digits_data) -> Path:
     """A second real model with other weights (another seed, not trained): other answers."""
-    root = tmp_path_factory.mktemp("other")
-    paddle.seed(11)
-    model = digits_task.build_model(10)
-    (root / "train").mkdir()
-    paddle.save(model.state_dict(), str(root / "train" / "model.pdparams"))
-    write_json(root / "train" / "model_meta.json", {"num_classes": 10})
-    export_run(ExportParams(), digits_task, root / "train", digits_data, root / "export")
-    return root / "export"
+    return untrained_export(tmp_path_factory.mktemp("other_export"), digits_task, digits_data, 11)
 
 
 def release_version(

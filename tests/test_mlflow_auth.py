@@ -9,13 +9,9 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +21,7 @@ import pytest
 
 from components import mlflow_auth
 from components.artifacts import StepError
+from pipelines.containers import mlflow_server_process
 from tests.conftest import REPO
 
 EXPERIMENT = "auth-test"
@@ -34,20 +31,6 @@ CREDS_ENV = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRA
 
 def _password() -> str:
     return "pw-" + secrets.token_urlsafe(18)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _healthy(uri: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{uri}/health", timeout=2) as resp:
-            return resp.status == 200
-    except OSError:
-        return False
 
 
 @dataclass
@@ -99,58 +82,16 @@ def auth_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AuthServer
         "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
     )
     ini.chmod(0o600)
-    port = _free_port()
-    uri = f"http://127.0.0.1:{port}"
     env = {k: v for k, v in os.environ.items() if k not in CREDS_ENV}
     env.update(
         MLFLOW_AUTH_CONFIG_PATH=str(ini),
-        # as in k8s/mlflow: the backend store URI from the environment, not argv
-        MLFLOW_BACKEND_STORE_URI=f"sqlite:///{root / 'mlflow.db'}",
         MLFLOW_FLASK_SERVER_SECRET_KEY=secrets.token_hex(16),
         MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false",
         MLFLOW_DISABLE_TELEMETRY="true",
     )
-    log_path = root / "server.log"
-    with open(log_path, "w") as log_file:
-        proc = subprocess.Popen(
-            [
-                str(Path(sys.executable).parent / "mlflow"),
-                "server",
-                "--app-name",
-                "basic-auth",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--workers",
-                "1",
-                "--artifacts-destination",
-                str(root / "artifacts"),
-            ],
-            env=env,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    try:
-        deadline = time.monotonic() + 120
-        while not _healthy(uri):
-            if proc.poll() is not None:
-                pytest.fail(
-                    f"mlflow server exited {proc.returncode}:\n{log_path.read_text()[-3000:]}"
-                )
-            if time.monotonic() > deadline:
-                pytest.fail(f"mlflow server not healthy in 120 s:\n{log_path.read_text()[-3000:]}")
-            time.sleep(0.3)
-        yield AuthServer(uri, proc.pid, ini, log_path, admin)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
+    # the backend store URI from the environment, not argv (as in k8s/mlflow)
+    with mlflow_server_process(root, app_name="basic-auth", env=env) as (uri, proc):
+        yield AuthServer(uri, proc.pid, ini, root / "mlflow-server.log", admin)
 
 
 @contextlib.contextmanager

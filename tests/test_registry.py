@@ -15,12 +15,9 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-import paddle
 import pytest
 
 from components.artifacts import StepError, read_json, write_json
-from components.export import ExportParams
-from components.export import run as export_run
 from components.promote import PromoteParams
 from components.promote import run as promote_run
 from components.register import RegisterParams
@@ -33,7 +30,7 @@ from components.registry import (
     RegistryParams,
     global_tracking_uri,
 )
-from tests.conftest import REPO
+from tests.conftest import REPO, untrained_export
 
 PARAMS = RegisterParams(min_accuracy=0.5)
 REGISTRY = RegistryParams()
@@ -60,14 +57,7 @@ def server(tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture(scope="module")
 def bad_export(tmp_path_factory, digits_task, digits_data) -> Path:
     """An untrained model, exported for real: what a broken training run would ship."""
-    root = tmp_path_factory.mktemp("bad")
-    paddle.seed(7)
-    model = digits_task.build_model(10)
-    (root / "train").mkdir()
-    paddle.save(model.state_dict(), str(root / "train" / "model.pdparams"))
-    write_json(root / "train" / "model_meta.json", {"num_classes": 10})
-    export_run(ExportParams(), digits_task, root / "train", digits_data, root / "export")
-    return root / "export"
+    return untrained_export(tmp_path_factory.mktemp("bad_export"), digits_task, digits_data, 7)
 
 
 # the digits_task fixture's options (what params.yaml: task.options would say)
