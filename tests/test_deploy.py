@@ -418,6 +418,35 @@ def test_fetch_model_cli_names_a_bad_uri_and_a_missing_version(server, tmp_path)
         assert not (tmp_path / "m").exists()
 
 
+@pytest.mark.parametrize(
+    ("uri", "shown"),
+    [
+        ("http://pipeline:s3cr3t@mlflow:5000", "http://***@mlflow:5000"),
+        ("postgresql://u:s3cr3t@db/mlflow?sslpassword=s3cr3t&x=1", "postgresql://***@db/mlflow"),
+        ("sqlite:///mlflow.db", "sqlite:///mlflow.db"),
+        ("http://127.0.0.1:5000", "http://127.0.0.1:5000"),
+    ],
+)
+def test_tracking_uris_are_shown_without_credentials(uri, shown):
+    from components.registry import redact_uri
+
+    assert redact_uri(uri).startswith(shown) and "s3cr3t" not in redact_uri(uri)
+
+
+def test_fetch_model_never_prints_the_credentials_of_its_tracking_uri(server, unpushed, tmp_path):
+    """Credentials in the URI reach the server (basic auth) but no log line."""
+    secret_uri = server.uri.replace("http://", "http://deploy:s3cr3t-pw@")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "MLFLOW_TRACKING_URI": secret_uri}
+    proc = subprocess.run(
+        [sys.executable, "-m", "components", "fetch-model", f"models:/{NAME}@candidate",
+         str(tmp_path / "m")],
+        capture_output=True, text=True, timeout=300, env=env, cwd=REPO,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "s3cr3t-pw" not in proc.stdout + proc.stderr
+    assert "***@127.0.0.1" in proc.stderr  # the download is logged, redacted
+
+
 def test_fetch_model_refuses_files_changed_after_registration(server, unpushed, tmp_path):
     """Last in the module: it corrupts the artifact store of the version it checks."""
     from components.fetch_model import fetch
