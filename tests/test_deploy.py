@@ -447,6 +447,18 @@ def test_fetch_model_never_prints_the_credentials_of_its_tracking_uri(server, un
     assert "***@127.0.0.1" in proc.stderr  # the download is logged, redacted
 
 
+def test_kubernetes_target_without_a_cluster_is_a_readable_error(tmp_path, monkeypatch):
+    """No in-cluster service account and no kubeconfig: a clear error, not a traceback
+    (this machine has no cluster: the apply itself is not exercised here)."""
+    from components.deploy import apply_kubernetes
+
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "absent-kubeconfig"))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    docs = render(REL, DeployParams(manifests=["deployment"]), REPO / "k8s", COMPONENTS)
+    with pytest.raises(StepError, match="no in-cluster config and no usable kubeconfig"):
+        apply_kubernetes(docs["deployment"], DeployParams(target="kubernetes"))
+
+
 def test_fetch_model_refuses_files_changed_after_registration(server, unpushed, tmp_path):
     """Last in the module: it corrupts the artifact store of the version it checks."""
     from components.fetch_model import fetch
