@@ -40,6 +40,7 @@ from components.artifacts import (
 from components.config import params_sha256
 from components.step import DATA, In, Out, Step
 from components.tasks import Task
+from components.tasks.base import TrainSettings
 
 log = logging.getLogger(__name__)
 
@@ -183,19 +184,26 @@ class _Trainer:
     scheduler: Any
     amp: AmpMode
     scaler: Any
+    per_batch: bool  # the schedule advances after every batch (else after every epoch)
 
     @classmethod
-    def build(cls, params: TrainParams, task: Task, num_classes: int, amp: AmpMode) -> _Trainer:
+    def build(
+        cls, params: TrainParams, task: Task, num_classes: int, amp: AmpMode, n_train: int
+    ) -> _Trainer:
         paddle.seed(params.seed)
         model = task.build_model(num_classes)
-        scheduler = paddle.optimizer.lr.StepDecay(
-            learning_rate=params.learning_rate, step_size=params.lr_step_size, gamma=params.lr_gamma
+        recipe = task.optimization(  # the task owns its optimizer and schedule
+            model,
+            TrainSettings(
+                learning_rate=params.learning_rate,
+                weight_decay=params.weight_decay,
+                epochs=params.epochs,
+                steps_per_epoch=math.ceil(n_train / params.batch_size),
+                lr_step_size=params.lr_step_size,
+                lr_gamma=params.lr_gamma,
+            ),
         )
-        opt = paddle.optimizer.Adam(
-            learning_rate=scheduler,
-            parameters=model.parameters(),
-            weight_decay=params.weight_decay or None,
-        )
+        opt, scheduler = recipe.optimizer, recipe.scheduler
         scaler = None
         if amp.enabled:
             if amp.level == "O2":
@@ -204,7 +212,7 @@ class _Trainer:
                 )
             if amp.dtype == "float16":
                 scaler = paddle.amp.GradScaler(init_loss_scaling=2.0**15)
-        return cls(model, opt, scheduler, amp, scaler)
+        return cls(model, opt, scheduler, amp, scaler, recipe.per_batch)
 
     def step(self, batch: list[paddle.Tensor], y: paddle.Tensor) -> tuple[float, int]:
         """One optimizer step; the batch's loss and number of correct predictions."""
@@ -224,6 +232,8 @@ class _Trainer:
             loss.backward()
             self.opt.step()
         self.opt.clear_grad()
+        if self.per_batch:
+            self.scheduler.step()
         return float(loss), int((logits.argmax(axis=1) == y).astype("int64").sum())
 
     def epoch(
@@ -301,11 +311,12 @@ def _fit(
         paddle.seed(params.seed * 1000 + epoch)
         t0 = time.perf_counter()
         rng = np.random.default_rng([params.seed, epoch])
+        lr = trainer.scheduler.get_lr()  # at the epoch's start
         train_loss, train_acc = trainer.epoch(task, x_train, y_train, params.batch_size, rng)
         state["train_seconds"] += time.perf_counter() - t0
         state["samples_seen"] += len(y_train)
-        lr = trainer.scheduler.get_lr()
-        trainer.scheduler.step()
+        if not trainer.per_batch:
+            trainer.scheduler.step()
 
         val_loss, val_acc = _evaluate(trainer.model, x_val, y_val, params.eval_batch_size)
         row = {
@@ -377,7 +388,7 @@ def run(
 
     data_sha = "".join(sha256_file(dataset.split_path(data_dir, s)) for s in ("train", "val"))
     fingerprint = _fingerprint(params, task_params or {}, data_sha)
-    trainer = _Trainer.build(params, task, len(label_names), amp)
+    trainer = _Trainer.build(params, task, len(label_names), amp, len(y_train))
     state = _resume(trainer, ckpt_dir, fingerprint)
     _fit(trainer, state, params, task, (x_train, y_train, x_val, y_val), ckpt_dir, fingerprint)
     history, best = state["history"], state["best"]

@@ -204,3 +204,57 @@ def test_params_checks(field, value, message):
     with pytest.raises(StepError) as info:
         from_dict(TrainParams, {field: value}, where="p.yaml: train")
     assert str(info.value).startswith(message), str(info.value)
+
+
+def _lrs(curves: Path) -> list[float]:
+    return [float(line.split(",")[-1]) for line in curves.read_text().splitlines()[1:]]
+
+
+def test_the_task_owns_its_optimizer_and_schedule(tmp_path, digits_data, digits_task):
+    """The default recipe (image tasks): Adam, step decay per epoch. A task that brings its
+    own (warmup then linear decay, advanced every batch, clipped gradients) is trained with
+    it: train knows no optimizer."""
+    from components.dataset import read_split
+    from components.tasks.base import Optimization
+
+    run(
+        TrainParams(epochs=3, lr_step_size=2, lr_gamma=0.5, learning_rate=0.01),
+        digits_task,
+        digits_data,
+        tmp_path / "a",
+        checkpoint_dir=tmp_path / "ca",
+        plots_file=tmp_path / "a.csv",
+    )
+    assert _lrs(tmp_path / "a.csv") == pytest.approx([0.01, 0.01, 0.005])
+
+    used = {}
+
+    class WarmupTask(type(digits_task)):
+        def optimization(self, model, settings):
+            total = settings.epochs * settings.steps_per_epoch
+            decay = paddle.optimizer.lr.PolynomialDecay(settings.learning_rate, total, 0.0)
+            scheduler = paddle.optimizer.lr.LinearWarmup(
+                decay, settings.steps_per_epoch, 0.0, settings.learning_rate
+            )
+            used["steps_per_epoch"] = settings.steps_per_epoch
+            optimizer = paddle.optimizer.AdamW(
+                learning_rate=scheduler,
+                parameters=model.parameters(),
+                grad_clip=paddle.nn.ClipGradByGlobalNorm(1.0),
+            )
+            return Optimization(optimizer, scheduler, per_batch=True)
+
+    task = WarmupTask.from_options({})
+    run(
+        TrainParams(epochs=3, batch_size=32, learning_rate=0.01),
+        task,
+        digits_data,
+        tmp_path / "b",
+        checkpoint_dir=tmp_path / "cb",
+        plots_file=tmp_path / "b.csv",
+    )
+    n_train = len(read_split(digits_data, "train").labels)
+    assert used["steps_per_epoch"] == -(-n_train // 32)
+    # at each epoch's start: 0 (warmup begins), the peak after one epoch of batches, then decay
+    lrs = _lrs(tmp_path / "b.csv")
+    assert lrs[0] == 0.0 and lrs[1] == pytest.approx(0.01, rel=1e-6) and 0 < lrs[2] < 0.01

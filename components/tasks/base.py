@@ -25,6 +25,28 @@ class TensorSpec:
         return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
 
 
+@dataclass(frozen=True)
+class TrainSettings:
+    """The ``train`` params a task's recipe reads (the train step fills it)."""
+
+    learning_rate: float
+    weight_decay: float
+    epochs: int
+    steps_per_epoch: int
+    lr_step_size: int  # the step-decay recipe's (image tasks)
+    lr_gamma: float
+
+
+@dataclass(frozen=True)
+class Optimization:
+    """What a task trains with: the optimizer, its learning-rate schedule, and whether the
+    schedule advances after every batch (warmup/decay recipes) or after every epoch."""
+
+    optimizer: paddle.optimizer.Optimizer
+    scheduler: paddle.optimizer.lr.LRScheduler
+    per_batch: bool = False
+
+
 class Task(abc.ABC):
     """A model family with its data reader, preprocessing and input signature."""
 
@@ -51,6 +73,21 @@ class Task(abc.ABC):
     @abc.abstractmethod
     def preprocess(self, raw: np.ndarray) -> list[np.ndarray]:
         """Turn a batch of stored samples into model inputs (one array per input spec)."""
+
+    def optimization(self, model: paddle.nn.Layer, settings: TrainSettings) -> Optimization:
+        """The optimizer and schedule of this task's recipe. Default (the image tasks): Adam,
+        the learning rate multiplied by ``lr_gamma`` every ``lr_step_size`` epochs."""
+        scheduler = paddle.optimizer.lr.StepDecay(
+            learning_rate=settings.learning_rate,
+            step_size=settings.lr_step_size,
+            gamma=settings.lr_gamma,
+        )
+        optimizer = paddle.optimizer.Adam(
+            learning_rate=scheduler,
+            parameters=model.parameters(),
+            weight_decay=settings.weight_decay or None,
+        )
+        return Optimization(optimizer, scheduler)
 
     def augment(self, inputs: list[np.ndarray], rng: np.random.Generator) -> list[np.ndarray]:
         """Training-time augmentation of a preprocessed batch (default: none)."""
