@@ -28,7 +28,6 @@ no champion yet (nothing was ever blessed) there is nothing to deploy: it says s
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import logging
 import os
@@ -143,19 +142,21 @@ def release(registry: Registry, version: int) -> Release:
 # --------------------------------------------------------------------------- rendering
 
 
-def load_templates(directory: Path) -> list[dict[str, Any]]:
-    """The documents of the files ``directory/kustomization.yaml`` lists under resources."""
+def load_templates(directory: Path) -> tuple[list[dict[str, Any]], list[str]]:
+    """The documents of the files ``directory/kustomization.yaml`` lists under resources,
+    and the names of its ConfigMap generators."""
+    from components.k8s_check import load_manifests
+
     kustomization = directory / "kustomization.yaml"
     if not kustomization.is_file():
         raise StepError(f"{kustomization}: missing (deploy.templates points at the k8s/ dir)")
-    listed = (yaml.safe_load(kustomization.read_text()) or {}).get("resources") or []
-    docs = []
-    for name in listed:
-        path = directory / name
+    spec = yaml.safe_load(kustomization.read_text()) or {}
+    paths = [directory / name for name in spec.get("resources") or []]
+    for path in paths:
         if not path.is_file():
-            raise StepError(f"{kustomization}: resource {name} is not a file below it")
-        docs += [d for d in yaml.safe_load_all(path.read_text()) if d]
-    return docs
+            raise StepError(f"{kustomization}: resource {path.name} is not a file below it")
+    generators = [g["name"] for g in spec.get("configMapGenerator") or []]
+    return load_manifests(paths), generators
 
 
 def server_env_configmap(directory: Path, name: str) -> dict[str, Any]:
@@ -178,11 +179,6 @@ def server_env_configmap(directory: Path, name: str) -> dict[str, Any]:
         },
         "data": data,
     }
-
-
-def _generator_names(directory: Path) -> list[str]:
-    kustomization = yaml.safe_load((directory / "kustomization.yaml").read_text()) or {}
-    return [g["name"] for g in kustomization.get("configMapGenerator") or []]
 
 
 def _pod_spec(doc: dict[str, Any]) -> dict[str, Any] | None:
@@ -210,8 +206,8 @@ def render(
     rendered = {}
     for variant in params.manifests:
         directory = templates / ("serving" if variant == "deployment" else "kserve")
-        docs = copy.deepcopy(load_templates(directory))
-        configmaps = {n: server_env_configmap(directory, n) for n in _generator_names(directory)}
+        docs, generators = load_templates(directory)  # fresh objects: pinned in place
+        configmaps = {n: server_env_configmap(directory, n) for n in generators}
         labels = {MODEL_LABEL: rel.model, VERSION_LABEL: str(rel.version)}
         for doc in docs:
             meta = doc.setdefault("metadata", {})

@@ -57,6 +57,10 @@ class KServeClient:
                 message = payload.decode(errors="replace")
             raise KServeError(exc.code, message) from None
 
+    def metadata(self, model: str) -> dict[str, Any]:
+        """``GET /v2/models/{model}``: name, versions, platform, inputs, outputs."""
+        return json.loads(self._request("GET", f"/v2/models/{model}")[2])
+
     def ready(self) -> bool:
         return self._status("/v2/health/ready") == 200
 

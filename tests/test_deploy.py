@@ -9,7 +9,6 @@ server containers the deploy step starts.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import shutil
 import signal
@@ -230,6 +229,21 @@ def other_export(tmp_path_factory, digits_task, digits_data) -> Path:
     return untrained_export(tmp_path_factory.mktemp("other_export"), digits_task, digits_data, 11)
 
 
+def track_and_register(server, outputs, root: Path, task, data: Path) -> int:
+    """The real track and register steps on ``outputs`` (blessed by LENIENT): the version."""
+    all_params = {"task": {"name": "digits", "options": TASK_OPTIONS}}
+    track_run(TrackParams(experiment="deploy-tests"), all_params, root / "track", outputs)
+    return register_run(
+        LENIENT,
+        task,
+        root / "track",
+        data,
+        root / "register",
+        registry_params=RegistryParams(model_name=NAME),
+        tracking_uri=server.uri,
+    ).version
+
+
 def release_version(
     server, host: str, images: dict, step_outputs, bundle: Path, root: Path, task, data: Path
 ) -> Path:
@@ -250,17 +264,8 @@ def release_version(
         data,
         infra,
     )
-    outputs = dataclasses.replace(step_outputs, bundle=bundle, infra=infra)
-    all_params = {"task": {"name": "digits", "options": TASK_OPTIONS}}
-    track_run(TrackParams(experiment="deploy-tests"), all_params, root / "track", outputs)
-    register_run(
-        LENIENT,
-        task,
-        root / "track",
-        data,
-        root / "register",
-        registry_params=RegistryParams(model_name=NAME),
-        tracking_uri=server.uri,
+    track_and_register(
+        server, dataclasses.replace(step_outputs, bundle=bundle, infra=infra), root, task, data
     )
     promote_run(
         PromoteParams(auto_promote=True, push=True),
@@ -284,8 +289,7 @@ def served(url: str, bundle: Path, golden: np.ndarray) -> tuple[np.ndarray, np.n
 def assert_serves(url: str, bundle: Path, golden: np.ndarray, version: int) -> np.ndarray:
     got, expected = served(url, bundle, golden)
     np.testing.assert_allclose(got, expected, atol=1e-4, rtol=1e-3)
-    meta = KServeClient(url)._request("GET", f"/v2/models/{NAME}")
-    assert str(version) in json.loads(meta[2])["versions"]
+    assert str(version) in KServeClient(url).metadata(NAME)["versions"]
     return got
 
 
@@ -358,21 +362,10 @@ def unpushed(server, step_outputs, tmp_path_factory, digits_task, digits_data):
     pushed (no digest), under alias ``candidate``: what a laptop run without a registry
     leaves."""
     root = tmp_path_factory.mktemp("unpushed")
-    all_params = {"task": {"name": "digits", "options": TASK_OPTIONS}}
-    track_run(TrackParams(experiment="deploy-tests"), all_params, root / "track", step_outputs)
-    result = register_run(
-        LENIENT,
-        digits_task,
-        root / "track",
-        digits_data,
-        root / "register",
-        registry_params=RegistryParams(model_name=NAME),
-        tracking_uri=server.uri,
-    )
-    client = mlflow_client(server.uri)
-    client.set_registered_model_alias(NAME, "candidate", str(result.version))
-    write_json(root / "promote" / "promotion.json", {"model": NAME, "version": result.version})
-    return SimpleNamespace(version=result.version, promotion=root / "promote", root=root)
+    version = track_and_register(server, step_outputs, root, digits_task, digits_data)
+    mlflow_client(server.uri).set_registered_model_alias(NAME, "candidate", str(version))
+    write_json(root / "promote" / "promotion.json", {"model": NAME, "version": version})
+    return SimpleNamespace(version=version, promotion=root / "promote", root=root)
 
 
 def test_deploy_refuses_a_version_without_an_image_digest(server, unpushed, tmp_path, monkeypatch):

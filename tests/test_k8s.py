@@ -51,14 +51,8 @@ def documents() -> list[tuple[Path, dict]]:
     return [(f, d) for f in files for d in yaml.safe_load_all(f.read_text()) if d]
 
 
-def test_every_applied_file_exists_and_validates_against_the_schemas():
-    files = kustomize_resources(K8S)
-    assert {f.name for f in files} >= {
-        "namespace.yaml",
-        "postgres.yaml",
-        "mlflow-server.yaml",
-        "client-env.yaml",
-    }
+def kubernetes_validate_strict(files: list[Path]) -> None:
+    """The ``kubernetes-validate --strict`` CLI on ``files`` passes."""
     proc = subprocess.run(
         [
             str(Path(sys.executable).parent / "kubernetes-validate"),
@@ -71,6 +65,17 @@ def test_every_applied_file_exists_and_validates_against_the_schemas():
         timeout=300,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_every_applied_file_exists_and_validates_against_the_schemas():
+    files = kustomize_resources(K8S)
+    assert {f.name for f in files} >= {
+        "namespace.yaml",
+        "postgres.yaml",
+        "mlflow-server.yaml",
+        "client-env.yaml",
+    }
+    kubernetes_validate_strict(files)
 
 
 def test_no_credentials_in_manifests():
@@ -499,18 +504,7 @@ def test_mlflow_is_authenticated_hardened_and_fenced():
         mlflow_dir / f
         for f in yaml.safe_load((mlflow_dir / "kustomization.yaml").read_text())["resources"]
     ]
-    proc = subprocess.run(
-        [
-            str(Path(sys.executable).parent / "kubernetes-validate"),
-            "--strict",
-            "--quiet",
-            *map(str, files),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    kubernetes_validate_strict(files)
     docs = {
         (d["kind"], d["metadata"]["name"]): d
         for f in files
