@@ -49,9 +49,11 @@ def run_cli(body: Callable[[], None]) -> int:
 def task_from_params(all_params: dict[str, Any]) -> Task:
     """The task named by ``task.name`` with ``task.options`` (errors name the params file)."""
     from components.config import params_source
-    from components.tasks import get_task
+    from components.tasks import available_tasks, get_task
 
     source = params_source(all_params)
+    if "task" not in all_params:
+        raise StepError(f"{source}: missing section 'task' (task.name: one of {available_tasks()})")
     task_params = all_params.get("task") or {}
     if not isinstance(task_params, dict):
         raise StepError(f"{source}: task: expected a mapping, got {type(task_params).__name__}")

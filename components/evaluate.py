@@ -138,7 +138,9 @@ def run(
             "evaluate",
             inputs={
                 "model": model_dir,
-                f"{params.split}.npz": dataset.split_path(data_dir, params.split),
+                dataset.split_path(data_dir, params.split).name: dataset.split_path(
+                    data_dir, params.split
+                ),
             },
             outputs={"report.json": tmp / "report.json"},
             params=asdict(params),

@@ -35,6 +35,7 @@ from components.modelio import load_trained, save_legacy
 from components.runtime import ModelFiles, PaddlePredictor
 from components.step import DATA, In, Out, Step
 from components.tasks import Task
+from components.tasks.base import ASSETS_DIR
 
 log = logging.getLogger(__name__)
 
@@ -116,9 +117,13 @@ def run(
     with atomic_path(out_dir) as tmp:
         tmp.mkdir(parents=True)
         paddle.jit.save(model, str(tmp / "model"), input_spec=spec)
-        save_legacy(model, spec, tmp / "legacy" / "model")
+        task.save_assets(tmp / ASSETS_DIR)  # the fitted preprocessing, beside the program
+        targets = [("pir", tmp)]
+        if "legacy" in task.export_formats:
+            save_legacy(model, spec, tmp / "legacy" / "model")
+            targets.append(("legacy", tmp / "legacy"))
         formats, parity = {}, {}
-        for fmt, directory in (("pir", tmp), ("legacy", tmp / "legacy")):
+        for fmt, directory in targets:
             files = ModelFiles.in_dir(directory)
             predictor = PaddlePredictor(files)
             parity[fmt] = check_parity(model, predictor, held_out, params.parity)

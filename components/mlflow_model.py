@@ -218,6 +218,7 @@ class PaddleBundleModel(mlflow.pyfunc.PythonModel):
         self.task = get_task(
             str(config["task"]), dict(config.get("task_options") or {}), source="MLmodel"
         )
+        self.task.load_assets(bundle)
         self.input_shape = tuple(int(x) for x in config["input_shape"])
         self.batch_size = int(config.get("batch_size", 256))
         self.predictor = PaddlePredictor(

@@ -18,6 +18,7 @@ def load_trained(task: Task, train_dir: str | Path) -> tuple[paddle.nn.Layer, di
     """Rebuild the task's model and load the trained weights from ``train_dir``."""
     train_dir = Path(train_dir)
     meta = read_json(train_dir / "model_meta.json")
+    task.load_assets(train_dir)  # what its preprocessing fitted (a vocabulary, say)
     model = task.build_model(int(meta["num_classes"]))
     weights = train_dir / "model.pdparams"
     if not weights.exists():

@@ -403,7 +403,7 @@ def run(
                 "model.pdparams": train_dir / "model.pdparams",
                 "fp32/model.pdmodel": export_dir / "legacy" / "model.pdmodel",
                 **{
-                    f"{split}.npz": dataset.split_path(data_dir, split)
+                    dataset.split_path(data_dir, split).name: dataset.split_path(data_dir, split)
                     for split in ("train", params.split, params.report_split)
                 },
             },

@@ -438,11 +438,12 @@ def fetch_holdout(client: Any, uri: str, tags: dict[str, str], dest: Path, split
             f"pinned holdout of v{tags['holdout_version']} at {tags['holdout_uri']} cannot be "
             f"downloaded ({exc})"
         ) from exc
-    # stored under the name of the split it was (test.npz); read it as that split
-    stored = sorted(local.glob("*.npz"))
+    # stored under the name of the split it was (test.npz, test.jsonl); read it as that split
+    stored = sorted(p for p in local.iterdir() if p.is_file() and p.name != "labels.json")
     if len(stored) != 1:
         raise StepError(
-            f"pinned holdout at {tags['holdout_uri']}: expected one .npz, found {stored}"
+            f"pinned holdout at {tags['holdout_uri']}: expected one split file and "
+            f"labels.json, found {[p.name for p in stored]}"
         )
     got = sha256_file(stored[0])
     if got != tags["holdout_sha256"]:
@@ -451,8 +452,9 @@ def fetch_holdout(client: Any, uri: str, tags: dict[str, str], dest: Path, split
             f"pinned {tags['holdout_sha256'][:12]} (registered-model tag holdout_sha256); "
             "it was changed after it was pinned"
         )
-    if stored[0].name != f"{split}.npz":
-        stored[0].rename(local / f"{split}.npz")
+    want = dataset.split_path(local, split)
+    if stored[0] != want:
+        stored[0].rename(want)
     return local
 
 

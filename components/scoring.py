@@ -57,6 +57,7 @@ def score_model(
 ) -> tuple[dict[str, Any], np.ndarray, np.ndarray, PaddlePredictor, list[np.ndarray]]:
     """Run an exported model on a split; returns the report, labels, predictions, predictor."""
     predictor = PaddlePredictor(ModelFiles.in_dir(model_dir), threads=threads)
+    task.load_assets(Path(model_dir))
     raw, y_true = task.read_split(data_dir, split)
     inputs = task.preprocess(raw)
     y_pred = predictor.predict(inputs, batch_size=batch_size).argmax(axis=1)

@@ -500,6 +500,7 @@ def run(
     binary = server_binary(params, Path(serving_src), Path(build_dir))
     base = params.server_image or local_server_image()
     raw, _ = task.read_split(data_dir, "test")
+    task.load_assets(model_dir)
     golden = task.preprocess(raw[: params.golden_samples])
 
     with atomic_path(out_dir) as tmp:

@@ -114,6 +114,8 @@ class Step:
     result: str | None = None  # attribute of run's return value that the KFP component returns
     result_type: type = str
     extra_deps: tuple[str, ...] = ()  # more dvc.yaml deps (sources outside components/)
+    # the dataclass of section ``name`` comes from the task (its data format's, say)
+    params_of_task: Callable[[Any], type] | None = None
 
     # ------------------------------------------------------------------ the one call
 
@@ -129,14 +131,18 @@ class Step:
 
         accepted = inspect.signature(self.run).parameters
         kwargs: dict[str, Any] = {}
-        if self.params is not None:
+        task = task_from_params(sections) if "task" in self.sections else None
+        params_type = self.params
+        if self.params_of_task is not None and task is not None:
+            params_type = self.params_of_task(task)
+        if params_type is not None:
             kwargs["params"] = section(
-                dict(sections), self.name, self.params, source=params_source(sections)
+                dict(sections), self.name, params_type, source=params_source(sections)
             )
         for name, arg, cls in self.shared:
             kwargs[arg] = section(dict(sections), name, cls, source=params_source(sections))
-        if "task" in self.sections and "task" in accepted:
-            kwargs["task"] = task_from_params(sections)
+        if task is not None and "task" in accepted:
+            kwargs["task"] = task
         extras = {
             "task_params": lambda: dict(sections.get("task") or {}),
             "all_params": lambda: sections,
@@ -376,28 +382,54 @@ def _imports(file: Path) -> list[str]:
     return found
 
 
-def dvc_cmd(step: Step) -> str:
+TASKS_DIR = "tasks"  # tasks/<name>/params.yaml + dvc.yaml: the pipeline of another task
+_PER_TASK_ROOTS = ("outputs", "metrics", "plots", "checkpoints")
+
+
+def task_path(path: str, task: str | None) -> str:
+    """Where ``path`` (a port's default, e.g. ``outputs/train``) lives in the pipeline of
+    ``task`` (``outputs/<task>/train``); the default pipeline (``task`` None) keeps it."""
+    head, _, rest = path.partition("/")
+    if task is None or head not in _PER_TASK_ROOTS or not rest:
+        return path
+    return f"{head}/{task}/{rest}"
+
+
+def task_params_file(task: str | None) -> str:
+    return "params.yaml" if task is None else f"{TASKS_DIR}/{task}/params.yaml"
+
+
+def dvc_cmd(step: Step, task: str | None = None) -> str:
     ports = (*step.cli_inputs(), *step.cli_outputs())
-    flags = " ".join(f"--{flag(p.name)} {p.path}" for p in ports)
-    return f"python -m components {step.name} --params params.yaml {flags}".strip()
+    flags = " ".join(f"--{flag(p.name)} {task_path(p.path, task)}" for p in ports)
+    params = task_params_file(task)
+    return f"python -m components {step.name} --params {params} {flags}".strip()
 
 
-def dvc_stage(step: Step) -> dict[str, Any]:
-    """The ``dvc.yaml`` stage of ``step``."""
+def dvc_stage(step: Step, task: str | None = None) -> dict[str, Any]:
+    """The ``dvc.yaml`` stage of ``step``: in the default pipeline (``dvc.yaml``, reading
+    ``params.yaml``), or in ``tasks/<task>/dvc.yaml`` (run from the repository root, reading
+    ``tasks/<task>/params.yaml``, writing under ``outputs/<task>/`` etc.)."""
     deps: list[str] = []
     for port in step.inputs:
-        deps += [f"{port.path}/{f}" for f in port.files] if port.files else [port.path]
+        path = task_path(port.path, task)
+        deps += [f"{path}/{f}" for f in port.files] if port.files else [path]
     deps += [*step.extra_deps, *import_closure(f"components.{step.name}")]
-    stage: dict[str, Any] = {"cmd": dvc_cmd(step), "deps": list(dict.fromkeys(deps))}
+    stage: dict[str, Any] = {"cmd": dvc_cmd(step, task)}
+    if task is not None:
+        stage["wdir"] = "../.."
+    stage["deps"] = list(dict.fromkeys(deps))
     if step.sections:
-        stage["params"] = list(step.sections)
+        sections = list(step.sections)
+        stage["params"] = sections if task is None else [{task_params_file(task): sections}]
     for port in step.cli_outputs():
         key = port.dvc if port.dvc in ("metrics", "plots") else "outs"
-        entry: Any = port.path
+        path = task_path(port.path, task)
+        entry: Any = path
         if port.dvc in ("metrics", "plots", "uncached"):
-            entry = {port.path: {"cache": False}}
+            entry = {path: {"cache": False}}
         elif port.dvc == "persist":
-            entry = {port.path: {"persist": True, "cache": False}}
+            entry = {path: {"persist": True, "cache": False}}
         stage.setdefault(key, []).append(entry)
     return stage
 
@@ -411,23 +443,50 @@ DVC_HEADER = """\
 """
 
 
-def write_dvc_yaml(path: Path = REPO / "dvc.yaml") -> Path:
-    """Rewrite the stages of ``path`` from the declarations (top-level plots are kept)."""
+def _task_plots(plots: list[Any], task: str) -> list[Any]:
+    """The default pipeline's plot definitions with their files moved to ``task``'s."""
+    import json
+
+    text = json.dumps(plots)
+    for root in _PER_TASK_ROOTS:
+        text = text.replace(f'"{root}/', f'"../../{root}/{task}/')
+    return json.loads(text)
+
+
+def write_dvc_yaml(path: Path = REPO / "dvc.yaml", task: str | None = None) -> Path:
+    """Rewrite the stages of ``path`` from the declarations (top-level plots are kept; a
+    task's pipeline takes the default pipeline's plots)."""
     import yaml
 
     current = yaml.safe_load(path.read_text(encoding="utf-8")) if path.exists() else {}
-    doc = {"stages": {s.name: dvc_stage(s) for s in all_steps()}}
-    if current and current.get("plots"):
+    doc: dict[str, Any] = {"stages": {s.name: dvc_stage(s, task) for s in all_steps()}}
+    if task is None and current and current.get("plots"):
         doc["plots"] = current["plots"]
-    text = DVC_HEADER + yaml.safe_dump(doc, sort_keys=False, width=1000)
+    elif task is not None:
+        default = yaml.safe_load((REPO / "dvc.yaml").read_text(encoding="utf-8"))
+        if default.get("plots"):
+            doc["plots"] = _task_plots(default["plots"], task)
+    header = DVC_HEADER
+    if task is not None:
+        header += (
+            f"# The pipeline of task '{task}': `dvc repro {TASKS_DIR}/{task}/dvc.yaml` "
+            "(make run TASK=" + task + ").\n"
+        )
+    text = header + yaml.safe_dump(doc, sort_keys=False, width=1000)
     from components.artifacts import write_text
 
     write_text(path, text)
     return path
 
 
+def task_pipelines() -> list[str]:
+    """The tasks with a pipeline of their own (``tasks/<name>/params.yaml``)."""
+    return sorted(p.parent.name for p in (REPO / TASKS_DIR).glob("*/params.yaml"))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """``paddle-mlops dvc-yaml``: rewrite the stages of ``dvc.yaml`` from the declarations."""
+    """``paddle-mlops dvc-yaml``: rewrite the stages of ``dvc.yaml`` (and of every
+    ``tasks/<name>/dvc.yaml``) from the declarations."""
     import logging
 
     from components.cli import run_cli
@@ -435,6 +494,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="paddle-mlops dvc-yaml", description=main.__doc__)
     parser.add_argument("--out", default=str(REPO / "dvc.yaml"))
     args = parser.parse_args(argv)
-    return run_cli(
-        lambda: logging.getLogger(__name__).info("wrote %s", write_dvc_yaml(Path(args.out)))
-    )
+
+    def _go() -> None:
+        logger = logging.getLogger(__name__)
+        logger.info("wrote %s", write_dvc_yaml(Path(args.out)))
+        for task in task_pipelines():
+            out = REPO / TASKS_DIR / task / "dvc.yaml"
+            logger.info("wrote %s", write_dvc_yaml(out, task))
+
+    return run_cli(_go)

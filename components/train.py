@@ -40,7 +40,7 @@ from components.artifacts import (
 from components.config import params_sha256
 from components.step import DATA, In, Out, Step
 from components.tasks import Task
-from components.tasks.base import TrainSettings
+from components.tasks.base import ASSETS_DIR, TrainSettings
 
 log = logging.getLogger(__name__)
 
@@ -384,11 +384,15 @@ def run(
 
     x_train_raw, y_train = task.read_split(data_dir, "train")
     x_val_raw, y_val = task.read_split(data_dir, "val")
+    task.fit_preprocessing(x_train_raw)  # e.g. a vocabulary: from the training split only
     x_train, x_val = task.preprocess(x_train_raw), task.preprocess(x_val_raw)
 
     data_sha = "".join(sha256_file(dataset.split_path(data_dir, s)) for s in ("train", "val"))
     fingerprint = _fingerprint(params, task_params or {}, data_sha)
     trainer = _Trainer.build(params, task, len(label_names), amp, len(y_train))
+    pretrained: dict[str, Any] = {}
+    if _load_checkpoint(ckpt_dir, fingerprint) is None:  # resuming: the checkpoint has it
+        pretrained = task.pretrain(trainer.model, x_train)
     state = _resume(trainer, ckpt_dir, fingerprint)
     _fit(trainer, state, params, task, (x_train, y_train, x_val, y_val), ckpt_dir, fingerprint)
     history, best = state["history"], state["best"]
@@ -418,8 +422,10 @@ def run(
             "num_classes": len(label_names),
             "label_names": label_names,
             "best_epoch": result.best_epoch,
+            **({"pretrain": pretrained} if pretrained else {}),
         },
         inputs={s: dataset.split_path(data_dir, s) for s in ("train", "val")},
+        task=task,
     )
     write_json(
         Path(metrics_file) if metrics_file else out_dir / "metrics.json",
@@ -430,6 +436,7 @@ def run(
             "samples_per_second": round(result.samples_per_second, 2),
             "amp_effective": result.amp_effective,
             "amp_requested": params.amp,
+            **{k: v for k, v in pretrained.items() if not isinstance(v, list | dict)},
         },
     )
     write_text(Path(plots_file) if plots_file else out_dir / "curves.csv", _curves_csv(history))
@@ -456,18 +463,28 @@ def _write_outputs(
     fingerprint: str,
     meta: dict[str, Any],
     inputs: dict[str, Path],
+    task: Task,
 ) -> None:
-    """The best weights, their metadata, the history and the manifest, atomically."""
+    """The best weights, their metadata, the task's fitted assets, the history and the
+    manifest, atomically."""
     with atomic_path(out_dir) as tmp:
         tmp.mkdir(parents=True)
         paddle.save(best_state, str(tmp / "model.pdparams"))
+        task.save_assets(tmp / ASSETS_DIR)
         write_json(tmp / "model_meta.json", meta)
         write_json(tmp / "history.json", history)
         write_manifest(
             tmp,
             "train",
             inputs=inputs,
-            outputs={"model.pdparams": tmp / "model.pdparams"},
+            outputs={
+                "model.pdparams": tmp / "model.pdparams",
+                **{
+                    p.relative_to(tmp).as_posix(): p
+                    for p in sorted((tmp / ASSETS_DIR).rglob("*"))
+                    if p.is_file()
+                },
+            },
             params=asdict(params),
             extra={"amp": asdict(amp), "device": device, "fingerprint": fingerprint},
         )

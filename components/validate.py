@@ -1,18 +1,23 @@
 """validate: check an ingested data set with a Great Expectations suite before training.
 
-Reads ``train.npz``, ``val.npz``, ``test.npz`` and ``labels.json`` (see ``components.dataset``)
-without changing dtypes, turns them into three kinds of tables and validates them with Great
-Expectations (an in-memory context; nothing is sent anywhere):
+Reads the split files and ``labels.json`` (see ``components.dataset``) without changing
+types, turns them into four kinds of tables and validates them with Great Expectations (an
+in-memory context; nothing is sent anywhere). The task's data format
+(``components.tasks``: ``Task.data``) says what a sample row holds and what it must satisfy;
+the rest is the same for every format:
 
-- one ``samples`` table per split file, one row per sample: label, image shape, image and label
-  dtype, pixel range, NaNs and a sha256 of the sample's bytes. Expectations: columns, dtypes,
-  image shape (``validate.image_shape`` or the train split's), pixel range, label set, no nulls,
-  every class present, row count within ``validate.min_rows``..``validate.max_rows``.
+- one ``samples`` table per split file, one row per sample, with the format's columns and
+  rules. Images (``components.tasks.image_data``): label, image shape, image and label dtype,
+  pixel range, NaNs and a sha256 of the sample's bytes; rules on columns, dtypes, image shape
+  (``validate.image_shape`` or the train split's), pixel range. Texts
+  (``components.tasks.text_data``): type, valid UTF-8, length in characters within
+  ``validate.min_chars``..``validate.max_chars``, not blank. Both: label set, no nulls, every
+  class present, row count within ``validate.min_rows``..``validate.max_rows``.
 - ``class_counts``: the fraction of each class per split, which must lie within
   ``validate.class_fraction_min``..``validate.class_fraction_max``.
 - ``split_hashes``: the distinct samples of each split; a sample may appear in only one split.
 - ``duplicates``: per split, the rows that repeat an earlier row of the same split exactly (same
-  image bytes and label); their share must be at most ``validate.max_duplicate_fraction``.
+  sample and label); their share must be at most ``validate.max_duplicate_fraction``.
 
 Outputs (written atomically, also when the data fails): ``result.json`` (the Great Expectations
 validation results), ``data_docs/index.html`` (the Data Docs site), ``summary.json`` and
@@ -22,11 +27,10 @@ broken rule, naming the file, column, rule, what was expected and what was found
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -37,63 +41,21 @@ import pandas as pd
 from components import dataset
 from components.artifacts import StepError, atomic_path, write_json, write_manifest
 from components.step import DATA, Out, Step
+from components.tasks import Task
+from components.tasks.data import CommonValidateParams, check_format, read_split
 
 # Before Great Expectations is first imported (lazily, below): no usage statistics sent anywhere.
 os.environ["GX_ANALYTICS_ENABLED"] = "false"
 
 log = logging.getLogger(__name__)
 
-LABEL_DTYPE = "int64"  # the documented on-disk label dtype (components.dataset)
 SITE_NAME = "validate"
 EXAMPLES = 3  # unexpected values quoted per failure line
 PARTIAL_COUNT = 20  # unexpected values Great Expectations keeps per expectation
 
-SAMPLE_COLUMNS = [
-    "file", "index", "split", "label", "label_dtype", "ndim", "height", "width", "channels",
-    "dtype", "pixel_min", "pixel_max", "has_nan", "sample_sha",
-]  # fmt: skip
 CLASS_COUNT_COLUMNS = ["file", "split", "label", "count", "fraction"]
 SPLIT_HASH_COLUMNS = ["file", "split", "index", "sample_sha"]
 DUPLICATE_COLUMNS = ["file", "split", "rows", "duplicate_rows", "duplicate_fraction"]
-
-
-@dataclass(frozen=True)
-class ValidateParams:
-    image_shape: list[int] | None = None  # [H, W, C]; None = every split must match train
-    pixel_min: float = 0
-    pixel_max: float = 255
-    expected_dtype: str = "uint8"
-    min_rows: int = 10  # per split
-    max_rows: int = 10_000_000  # per split
-    class_fraction_min: float = 0.02  # of the split, for every class
-    class_fraction_max: float = 0.5
-    # rows repeating another row of their split (same image bytes and label), per split
-    max_duplicate_fraction: float = 0.05
-
-    def check(self) -> None:
-        if self.image_shape is not None and (
-            len(self.image_shape) != 3 or any(d <= 0 for d in self.image_shape)
-        ):
-            raise ValueError(f"image_shape must be [H, W, C] > 0, got {self.image_shape}")
-        if self.pixel_min > self.pixel_max:
-            raise ValueError(f"pixel_min {self.pixel_min} > pixel_max {self.pixel_max}")
-        try:
-            np.dtype(self.expected_dtype)
-        except TypeError as exc:
-            raise ValueError(f"expected_dtype {self.expected_dtype!r} is not a dtype") from exc
-        if not 0 <= self.min_rows <= self.max_rows:
-            raise ValueError(
-                f"need 0 <= min_rows <= max_rows, got {self.min_rows}, {self.max_rows}"
-            )
-        if not 0 <= self.max_duplicate_fraction <= 1:
-            raise ValueError(
-                f"max_duplicate_fraction must be within [0, 1], got {self.max_duplicate_fraction}"
-            )
-        if not 0 <= self.class_fraction_min <= self.class_fraction_max <= 1:
-            raise ValueError(
-                "need 0 <= class_fraction_min <= class_fraction_max <= 1, got "
-                f"{self.class_fraction_min}, {self.class_fraction_max}"
-            )
 
 
 @dataclass(frozen=True)
@@ -106,60 +68,9 @@ class ValidateResult:
 # --------------------------------------------------------------------------- tables
 
 
-def _file(split: str) -> str:
-    return dataset.split_path(".", split).name
-
-
-def image_dims(images: np.ndarray) -> list[int]:
-    """[H, W, C] of an [N, H, W, C] array; missing axes are 0 (the ``ndim`` rule reports them)."""
-    return [int(d) for d in (*images.shape[1:4], *([0] * max(0, 4 - images.ndim)))]
-
-
-def sample_table(split: str, data: dataset.Split) -> pd.DataFrame:
-    """One row per sample, computed on the raw arrays (no casting of the stored data)."""
-    images, labels = data.images, data.labels
-    if images.ndim < 1 or labels.ndim != 1:
-        raise StepError(
-            f"{_file(split)}: 'images' must be [N, H, W, C] and 'labels' [N]; got shapes "
-            f"{list(images.shape)} and {list(labels.shape)}"
-        )
-    n_img, n_lbl = int(images.shape[0]), int(labels.shape[0])
-    n = max(n_img, n_lbl)
-    flat = images.reshape(n_img, int(np.prod(images.shape[1:], dtype=np.int64)))
-    if np.issubdtype(images.dtype, np.integer) or images.dtype == np.bool_:
-        wide: type = np.int64
-        has_nan = np.zeros(n_img, dtype=bool)
-    else:
-        wide = np.float64
-        has_nan = np.isnan(flat).any(axis=1) if flat.shape[1] else np.zeros(n_img, dtype=bool)
-    if flat.shape[1]:
-        pmin = flat.min(axis=1).astype(wide)
-        pmax = flat.max(axis=1).astype(wide)
-    else:
-        pmin = pmax = np.full(n_img, np.nan)
-    dims = image_dims(images)
-    cols: dict[str, Any] = {
-        "ndim": np.full(n_img, images.ndim - 1, dtype=np.int64),
-        "height": np.full(n_img, dims[0], dtype=np.int64),
-        "width": np.full(n_img, dims[1], dtype=np.int64),
-        "channels": np.full(n_img, dims[2], dtype=np.int64),
-        "dtype": [str(images.dtype)] * n_img,
-        "pixel_min": pmin,
-        "pixel_max": pmax,
-        "has_nan": has_nan,
-        "sample_sha": [hashlib.sha256(img.tobytes()).hexdigest() for img in images],
-    }
-    frame = pd.DataFrame(cols, index=pd.RangeIndex(n_img)).reindex(pd.RangeIndex(n))
-    frame.insert(0, "file", _file(split))
-    frame.insert(1, "index", np.arange(n, dtype=np.int64))
-    frame.insert(2, "split", split)
-    label_col = pd.Series(labels, index=pd.RangeIndex(n_lbl)).reindex(pd.RangeIndex(n))
-    frame.insert(3, "label", label_col)
-    frame.insert(4, "label_dtype", str(labels.dtype))
-    return frame[SAMPLE_COLUMNS]
-
-
-def class_count_table(samples: dict[str, pd.DataFrame], num_classes: int) -> pd.DataFrame:
+def class_count_table(
+    samples: dict[str, pd.DataFrame], num_classes: int, files: dict[str, str]
+) -> pd.DataFrame:
     """Fraction of each valid, present class per split (absent classes and invalid labels are
     reported by the samples suite, so they are not repeated here)."""
     rows = []
@@ -168,7 +79,7 @@ def class_count_table(samples: dict[str, pd.DataFrame], num_classes: int) -> pd.
         counts = frame["label"].value_counts(dropna=True)
         for label, count in counts.items():
             if float(label).is_integer() and 0 <= int(label) < num_classes:
-                rows.append((_file(split), split, int(label), int(count), int(count) / total))
+                rows.append((files[split], split, int(label), int(count), int(count) / total))
     table = pd.DataFrame(rows, columns=CLASS_COUNT_COLUMNS)
     return table.sort_values(["file", "label"], ignore_index=True)
 
@@ -180,69 +91,22 @@ def split_hash_table(samples: dict[str, pd.DataFrame]) -> pd.DataFrame:
     return table.sort_values(["sample_sha", "file"], ignore_index=True)
 
 
-def duplicate_table(samples: dict[str, pd.DataFrame]) -> pd.DataFrame:
+def duplicate_table(samples: dict[str, pd.DataFrame], files: dict[str, str]) -> pd.DataFrame:
     """Per split: rows, and rows that repeat an earlier row of the same split exactly (same
-    image bytes and label; the first occurrence is not counted), as a count and fraction."""
+    sample and label; the first occurrence is not counted), as a count and fraction."""
     rows = []
     for split, frame in samples.items():
         total = len(frame)
         hashed = frame.dropna(subset=["sample_sha"])
         dup = int(hashed.duplicated(subset=["sample_sha", "label"], keep="first").sum())
-        rows.append((_file(split), split, total, dup, dup / total if total else 0.0))
+        rows.append((files[split], split, total, dup, dup / total if total else 0.0))
     return pd.DataFrame(rows, columns=DUPLICATE_COLUMNS)
 
 
 # --------------------------------------------------------------------------- suites
 
 
-def _samples_expectations(
-    params: ValidateParams, num_classes: int, shape: Sequence[int]
-) -> list[Any]:
-    import great_expectations.expectations as gxe
-
-    classes = list(range(num_classes))
-    lo, hi = params.pixel_min, params.pixel_max
-    out: list[Any] = [
-        gxe.ExpectTableColumnsToMatchSet(
-            column_set=SAMPLE_COLUMNS, exact_match=True, description="schema"
-        ),
-        gxe.ExpectTableRowCountToBeBetween(
-            min_value=params.min_rows, max_value=params.max_rows, description="row count per split"
-        ),
-    ]
-    out += [
-        gxe.ExpectColumnValuesToNotBeNull(column=c, description="no nulls") for c in SAMPLE_COLUMNS
-    ]
-    out += [
-        gxe.ExpectColumnValuesToBeInSet(
-            column="dtype", value_set=[params.expected_dtype], description="image dtype"
-        ),
-        gxe.ExpectColumnValuesToBeInSet(
-            column="label_dtype", value_set=[LABEL_DTYPE], description="label dtype"
-        ),
-        gxe.ExpectColumnValuesToBeInSet(column="ndim", value_set=[3], description="image rank"),
-    ]
-    out += [
-        gxe.ExpectColumnValuesToBeInSet(column=c, value_set=[int(d)], description="image shape")
-        for c, d in zip(("height", "width", "channels"), shape, strict=True)
-    ]
-    out += [
-        gxe.ExpectColumnValuesToBeBetween(
-            column=c, min_value=lo, max_value=hi, description="pixel range"
-        )
-        for c in ("pixel_min", "pixel_max")
-    ]
-    out += [
-        gxe.ExpectColumnValuesToBeInSet(column="has_nan", value_set=[False], description="no NaN"),
-        gxe.ExpectColumnValuesToBeInSet(column="label", value_set=classes, description="label set"),
-        gxe.ExpectColumnDistinctValuesToContainSet(
-            column="label", value_set=classes, description="every class present"
-        ),
-    ]
-    return out
-
-
-def _class_count_expectations(params: ValidateParams) -> list[Any]:
+def _class_count_expectations(params: CommonValidateParams) -> list[Any]:
     import great_expectations.expectations as gxe
 
     return [
@@ -273,7 +137,7 @@ def _split_hash_expectations() -> list[Any]:
     ]
 
 
-def _duplicate_expectations(params: ValidateParams) -> list[Any]:
+def _duplicate_expectations(params: CommonValidateParams) -> list[Any]:
     import great_expectations.expectations as gxe
 
     return [
@@ -295,6 +159,7 @@ class _Table:
     frame: pd.DataFrame
     suite: str
     index_columns: list[str]  # identify an unexpected row in messages
+    detail: str = ""  # what "the same" means for this table's rows (duplicates)
 
 
 def _context(docs_dir: Path) -> Any:
@@ -470,7 +335,7 @@ def describe_failure(table: _Table, result: Any) -> list[str]:
     if kind == "expect_column_values_to_be_between" and column == "duplicate_fraction":
         return [
             f"{row.get('file')}: column '{column}': at most {_num(kwargs.get('max_value'))} of "
-            "a split's rows may be exact duplicates (same image bytes and label) of another "
+            f"a split's rows may be exact duplicates ({table.detail}) of another "
             f"row; found {_num(_int_like(row.get('duplicate_rows')))} of "
             f"{_num(_int_like(row.get('rows')))} rows ({float(row.get(column) or 0):.3f})"
             for row in res.get("partial_unexpected_index_list") or [{}]
@@ -560,15 +425,15 @@ def _duplicate_summary(duplicates: pd.DataFrame) -> dict[str, dict[str, Any]]:
 
 
 def _tables(
-    samples: dict[str, pd.DataFrame], num_classes: int
+    samples: dict[str, pd.DataFrame], num_classes: int, files: dict[str, str], same: str
 ) -> tuple[list[_Table], pd.DataFrame]:
     """Every table a suite runs on (per-split samples, class counts, split hashes,
     duplicates), and the duplicates table itself."""
-    tables = [_Table(_file(s), f, "samples", ["index"]) for s, f in samples.items()]
+    tables = [_Table(files[s], f, "samples", ["index"]) for s, f in samples.items()]
     tables.append(
         _Table(
             "class_counts",
-            class_count_table(samples, num_classes),
+            class_count_table(samples, num_classes, files),
             "class_counts",
             ["file", "label"],
         )
@@ -576,36 +441,42 @@ def _tables(
     tables.append(
         _Table("split_hashes", split_hash_table(samples), "split_hashes", ["file", "index"])
     )
-    duplicates = duplicate_table(samples)
+    duplicates = duplicate_table(samples, files)
     tables.append(
-        _Table("duplicates", duplicates, "duplicates", ["file", "rows", "duplicate_rows"])
+        _Table("duplicates", duplicates, "duplicates", ["file", "rows", "duplicate_rows"], same)
     )
     return tables, duplicates
 
 
-def run(params: ValidateParams, data_dir: str | Path, out_dir: str | Path) -> ValidateResult:
-    """Validate the ingested data set in ``data_dir``; write results to ``out_dir``.
+def run(
+    params: CommonValidateParams, task: Task, data_dir: str | Path, out_dir: str | Path
+) -> ValidateResult:
+    """Validate the ingested data set in ``data_dir`` with the rules of ``task``'s data
+    format (``params`` is the validate section as that format reads it); write the results to
+    ``out_dir``.
 
     Raises ``StepError`` listing every broken expectation after the outputs are written.
     """
     data_dir, out_dir = Path(data_dir), Path(out_dir)
+    fmt = task.data
     names = dataset.read_label_names(data_dir)
-    splits = {s: dataset.read_split(data_dir, s) for s in dataset.SPLITS}
-    samples = {s: sample_table(s, d) for s, d in splits.items()}
-    if params.image_shape is not None:
-        shape = [int(d) for d in params.image_shape]
-    else:
-        shape = image_dims(splits["train"].images)
+    check_format(data_dir, fmt, task.name)
+    paths = {s: dataset.split_path(data_dir, s) for s in dataset.SPLITS}
+    files = {s: p.name for s, p in paths.items()}
+    splits = {s: read_split(fmt, data_dir, s) for s in dataset.SPLITS}
+    samples = {s: fmt.sample_table(s, files[s], d) for s, d in splits.items()}
+    sample_rules, facts = fmt.sample_expectations(params, len(names), splits)
     log.info(
-        "validating %s against image shape %s, %d classes",
+        "validating %s (%s data %s), %d classes",
         {s: len(f) for s, f in samples.items()},
-        shape,
+        fmt.name,
+        facts,
         len(names),
     )
 
-    tables, duplicates = _tables(samples, len(names))
+    tables, duplicates = _tables(samples, len(names), files, fmt.duplicate_rule)
     suites = {
-        "samples": _samples_expectations(params, len(names), shape),
+        "samples": sample_rules,
         "class_counts": _class_count_expectations(params),
         "split_hashes": _split_hash_expectations(),
         "duplicates": _duplicate_expectations(params),
@@ -635,15 +506,14 @@ def run(params: ValidateParams, data_dir: str | Path, out_dir: str | Path) -> Va
                 "evaluated": evaluated,
                 "failed": len(failures),
                 "failures": [f for _, lines in failures for f in lines],
-                "image_shape": shape,
+                "format": fmt.name,
+                **facts,
                 "rows": {t.name: len(t.frame) for t in tables},
                 "duplicates": _duplicate_summary(duplicates),
                 "data_docs": "data_docs/index.html",
             },
         )
-        inputs: dict[str, str | Path] = {
-            _file(s): dataset.split_path(data_dir, s) for s in dataset.SPLITS
-        }
+        inputs: dict[str, str | Path] = {files[s]: p for s, p in paths.items()}
         inputs["labels.json"] = data_dir / "labels.json"
         write_manifest(
             tmp,
@@ -676,8 +546,9 @@ def run(params: ValidateParams, data_dir: str | Path, out_dir: str | Path) -> Va
 STEP = Step(
     name="validate",
     doc=__doc__,
-    params=ValidateParams,
-    sections=("validate",),
+    params=None,
+    params_of_task=lambda task: task.data.validate_params,
+    sections=("task", "validate"),
     run=run,
     inputs=(DATA,),
     outputs=(

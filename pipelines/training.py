@@ -35,12 +35,16 @@ STEPS: dict[str, Step] = {s.name: s for s in all_steps()}
 SECTIONS = tuple(dict.fromkeys(s for step in STEPS.values() for s in step.sections))
 
 
-def fingerprint_op(ingest: dict) -> str:
+def fingerprint_op(task: dict, ingest: dict) -> str:
     """sha256 of the raw source, recomputed every run (uncached): ingest's cache key."""
+    from components.cli import task_from_params
     from components.config import section
-    from components.ingest import IngestParams, source_fingerprint
+    from components.ingest import source_fingerprint
 
-    return source_fingerprint(section({"ingest": ingest}, "ingest", IngestParams))
+    sections = {"task": task, "ingest": ingest}
+    task_obj = task_from_params(sections)
+    params = section(sections, "ingest", task_obj.data.ingest_params)
+    return source_fingerprint(task_obj, params)
 
 
 def wire(
@@ -224,7 +228,9 @@ def make_pipeline(
         _with_cluster_env(exit_task)
         with dsl.ExitHandler(exit_task, name="record-failures"):
             # a moving source: the uncached fingerprint keys ingest's cache on the bytes
-            fingerprint_t = cpu_ops["fingerprint_op"](ingest=ingest).set_caching_options(False)
+            fingerprint_t = cpu_ops["fingerprint_op"](task=task, ingest=ingest).set_caching_options(
+                False
+            )
             with_resources(fingerprint_t, resources, "fingerprint")
             tasks: dict[str, Any] = {}
             for name in STEPS:

@@ -25,9 +25,10 @@ os.environ.setdefault("GLOG_minloglevel", "2")
 def digits_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """sklearn's real digits, ingested and split exactly as the pipeline does."""
     from components.ingest import IngestParams, run
+    from components.tasks import get_task
 
     out = tmp_path_factory.mktemp("digits") / "ingest"
-    run(IngestParams(source="builtin:digits", kind="builtin"), out)
+    run(IngestParams(source="builtin:digits", kind="builtin"), get_task("digits"), out)
     return out
 
 
@@ -145,12 +146,13 @@ def step_outputs(
     from components.artifacts import write_json, write_manifest
     from components.evaluate import EvaluateParams, LatencyParams
     from components.evaluate import run as evaluate_run
+    from components.tasks import get_task
+    from components.tasks.image_data import ValidateParams
     from components.track import StepOutputs
-    from components.validate import ValidateParams
     from components.validate import run as validate_run
 
     root = tmp_path_factory.mktemp("steps")
-    validate_run(ValidateParams(), digits_data, root / "validate")
+    validate_run(ValidateParams(), get_task("digits"), digits_data, root / "validate")
     evaluate_run(
         EvaluateParams(latency=LatencyParams(batch_sizes=[1], warmup=1, repeats=2)),
         digits_task,

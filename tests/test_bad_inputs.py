@@ -64,6 +64,7 @@ def _folder(root: Path) -> Path:
 
 def _params(tmp: Path, **sections: dict) -> Path:
     path = tmp / PARAMS
+    sections = {"task": {"name": "digits"}, **sections}
     path.write_text(yaml.safe_dump(sections, sort_keys=False))
     return path
 

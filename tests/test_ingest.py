@@ -22,12 +22,21 @@ from PIL import Image
 from components import dataset
 from components.artifacts import StepError, sha256_file
 from components.config import load_params
-from components.ingest import IngestParams, IngestResult, SplitParams, run, write_idx
+from components.ingest import IngestParams, IngestResult, SplitParams, write_idx
+from components.ingest import run as ingest_run
+from components.tasks import get_task
 
 REPO = Path(__file__).resolve().parents[1]
 IMAGES = "small-images-idx3-ubyte"
 LABELS = "small-labels-idx1-ubyte"
 N_SMALL, N_CLASSES, H, W = 120, 4, 10, 12
+
+DIGITS = get_task("digits")
+
+
+def run(params: IngestParams, out: Path) -> IngestResult:
+    """Ingest for an image task (the digits task's data format reads every image source)."""
+    return ingest_run(params, DIGITS, out)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -618,7 +627,7 @@ def _write_params(path: Path, idx_dir: Path, sha: dict[str, str]) -> Path:
         "idx_files": [[IMAGES, LABELS]],
         "sha256": sha,
     }
-    path.write_text(yaml.safe_dump({"ingest": ingest}))
+    path.write_text(yaml.safe_dump({"task": {"name": "digits"}, "ingest": ingest}))
     return path
 
 

@@ -86,9 +86,9 @@ def test_each_step_is_keyed_only_on_the_params_sections_it_reads(compiled):
 
     tasks = all_tasks(compiled)
     expected = {
-        "fingerprint-op": {"ingest"},
-        "ingest-op": {"ingest"},
-        "validate-op": {"validate"},
+        "fingerprint-op": {"task", "ingest"},
+        "ingest-op": {"task", "ingest"},
+        "validate-op": {"task", "validate"},
         "train-op": {"task", "train"},
         "export-op": {"task", "export"},
         "qat-op": {"task", "qat"},

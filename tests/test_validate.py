@@ -16,10 +16,23 @@ from components import dataset
 from components.artifacts import StepError
 from components.config import load_params, section
 from components.ingest import IngestParams
-from components.ingest import run as ingest
-from components.validate import ValidateParams, run
+from components.ingest import run as ingest_run
+from components.tasks import get_task
+from components.tasks.image_data import ValidateParams
+from components.validate import ValidateResult
+from components.validate import run as validate_run
 
 REPO = Path(__file__).resolve().parents[1]
+
+DIGITS = get_task("digits")
+
+
+def ingest(params: IngestParams, out: Path) -> object:
+    return ingest_run(params, DIGITS, out)
+
+
+def run(params: ValidateParams, data_dir: Path, out_dir: Path) -> ValidateResult:
+    return validate_run(params, DIGITS, data_dir, out_dir)
 
 
 @pytest.fixture(scope="module")
@@ -228,7 +241,7 @@ def test_cli_exits_1_with_message(data: Path, tmp_path: Path) -> None:
     labels[:11] = 42
     dataset.write_split(data, "train", dataset.Split(split.images, labels))
     params = tmp_path / "params.yaml"
-    params.write_text("validate:\n  pixel_max: 255\n  min_rows: 10\n")
+    params.write_text("task:\n  name: digits\nvalidate:\n  pixel_max: 255\n  min_rows: 10\n")
     out = tmp_path / "validate"
     proc = subprocess.run(
         [

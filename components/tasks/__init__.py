@@ -1,6 +1,8 @@
 """Tasks: the only code that knows a model family.
 
-A task owns the model, the dataset reader, the preprocessing and the input spec. Steps ask
+A task owns the model and its data: the data format (how raw data is read, stored, split and
+validated: ``Task.data``), the preprocessing and the assets it fits, the optimizer and
+schedule, and the input spec. Steps ask
 ``get_task(name, options)`` for it and never branch on the task name, so adding a task means
 adding a module here and a line in ``_REGISTRY`` — no step changes.
 """
@@ -17,6 +19,7 @@ from components.tasks.base import Task
 _REGISTRY: dict[str, str] = {
     "digits": "components.tasks.digits:DigitsTask",
     "image_folder": "components.tasks.image_folder:ImageFolderTask",
+    "sentiment": "components.tasks.sentiment:SentimentTask",
 }
 
 

@@ -10,7 +10,9 @@ from typing import Any, ClassVar
 import numpy as np
 import paddle
 
-from components import dataset
+from components.tasks.data import DataFormat, check_format, read_split
+
+ASSETS_DIR = "assets"  # under a model directory: what the task's preprocessing fitted
 
 
 @dataclass(frozen=True)
@@ -48,9 +50,14 @@ class Optimization:
 
 
 class Task(abc.ABC):
-    """A model family with its data reader, preprocessing and input signature."""
+    """A model family with its data (format, reader, validation), preprocessing, recipe,
+    input signature and the assets exported beside the model."""
 
     name: ClassVar[str]
+    data: ClassVar[DataFormat]  # how its raw data is read, stored, split and validated
+    # exported programs: PIR (always) and the legacy ProgramDesc that OpenVINO and the int8
+    # path read; a model that cannot be saved in the legacy format leaves it out
+    export_formats: ClassVar[tuple[str, ...]] = ("pir", "legacy")
 
     @classmethod
     @abc.abstractmethod
@@ -89,6 +96,30 @@ class Task(abc.ABC):
         )
         return Optimization(optimizer, scheduler)
 
+    # ------------------------------------------------------------ fitted preprocessing (assets)
+    # A task whose preprocessing is fitted on the training split (a tokenizer vocabulary, say)
+    # fits it in train, saves it under ``assets/`` of the trained model (export and package copy
+    # it beside the program) and loads it back wherever a step preprocesses for a model.
+
+    def fit_preprocessing(self, train_samples: np.ndarray) -> None:
+        """Fit the preprocessing on the training split's stored samples (default: nothing)."""
+        return None
+
+    def save_assets(self, dest: Path) -> None:
+        """Write what :meth:`fit_preprocessing` fitted into ``dest`` (default: nothing)."""
+        return None
+
+    def load_assets(self, root: Path) -> None:
+        """Load the assets saved under ``root/assets`` (:data:`ASSETS_DIR`; default: nothing
+        to load)."""
+        return None
+
+    def pretrain(self, model: paddle.nn.Layer, inputs: list[np.ndarray]) -> dict[str, Any]:
+        """Unsupervised pretraining of a fresh ``model`` on the preprocessed training inputs
+        before fine-tuning (ERNIE's masked-language objective, say); returns facts for the
+        train metrics (default: none, nothing done)."""
+        return {}
+
     def augment(self, inputs: list[np.ndarray], rng: np.random.Generator) -> list[np.ndarray]:
         """Training-time augmentation of a preprocessed batch (default: none)."""
         return inputs
@@ -98,9 +129,11 @@ class Task(abc.ABC):
         """How a client turns a raw sample into model input; written into signature.json."""
 
     def read_split(self, data_dir: str | Path, split: str) -> tuple[np.ndarray, np.ndarray]:
-        """Stored samples and int64 labels of one split."""
-        data = dataset.read_split(data_dir, split)
-        return data.images, data.labels.astype(np.int64)
+        """Stored samples and int64 labels of one split (of a data set in this task's
+        format)."""
+        check_format(data_dir, self.data, self.name)
+        data = read_split(self.data, data_dir, split)
+        return data.samples, data.labels.astype(np.int64)
 
     def paddle_input_specs(self) -> list[paddle.static.InputSpec]:
         return [

