@@ -1,10 +1,13 @@
 """evaluate: score the exported model on the test split with Paddle Inference.
 
 Writes ``metrics/evaluate.json`` (``accuracy``, ``macro_f1``, ``latency_ms_b1``,
-``latency_ms_b64`` + per-class precision/recall), a confusion matrix as PNG and as a DVC
-plot (one row per test sample: ``actual``, ``predicted``), and ``report.json`` beside them.
-The same function re-scores any exported model on any data set, which is how a challenger
-is later compared with the champion.
+``latency_ms_b64`` + per-class precision/recall; for a task with a baseline
+(``Task.baseline``, e.g. TF-IDF + logistic regression for sentiment) also
+``baseline_accuracy``, ``baseline_macro_f1`` and ``accuracy_minus_baseline``: the baseline
+trained on the training split and scored on the same samples as the model), a confusion
+matrix as PNG and as a DVC plot (one row per test sample: ``actual``, ``predicted``), and
+``report.json`` beside them. The same function re-scores any exported model on any data set,
+which is how a challenger is later compared with the champion.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from components import dataset
-from components.artifacts import atomic_path, write_json, write_manifest, write_text
+from components.artifacts import StepError, atomic_path, write_json, write_manifest, write_text
 from components.scoring import score_model
 from components.step import BUNDLE, DATA, Out, Step
 from components.tasks import Task
@@ -78,6 +81,30 @@ def _confusion_png(dest: Path, matrix: list[list[int]], names: list[str], title:
     plt.close(fig)
 
 
+def score_baseline(
+    task: Task, data_dir: Path, split: str, y_true: np.ndarray, names: list[str]
+) -> dict[str, Any] | None:
+    """The task's baseline (``Task.baseline``) trained on the training split and scored on
+    ``split``, the same samples the model is scored on (None: the task has none)."""
+    from components.scoring import classification_report
+
+    estimator = task.baseline()
+    if estimator is None:
+        return None
+    x_train, y_train = task.read_split(data_dir, "train")
+    x_eval, y_eval = task.read_split(data_dir, split)
+    if not np.array_equal(y_eval, y_true):
+        raise StepError(f"{data_dir}: the {split} split changed while it was scored")
+    estimator.fit(x_train.tolist(), y_train)
+    report = classification_report(y_eval, np.asarray(estimator.predict(x_eval.tolist())), names)
+    return {
+        "model": " + ".join(type(s).__name__ for _, s in getattr(estimator, "steps", [])),
+        "accuracy": report["accuracy"],
+        "macro_f1": report["macro_f1"],
+        "per_class": report["per_class"],
+    }
+
+
 def run(
     params: EvaluateParams,
     task: Task,
@@ -116,6 +143,21 @@ def run(
         "latency_threads": params.latency.threads,
         "worst_class_recall": min(c["recall"] for c in report["per_class"].values()),
     }
+    baseline = score_baseline(task, data_dir, params.split, y_true, names)
+    if baseline is not None:
+        report["baseline"] = baseline
+        metrics["baseline_accuracy"] = baseline["accuracy"]
+        metrics["baseline_macro_f1"] = baseline["macro_f1"]
+        # > 0: the model beats the baseline on the same samples
+        metrics["accuracy_minus_baseline"] = round(report["accuracy"] - baseline["accuracy"], 6)
+        log_fn = log.info if metrics["accuracy_minus_baseline"] > 0 else log.warning
+        log_fn(
+            "%s: model accuracy %.4f vs baseline (%s) %.4f",
+            params.split,
+            report["accuracy"],
+            baseline["model"],
+            baseline["accuracy"],
+        )
     log.info(
         "%s accuracy %.4f macro-F1 %.4f %s",
         params.split,

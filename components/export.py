@@ -32,6 +32,7 @@ import paddle
 from components import dataset, gates
 from components.artifacts import StepError, atomic_path, write_json, write_manifest
 from components.modelio import load_trained, save_legacy
+from components.ov_runtime import OVPredictor
 from components.runtime import ModelFiles, PaddlePredictor
 from components.step import DATA, In, Out, Step
 from components.tasks import Task
@@ -58,11 +59,37 @@ class ExportResult:
     parity: dict[str, Any]
 
 
+def save_onnx(pir_dir: Path, dest: Path) -> Path:
+    """The PIR program in ``pir_dir`` (``model.json``) as ONNX (opset 13, paddle2onnx): the
+    fp32 format OpenVINO reads for a model that has no legacy program."""
+    import paddle2onnx
+
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        paddle2onnx.export(
+            str(pir_dir / "model.json"),
+            str(pir_dir / "model.pdiparams"),
+            save_file=str(dest),
+            opset_version=13,
+            enable_onnx_checker=True,
+            optimize_tool="None",
+        )
+    except Exception as exc:  # paddle2onnx raises bare Exceptions for unsupported ops
+        raise StepError(
+            f"{pir_dir / 'model.json'}: paddle2onnx {paddle2onnx.__version__} cannot convert "
+            f"it to ONNX ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+        ) from exc
+    if not dest.is_file():
+        raise StepError(f"{dest}: paddle2onnx wrote no ONNX file")
+    return dest
+
+
 def check_parity(
     model: paddle.nn.Layer,
-    predictor: PaddlePredictor,
+    predictor: Any,
     inputs: list[np.ndarray],
     params: ParityParams,
+    program: Path,
 ) -> dict[str, Any]:
     """Compare the exported program with the dygraph model; returns a JSON-able report."""
     with paddle.no_grad():
@@ -80,8 +107,7 @@ def check_parity(
     for name, got in (("batch_full", full), ("batch_1", single)):
         if got.shape != ref.shape:
             raise StepError(
-                f"{predictor.files.program}: output shape {list(got.shape)} "
-                f"!= dygraph {list(ref.shape)} ({name})"
+                f"{program}: output shape {list(got.shape)} != dygraph {list(ref.shape)} ({name})"
             )
         diff = np.abs(got - ref)
         bound = params.atol + params.rtol * np.abs(ref)
@@ -122,14 +148,19 @@ def run(
         if "legacy" in task.export_formats:
             save_legacy(model, spec, tmp / "legacy" / "model")
             targets.append(("legacy", tmp / "legacy"))
-        formats, parity = {}, {}
+        runtimes: list[tuple[str, Any, Path, Path | None]] = []
         for fmt, directory in targets:
             files = ModelFiles.in_dir(directory)
-            predictor = PaddlePredictor(files)
-            parity[fmt] = check_parity(model, predictor, held_out, params.parity)
+            runtimes.append((fmt, PaddlePredictor(files), files.program, files.params))
+        if "onnx" in task.export_formats:  # OpenVINO (the server) reads it; no legacy needed
+            onnx_file = save_onnx(tmp, tmp / "onnx" / "model.onnx")
+            runtimes.append(("onnx", OVPredictor(onnx_file), onnx_file, None))
+        formats, parity = {}, {}
+        for fmt, predictor, program, weights in runtimes:
+            parity[fmt] = check_parity(model, predictor, held_out, params.parity, program)
             formats[fmt] = {
-                "program": files.program.relative_to(tmp).as_posix(),
-                "params": files.params.relative_to(tmp).as_posix(),
+                "program": program.relative_to(tmp).as_posix(),
+                "params": weights.relative_to(tmp).as_posix() if weights else "",
                 "input_names": predictor.input_names,
                 "output_names": predictor.output_names,
             }

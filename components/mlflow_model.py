@@ -90,6 +90,7 @@ import mlflow.pyfunc  # noqa: E402  (after the telemetry default)
 from mlflow.exceptions import MlflowException  # noqa: E402
 from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE  # noqa: E402
 
+from components import dataset  # noqa: E402
 from components.artifacts import StepError, combined_sha256, read_json, sha256_tree  # noqa: E402
 
 log = logging.getLogger(__name__)
@@ -108,6 +109,8 @@ _REQUIREMENTS = (
     "pillow",
     "tqdm",
     "pyyaml",
+    "paddlenlp",  # the text tasks' tokenizer
+    "scikit-learn",
 )
 _EXAMPLE_BYTES = 64 * 1024  # input_example.json stays small: at most this many pixel bytes
 
@@ -152,48 +155,6 @@ def _invalid(message: str) -> MlflowException:
     return MlflowException(message, error_code=INVALID_PARAMETER_VALUE)
 
 
-def to_images(model_input: Any, shape: tuple[int, int, int]) -> np.ndarray:
-    """``model_input`` (see the module doc) as ``uint8 [N, H, W, C]``, ``(H, W, C) == shape``."""
-    import pandas as pd
-
-    h, w, c = shape
-    if isinstance(model_input, pd.DataFrame):
-        if model_input.empty:
-            raise _invalid("input DataFrame is empty")
-        if model_input.shape[1] == 1:
-            cells = model_input.iloc[:, 0].tolist()
-            try:
-                arr = np.stack([np.asarray(v).reshape(h * w * c) for v in cells])
-            except ValueError as exc:
-                raise _invalid(
-                    f"input DataFrame: each cell of its one column must hold {h * w * c} pixel "
-                    f"values (an image {h}x{w}x{c}, row-major H, W, C) ({exc})"
-                ) from exc
-        elif model_input.shape[1] == h * w * c:
-            arr = model_input.to_numpy()
-        else:
-            raise _invalid(
-                f"input DataFrame has {model_input.shape[1]} columns: expected one column of "
-                f"flat images or {h * w * c} pixel columns (H, W, C = {h}, {w}, {c})"
-            )
-        model_input = arr.reshape(-1, h, w, c)
-    arr = np.asarray(model_input)
-    if arr.ndim == 3 and c == 1:
-        arr = arr[..., None]
-    if arr.ndim != 4 or tuple(arr.shape[1:]) != (h, w, c):
-        raise _invalid(f"expected images shaped [N, {h}, {w}, {c}], got {list(arr.shape)}")
-    if arr.dtype != np.uint8:
-        if arr.size and (
-            not np.issubdtype(arr.dtype, np.number)
-            or arr.min() < 0
-            or arr.max() > 255
-            or not np.array_equal(arr, np.round(arr))
-        ):
-            raise _invalid(f"pixel values must be integers within 0-255 (dtype {arr.dtype})")
-        arr = arr.astype(np.uint8)
-    return arr
-
-
 class PaddleBundleModel(mlflow.pyfunc.PythonModel):
     """The bundle's fp32 program in Paddle Inference behind the task's preprocessing.
 
@@ -219,7 +180,7 @@ class PaddleBundleModel(mlflow.pyfunc.PythonModel):
             str(config["task"]), dict(config.get("task_options") or {}), source="MLmodel"
         )
         self.task.load_assets(bundle)
-        self.input_shape = tuple(int(x) for x in config["input_shape"])
+        self.input_shape = [int(x) for x in config["input_shape"]]
         self.batch_size = int(config.get("batch_size", 256))
         self.predictor = PaddlePredictor(
             ModelFiles.in_dir(bundle), threads=int(config.get("threads", 1))
@@ -234,9 +195,12 @@ class PaddleBundleModel(mlflow.pyfunc.PythonModel):
         """Class scores of raw images (module doc): ``predicted``, ``probabilities``,
         ``logits``. ``model_input`` arrives as an array once MLflow enforced the signature;
         called directly it may also be a DataFrame."""
-        images = to_images(model_input, self.input_shape)
+        try:
+            samples = self.task.data.model_input(model_input, self.input_shape)
+        except ValueError as exc:
+            raise _invalid(str(exc)) from exc
         with self._lock:
-            logits = self.predictor.predict(self.task.preprocess(images), self.batch_size)
+            logits = self.predictor.predict(self.task.preprocess(samples), self.batch_size)
         logits = np.asarray(logits, dtype=np.float32)
         return {
             "predicted": logits.argmax(axis=1).astype(np.int64),
@@ -271,18 +235,13 @@ def _requirements() -> list[str]:
     return out
 
 
-def _examples(
-    task: Any, data_dir: Path, split: str, count: int
-) -> tuple[np.ndarray, tuple[int, int, int]]:
+def _examples(task: Any, data_dir: Path, split: str, count: int) -> tuple[Any, list[int]]:
     raw, _ = task.read_split(data_dir, split)
-    if raw.ndim != 4 or raw.dtype != np.uint8 or raw.shape[0] == 0:
-        raise StepError(
-            f"{data_dir / f'{split}.npz'}: field 'images' must be uint8 [N, H, W, C] with N >= 1 "
-            f"(docs/data-format.md), got {raw.dtype} {list(raw.shape)}"
-        )
-    per_image = int(np.prod(raw.shape[1:]))
-    n = max(1, min(count, _EXAMPLE_BYTES // max(per_image, 1), raw.shape[0]))
-    return np.ascontiguousarray(raw[:n]), tuple(int(x) for x in raw.shape[1:])
+    where = dataset.split_path(data_dir, split)
+    try:
+        return task.data.input_examples(raw, count, _EXAMPLE_BYTES)
+    except ValueError as exc:
+        raise StepError(f"{where}: {exc} (docs/data-format.md)") from exc
 
 
 def log_bundle_model(

@@ -69,6 +69,7 @@ class OVPredictor(BatchedPredictor):
         self._compiled = _core().compile_model(model, "CPU", config)
         self._request = self._compiled.create_infer_request()
         self.input_names = [p.get_any_name() for p in self._compiled.inputs]
+        self.output_names = [p.get_any_name() for p in self._compiled.outputs]
 
     def run(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         result = self._request.infer([np.ascontiguousarray(x) for x in inputs])

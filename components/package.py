@@ -2,7 +2,9 @@
 
 Copies ``export``'s output (fp32 PIR + legacy programs, parity report, signature) and adds the
 int8 programs of ``qat`` under ``int8/paddle`` and ``int8/openvino``; ``signature.json`` then
-lists every format. Nothing is exported or converted again: this bundle is what ``evaluate``
+lists every format. When qat shipped no int8 model (``qat.allow_fp32_only``), the bundle is
+fp32 only and ``signature.json`` says why (``int8_unavailable``). Nothing is exported or
+converted again: this bundle is what ``evaluate``
 scores, what the server image bakes in, and what the registry versions.
 """
 
@@ -25,12 +27,21 @@ INT8_FORMATS = {
 }
 
 
+def fp32_only_reasons(qat_dir: Path) -> list[str] | None:
+    """Why the qat step shipped no int8 model (``qat.allow_fp32_only``), or None when it
+    passed its gate."""
+    gate = qat_dir / "gate.json"
+    doc = read_json(gate) if gate.exists() else {}
+    if doc.get("passed"):
+        return None
+    if doc.get("fp32_only"):
+        return [str(r) for r in doc.get("reasons") or []]
+    raise StepError(f"{gate}: no int8 model that passed the QAT gate; run qat first")
+
+
 def bundle_int8(qat_dir: Path, dest: Path) -> dict[str, Any]:
     """Copy the gated int8 programs of ``qat_dir`` to ``dest``; their ``signature.json``
     format entries (paths relative to the bundle)."""
-    gate = qat_dir / "gate.json"
-    if not gate.exists() or not read_json(gate).get("passed"):
-        raise StepError(f"{gate}: no int8 model that passed the QAT gate; run qat first")
     formats = {}
     for fmt, (program, params) in INT8_FORMATS.items():
         for name in (program, params):
@@ -53,7 +64,12 @@ def run(export_dir: str | Path, qat_dir: str | Path, out_dir: str | Path) -> Pat
     with atomic_path(out_dir) as tmp:
         shutil.copytree(export_dir, tmp, ignore=shutil.ignore_patterns("manifest.json"))
         signature = read_json(signature_file)
-        signature["formats"].update(bundle_int8(qat_dir, tmp / "int8"))
+        reasons = fp32_only_reasons(qat_dir)
+        if reasons is None:
+            signature["formats"].update(bundle_int8(qat_dir, tmp / "int8"))
+        else:  # recorded where every consumer of the bundle reads
+            signature["int8_unavailable"] = reasons
+            log.warning("bundle without int8 (qat.allow_fp32_only): %s", "; ".join(reasons))
         write_json(tmp / "signature.json", signature)
         write_manifest(
             tmp,

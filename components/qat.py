@@ -14,6 +14,10 @@ Route (measured on Paddle 3.3.1 / OpenVINO 2026.4, see docs/qat.md):
   Inference runs, and from which OpenVINO's Paddle frontend builds FakeQuantize ops that its
   CPU plugin executes in int8 (``openvino/model.xml|bin``, int8 weights).
 
+A task whose model cannot be quantized says why (``Task.int8_blocker``); then, and when the
+gate fails, the stage stops unless ``qat.allow_fp32_only`` is true, in which case it records the
+reasons in ``gate.json`` (``fp32_only``) and the metrics, and ``package`` ships fp32 only.
+
 The gate compares int8 with its fp32 parent sample by sample on the validation split
 (``qat.split``), in both OpenVINO and Paddle Inference: a paired test (counts of samples that
 got worse/better, one-sided exact McNemar) together with the accuracy and per-class recall
@@ -40,7 +44,7 @@ import paddle.nn.functional as F
 from tqdm import tqdm
 
 from components import dataset, gates
-from components.artifacts import StepError, atomic_path, write_json, write_manifest
+from components.artifacts import StepError, atomic_path, read_json, write_json, write_manifest
 from components.modelio import load_trained
 from components.ov_runtime import OVPredictor, read_model, save_ir
 from components.runtime import ModelFiles, PaddlePredictor
@@ -77,6 +81,9 @@ class QatParams:
     alpha: float = 0.1  # one-sided exact McNemar level ("significantly worse")
     min_class_flips: int = 3  # a class limit counts only with this many samples lost net
     latency: QatLatency = field(default_factory=QatLatency)
+    # When no int8 model can be had (the task's model cannot be quantized, or the gate
+    # fails): false stops the pipeline here; true records why and the bundle is fp32 only.
+    allow_fp32_only: bool = False
 
     def check(self) -> None:
         if self.epochs < 0 or self.batch_size < 1:
@@ -380,6 +387,9 @@ def run(
     train_dir, export_dir = Path(train_dir), Path(export_dir)
     data_dir, out_dir = Path(data_dir), Path(out_dir)
     metrics_file = Path(metrics_file) if metrics_file else out_dir / "metrics.json"
+    blocker = task.int8_blocker()
+    if blocker:
+        return fp32_only(params, task, train_dir, out_dir, metrics_file, [blocker])
     spec = task.paddle_input_specs()
     teacher, _ = load_trained(task, train_dir)
     student, _ = load_trained(task, train_dir)
@@ -425,11 +435,51 @@ def run(
         "passed" if decision.passed else "FAILED",
     )
     if not decision.passed:
-        raise StepError(
+        message = (
             "QAT gate failed: the int8 model is worse than its fp32 parent on the "
             f"{params.split} split (details in {out_dir / 'gate.json'}):\n"
             + "\n".join(f"  - {r}" for r in decision.reasons)
         )
+        if not params.allow_fp32_only:
+            raise StepError(message + "\n(qat.allow_fp32_only: true ships the fp32 model only)")
+        log.warning("%s\nqat.allow_fp32_only: the bundle will be fp32 only", message)
+        gate_file = out_dir / "gate.json"
+        with atomic_path(gate_file) as tmp_gate:
+            gate_doc = read_json(gate_file)
+            write_json(tmp_gate, {**gate_doc, "fp32_only": True})
+        metrics = {**metrics, "fp32_only": True}
+        write_json(metrics_file, metrics)
+    return QatResult(out_dir=out_dir, metrics=metrics, gate=decision)
+
+
+def fp32_only(
+    params: QatParams,
+    task: Task,
+    train_dir: Path,
+    out_dir: Path,
+    metrics_file: Path,
+    reasons: list[str],
+) -> QatResult:
+    """No int8 model for this task: stop with the reasons, or (``qat.allow_fp32_only``)
+    record them in ``gate.json`` and the metrics so that package ships fp32 only."""
+    what = f"task '{task.name}' has no int8 model: " + "; ".join(reasons)
+    if not params.allow_fp32_only:
+        raise StepError(what + " (qat.allow_fp32_only: true ships the fp32 model only)")
+    log.warning("%s; qat.allow_fp32_only: the bundle will be fp32 only", what)
+    decision = GateDecision(passed=False, reasons=list(reasons))
+    metrics = {"gate_passed": False, "fp32_only": True, "int8_available": False}
+    with atomic_path(out_dir) as tmp:
+        tmp.mkdir(parents=True)
+        write_json(tmp / "gate.json", {**asdict(decision), "fp32_only": True})
+        write_manifest(
+            tmp,
+            "qat",
+            inputs={"model.pdparams": train_dir / "model.pdparams"},
+            outputs={},
+            params=asdict(params),
+            extra={"gate_passed": False, "fp32_only": True, "reasons": list(reasons)},
+        )
+    write_json(metrics_file, metrics)
     return QatResult(out_dir=out_dir, metrics=metrics, gate=decision)
 
 

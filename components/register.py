@@ -72,6 +72,8 @@ class RegisterParams:
     alpha: float = 0.1  # one-sided exact McNemar level
     min_class_flips: int = 3  # a class limit counts from this many samples lost (net)
     split: str = "test"
+    # the task's baseline (evaluate's baseline_accuracy, same split) must be beaten to bless
+    require_beats_baseline: bool = False
 
     def check(self) -> None:
         if not 0.0 <= self.min_accuracy <= 1.0:
@@ -149,6 +151,18 @@ def bless(
     acc = challenger["accuracy"]
     if acc < params.min_accuracy:
         reasons.append(f"accuracy {acc:.4f} is below register.min_accuracy {params.min_accuracy}")
+    baseline = challenger.get("baseline_accuracy")
+    if params.require_beats_baseline:
+        if baseline is None:
+            reasons.append(
+                "register.require_beats_baseline: the run has no baseline_accuracy (the task "
+                "has no baseline, or evaluate did not run it)"
+            )
+        elif acc <= baseline:
+            reasons.append(
+                f"accuracy {acc:.4f} does not beat the baseline's {baseline:.4f} on the same "
+                "samples (register.require_beats_baseline)"
+            )
     comparisons: dict[str, Any] = {}
     if champion is not None:
         if champion.get("inputs") != challenger.get("inputs"):
@@ -251,6 +265,7 @@ def key_metrics(metrics: dict[str, float]) -> dict[str, str]:
             ("accuracy", "test.accuracy"),
             ("macro_f1", "test.macro_f1"),
             ("latency_ms_b1", "test.latency_ms_b1"),
+            ("baseline_accuracy", "test.baseline_accuracy"),
             ("qat_accuracy", "qat.accuracy"),
             ("qat_size_ratio", "qat.size_ratio"),
             ("qat_latency_ratio_b64", "qat.latency_ratio_b64"),
@@ -405,6 +420,10 @@ def run(
     challenger, champion, paired = compare_with_champion(
         client, uri, registry, version, params, task, data_dir, split_sha
     )
+    if "test.baseline_accuracy" in mlrun.data.metrics:  # evaluate's, on the same split
+        challenger["baseline_accuracy"] = float(mlrun.data.metrics["test.baseline_accuracy"])
+        beats = challenger["accuracy"] > challenger["baseline_accuracy"]
+        client.set_model_version_tag(name, str(version), "beats_baseline", str(beats).lower())
     blessing = bless(params, lineage, challenger, champion, paired)
     record_blessing(client, name, version, run_id, blessing)
     write_json(

@@ -58,7 +58,8 @@ def test_parity_check_rejects_a_different_model(
     paddle.jit.save(other, str(tmp_path / "model"), input_spec=digits_task.paddle_input_specs())
     wrong = PaddlePredictor(ModelFiles.in_dir(tmp_path))
     raw, _ = digits_task.read_split(digits_data, "val")
-    report = check_parity(model, wrong, digits_task.preprocess(raw[:16]), ParityParams())
+    inputs = digits_task.preprocess(raw[:16])
+    report = check_parity(model, wrong, inputs, ParityParams(), wrong.files.program)
     assert not report["passed"]
     assert report["batch_full"]["violations"] > 0
     assert report["batch_full"]["top1_agreement"] < 1.0

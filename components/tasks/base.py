@@ -56,7 +56,8 @@ class Task(abc.ABC):
     name: ClassVar[str]
     data: ClassVar[DataFormat]  # how its raw data is read, stored, split and validated
     # exported programs: PIR (always) and the legacy ProgramDesc that OpenVINO and the int8
-    # path read; a model that cannot be saved in the legacy format leaves it out
+    # path read; a model that cannot be saved in the legacy format leaves it out and asks for
+    # "onnx" (the PIR program through paddle2onnx), which OpenVINO reads instead
     export_formats: ClassVar[tuple[str, ...]] = ("pir", "legacy")
 
     @classmethod
@@ -119,6 +120,17 @@ class Task(abc.ABC):
         before fine-tuning (ERNIE's masked-language objective, say); returns facts for the
         train metrics (default: none, nothing done)."""
         return {}
+
+    def baseline(self) -> Any | None:
+        """A simple scikit-learn model (``fit``/``predict`` on stored samples) that evaluate
+        trains on the training split and scores beside the task's model on the same split, so
+        a model that cannot beat it says so (default: none)."""
+        return None
+
+    def int8_blocker(self) -> str | None:
+        """Why this task's model cannot be quantized and exported as int8 on this stack
+        (None: it can). The qat step stops on it unless ``qat.allow_fp32_only``."""
+        return None
 
     def augment(self, inputs: list[np.ndarray], rng: np.random.Generator) -> list[np.ndarray]:
         """Training-time augmentation of a preprocessed batch (default: none)."""

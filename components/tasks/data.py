@@ -128,6 +128,21 @@ class DataFormat(abc.ABC):
     def read_split(self, path: Path) -> dataset.Split:
         """Read one split as stored, without changing types (validation must see them)."""
 
+    # ---------------------------------------------------------------- serving (MLflow pyfunc)
+
+    @abc.abstractmethod
+    def input_examples(
+        self, samples: np.ndarray, count: int, max_bytes: int
+    ) -> tuple[Any, list[int]]:
+        """Up to ``count`` stored samples (at most ``max_bytes`` of them) as a model's input
+        example, and the per-sample shape the served model checks; ``ValueError`` when the
+        stored samples are not of this format."""
+
+    @abc.abstractmethod
+    def model_input(self, value: Any, shape: list[int]) -> np.ndarray:
+        """A request's input (array, list or one-column DataFrame) as stored samples;
+        ``ValueError`` (a bad request) with what was expected and found."""
+
     # ---------------------------------------------------------------- validate
 
     @abc.abstractmethod

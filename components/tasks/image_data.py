@@ -444,6 +444,52 @@ def sample_expectations(
     return out
 
 
+# --------------------------------------------------------------------------- serving
+
+
+def to_images(model_input: Any, shape: Sequence[int]) -> np.ndarray:
+    """A request (see ``components.mlflow_model``) as ``uint8 [N, H, W, C]`` with ``(H, W, C)
+    == shape``; ``ValueError`` for anything else."""
+    import pandas as pd
+
+    h, w, c = shape
+    if isinstance(model_input, pd.DataFrame):
+        if model_input.empty:
+            raise ValueError("input DataFrame is empty")
+        if model_input.shape[1] == 1:
+            cells = model_input.iloc[:, 0].tolist()
+            try:
+                arr = np.stack([np.asarray(v).reshape(h * w * c) for v in cells])
+            except ValueError as exc:
+                raise ValueError(
+                    f"input DataFrame: each cell of its one column must hold {h * w * c} pixel "
+                    f"values (an image {h}x{w}x{c}, row-major H, W, C) ({exc})"
+                ) from exc
+        elif model_input.shape[1] == h * w * c:
+            arr = model_input.to_numpy()
+        else:
+            raise ValueError(
+                f"input DataFrame has {model_input.shape[1]} columns: expected one column of "
+                f"flat images or {h * w * c} pixel columns (H, W, C = {h}, {w}, {c})"
+            )
+        model_input = arr.reshape(-1, h, w, c)
+    arr = np.asarray(model_input)
+    if arr.ndim == 3 and c == 1:
+        arr = arr[..., None]
+    if arr.ndim != 4 or tuple(arr.shape[1:]) != (h, w, c):
+        raise ValueError(f"expected images shaped [N, {h}, {w}, {c}], got {list(arr.shape)}")
+    if arr.dtype != np.uint8:
+        if arr.size and (
+            not np.issubdtype(arr.dtype, np.number)
+            or arr.min() < 0
+            or arr.max() > 255
+            or not np.array_equal(arr, np.round(arr))
+        ):
+            raise ValueError(f"pixel values must be integers within 0-255 (dtype {arr.dtype})")
+        arr = arr.astype(np.uint8)
+    return arr
+
+
 # --------------------------------------------------------------------------- the format
 
 
@@ -474,6 +520,21 @@ class ImageData(DataFormat):
 
     def sample_table(self, split: str, file: str, data: dataset.Split) -> pd.DataFrame:
         return sample_table(split, file, data)
+
+    def input_examples(
+        self, samples: np.ndarray, count: int, max_bytes: int
+    ) -> tuple[np.ndarray, list[int]]:
+        if samples.ndim != 4 or samples.dtype != np.uint8 or samples.shape[0] == 0:
+            raise ValueError(
+                "field 'images' must be uint8 [N, H, W, C] with N >= 1, got "
+                f"{samples.dtype} {list(samples.shape)}"
+            )
+        per_image = int(np.prod(samples.shape[1:]))
+        n = max(1, min(count, max_bytes // max(per_image, 1), samples.shape[0]))
+        return np.ascontiguousarray(samples[:n]), [int(x) for x in samples.shape[1:]]
+
+    def model_input(self, value: Any, shape: list[int]) -> np.ndarray:
+        return to_images(value, shape)
 
     def sample_expectations(
         self, params: ValidateParams, num_classes: int, splits: dict[str, dataset.Split]

@@ -379,6 +379,32 @@ def sample_expectations(params: TextValidateParams, num_classes: int) -> list[An
     ]
 
 
+# --------------------------------------------------------------------------- serving
+
+
+def to_texts(value: Any) -> np.ndarray:
+    """A request as texts: a string, a list or 1-d array of strings, or a DataFrame with one
+    column of strings (one row per text); ``ValueError`` for anything else."""
+    if isinstance(value, pd.DataFrame):
+        if value.shape[1] != 1:
+            raise ValueError(
+                f"input DataFrame has {value.shape[1]} columns: expected one column of texts"
+            )
+        value = value.iloc[:, 0].tolist()
+    if isinstance(value, str):
+        value = [value]
+    arr = np.asarray(list(value), dtype=object).reshape(-1)
+    if arr.size == 0:
+        raise ValueError("no texts in the input")
+    bad = [i for i, t in enumerate(arr.tolist()) if not isinstance(t, str)]
+    if bad:
+        raise ValueError(
+            f"texts must be strings; item {bad[0]} is {type(arr[bad[0]]).__name__} "
+            f"({len(bad)} non-string item(s))"
+        )
+    return arr
+
+
 # --------------------------------------------------------------------------- the format
 
 
@@ -435,6 +461,19 @@ class TextData(DataFormat):
 
     def sample_table(self, split: str, file: str, data: dataset.Split) -> pd.DataFrame:
         return sample_table(split, file, data)
+
+    def input_examples(
+        self, samples: np.ndarray, count: int, max_bytes: int
+    ) -> tuple[np.ndarray, list[int]]:
+        texts = [t for t in samples.tolist() if isinstance(t, str)][: max(1, count)]
+        while len(texts) > 1 and sum(len(t.encode("utf-8")) for t in texts) > max_bytes:
+            texts.pop()
+        if not texts:
+            raise ValueError("no text samples to take an input example from")
+        return np.asarray(texts, dtype=str), []
+
+    def model_input(self, value: Any, shape: list[int]) -> np.ndarray:
+        return to_texts(value)
 
     def sample_expectations(
         self, params: TextValidateParams, num_classes: int, splits: dict[str, dataset.Split]

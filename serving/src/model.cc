@@ -80,7 +80,11 @@ StatusOr<std::unique_ptr<Model>> Model::Create(const ServerConfig& config,
                      ? "int8_paddle"
                      : (sig.formats.count("pir") ? "pir" : "legacy");
   } else {
-    format_key = config.variant == "int8" ? "int8_openvino" : "legacy";
+    // fp32: the legacy program, or ONNX for a model that has none (e.g. ERNIE,
+    // which Paddle 3.3 cannot save in the legacy format)
+    format_key = config.variant == "int8"
+                     ? "int8_openvino"
+                     : (sig.formats.count("legacy") ? "legacy" : "onnx");
   }
   if (!config.model_file.empty()) {
     opts.model_path = config.model_file;
