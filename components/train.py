@@ -185,6 +185,9 @@ class _Trainer:
     amp: AmpMode
     scaler: Any
     per_batch: bool  # the schedule advances after every batch (else after every epoch)
+    # distillation: soft targets per training sample [N, K] (Task.soft_targets), their weight
+    # and temperature; None: labels only
+    soft: Any = None
 
     @classmethod
     def build(
@@ -214,7 +217,9 @@ class _Trainer:
                 scaler = paddle.amp.GradScaler(init_loss_scaling=2.0**15)
         return cls(model, opt, scheduler, amp, scaler, recipe.per_batch)
 
-    def step(self, batch: list[paddle.Tensor], y: paddle.Tensor) -> tuple[float, int]:
+    def step(
+        self, batch: list[paddle.Tensor], y: paddle.Tensor, soft: np.ndarray | None = None
+    ) -> tuple[float, int]:
         """One optimizer step; the batch's loss and number of correct predictions."""
         amp = self.amp
         with paddle.amp.auto_cast(
@@ -224,6 +229,14 @@ class _Trainer:
         ):
             logits = self.model(*batch)
         loss = F.cross_entropy(logits.astype("float32"), y)  # loss always in fp32
+        if soft is not None:  # + KL(teacher || model) on temperature-softened logits
+            targets = self.soft
+            t = targets.temperature
+            teacher = F.softmax(paddle.to_tensor(np.log(np.clip(soft, 1e-8, 1.0))) / t, axis=1)
+            kl = F.kl_div(
+                F.log_softmax(logits.astype("float32") / t, axis=1), teacher, reduction="batchmean"
+            )
+            loss = (1.0 - targets.weight) * loss + targets.weight * kl * t * t
         if self.scaler is not None:
             self.scaler.scale(loss).backward()
             self.scaler.step(self.opt)
@@ -252,7 +265,8 @@ class _Trainer:
         for start in range(0, n, batch_size):
             idx = order[start : start + batch_size]
             batch = [paddle.to_tensor(x) for x in task.augment([x[idx] for x in x_train], rng)]
-            loss, hits = self.step(batch, paddle.to_tensor(y_train[idx]))
+            soft = self.soft.probabilities[idx] if self.soft is not None else None
+            loss, hits = self.step(batch, paddle.to_tensor(y_train[idx]), soft)
             loss_sum += loss * len(idx)
             correct += hits
         return loss_sum / n, correct / n
@@ -393,6 +407,9 @@ def run(
     pretrained: dict[str, Any] = {}
     if _load_checkpoint(ckpt_dir, fingerprint) is None:  # resuming: the checkpoint has it
         pretrained = task.pretrain(trainer.model, x_train)
+    trainer.soft = task.soft_targets(x_train_raw, y_train, len(label_names))
+    if trainer.soft is not None:
+        pretrained = {**pretrained, **trainer.soft.facts}
     state = _resume(trainer, ckpt_dir, fingerprint)
     _fit(trainer, state, params, task, (x_train, y_train, x_val, y_val), ckpt_dir, fingerprint)
     history, best = state["history"], state["best"]

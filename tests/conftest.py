@@ -261,9 +261,9 @@ def sh(repo: Path, *cmd: str, check: bool = True) -> subprocess.CompletedProcess
     return proc
 
 
-def set_params(repo: Path, **updates: dict) -> None:
-    """Deep-merge ``updates`` into the repo's params.yaml sections."""
-    path = repo / "params.yaml"
+def set_params(repo: Path, *, params_file: str = "params.yaml", **updates: dict) -> None:
+    """Deep-merge ``updates`` into the sections of the repo's ``params_file``."""
+    path = repo / params_file
     params = yaml.safe_load(path.read_text())
     for section, values in updates.items():
         params[section] = _merge(params[section], values)

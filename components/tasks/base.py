@@ -40,6 +40,18 @@ class TrainSettings:
 
 
 @dataclass(frozen=True)
+class SoftTargets:
+    """A teacher's class probabilities for every training sample, for distillation: the
+    loss becomes ``(1 - weight) * CE(labels) + weight * T^2 * KL(teacher || model)`` on
+    logits softened by temperature ``T``."""
+
+    probabilities: np.ndarray  # [N, K], rows sum to 1, in training-split order
+    weight: float
+    temperature: float
+    facts: dict[str, Any]  # for the train metrics (e.g. the teacher's accuracy)
+
+
+@dataclass(frozen=True)
 class Optimization:
     """What a task trains with: the optimizer, its learning-rate schedule, and whether the
     schedule advances after every batch (warmup/decay recipes) or after every epoch."""
@@ -120,6 +132,12 @@ class Task(abc.ABC):
         before fine-tuning (ERNIE's masked-language objective, say); returns facts for the
         train metrics (default: none, nothing done)."""
         return {}
+
+    def soft_targets(
+        self, train_samples: np.ndarray, train_labels: np.ndarray, num_classes: int
+    ) -> SoftTargets | None:
+        """Soft labels to distil from while training (default: none, labels only)."""
+        return None
 
     def baseline(self) -> Any | None:
         """A simple scikit-learn model (``fit``/``predict`` on stored samples) that evaluate

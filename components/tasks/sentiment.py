@@ -33,7 +33,14 @@ from tqdm import tqdm
 
 from components.artifacts import StepError, read_json, write_json
 from components.config import from_dict
-from components.tasks.base import ASSETS_DIR, Optimization, Task, TensorSpec, TrainSettings
+from components.tasks.base import (
+    ASSETS_DIR,
+    Optimization,
+    SoftTargets,
+    Task,
+    TensorSpec,
+    TrainSettings,
+)
 from components.tasks.text_data import TextData
 
 log = logging.getLogger(__name__)
@@ -105,6 +112,22 @@ class MlmOptions:
 
 
 @dataclass(frozen=True)
+class DistillOptions:
+    """Distil from the linear baseline while fine-tuning: its out-of-fold probabilities on
+    the training texts (each text scored by a baseline that never saw it) are soft labels
+    (weight 0: labels only)."""
+
+    weight: float = 0.0
+    temperature: float = 1.0
+    folds: int = 5
+    seed: int = 42
+
+    def check(self) -> None:
+        if not 0 <= self.weight <= 1 or not self.temperature > 0 or self.folds < 2:
+            raise ValueError("distill: weight in [0, 1], temperature > 0, folds >= 2")
+
+
+@dataclass(frozen=True)
 class SentimentOptions:
     pretrained: str | None = None  # paddlenlp name or save_pretrained directory
     max_seq_len: int = 64  # tokens including [CLS] and [SEP]; longer texts are truncated
@@ -119,6 +142,7 @@ class SentimentOptions:
     # logistic regression
     baseline_ngrams: list[int] = field(default_factory=lambda: [1, 2])
     baseline_c: float = 1.0  # inverse regularisation strength of the logistic regression
+    distill: DistillOptions = field(default_factory=DistillOptions)
 
     def check(self) -> None:
         if self.max_seq_len < 4:
@@ -211,12 +235,14 @@ class SentimentTask(Task):
         )
         import tempfile
 
-        with tempfile.TemporaryDirectory() as tmp:
-            path = Path(tmp) / VOCAB_FILE
-            path.write_text("\n".join(vocab) + "\n", encoding="utf-8")
-            self.tokenizer = transformers.ErnieTokenizer(
-                vocab_file=str(path), do_lower_case=self.options.lowercase
-            )
+        # the tokenizer keeps its vocab file's path (save_pretrained copies it): the file
+        # lives as long as this task object
+        self._vocab_dir = tempfile.TemporaryDirectory(prefix="vocab-")
+        path = Path(self._vocab_dir.name) / VOCAB_FILE
+        path.write_text("\n".join(vocab) + "\n", encoding="utf-8")
+        self.tokenizer = transformers.ErnieTokenizer(
+            vocab_file=str(path), do_lower_case=self.options.lowercase
+        )
         log.info("vocabulary: %d tokens from %d training texts", len(vocab), len(train_samples))
 
     def _pretrained(self, cls: Any, **kwargs: Any) -> Any:
@@ -366,6 +392,41 @@ class SentimentTask(Task):
                 sublinear_tf=True,
             ),
             LogisticRegression(C=self.options.baseline_c, max_iter=2000),
+        )
+
+    def soft_targets(
+        self, train_samples: np.ndarray, train_labels: np.ndarray, num_classes: int
+    ) -> SoftTargets | None:
+        """The baseline's out-of-fold class probabilities on the training texts."""
+        opts = self.options.distill
+        if opts.weight == 0:
+            return None
+        from sklearn.model_selection import StratifiedKFold, cross_val_predict
+
+        started = time.perf_counter()
+        folds = StratifiedKFold(opts.folds, shuffle=True, random_state=opts.seed)
+        proba = cross_val_predict(
+            self.baseline(),
+            [str(t) for t in train_samples.tolist()],
+            train_labels,
+            cv=folds,
+            method="predict_proba",
+        ).astype(np.float32)
+        if proba.shape[1] != num_classes:
+            raise StepError(
+                f"{self.where}.distill: the baseline saw {proba.shape[1]} of {num_classes} "
+                "classes in the training split"
+            )
+        accuracy = float((proba.argmax(axis=1) == train_labels).mean())
+        log.info("distillation teacher (baseline, out of fold): accuracy %.4f", accuracy)
+        return SoftTargets(
+            proba,
+            opts.weight,
+            opts.temperature,
+            {
+                "teacher_oof_accuracy": round(accuracy, 6),
+                "teacher_seconds": round(time.perf_counter() - started, 1),
+            },
         )
 
     def int8_blocker(self) -> str | None:

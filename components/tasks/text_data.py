@@ -330,9 +330,12 @@ def sample_table(split: str, file: str, data: dataset.Split) -> pd.DataFrame:
             ),
             "label_type": [type(v).__name__ for v in labels],
             "text_type": [type(t).__name__ for t in texts],
-            "utf8_valid": [_utf8(t) for t in texts],
-            "blank": [not (isinstance(t, str) and t.strip()) for t in texts],
-            "chars": np.asarray([len(t) if isinstance(t, str) else 0 for t in texts], np.int64),
+            # a non-string text is reported once, by text_type; these rules judge strings
+            "utf8_valid": [_utf8(t) if isinstance(t, str) else True for t in texts],
+            "blank": [isinstance(t, str) and not t.strip() for t in texts],
+            "chars": np.asarray(
+                [len(t if isinstance(t, str) else str(t)) for t in texts], np.int64
+            ),
             HASH_COLUMN: [
                 hashlib.sha256(str(t).encode("utf-8", "surrogateescape")).hexdigest() for t in texts
             ],
