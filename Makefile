@@ -11,11 +11,16 @@ export GLOG_minloglevel := 2
 PYTEST_ARGS ?=
 BENCH_ARCH ?= resnet50
 MLFLOW_PORT ?= 5000
+# which task's pipeline `make run` reproduces: digits (dvc.yaml + params.yaml) or a task with
+# its own tasks/<name>/params.yaml + dvc.yaml (e.g. TASK=sentiment)
+TASK ?= digits
+PIPELINE := $(if $(filter digits,$(TASK)),dvc.yaml,tasks/$(TASK)/dvc.yaml)
 
 .PHONY: help install apt-deps bench-deps serving serving-test run data repro status test lint format metrics plots mlflow-ui mlflow-server registry bench bench-serving pipeline kfp-local images container-deps kfp-containers clean
 
 help:
 	@echo "make run      - install, materialise data/raw, run the whole pipeline (dvc repro)"
+	@echo "make run TASK=sentiment - the ERNIE sentiment pipeline (dvc repro tasks/sentiment/dvc.yaml)"
 	@echo "make test     - install, build the C++ server, run its unit tests and the whole suite"
 	@echo "make serving  - build the C++ KServe-v2 server (build/serving/paddle-mlops-server)"
 	@echo "make lint     - ruff"
@@ -85,7 +90,8 @@ data: install
 	dvc status data.dvc
 
 repro: data serving
-	dvc repro
+	@test -f $(PIPELINE) || { echo "error: TASK=$(TASK): no $(PIPELINE)"; exit 1; }
+	dvc repro $(PIPELINE)
 
 run: repro
 	dvc metrics show

@@ -414,7 +414,10 @@ def dvc_stage(step: Step, task: str | None = None) -> dict[str, Any]:
     for port in step.inputs:
         path = task_path(port.path, task)
         deps += [f"{path}/{f}" for f in port.files] if port.files else [path]
-    deps += [*step.extra_deps, *import_closure(f"components.{step.name}")]
+    # extra deps are the default pipeline's files (data/raw: the digits); a task's pipeline
+    # depends on the local source its own params name instead
+    extra = list(step.extra_deps) if task is None else _local_sources(step, task)
+    deps += [*extra, *import_closure(f"components.{step.name}")]
     stage: dict[str, Any] = {"cmd": dvc_cmd(step, task)}
     if task is not None:
         stage["wdir"] = "../.."
@@ -432,6 +435,21 @@ def dvc_stage(step: Step, task: str | None = None) -> dict[str, Any]:
             entry = {path: {"persist": True, "cache": False}}
         stage.setdefault(key, []).append(entry)
     return stage
+
+
+def _local_sources(step: Step, task: str) -> list[str]:
+    """The local files or directories ``tasks/<task>/params.yaml`` names as a source in the
+    sections ``step`` reads (``ingest.source``, say); builtin: and URL sources have none."""
+    import yaml
+
+    path = REPO / task_params_file(task)
+    params = yaml.safe_load(path.read_text(encoding="utf-8")) if path.exists() else {}
+    out = []
+    for section in step.sections:
+        source = (params.get(section) or {}).get("source") if section != "task" else None
+        if isinstance(source, str) and source and ":" not in source.split("/")[0]:
+            out.append(source)
+    return out
 
 
 DVC_HEADER = """\

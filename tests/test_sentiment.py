@@ -15,6 +15,7 @@ from __future__ import annotations
 import csv
 import json
 import sqlite3
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -254,6 +255,7 @@ def pipeline(tmp_path_factory, server_binary) -> Path:
             "latency_requests": 5,
         },
     )
+    sh(repo, sys.executable, "-m", "components", "dvc-yaml")  # the new source is a dep
     sh(repo, "dvc", "repro", PARAMS.replace("params.yaml", "dvc.yaml"))
     return repo
 

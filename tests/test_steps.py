@@ -19,6 +19,7 @@ from components.step import (
     flag,
     kfp_main,
     load,
+    task_pipelines,
 )
 from tests.conftest import REPO, run_module
 
@@ -30,6 +31,21 @@ def test_dvc_yaml_is_generated_from_the_declarations():
     generated = {name: dvc_stage(step) for name, step in DECLARED.items()}
     assert list(committed) == list(STEPS)
     assert committed == generated, "run `python -m components dvc-yaml` and commit dvc.yaml"
+
+
+@pytest.mark.parametrize("task", task_pipelines())
+def test_each_task_pipeline_is_generated_from_the_same_declarations(task):
+    """tasks/<task>/dvc.yaml: the same stages, run from the repository root with the task's
+    params file, writing under outputs/<task>/ (so `dvc repro` of dvc.yaml never runs it)."""
+    doc = yaml.safe_load((REPO / "tasks" / task / "dvc.yaml").read_text())
+    generated = {name: dvc_stage(step, task) for name, step in DECLARED.items()}
+    assert doc["stages"] == generated, "run `python -m components dvc-yaml` and commit it"
+    for stage in doc["stages"].values():
+        assert stage["wdir"] == "../.."
+        assert f"--params tasks/{task}/params.yaml" in stage["cmd"]
+        for out in stage.get("outs", []):
+            path = out if isinstance(out, str) else next(iter(out))
+            assert path.startswith(f"outputs/{task}/") or path.startswith(f"checkpoints/{task}/")
 
 
 @pytest.mark.parametrize("name", STEPS)
