@@ -244,7 +244,13 @@ def pipeline(tmp_path_factory, server_binary) -> Path:
     set_params(
         repo,
         params_file=PARAMS,
-        ingest={"source": "data/reviews/sample.csv", "kind": "table", "sha256": {}},
+        ingest={
+            "source": "data/reviews/sample.csv",
+            "kind": "table",
+            "sha256": {},
+            "split": {"val_fraction": 0.2, "test_fraction": 0.2},
+        },
+        validate={"min_rows": 20},
         train={"epochs": 3, "batch_size": 32, "learning_rate": 0.001},
         evaluate={"latency": {"warmup": 1, "repeats": 2}},
         register={"min_accuracy": 0.5},

@@ -23,7 +23,7 @@ import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import paddle
@@ -131,6 +131,9 @@ class DistillOptions:
 class SentimentOptions:
     pretrained: str | None = None  # paddlenlp name or save_pretrained directory
     max_seq_len: int = 64  # tokens including [CLS] and [SEP]; longer texts are truncated
+    # what a long text keeps: its first tokens (head), or half its first and half its last
+    # (head_tail: reviews often conclude at the end)
+    truncation: Literal["head", "head_tail"] = "head"
     lowercase: bool = True  # ErnieTokenizer's do_lower_case
     vocab_min_count: int = 2  # offline vocabulary: characters seen at least this often ...
     vocab_max_size: int = 3000  # ... keeping the most frequent (special tokens included)
@@ -284,7 +287,7 @@ class SentimentTask(Task):
             "do_lower_case": bool(tok.do_lower_case),
             "max_seq_len": self.options.max_seq_len,
             "padding": "max_length",
-            "truncation": "longest_first",
+            "truncation": self.options.truncation,
             **{name: tok.vocab.token_to_idx[name] for name in SPECIAL_TOKENS},
         }
 
@@ -456,11 +459,17 @@ class SentimentTask(Task):
         ids = np.zeros((len(texts), n), dtype=np.int64)
         types = np.zeros((len(texts), n), dtype=np.int64)
         items = tqdm(texts, desc="tokenize", unit="text", leave=False, disable=len(texts) < 2000)
+        cls, sep = tok.cls_token_id, tok.sep_token_id
         for i, text in enumerate(items):
-            enc = tok(text, max_length=n, truncation=True)
-            ids[i, : len(enc["input_ids"])] = enc["input_ids"]
-            types[i, : len(enc["token_type_ids"])] = enc["token_type_ids"]
-        return [ids, types]
+            row = [
+                cls,
+                *truncate(
+                    tok.convert_tokens_to_ids(tok.tokenize(text)), n - 2, self.options.truncation
+                ),
+                sep,
+            ]
+            ids[i, : len(row)] = row
+        return [ids, types]  # one segment: token_type_ids are 0
 
     def preprocessing_doc(self) -> dict[str, Any]:
         return {
@@ -478,6 +487,17 @@ class SentimentTask(Task):
                 f"{self.options.max_seq_len}, truncation=True), padded with 0 to that length"
             ),
         }
+
+
+def truncate(ids: list[int], keep: int, how: str) -> list[int]:
+    """At most ``keep`` token ids: the first ones (``head``), or the first ``keep // 2`` and
+    the last ``keep - keep // 2`` (``head_tail``)."""
+    if len(ids) <= keep:
+        return ids
+    if how == "head_tail":
+        head = keep // 2
+        return ids[:head] + ids[len(ids) - (keep - head) :]
+    return ids[:keep]
 
 
 def adamw(
