@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+import unicodedata
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -183,9 +184,9 @@ def build_vocab(texts: list[str], lowercase: bool, min_count: int, max_size: int
     character ErnieTokenizer's basic tokenizer leaves alone (CJK characters, punctuation) and,
     for characters inside other words (Latin letters, digits), both ``c`` and ``##c``, so a
     word of known characters never becomes ``[UNK]``. Most frequent first; ties by code."""
+    paddlenlp()  # before any paddlenlp import
     from paddlenlp.transformers.bert.tokenizer import BasicTokenizer
 
-    paddlenlp()
     basic = BasicTokenizer(do_lower_case=lowercase)
     counts: Counter[str] = Counter()
     for text in tqdm(texts, desc="vocabulary", unit="text", leave=False):
@@ -279,15 +280,22 @@ class SentimentTask(Task):
         )
 
     def tokenizer_doc(self) -> dict[str, Any]:
+        """``tokenizer.json``: what a client or the C++ server needs to tokenize exactly as
+        ErnieTokenizer does: the settings, the special token ids, and the character tables
+        of this Python's Unicode database (:func:`char_tables`)."""
         tok = self._require_tokenizer()
         return {
             "type": "ErnieTokenizer",
+            "unicode_version": unicodedata.unidata_version,
+            **char_tables(bool(tok.do_lower_case)),
             "vocab_file": VOCAB_FILE,
             "vocab_size": int(len(tok.vocab)),
             "do_lower_case": bool(tok.do_lower_case),
             "max_seq_len": self.options.max_seq_len,
             "padding": "max_length",
             "truncation": self.options.truncation,
+            # written in a text, these stay one token (none for a vocabulary built here)
+            "no_split_tokens": sorted(tok.unique_no_split_tokens),
             **{name: tok.vocab.token_to_idx[name] for name in SPECIAL_TOKENS},
         }
 
@@ -487,6 +495,65 @@ class SentimentTask(Task):
                 f"{self.options.max_seq_len}, truncation=True), padded with 0 to that length"
             ),
         }
+
+
+# classes of char_tables' "char_classes" (any code point not listed is OTHER = 0)
+CHAR_REMOVE, CHAR_SPACE, CHAR_CJK, CHAR_PUNCT = 1, 2, 3, 4
+
+
+def char_tables(lowercase: bool) -> dict[str, Any]:
+    """ErnieTokenizer's per-character decisions over all of Unicode, from paddlenlp's own
+    predicates, so another implementation (the C++ server) needs no Unicode database:
+
+    - ``char_classes``: ``[first, last, class]`` runs of code points that BasicTokenizer
+      removes (NUL, U+FFFD, control characters), treats as white space (``_is_whitespace``, or
+      ``str.split`` white space), surrounds with spaces (CJK ideographs) or splits off
+      (punctuation and symbols);
+    - with lower-casing, ``lower``: code point -> ``str.lower()`` of it (the whole text is
+      lower-cased before BasicTokenizer sees it), and ``normalize``: code point -> what
+      ``lower()``, NFD and dropping combining marks (Mn) make of it (each word, after the
+      split on white space); both only for code points that change.
+    """
+    paddlenlp()  # before any paddlenlp import
+    from paddlenlp.transformers.bert.tokenizer import BasicTokenizer
+    from paddlenlp.transformers.tokenizer_utils import (
+        _is_control,
+        _is_punctuation,
+        _is_symbol,
+        _is_whitespace,
+    )
+
+    cjk = BasicTokenizer()._is_chinese_char
+    runs: list[list[int]] = []
+    lower: dict[str, str] = {}
+    normalize: dict[str, str] = {}
+    for cp in range(0x110000):
+        ch = chr(cp)
+        if cp in (0, 0xFFFD) or _is_control(ch):
+            cls = CHAR_REMOVE
+        elif _is_whitespace(ch) or ch.isspace():
+            cls = CHAR_SPACE
+        elif cjk(cp):
+            cls = CHAR_CJK
+        elif _is_punctuation(ch) or _is_symbol(ch):
+            cls = CHAR_PUNCT
+        else:
+            cls = 0
+        if cls and runs and runs[-1][1] == cp - 1 and runs[-1][2] == cls:
+            runs[-1][1] = cp
+        elif cls:
+            runs.append([cp, cp, cls])
+        if lowercase and ch.lower() != ch:
+            lower[str(cp)] = ch.lower()
+        if lowercase and cls in (0, CHAR_PUNCT, CHAR_CJK):
+            folded = "".join(
+                c
+                for c in unicodedata.normalize("NFD", ch.lower())
+                if unicodedata.category(c) != "Mn"
+            )
+            if folded != ch:
+                normalize[str(cp)] = folded
+    return {"char_classes": runs, "lower": lower, "normalize": normalize}
 
 
 def truncate(ids: list[int], keep: int, how: str) -> list[int]:
