@@ -75,10 +75,22 @@ class KServeClient:
     def infer(
         self, model: str, inputs: dict[str, np.ndarray], *, binary: bool = False
     ) -> dict[str, np.ndarray]:
-        """Run one request; ``binary`` sends and receives raw tensor bytes."""
+        """Run one request; ``binary`` sends and receives raw tensor bytes. String arrays
+        (dtype object, str or bytes) are sent as BYTES (UTF-8)."""
         specs, blobs = [], []
         for name, arr in inputs.items():
             arr = np.ascontiguousarray(arr)
+            if arr.dtype.kind in "OUS":  # texts: BYTES, UTF-8, 4-byte length prefixes
+                items = [str(t).encode("utf-8") for t in arr.reshape(-1).tolist()]
+                spec = {"name": name, "shape": list(arr.shape), "datatype": "BYTES"}
+                if binary:
+                    raw = b"".join(len(b).to_bytes(4, "little") + b for b in items)
+                    spec["parameters"] = {"binary_data_size": len(raw)}
+                    blobs.append(raw)
+                else:
+                    spec["data"] = [b.decode("utf-8") for b in items]
+                specs.append(spec)
+                continue
             spec: dict[str, Any] = {
                 "name": name,
                 "shape": list(arr.shape),

@@ -317,6 +317,45 @@ def _reference(model_dir: Path, signature: dict[str, Any], variant: str) -> Batc
     return OVPredictor(model_dir / signature["formats"]["int8_openvino"]["program"])
 
 
+def _check_raw(
+    server: RunningServer,
+    name: str,
+    text_input: str,
+    raw: np.ndarray,
+    expected: np.ndarray,
+    report: dict[str, Any],
+) -> list[str]:
+    """Send the raw samples (texts) themselves; the server's own preprocessing (its C++
+    tokenizer) must give the answers of the Python preprocessing + in-process runtime."""
+    batch = max(1, min(len(raw), 64))
+    output = server.client.metadata(name)["outputs"][0]["name"]
+    got = np.concatenate(
+        [
+            server.client.infer(name, {text_input: raw[i : i + batch]}, binary=True)[output]
+            for i in range(0, len(raw), batch)
+        ]
+    )
+    got_json = server.client.infer(name, {text_input: raw[:4]})
+    diff = np.abs(got - expected)
+    report["checks"]["raw_answers"] = {
+        "input": text_input,
+        "samples": int(len(raw)),
+        "max_abs_diff": float(diff.max()),
+        "top1_agreement": float((got.argmax(1) == expected.argmax(1)).mean()),
+        "json_equals_binary": bool(np.array_equal(got_json[output], got[: len(raw[:4])])),
+    }
+    failures = []
+    if report["checks"]["raw_answers"]["top1_agreement"] < 1.0 or diff.max() > 1e-3:
+        failures.append(
+            f"raw {text_input} requests (the server tokenizes) differ from the Python "
+            f"preprocessing: max |diff| {diff.max():.3g}, top-1 agreement "
+            f"{report['checks']['raw_answers']['top1_agreement']:.4f}"
+        )
+    if not report["checks"]["raw_answers"]["json_equals_binary"]:
+        failures.append(f"raw {text_input}: JSON and binary requests gave different answers")
+    return failures
+
+
 def validate_variant(
     binary: Path,
     model_dir: Path,
@@ -324,8 +363,11 @@ def validate_variant(
     golden: list[np.ndarray],
     params: ServingImageParams,
     log_dir: Path,
+    raw: np.ndarray | None = None,
 ) -> dict[str, Any]:
-    """Serve one variant and check answers, latency and graceful shutdown."""
+    """Serve one variant and check answers, latency and graceful shutdown; a server that
+    also takes raw samples (a text model's ``text_inputs``: it tokenizes in C++) must answer
+    ``raw`` (the stored samples ``golden`` was preprocessed from) the same."""
     signature = read_json(model_dir / "signature.json")
     input_names = [s["name"] for s in signature["inputs"]]
     output_name = signature["outputs"][0]["name"]
@@ -391,6 +433,10 @@ def validate_variant(
             )
         if not report["checks"]["answers"]["json_equals_binary"]:
             failures.append(f"{variant}: JSON and binary requests gave different answers")
+        text_inputs = server.client.metadata(name).get("text_inputs") or []
+        if text_inputs and raw is not None:
+            checked = _check_raw(server, name, text_inputs[0]["name"], raw, expected, report)
+            failures += [f"{variant}: {f}" for f in checked]
 
         times = []
         for i in range(params.latency_requests):
@@ -501,7 +547,8 @@ def run(
     base = params.server_image or local_server_image()
     raw, _ = task.read_split(data_dir, "test")
     task.load_assets(model_dir)
-    golden = task.preprocess(raw[: params.golden_samples])
+    raw_golden = raw[: params.golden_samples]
+    golden = task.preprocess(raw_golden)
 
     with atomic_path(out_dir) as tmp:
         tmp.mkdir(parents=True)
@@ -533,7 +580,8 @@ def run(
             log.info("built %s with %s (image id %s)", ref, builder, image_id)
 
         reports = [
-            validate_variant(binary, model_dir, v, golden, params, tmp) for v in params.variants
+            validate_variant(binary, model_dir, v, golden, params, tmp, raw_golden)
+            for v in params.variants
         ]
         failures = [f for r in reports for f in r["failures"]]
         validated = not failures

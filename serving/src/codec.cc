@@ -87,6 +87,13 @@ bool AppendElement(const json& value, DataType dtype, std::vector<char>* out) {
       return AppendInteger<uint32_t>(value, out);
     case DataType::kUint64:
       return AppendInteger<uint64_t>(value, out);
+    case DataType::kBytes: {  // Triton's layout: 4-byte little-endian length, bytes
+      if (!value.is_string()) return false;
+      const auto& text = value.get_ref<const std::string&>();
+      AppendRaw(static_cast<uint32_t>(text.size()), out);
+      out->insert(out->end(), text.begin(), text.end());
+      return true;
+    }
     default:
       return false;
   }
@@ -410,7 +417,7 @@ Status ConvertJsonData(const json& data, const std::string& where,
                            std::to_string(count));
   }
   tensor->data.reserve(static_cast<size_t>(count) *
-                       DataTypeByteSize(tensor->dtype));
+                       std::max<size_t>(4, DataTypeByteSize(tensor->dtype)));
   int64_t converted = 0;
   return FlattenData(data, tensor->dtype, tensor->name, 0, count,
                      &tensor->data, &converted);
@@ -444,8 +451,16 @@ Status ParseInputData(const json& in, const json* params,
     return InvalidArgument(where + " has both 'data' and 'binary_data_size'");
   }
   if (has_binary) {
-    const size_t byte_size = static_cast<size_t>(ElementCount(tensor->shape)) *
-                             DataTypeByteSize(tensor->dtype);
+    size_t byte_size = static_cast<size_t>(ElementCount(tensor->shape)) *
+                       DataTypeByteSize(tensor->dtype);
+    if (tensor->dtype == DataType::kBytes) {  // variable: checked once read
+      ASSIGN_OR_RETURN(const int64_t size,
+                       GetInt(*params, "binary_data_size", where));
+      if (size < 0) {
+        return InvalidArgument(where + ": binary_data_size must be >= 0");
+      }
+      byte_size = static_cast<size_t>(size);
+    }
     RETURN_IF_ERROR(CheckBinaryDataSize(*params, where, *tensor, byte_size));
     binaries->push_back({index, byte_size});
     return Status::Ok();
@@ -681,9 +696,59 @@ StatusOr<size_t> ParseInferenceHeaderLength(const std::string& value,
   return length;
 }
 
+// Whether the request sends the model's text inputs (io.text_inputs) instead
+// of its tensor inputs: it names the first text input.
+bool SendsText(const json& root, const ModelIO& io) {
+  if (io.text_inputs.empty()) return false;
+  const auto it = root.find("inputs");
+  if (it == root.end() || !it->is_array()) return false;
+  for (const auto& in : *it) {
+    if (in.is_object() && in.contains("name") && in["name"].is_string() &&
+        in["name"].get<std::string>() == io.text_inputs[0].name) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// Every BYTES input holds exactly its shape's count of length-prefixed items.
+Status CheckBytesInputs(const std::vector<Tensor>& inputs) {
+  for (const auto& tensor : inputs) {
+    if (tensor.dtype != DataType::kBytes) continue;
+    const int64_t count = ElementCount(tensor.shape);
+    size_t offset = 0;
+    int64_t items = 0;
+    while (offset < tensor.data.size()) {
+      if (tensor.data.size() - offset < 4) {
+        return InvalidArgument("input '" + tensor.name +
+                               "': BYTES data ends inside an item's 4-byte length");
+      }
+      uint32_t len = 0;
+      std::memcpy(&len, tensor.data.data() + offset, 4);
+      offset += 4;
+      if (tensor.data.size() - offset < len) {
+        return InvalidArgument("input '" + tensor.name + "': BYTES item " +
+                               std::to_string(items) + " claims " +
+                               std::to_string(len) + " bytes, " +
+                               std::to_string(tensor.data.size() - offset) +
+                               " remain");
+      }
+      offset += len;
+      ++items;
+    }
+    if (items != count) {
+      return InvalidArgument("input '" + tensor.name + "': " +
+                             std::to_string(items) + " BYTES items but shape " +
+                             ShapeToString(tensor.shape) + " needs " +
+                             std::to_string(count));
+    }
+  }
+  return Status::Ok();
+}
+
 StatusOr<InferRequest> ParseInferRequest(std::string_view body,
                                          std::optional<size_t> json_length,
-                                         const ModelIO& io) {
+                                         const ModelIO& model_io) {
   const size_t header_size = json_length.value_or(body.size());
   const bool has_length_header = json_length.has_value();
   json root;
@@ -694,10 +759,19 @@ StatusOr<InferRequest> ParseInferRequest(std::string_view body,
   bool binary_output_default = false;
   RETURN_IF_ERROR(ParseRequestParameters(root, &binary_output_default,
                                          &request.timeout_us));
+  // A text model takes raw text (its text inputs) or token ids (its inputs).
+  ModelIO text_io;
+  request.text = SendsText(root, model_io);
+  if (request.text) {
+    text_io = model_io;
+    text_io.inputs = model_io.text_inputs;
+  }
+  const ModelIO& io = request.text ? text_io : model_io;
   std::vector<PendingBinary> binaries;
   RETURN_IF_ERROR(ParseInputs(root, io, &request.inputs, &binaries));
   RETURN_IF_ERROR(ReadBinaryInputs(body, header_size, has_length_header,
                                    binaries, &request.inputs));
+  RETURN_IF_ERROR(CheckBytesInputs(request.inputs));
   ASSIGN_OR_RETURN(request.batch_size, CommonBatchSize(request.inputs));
   RETURN_IF_ERROR(
       ParseOutputs(root, io, binary_output_default, &request.outputs));

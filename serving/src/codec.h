@@ -31,6 +31,7 @@ struct InferRequest {
   int64_t batch_size = 0;
   std::vector<RequestedOutput> outputs;
   int64_t timeout_us = 0;  // request "parameters.timeout"; 0 = none
+  bool text = false;       // `inputs` are the model's text_inputs (BYTES)
 };
 
 // What the model's inputs/outputs look like and how big a request may be.
@@ -39,6 +40,9 @@ struct ModelIO {
   std::vector<TensorSpec> outputs;
   int64_t max_batch_size = 1;
   std::vector<std::string> labels;  // class names for "classification"
+  // A text model's alternative inputs (BYTES "text", shape [-1]): raw UTF-8
+  // the model tokenizes into `inputs` itself. Empty for other models.
+  std::vector<TensorSpec> text_inputs;
 };
 
 // Parses the Inference-Header-Content-Length header value: the JSON part's

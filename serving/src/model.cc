@@ -2,6 +2,7 @@
 
 #include <sys/stat.h>
 
+#include <cstring>
 #include <utility>
 
 #include "logging.h"
@@ -125,6 +126,23 @@ StatusOr<std::unique_ptr<Model>> Model::Create(const ServerConfig& config,
   model->io_.max_batch_size = config.max_batch_size;
   model->io_.labels = sig.label_names;
 
+  // A text model ships its tokenizer: then it also takes raw text.
+  const std::string assets = JoinPath(config.model_dir, "assets");
+  if (FileExists(JoinPath(assets, "tokenizer.json"))) {
+    ASSIGN_OR_RETURN(model->tokenizer_, Tokenizer::Load(assets));
+    const auto& in = sig.inputs;
+    const int64_t len = model->tokenizer_->max_seq_len();
+    if (in.size() != 2 || in[0].dtype != DataType::kInt64 ||
+        in[1].dtype != DataType::kInt64 || in[0].shape != Shape({-1, len}) ||
+        in[1].shape != Shape({-1, len})) {
+      return InvalidArgument(
+          assets + "/tokenizer.json: a tokenizer needs two INT64 inputs "
+          "[-1, max_seq_len=" + std::to_string(len) + "] (input_ids, "
+          "token_type_ids) in signature.json");
+    }
+    model->io_.text_inputs = {TensorSpec{"text", DataType::kBytes, {-1}}};
+  }
+
   model->batcher_options_.max_batch_size = config.max_batch_size;
   model->batcher_options_.max_queue_delay_us = config.max_queue_delay_us;
   model->batcher_options_.dynamic_batching = config.dynamic_batching;
@@ -172,9 +190,38 @@ Status Model::Load(ServingMetrics* metrics) {
   return Status::Ok();
 }
 
+StatusOr<std::vector<Tensor>> Model::Tokenize(const Tensor& texts) const {
+  const int64_t batch = texts.shape.empty() ? 0 : texts.shape[0];
+  const int64_t len = tokenizer_->max_seq_len();
+  std::vector<Tensor> out;
+  out.push_back(Tensor::Allocate(io_.inputs[0].name, DataType::kInt64, {batch, len}));
+  // one segment: token_type_ids stay 0
+  out.push_back(Tensor::Allocate(io_.inputs[1].name, DataType::kInt64, {batch, len}));
+  size_t offset = 0;
+  for (int64_t i = 0; i < batch; ++i) {  // items checked by the codec
+    uint32_t size = 0;
+    std::memcpy(&size, texts.data.data() + offset, 4);
+    offset += 4;
+    const std::string_view text(texts.data.data() + offset, size);
+    offset += size;
+    const Status status = tokenizer_->Encode(text, out[0].data_as<int64_t>() + i * len);
+    if (!status.ok()) {
+      return InvalidArgument("input '" + texts.name + "' item " + std::to_string(i) +
+                             ": " + status.message());
+    }
+  }
+  return out;
+}
+
 StatusOr<std::vector<Tensor>> Model::Infer(std::vector<Tensor> inputs,
                                            Clock::time_point deadline) {
   if (!ready()) return Unavailable("model '" + name_ + "' is not ready");
+  if (inputs.size() == 1 && inputs[0].dtype == DataType::kBytes) {
+    if (!tokenizer_) {
+      return InvalidArgument("model '" + name_ + "' takes no text input");
+    }
+    ASSIGN_OR_RETURN(inputs, Tokenize(inputs[0]));
+  }
   auto job = std::make_shared<InferJob>(std::move(inputs), deadline);
   auto future = job->future();
   RETURN_IF_ERROR(batcher_->Enqueue(job));
@@ -205,11 +252,16 @@ std::string Model::platform() const {
 }
 
 nlohmann::json Model::Metadata() const {
-  return {{"name", name_},
-          {"versions", nlohmann::json::array({version_})},
-          {"platform", platform()},
-          {"inputs", SpecsJson(io_.inputs)},
-          {"outputs", SpecsJson(io_.outputs)}};
+  nlohmann::json out = {{"name", name_},
+                        {"versions", nlohmann::json::array({version_})},
+                        {"platform", platform()},
+                        {"inputs", SpecsJson(io_.inputs)},
+                        {"outputs", SpecsJson(io_.outputs)}};
+  if (!io_.text_inputs.empty()) {
+    // extension: what a client may send instead of "inputs" (raw UTF-8 text)
+    out["text_inputs"] = SpecsJson(io_.text_inputs);
+  }
+  return out;
 }
 
 }  // namespace serving

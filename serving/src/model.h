@@ -16,6 +16,7 @@
 #include "config.h"
 #include "signature.h"
 #include "status.h"
+#include "tokenizer.h"
 
 namespace serving {
 
@@ -37,6 +38,8 @@ class Model {
 
   // Queues one request and blocks until its outputs (model output order), an
   // error, or `deadline` (DeadlineExceeded; the late result is discarded).
+  // `inputs` are the model's inputs, or (a text model) its one BYTES text
+  // input, which is tokenized here first.
   StatusOr<std::vector<Tensor>> Infer(std::vector<Tensor> inputs,
                                       Clock::time_point deadline);
 
@@ -65,6 +68,10 @@ class Model {
   BackendOptions backend_options_;
   BackendFactory factory_;
   BatcherOptions batcher_options_;
+  std::unique_ptr<Tokenizer> tokenizer_;  // text models (assets/tokenizer.json)
+
+  // The token-id inputs of a batch of raw texts (the BYTES text input).
+  StatusOr<std::vector<Tensor>> Tokenize(const Tensor& texts) const;
 
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<DynamicBatcher> batcher_;
