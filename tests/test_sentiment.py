@@ -505,3 +505,24 @@ def test_tritonclient_sends_raw_text_to_the_server_container(pipeline, images):
     finally:
         podman("rm", "-f", name, check=False)
     np.testing.assert_array_equal(labels, _exported_labels(pipeline, texts.tolist()))
+
+
+def test_the_registered_mlflow_model_takes_raw_text(pipeline, monkeypatch):
+    """``models:/sentiment-classifier/1`` (what track logged and register versioned) loads as
+    a pyfunc whose input is texts, and labels them as the exported model does."""
+    import mlflow
+
+    monkeypatch.chdir(pipeline)  # the run's artifacts are under ./mlruns
+    mlflow.set_tracking_uri(f"sqlite:///{pipeline / 'mlflow.db'}")
+    model = mlflow.pyfunc.load_model("models:/sentiment-classifier/1")
+    schema = model.metadata.get_input_schema().to_dict()
+    assert schema[0]["type"] == "tensor" and schema[0]["tensor-spec"]["dtype"] in ("str", "object")
+    texts = (
+        _pipeline_task(pipeline)
+        .read_split(pipeline / "outputs" / "sentiment" / "ingest", "test")[0][:40]
+        .tolist()
+    )
+    out = model.predict(np.asarray(texts, dtype=str))
+    np.testing.assert_array_equal(out["predicted"], _exported_labels(pipeline, texts))
+    frame = model.unwrap_python_model().predict(None, __import__("pandas").DataFrame({"t": texts}))
+    np.testing.assert_array_equal(frame["predicted"], out["predicted"])
