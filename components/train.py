@@ -161,13 +161,18 @@ def _load_checkpoint(ckpt_dir: Path, fingerprint: str) -> dict[str, Any] | None:
 
 
 def _evaluate(
-    model: paddle.nn.Layer, inputs: list[np.ndarray], labels: np.ndarray, batch_size: int
+    task: Task,
+    model: paddle.nn.Layer,
+    inputs: list[np.ndarray],
+    labels: np.ndarray,
+    batch_size: int,
 ) -> tuple[float, float]:
     model.eval()
     total_loss, correct = 0.0, 0
     with paddle.no_grad():
         for start in range(0, len(labels), batch_size):
-            batch = [paddle.to_tensor(x[start : start + batch_size]) for x in inputs]
+            arrays = task.collate([x[start : start + batch_size] for x in inputs])
+            batch = [paddle.to_tensor(x) for x in arrays]
             y = paddle.to_tensor(labels[start : start + batch_size])
             logits = model(*batch).astype("float32")
             total_loss += float(F.cross_entropy(logits, y, reduction="sum"))
@@ -259,12 +264,11 @@ class _Trainer:
     ) -> tuple[float, float]:
         """One pass over the shuffled training set: mean loss and accuracy."""
         n = len(y_train)
-        order = rng.permutation(n)
         self.model.train()
         loss_sum, correct = 0.0, 0
-        for start in range(0, n, batch_size):
-            idx = order[start : start + batch_size]
-            batch = [paddle.to_tensor(x) for x in task.augment([x[idx] for x in x_train], rng)]
+        for idx in task.batches(x_train, batch_size, rng):  # the task's order (shuffled)
+            arrays = task.collate(task.augment([x[idx] for x in x_train], rng))
+            batch = [paddle.to_tensor(x) for x in arrays]
             soft = self.soft.probabilities[idx] if self.soft is not None else None
             loss, hits = self.step(batch, paddle.to_tensor(y_train[idx]), soft)
             loss_sum += loss * len(idx)
@@ -332,7 +336,7 @@ def _fit(
         if not trainer.per_batch:
             trainer.scheduler.step()
 
-        val_loss, val_acc = _evaluate(trainer.model, x_val, y_val, params.eval_batch_size)
+        val_loss, val_acc = _evaluate(task, trainer.model, x_val, y_val, params.eval_batch_size)
         row = {
             "epoch": epoch,
             "train_loss": train_loss,

@@ -150,6 +150,19 @@ class Task(abc.ABC):
         (None: it can). The qat step stops on it unless ``qat.allow_fp32_only``."""
         return None
 
+    def batches(
+        self, inputs: list[np.ndarray], batch_size: int, rng: np.random.Generator
+    ) -> list[np.ndarray]:
+        """The sample indices of each training batch of one epoch, shuffled with ``rng``
+        (default: a random permutation cut into batches)."""
+        order = rng.permutation(len(inputs[0]))
+        return [order[s : s + batch_size] for s in range(0, len(order), batch_size)]
+
+    def collate(self, batch: list[np.ndarray]) -> list[np.ndarray]:
+        """A batch of preprocessed inputs as the model runs it in training and validation
+        (default: as is; a text task drops the padding every sample of the batch has)."""
+        return batch
+
     def augment(self, inputs: list[np.ndarray], rng: np.random.Generator) -> list[np.ndarray]:
         """Training-time augmentation of a preprocessed batch (default: none)."""
         return inputs

@@ -341,24 +341,26 @@ class SentimentTask(Task):
         started, history = time.perf_counter(), []
         mlm.train()
         for epoch in range(1, opts.epochs + 1):
-            order, total, count = rng.permutation(len(ids)), 0.0, 0
-            bar = tqdm(range(0, len(ids), opts.batch_size), desc=f"mlm {epoch}", leave=False)
-            for start in bar:
-                batch = ids[order[start : start + opts.batch_size]]
+            total, count = 0.0, 0
+            batches = self.batches(inputs, opts.batch_size, rng)
+            for idx in tqdm(batches, desc=f"mlm {epoch}", leave=False):
+                batch, batch_types = self.collate([ids[idx], types[idx]])
                 masked, labels = mask_tokens(batch, rng, opts.mask_rate, special, vocab, tok)
+                positions = np.flatnonzero(labels.reshape(-1) != IGNORE)
+                if positions.size == 0:
+                    continue
+                # the LM head runs on the masked positions only (a [tokens, vocab] matmul
+                # over every position would cost more than the encoder)
                 logits = mlm(
                     input_ids=paddle.to_tensor(masked),
-                    token_type_ids=paddle.to_tensor(types[order[start : start + opts.batch_size]]),
+                    token_type_ids=paddle.to_tensor(batch_types),
+                    masked_positions=paddle.to_tensor(positions),
                 )
                 logits = logits if isinstance(logits, paddle.Tensor) else logits[0]
-                # Paddle's "mean" divides by every position, ignored ones too: average over
-                # the predicted positions only
                 loss = F.cross_entropy(
                     logits.reshape([-1, vocab]),
-                    paddle.to_tensor(labels.reshape([-1, 1])),
-                    ignore_index=IGNORE,
-                    reduction="sum",
-                ) / max(1, int((labels != IGNORE).sum()))
+                    paddle.to_tensor(labels.reshape(-1)[positions].reshape([-1, 1])),
+                )
                 loss.backward()
                 optimizer.step()
                 optimizer.clear_grad()
@@ -478,6 +480,29 @@ class SentimentTask(Task):
             ]
             ids[i, : len(row)] = row
         return [ids, types]  # one segment: token_type_ids are 0
+
+    def batches(
+        self, inputs: list[np.ndarray], batch_size: int, rng: np.random.Generator
+    ) -> list[np.ndarray]:
+        """Length-bucketed: a shuffled order cut into chunks of 50 batches, each chunk sorted
+        by length, then the batches shuffled — batches of similar lengths, so that
+        :meth:`collate` drops most of the padding."""
+        ids = inputs[0]
+        lengths = (ids != 0).sum(axis=1)
+        order = rng.permutation(len(ids))
+        out = []
+        chunk = batch_size * 50
+        for s in range(0, len(order), chunk):
+            part = order[s : s + chunk]
+            part = part[np.argsort(lengths[part], kind="stable")]
+            out += [part[j : j + batch_size] for j in range(0, len(part), batch_size)]
+        return [out[i] for i in rng.permutation(len(out))]
+
+    def collate(self, batch: list[np.ndarray]) -> list[np.ndarray]:
+        """Cut the columns that are padding ([PAD] = 0) in every sample: the logits do not
+        change (the attention mask comes from the padding), the cost falls with the length."""
+        width = max(1, int((batch[0] != 0).sum(axis=1).max()))
+        return [x[:, :width] for x in batch]
 
     def preprocessing_doc(self) -> dict[str, Any]:
         return {
