@@ -175,20 +175,29 @@ def _label_id(value: Any, params: TextIngestParams, where: str) -> int:
         ) from None
 
 
+def json_lines(text: str, where: str) -> list[tuple[int, dict[str, Any]]]:
+    """(line number, object) of every non-blank line; a line that is not a JSON object is an
+    error naming ``where`` and the line."""
+    out = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise StepError(f"{where}:{number}: not a JSON object ({exc.msg})") from exc
+        if not isinstance(record, dict):
+            raise StepError(f"{where}:{number}: expected a JSON object, got {record!r:.40}")
+        out.append((number, record))
+    return out
+
+
 def _table_rows(params: TextIngestParams, uri: str, text: str) -> list[tuple[Any, Any, str]]:
     """(text, label value, "file:line") of every record of one table file."""
     fmt = _table_format(params, uri)
     if fmt == "jsonl":
         out = []
-        for number, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise StepError(f"{uri}:{number}: not a JSON object ({exc.msg})") from exc
-            if not isinstance(record, dict):
-                raise StepError(f"{uri}:{number}: expected a JSON object, got {record!r:.40}")
+        for number, record in json_lines(text, uri):
             for key in (params.text_field, params.label_field):
                 if key not in record:
                     raise StepError(
@@ -287,14 +296,8 @@ def read_jsonl(path: Path) -> dataset.Split:
     except OSError as exc:
         raise StepError(f"{path}: cannot read ({exc.strerror or exc})") from exc
     texts, labels = [], []
-    for number, line in enumerate(blob.decode("utf-8", "surrogateescape").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise StepError(f"{path}:{number}: not a JSON object ({exc.msg})") from exc
-        if not isinstance(record, dict) or not {"text", "label"} <= set(record):
+    for number, record in json_lines(blob.decode("utf-8", "surrogateescape"), str(path)):
+        if not {"text", "label"} <= set(record):
             raise StepError(f"{path}:{number}: expected an object with 'text' and 'label'")
         texts.append(record["text"])
         labels.append(record["label"])
