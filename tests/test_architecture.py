@@ -75,6 +75,24 @@ def test_the_library_imports_no_step(module):
     assert not steps, f"library module {module} reaches step(s) {sorted(steps)}"
 
 
+@pytest.mark.parametrize("step", sorted(STEP_MODULES))
+def test_no_step_branches_on_a_task_or_a_data_format(step):
+    """Steps ask the task (``Task.data`` and its hooks); no step compares a value with a
+    task's or a data format's name, so adding a task changes no step."""
+    from components.tasks import _REGISTRY, get_task
+
+    names = set(_REGISTRY) | {type(get_task(t).data).name for t in ("digits", "sentiment")}
+    tree = ast.parse(module_file(step).read_text(encoding="utf-8"))
+    compared = {
+        c.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Compare)
+        for c in [node.left, *node.comparators, *ast.walk(node)]
+        if isinstance(c, ast.Constant) and isinstance(c.value, str)
+    }
+    assert not compared & names, f"{step} compares with {sorted(compared & names)}"
+
+
 def test_dvc_stages_are_the_cli_steps_in_order():
     dvc = yaml.safe_load((REPO / "dvc.yaml").read_text())
     assert tuple(dvc["stages"]) == tuple(STAGES)
