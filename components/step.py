@@ -462,10 +462,13 @@ DVC_HEADER = """\
 
 
 def _task_plots(plots: list[Any], task: str) -> list[Any]:
-    """The default pipeline's plot definitions with their files moved to ``task``'s."""
+    """The default pipeline's plot definitions with their files moved to ``task``'s. Only
+    plots of files git tracks (``plots/``) are kept: ``dvc plots show`` reads every
+    pipeline's, and an image under ``outputs/`` exists only where that pipeline ran."""
     import json
 
-    text = json.dumps(plots)
+    kept = [p for p in plots if not (isinstance(p, str) and p.startswith("outputs/"))]
+    text = json.dumps(kept)
     for root in _PER_TASK_ROOTS:
         text = text.replace(f'"{root}/', f'"../../{root}/{task}/')
     return json.loads(text)
