@@ -131,13 +131,14 @@ class Step:
 
         accepted = inspect.signature(self.run).parameters
         kwargs: dict[str, Any] = {}
+        source = params_source(sections)
+        if self.params is not None:  # the step's own section first: its errors come first
+            kwargs["params"] = section(dict(sections), self.name, self.params, source=source)
         task = task_from_params(sections) if "task" in self.sections else None
-        params_type = self.params
         if self.params_of_task is not None and task is not None:
-            params_type = self.params_of_task(task)
-        if params_type is not None:
+            # the section's type is the task's (its data format's ingest/validate params)
             kwargs["params"] = section(
-                dict(sections), self.name, params_type, source=params_source(sections)
+                dict(sections), self.name, self.params_of_task(task), source=source
             )
         for name, arg, cls in self.shared:
             kwargs[arg] = section(dict(sections), name, cls, source=params_source(sections))
