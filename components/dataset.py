@@ -45,8 +45,13 @@ class Split:
 def split_path(data_dir: str | Path, split: str) -> Path:
     """The file of ``split``, as ``labels.json`` names it (``<split>.npz`` when it does not)."""
     files = _labels_doc(data_dir).get("splits")
-    name = files.get(split) if isinstance(files, dict) else None
-    return Path(data_dir) / (str(name) if name else f"{split}.npz")
+    name = str(files.get(split) or "") if isinstance(files, dict) else ""
+    if name and (Path(name).name != name or name in (".", "..")):
+        raise StepError(
+            f"{Path(data_dir) / 'labels.json'}: field 'splits.{split}' must be a file name in "
+            f"the data set directory, got {name!r}"
+        )
+    return Path(data_dir) / (name or f"{split}.npz")
 
 
 def _labels_doc(data_dir: str | Path) -> dict:

@@ -81,14 +81,17 @@ class KServeClient:
         for name, arr in inputs.items():
             arr = np.ascontiguousarray(arr)
             if arr.dtype.kind in "OUS":  # texts: BYTES, UTF-8, 4-byte length prefixes
-                items = [str(t).encode("utf-8") for t in arr.reshape(-1).tolist()]
+                items = [
+                    t if isinstance(t, bytes) else str(t).encode("utf-8")
+                    for t in arr.reshape(-1).tolist()
+                ]
                 spec = {"name": name, "shape": list(arr.shape), "datatype": "BYTES"}
                 if binary:
                     raw = b"".join(len(b).to_bytes(4, "little") + b for b in items)
                     spec["parameters"] = {"binary_data_size": len(raw)}
                     blobs.append(raw)
                 else:
-                    spec["data"] = [b.decode("utf-8") for b in items]
+                    spec["data"] = [b.decode("utf-8", "replace") for b in items]
                 specs.append(spec)
                 continue
             spec: dict[str, Any] = {

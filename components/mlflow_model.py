@@ -109,8 +109,11 @@ _REQUIREMENTS = (
     "pillow",
     "tqdm",
     "pyyaml",
-    "paddlenlp",  # the text tasks' tokenizer
-    "scikit-learn",
+    # the text tasks' tokenizer, and the pins paddlenlp 2.8.1 imports with (docs/sentiment.md)
+    "paddlenlp",
+    "datasets",
+    "huggingface_hub",
+    "aistudio-sdk",
 )
 _EXAMPLE_BYTES = 64 * 1024  # input_example.json stays small: at most this many pixel bytes
 

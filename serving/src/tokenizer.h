@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -50,6 +51,7 @@ class Tokenizer {
     CharClass cls;
   };
 
+  Status LoadDoc(const nlohmann::json& doc, const std::string& doc_path);
   CharClass ClassOf(uint32_t cp) const;
   void AppendWordPieces(const std::u32string& word,
                         std::vector<int64_t>* ids,
@@ -67,6 +69,7 @@ class Tokenizer {
   int64_t max_seq_len_ = 0;
   int64_t cls_id_ = 0, sep_id_ = 0, pad_id_ = 0, unk_id_ = 0;
   size_t max_chars_per_word_ = 100;
+  size_t max_piece_chars_ = 1;  // the longest vocabulary piece (without "##"), in characters
 };
 
 // UTF-8 <-> code points (strict: overlong forms, surrogates and values beyond

@@ -25,7 +25,7 @@ class TokenizerTest : public ::testing::Test {
             ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::create_directories(dir_);
     std::ofstream(dir_ / "vocab.txt")
-        << "[PAD]\n[CLS]\n[SEP]\n[MASK]\n[UNK]\n好\n坏\n!\nh\n##i\nab\n##c\n";
+        << "[PAD]\n[CLS]\n[SEP]\n[MASK]\n[UNK]\n好\n坏\n!\nh\n##i\nab\n##c\ne\n";
   }
   void TearDown() override { fs::remove_all(dir_); }
 
@@ -95,6 +95,31 @@ TEST_F(TokenizerTest, RejectsInvalidUtf8AndBadAssets) {
   EXPECT_FALSE(tok->Encode("\xe5\xa5", ids.data()).ok());        // cut short
   fs::remove(dir_ / "tokenizer.json");
   EXPECT_EQ(Tokenizer::Load(dir_.string()).status().code(), StatusCode::kNotFound);
+}
+
+TEST_F(TokenizerTest, MalformedAssetsAreErrorsNotCrashes) {
+  for (const char* doc : {
+           R"({"max_seq_len": 8, "[PAD]": 0, "[CLS]": 1, "[SEP]": 2, "[MASK]": 3,
+               "[UNK]": 4, "char_classes": [["a", 1, 2]]})",
+           R"({"max_seq_len": 8, "[PAD]": 0, "[CLS]": 1, "[SEP]": 2, "[MASK]": 3,
+               "[UNK]": 4, "char_classes": [], "lower": {"x": "y"}})",
+           R"({"max_seq_len": 8, "[PAD]": 0, "[CLS]": 1, "[SEP]": 2, "[MASK]": 3,
+               "[UNK]": 99, "char_classes": []})",
+           R"({"max_seq_len": 8, "[PAD]": 0, "[CLS]": 1, "[SEP]": 2, "[MASK]": 3,
+               "[UNK]": 4, "char_classes": [[9, 3, 1]]})",
+       }) {
+    std::ofstream(dir_ / "tokenizer.json") << doc;
+    const auto tok = Tokenizer::Load(dir_.string());
+    EXPECT_EQ(tok.status().code(), StatusCode::kInvalidArgument) << doc;
+  }
+}
+
+TEST_F(TokenizerTest, NormalizesAccentsAfterLowerCasing) {
+  auto tok = Load();
+  ASSERT_NE(tok, nullptr);
+  // "é" -> "e" (normalize); "Hé" -> "he": h, then no "##e" in the vocabulary -> [UNK]
+  EXPECT_EQ(tok->Tokenize("\xc3\xa9").value(), (std::vector<std::string>{"e"}));
+  EXPECT_EQ(tok->Tokenize("H\xc3\xa9").value(), (std::vector<std::string>{"[UNK]"}));
 }
 
 TEST(Utf8Test, RoundTrips) {
