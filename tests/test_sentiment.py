@@ -495,10 +495,10 @@ def _serve_texts(url: str, model: str, texts: list[str]) -> np.ndarray:
 
     client = httpclient.InferenceServerClient(url=url)
     labels = []
-    for start in range(0, len(texts), 64):
-        chunk = np.asarray(texts[start : start + 64], dtype=object)
+    for start in range(0, len(texts), 16):  # within any --max-batch-size the server has
+        chunk = np.asarray(texts[start : start + 16], dtype=object)
         inp = httpclient.InferInput("text", [len(chunk)], "BYTES")
-        inp.set_data_from_numpy(chunk, binary_data=start % 128 == 0)  # both encodings
+        inp.set_data_from_numpy(chunk, binary_data=start % 32 == 0)  # both encodings
         labels.append(client.infer(model, [inp]).as_numpy("logits").argmax(axis=1))
     return np.concatenate(labels)
 

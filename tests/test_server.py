@@ -275,8 +275,9 @@ def test_concurrent_clients_get_their_own_answers_under_batching(server, golden,
         finally:
             c.close()
 
-    # this module's server has served other tests already: compare /metrics before and after
-    before = client_metrics(server.port)
+    # this module's server has served other tests already: compare /metrics before and after,
+    # once the batches of earlier tests (a timed-out request still runs) have all finished
+    before = settled_metrics(server.port)
     with ThreadPoolExecutor(max_workers=16) as pool:
         results = list(pool.map(one, jobs))
     after = client_metrics(server.port)
@@ -296,6 +297,19 @@ def test_concurrent_clients_get_their_own_answers_under_batching(server, golden,
     assert sent / 16 <= samples["count"] < len(jobs), samples
     assert requests["count"] - requests["le"][1.0] > 0, requests
     assert samples["count"] - samples["le"][4.0] > 0, samples
+
+
+def settled_metrics(port: int, quiet_s: float = 0.5, limit_s: float = 30.0) -> str:
+    """/metrics once no batch has run for ``quiet_s`` (bounded by ``limit_s``)."""
+    deadline = time.monotonic() + limit_s
+    text = client_metrics(port)
+    while time.monotonic() < deadline:
+        time.sleep(quiet_s)
+        again = client_metrics(port)
+        if _series(again, "kserve_batch_size_count") == _series(text, "kserve_batch_size_count"):
+            return again
+        text = again
+    return text
 
 
 def client_metrics(port: int) -> str:
