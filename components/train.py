@@ -287,6 +287,7 @@ def _resume(trainer: _Trainer, ckpt_dir: Path, fingerprint: str) -> dict[str, An
         "epoch": 0,
         "stopped": False,
         "resumed_from": None,
+        "pretrain": {},  # what Task.pretrain reported (kept in the checkpoint for a resume)
     }
     state = _load_checkpoint(ckpt_dir, fingerprint)
     if state is None:
@@ -300,6 +301,7 @@ def _resume(trainer: _Trainer, ckpt_dir: Path, fingerprint: str) -> dict[str, An
         "best_state": paddle.load(str(ckpt_dir / "last" / "best.pdparams")),
         "stopped": state.get("stopped", False),
         "resumed_from": state["epoch"] + 1,
+        "pretrain": state.get("pretrain", {}),
     }
 
 
@@ -367,6 +369,7 @@ def _fit(
                 "train_seconds": state["train_seconds"],
                 "samples_seen": state["samples_seen"],
                 "stopped": state["stopped"],
+                "pretrain": state["pretrain"],
             },
         )
         if state["stopped"]:
@@ -408,13 +411,14 @@ def run(
     data_sha = "".join(sha256_file(dataset.split_path(data_dir, s)) for s in ("train", "val"))
     fingerprint = _fingerprint(params, task_params or {}, data_sha)
     trainer = _Trainer.build(params, task, len(label_names), amp, len(y_train))
-    pretrained: dict[str, Any] = {}
+    pretrain_facts: dict[str, Any] = {}
     if _load_checkpoint(ckpt_dir, fingerprint) is None:  # resuming: the checkpoint has it
-        pretrained = task.pretrain(trainer.model, x_train)
+        pretrain_facts = task.pretrain(trainer.model, x_train)
     trainer.soft = task.soft_targets(x_train_raw, y_train, len(label_names))
-    if trainer.soft is not None:
-        pretrained = {**pretrained, **trainer.soft.facts}
     state = _resume(trainer, ckpt_dir, fingerprint)
+    if state["resumed_from"] is None:
+        state["pretrain"] = pretrain_facts
+    pretrained = {**state["pretrain"], **(trainer.soft.facts if trainer.soft else {})}
     _fit(trainer, state, params, task, (x_train, y_train, x_val, y_val), ckpt_dir, fingerprint)
     history, best = state["history"], state["best"]
 

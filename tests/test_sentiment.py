@@ -581,3 +581,25 @@ def test_the_registered_mlflow_model_takes_raw_text(pipeline, monkeypatch):
     np.testing.assert_array_equal(out["predicted"], _exported_labels(pipeline, texts))
     frame = model.unwrap_python_model().predict(None, __import__("pandas").DataFrame({"t": texts}))
     np.testing.assert_array_equal(frame["predicted"], out["predicted"])
+
+
+def test_a_resumed_run_keeps_the_pretraining_facts(text_data, tmp_path):
+    """A rerun that resumes from the checkpoint does not pretrain again, and its metrics
+    still say how the model was pretrained (the checkpoint keeps the facts)."""
+    from components.train import TrainParams
+    from components.train import run as train_run
+
+    params = TrainParams(epochs=1, batch_size=32)
+    for out in ("first", "again"):
+        result = train_run(
+            params,
+            _sentiment(),
+            text_data,
+            tmp_path / out,
+            checkpoint_dir=tmp_path / "ckpt",
+            metrics_file=tmp_path / f"{out}.json",
+        )
+    assert result.resumed_from_epoch == 2  # nothing left to train: resumed after epoch 1
+    first, again = (json.loads((tmp_path / f"{o}.json").read_text()) for o in ("first", "again"))
+    assert again["mlm_epochs"] == first["mlm_epochs"] == 1
+    assert again["mlm_final_loss"] == first["mlm_final_loss"]
