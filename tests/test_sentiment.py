@@ -490,7 +490,7 @@ def test_cpp_tokenizer_matches_paddlenlp_on_every_test_text(real_split, tmp_path
 
 
 def _serve_texts(url: str, model: str, texts: list[str]) -> np.ndarray:
-    """Labels the server gives raw texts sent with tritonclient (binary, then JSON)."""
+    """Logits the server gives raw texts sent with tritonclient (binary, then JSON)."""
     import tritonclient.http as httpclient
 
     client = httpclient.InferenceServerClient(url=url)
@@ -499,7 +499,7 @@ def _serve_texts(url: str, model: str, texts: list[str]) -> np.ndarray:
         chunk = np.asarray(texts[start : start + 16], dtype=object)
         inp = httpclient.InferInput("text", [len(chunk)], "BYTES")
         inp.set_data_from_numpy(chunk, binary_data=start % 32 == 0)  # both encodings
-        labels.append(client.infer(model, [inp]).as_numpy("logits").argmax(axis=1))
+        labels.append(client.infer(model, [inp]).as_numpy("logits"))
     return np.concatenate(labels)
 
 
@@ -507,15 +507,24 @@ def _pipeline_task(repo: Path):
     return _sentiment(yaml.safe_load((repo / PARAMS).read_text())["task"]["options"])
 
 
-def _exported_labels(repo: Path, texts: list[str]) -> np.ndarray:
-    """The exported model's labels in Paddle Inference after the Python preprocessing."""
+def _exported_logits(repo: Path, texts: list[str]) -> np.ndarray:
+    """The exported model's logits in Paddle Inference after the Python preprocessing."""
     from components.runtime import ModelFiles, PaddlePredictor
 
     bundle = repo / "outputs" / "sentiment" / "package"
     task = _pipeline_task(repo)
     task.load_assets(bundle)
     predictor = PaddlePredictor(ModelFiles.in_dir(bundle))
-    return predictor.predict(task.preprocess(np.asarray(texts, dtype=object))).argmax(axis=1)
+    return predictor.predict(task.preprocess(np.asarray(texts, dtype=object)))
+
+
+def _assert_same_labels(served: np.ndarray, exported: np.ndarray) -> None:
+    """Every text gets the exported model's label, except where the exported model's two
+    logits are closer than the fp32 tolerance (a near-tie another CPU may break otherwise)."""
+    from components.gates import top1_mismatches
+
+    assert served.shape == exported.shape
+    assert top1_mismatches(served, exported, 1e-4, 1e-3) == 0
 
 
 def test_tritonclient_sends_raw_text_to_the_server_process(pipeline):
@@ -534,7 +543,7 @@ def test_tritonclient_sends_raw_text_to_the_server_process(pipeline):
     finally:
         assert server.stop() == 0
     assert meta["text_inputs"] == [{"name": "text", "datatype": "BYTES", "shape": [-1]}]
-    np.testing.assert_array_equal(labels, _exported_labels(pipeline, texts))
+    _assert_same_labels(labels, _exported_logits(pipeline, texts))
 
 
 def test_tritonclient_sends_raw_text_to_the_server_container(pipeline, images):
@@ -559,7 +568,7 @@ def test_tritonclient_sends_raw_text_to_the_server_container(pipeline, images):
         labels = _serve_texts(f"127.0.0.1:{port}", "sentiment", texts.tolist())
     finally:
         podman("rm", "-f", name, check=False)
-    np.testing.assert_array_equal(labels, _exported_labels(pipeline, texts.tolist()))
+    _assert_same_labels(labels, _exported_logits(pipeline, texts.tolist()))
 
 
 def test_the_registered_mlflow_model_takes_raw_text(pipeline, monkeypatch):
@@ -578,7 +587,8 @@ def test_the_registered_mlflow_model_takes_raw_text(pipeline, monkeypatch):
         .tolist()
     )
     out = model.predict(np.asarray(texts, dtype=str))
-    np.testing.assert_array_equal(out["predicted"], _exported_labels(pipeline, texts))
+    # the pyfunc runs the same program in the same runtime: the same labels, sample for sample
+    np.testing.assert_array_equal(out["predicted"], _exported_logits(pipeline, texts).argmax(1))
     frame = model.unwrap_python_model().predict(None, __import__("pandas").DataFrame({"t": texts}))
     np.testing.assert_array_equal(frame["predicted"], out["predicted"])
 
