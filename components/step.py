@@ -166,6 +166,15 @@ class Step:
     def cli_outputs(self) -> list[Out]:
         return [p for p in self.outputs if p.derived_from is None]
 
+    def argv(self, params_file: str | Path, paths: Mapping[str, str | Path]) -> list[str]:
+        """The CLI arguments (after ``python -m components``) that run this step on
+        ``params_file`` with ``paths`` keyed by ``run``'s keyword (a missing one: default)."""
+        argv = [self.name, "--params", str(params_file)]
+        for port in (*self.cli_inputs(), *self.cli_outputs()):
+            if paths.get(port.arg) is not None:
+                argv += [f"--{flag(port.name)}", str(paths[port.arg])]
+        return argv
+
     def parser(self) -> argparse.ArgumentParser:
         parser = argparse.ArgumentParser(
             prog=f"python -m components.{self.name}",

@@ -8,16 +8,29 @@
 - A checkpoint is written atomically after every epoch. A killed run restarted with the same
   params and data resumes from it and ends with the same weights as an uninterrupted run:
   every epoch reseeds from ``(seed, epoch)``. A checkpoint from other params or data is ignored.
+- Data parallel (``train.distributed``, :mod:`components.distributed`): with ``nproc`` > 1, or
+  in a Kubeflow PaddleJob's pods (``PADDLE_MASTER``/``PADDLE_NNODES``), the step launches
+  itself as ranks with ``paddle.distributed.launch``. Every rank draws the same global batch
+  (same seed), takes its shard of it and weights its loss so that ``paddle.DataParallel``'s
+  gradient average is the global batch's mean: with ``distributed.batch: global`` a run of
+  any world size follows the single-process math. Validation is sharded and summed over
+  ranks, so early stopping decides the same everywhere. Only global rank 0 writes
+  checkpoints, outputs and metrics; at the end the ranks compare parameter digests and the
+  step fails if they differ.
 """
 
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
+import json
 import logging
 import math
 import sys
+import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -25,9 +38,10 @@ from typing import Any, Literal
 import numpy as np
 import paddle
 import paddle.nn.functional as F
+import yaml
 from tqdm import tqdm
 
-from components import dataset
+from components import dataset, distributed
 from components.artifacts import (
     StepError,
     atomic_path,
@@ -38,11 +52,13 @@ from components.artifacts import (
     write_text,
 )
 from components.config import params_sha256
+from components.distributed import Batching, DistributedParams, World
 from components.step import DATA, In, Out, Step
 from components.tasks import Task
 from components.tasks.base import ASSETS_DIR, TrainSettings
 
 log = logging.getLogger(__name__)
+SINGLE = World()  # one process, no launch
 
 
 @dataclass(frozen=True)
@@ -69,6 +85,7 @@ class TrainParams:
     device: Literal["auto", "cpu", "gpu"] = "auto"
     eval_batch_size: int = 256
     early_stopping: EarlyStopping = field(default_factory=EarlyStopping)
+    distributed: DistributedParams = field(default_factory=DistributedParams)
 
     def check(self) -> None:
         if self.epochs < 1 or self.batch_size < 1 or self.eval_batch_size < 1:
@@ -127,8 +144,15 @@ def resolve_amp(requested: str, dtype: str, device: str) -> AmpMode:
 # --------------------------------------------------------------------------- checkpoints
 
 
-def _fingerprint(params: TrainParams, task_params: dict[str, Any], data_sha: str) -> str:
-    return params_sha256({"train": asdict(params), "task": task_params, "data": data_sha})
+def _fingerprint(
+    params: TrainParams, task_params: dict[str, Any], data_sha: str, batching: Batching
+) -> str:
+    """What a checkpoint must have been made with to be resumed: the params, the task, the
+    data and the global batch and learning rate (not how many ranks computed them: with
+    ``distributed.batch: global`` a run may resume at another world size)."""
+    train = {k: v for k, v in asdict(params).items() if k != "distributed"}
+    train["batching"] = {"global": batching.global_batch, "lr": batching.learning_rate}
+    return params_sha256({"train": train, "task": task_params, "data": data_sha})
 
 
 def _save_checkpoint(
@@ -166,8 +190,13 @@ def _evaluate(
     inputs: list[np.ndarray],
     labels: np.ndarray,
     batch_size: int,
+    world: World = SINGLE,
 ) -> tuple[float, float]:
+    """Mean loss and accuracy on a split; each rank scores its shard, the sums are shared."""
     model.eval()
+    n = len(labels)
+    inputs = [x[world.rank :: world.size] for x in inputs]
+    labels = labels[world.rank :: world.size]
     total_loss, correct = 0.0, 0
     with paddle.no_grad():
         for start in range(0, len(labels), batch_size):
@@ -177,7 +206,13 @@ def _evaluate(
             logits = model(*batch).astype("float32")
             total_loss += float(F.cross_entropy(logits, y, reduction="sum"))
             correct += int((logits.argmax(axis=1) == y).astype("int64").sum())
-    return total_loss / len(labels), correct / len(labels)
+    total_loss, correct = world.all_sum([total_loss, correct])
+    return total_loss / n, correct / n
+
+
+def _has_batch_norm(model: paddle.nn.Layer) -> bool:
+    norms = (paddle.nn.BatchNorm, paddle.nn.BatchNorm1D, paddle.nn.BatchNorm2D)
+    return any(isinstance(layer, norms) for layer in model.sublayers())
 
 
 @dataclass
@@ -185,6 +220,7 @@ class _Trainer:
     """The model, optimizer, schedule and AMP of one training run."""
 
     model: paddle.nn.Layer
+    net: paddle.nn.Layer  # what the batches go through: the model, or DataParallel around it
     opt: paddle.optimizer.Optimizer
     scheduler: Any
     amp: AmpMode
@@ -196,17 +232,33 @@ class _Trainer:
 
     @classmethod
     def build(
-        cls, params: TrainParams, task: Task, num_classes: int, amp: AmpMode, n_train: int
+        cls,
+        params: TrainParams,
+        task: Task,
+        num_classes: int,
+        amp: AmpMode,
+        n_train: int,
+        batching: Batching,
+        device: str,
     ) -> _Trainer:
         paddle.seed(params.seed)
         model = task.build_model(num_classes)
+        if batching.world_size > 1 and _has_batch_norm(model):
+            if device == "gpu":  # batch statistics over the global batch
+                model = paddle.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+            else:  # Paddle's CPU wheel has no sync_batch_norm kernel
+                log.warning(
+                    "data parallel on CPU: BatchNorm statistics are each rank's own "
+                    "(%d samples), not the global batch's",
+                    batching.per_rank_batch,
+                )
         recipe = task.optimization(  # the task owns its optimizer and schedule
             model,
             TrainSettings(
-                learning_rate=params.learning_rate,
+                learning_rate=batching.learning_rate,
                 weight_decay=params.weight_decay,
                 epochs=params.epochs,
-                steps_per_epoch=math.ceil(n_train / params.batch_size),
+                steps_per_epoch=math.ceil(n_train / batching.global_batch),
                 lr_step_size=params.lr_step_size,
                 lr_gamma=params.lr_gamma,
             ),
@@ -220,19 +272,25 @@ class _Trainer:
                 )
             if amp.dtype == "float16":
                 scaler = paddle.amp.GradScaler(init_loss_scaling=2.0**15)
-        return cls(model, opt, scheduler, amp, scaler, recipe.per_batch)
+        return cls(model, model, opt, scheduler, amp, scaler, recipe.per_batch)
 
     def step(
-        self, batch: list[paddle.Tensor], y: paddle.Tensor, soft: np.ndarray | None = None
+        self,
+        batch: list[paddle.Tensor],
+        y: paddle.Tensor,
+        soft: np.ndarray | None = None,
+        weight: float = 1.0,
     ) -> tuple[float, int]:
-        """One optimizer step; the batch's loss and number of correct predictions."""
+        """One optimizer step on this rank's shard; its mean loss and number of correct
+        predictions. ``weight``: the shard's share of the global batch x world size
+        (:meth:`World.shard`), 1 in a single process."""
         amp = self.amp
         with paddle.amp.auto_cast(
             enable=amp.enabled,
             level=amp.level if amp.enabled else "O1",
             dtype=amp.dtype if amp.enabled else "float16",
         ):
-            logits = self.model(*batch)
+            logits = self.net(*batch)
         loss = F.cross_entropy(logits.astype("float32"), y)  # loss always in fp32
         if soft is not None:  # + KL(teacher || model) on temperature-softened logits
             targets = self.soft
@@ -242,12 +300,13 @@ class _Trainer:
                 F.log_softmax(logits.astype("float32") / t, axis=1), teacher, reduction="batchmean"
             )
             loss = (1.0 - targets.weight) * loss + targets.weight * kl * t * t
+        scaled = loss * weight if weight != 1.0 else loss
         if self.scaler is not None:
-            self.scaler.scale(loss).backward()
+            self.scaler.scale(scaled).backward()
             self.scaler.step(self.opt)
             self.scaler.update()
         else:
-            loss.backward()
+            scaled.backward()
             self.opt.step()
         self.opt.clear_grad()
         if self.per_batch:
@@ -261,18 +320,27 @@ class _Trainer:
         y_train: np.ndarray,
         batch_size: int,
         rng: np.random.Generator,
+        world: World = SINGLE,
     ) -> tuple[float, float]:
-        """One pass over the shuffled training set: mean loss and accuracy."""
+        """One pass over the shuffled training set: mean loss and accuracy (over all ranks).
+
+        Every rank draws the same global batches and augmentations (same ``rng``) and trains
+        on its shard of each."""
         n = len(y_train)
         self.model.train()
         loss_sum, correct = 0.0, 0
         for idx in task.batches(x_train, batch_size, rng):  # the task's order (shuffled)
-            arrays = task.collate(task.augment([x[idx] for x in x_train], rng))
+            inputs = task.augment([x[idx] for x in x_train], rng)
+            part, weight = world.shard(np.arange(len(idx)))
+            arrays = task.collate([x[part] for x in inputs])
             batch = [paddle.to_tensor(x) for x in arrays]
-            soft = self.soft.probabilities[idx] if self.soft is not None else None
-            loss, hits = self.step(batch, paddle.to_tensor(y_train[idx]), soft)
-            loss_sum += loss * len(idx)
-            correct += hits
+            rows = idx[part]
+            soft = self.soft.probabilities[rows] if self.soft is not None else None
+            loss, hits = self.step(batch, paddle.to_tensor(y_train[rows]), soft, weight)
+            if weight:  # a rank without samples in this batch counts nothing
+                loss_sum += loss * len(part)
+                correct += hits
+        loss_sum, correct = world.all_sum([loss_sum, correct])
         return loss_sum / n, correct / n
 
 
@@ -313,9 +381,11 @@ def _fit(
     data: tuple[list[np.ndarray], np.ndarray, list[np.ndarray], np.ndarray],
     ckpt_dir: Path,
     fingerprint: str,
+    batching: Batching,
+    world: World,
 ) -> None:
     """The epochs from ``state`` on: train, validate, keep the best weights, checkpoint each
-    epoch, stop early; ``state`` is updated in place."""
+    epoch (rank 0), stop early; ``state`` is updated in place."""
     x_train, y_train, x_val, y_val = data
     history, best = state["history"], state["best"]
     epochs = tqdm(
@@ -324,6 +394,7 @@ def _fit(
         unit="epoch",
         initial=state["epoch"],
         total=params.epochs,
+        disable=not world.main,
     )
     for epoch in epochs:
         if state["stopped"]:
@@ -332,13 +403,17 @@ def _fit(
         t0 = time.perf_counter()
         rng = np.random.default_rng([params.seed, epoch])
         lr = trainer.scheduler.get_lr()  # at the epoch's start
-        train_loss, train_acc = trainer.epoch(task, x_train, y_train, params.batch_size, rng)
+        train_loss, train_acc = trainer.epoch(
+            task, x_train, y_train, batching.global_batch, rng, world
+        )
         state["train_seconds"] += time.perf_counter() - t0
         state["samples_seen"] += len(y_train)
         if not trainer.per_batch:
             trainer.scheduler.step()
 
-        val_loss, val_acc = _evaluate(task, trainer.model, x_val, y_val, params.eval_batch_size)
+        val_loss, val_acc = _evaluate(
+            task, trainer.model, x_val, y_val, params.eval_batch_size, world
+        )
         row = {
             "epoch": epoch,
             "train_loss": train_loss,
@@ -356,6 +431,8 @@ def _fit(
         state["stopped"] = best["bad_epochs"] >= params.early_stopping.patience
         epochs.set_postfix(loss=f"{train_loss:.4f}", val_acc=f"{val_acc:.4f}")
         log.debug("epoch %d: %s", epoch, row)
+        if not world.main:  # the ranks hold the same state; rank 0 writes it
+            continue
         _save_checkpoint(
             ckpt_dir,
             trainer.model,
@@ -372,6 +449,7 @@ def _fit(
                 "pretrain": state["pretrain"],
             },
         )
+        log.info("checkpoint after epoch %d written to %s", epoch, ckpt_dir / "last")
         if state["stopped"]:
             log.info(
                 "early stopping after epoch %d (best epoch %d, val_accuracy %.4f)",
@@ -392,16 +470,44 @@ def run(
     metrics_file: str | Path | None = None,
     plots_file: str | Path | None = None,
     task_params: dict[str, Any] | None = None,
-) -> TrainResult:
-    """Train ``task``'s model on ``data_dir``; write the best weights to ``out_dir``."""
-    data_dir, out_dir, ckpt_dir = Path(data_dir), Path(out_dir), Path(checkpoint_dir)
-    label_names = dataset.read_label_names(data_dir)
+) -> TrainResult | None:
+    """Train ``task``'s model on ``data_dir``; write the best weights to ``out_dir``.
 
+    With more than one rank (``train.distributed``, or a PaddleJob's environment) this
+    launches the ranks, each running this step again, and returns what rank 0 wrote (None
+    on a node whose ranks do not include rank 0)."""
+    data_dir, out_dir, ckpt_dir = Path(data_dir), Path(out_dir), Path(checkpoint_dir)
+    metrics_file = Path(metrics_file) if metrics_file else out_dir / "metrics.json"
+    plots_file = Path(plots_file) if plots_file else out_dir / "curves.csv"
     device = resolve_device(params.device)
+    launch_plan = distributed.plan(params.distributed, device)
+    if launch_plan is not None:
+        _launch_ranks(
+            launch_plan,
+            params,
+            {
+                "data_dir": data_dir,
+                "out_dir": out_dir,
+                "checkpoint_dir": ckpt_dir,
+                "metrics_file": metrics_file,
+                "plots_file": plots_file,
+            },
+            {"task": task_params or {}, "train": asdict(params)},
+        )
+        return _written_result(out_dir, metrics_file)
+
+    world = World.from_env()
+    world.init()
+    label_names = dataset.read_label_names(data_dir)
     paddle.set_device(device)
     amp = resolve_amp(params.amp, params.amp_dtype, device)
     log_fn = log.warning if (params.amp != "off" and not amp.enabled) else log.info
     log_fn("AMP requested=%s effective=%s: %s", amp.requested, amp.level, amp.reason)
+    batching = Batching.resolve(
+        params.distributed, params.batch_size, params.learning_rate, world.size
+    )
+    if world.size > 1:
+        log.info("rank %d of %d: %s", world.rank, world.size, batching.facts())
 
     x_train_raw, y_train = task.read_split(data_dir, "train")
     x_val_raw, y_val = task.read_split(data_dir, "val")
@@ -409,8 +515,8 @@ def run(
     x_train, x_val = task.preprocess(x_train_raw), task.preprocess(x_val_raw)
 
     data_sha = "".join(sha256_file(dataset.split_path(data_dir, s)) for s in ("train", "val"))
-    fingerprint = _fingerprint(params, task_params or {}, data_sha)
-    trainer = _Trainer.build(params, task, len(label_names), amp, len(y_train))
+    fingerprint = _fingerprint(params, task_params or {}, data_sha, batching)
+    trainer = _Trainer.build(params, task, len(label_names), amp, len(y_train), batching, device)
     pretrain_facts: dict[str, Any] = {}
     if _load_checkpoint(ckpt_dir, fingerprint) is None:  # resuming: the checkpoint has it
         pretrain_facts = task.pretrain(trainer.model, x_train)
@@ -418,9 +524,26 @@ def run(
     state = _resume(trainer, ckpt_dir, fingerprint)
     if state["resumed_from"] is None:
         state["pretrain"] = pretrain_facts
+    if world.size > 1:
+        _same_start(world, state, ckpt_dir)
+        trainer.net = paddle.DataParallel(trainer.model)  # broadcasts rank 0's parameters
     pretrained = {**state["pretrain"], **(trainer.soft.facts if trainer.soft else {})}
-    _fit(trainer, state, params, task, (x_train, y_train, x_val, y_val), ckpt_dir, fingerprint)
+    _fit(
+        trainer,
+        state,
+        params,
+        task,
+        (x_train, y_train, x_val, y_val),
+        ckpt_dir,
+        fingerprint,
+        batching,
+        world,
+    )
     history, best = state["history"], state["best"]
+    digests = _rank_digests(world, trainer.model, state["best_state"])
+    if not world.main:
+        log.info("rank %d done; rank 0 writes the outputs", world.rank)
+        return None
 
     seconds = state["train_seconds"]
     result = TrainResult(
@@ -451,9 +574,10 @@ def run(
         },
         inputs={s: dataset.split_path(data_dir, s) for s in ("train", "val")},
         task=task,
+        parallel={**batching.facts(), "rank_param_sha256": digests},
     )
     write_json(
-        Path(metrics_file) if metrics_file else out_dir / "metrics.json",
+        metrics_file,
         {
             "best_val_accuracy": result.best_val_accuracy,
             "best_epoch": result.best_epoch,
@@ -461,10 +585,11 @@ def run(
             "samples_per_second": round(result.samples_per_second, 2),
             "amp_effective": result.amp_effective,
             "amp_requested": params.amp,
+            **batching.facts(),
             **{k: v for k, v in pretrained.items() if not isinstance(v, list | dict)},
         },
     )
-    write_text(Path(plots_file) if plots_file else out_dir / "curves.csv", _curves_csv(history))
+    write_text(plots_file, _curves_csv(history))
     log.info(
         "best val_accuracy %.4f at epoch %d; %d epochs, %.0f samples/s, amp=%s",
         result.best_val_accuracy,
@@ -474,6 +599,61 @@ def run(
         result.amp_effective,
     )
     return result
+
+
+def _launch_ranks(
+    plan: distributed.LaunchPlan,
+    params: TrainParams,
+    paths: dict[str, Path],
+    sections: Mapping[str, Any],
+) -> None:
+    """Run this step as ``plan``'s ranks on this node, with these params and paths."""
+    with tempfile.TemporaryDirectory(prefix="paddle-mlops-train-") as tmp:
+        params_file = Path(tmp) / "params.yaml"  # what this process was given, for the ranks
+        params_file.write_text(yaml.safe_dump(json.loads(json.dumps(dict(sections)))))
+        distributed.launch(plan, STEP.argv(params_file, paths), params.distributed.log_dir)
+
+
+def _written_result(out_dir: Path, metrics_file: Path) -> TrainResult | None:
+    """The result rank 0 wrote (None where this node's ranks did not write it)."""
+    if not (out_dir / "manifest.json").exists() or not metrics_file.exists():
+        log.info("this node's ranks finished; the outputs are rank 0's, on another node")
+        return None
+    metrics = read_json(metrics_file)
+    return TrainResult(
+        model_path=out_dir / "model.pdparams",
+        best_val_accuracy=float(metrics["best_val_accuracy"]),
+        best_epoch=int(metrics["best_epoch"]),
+        epochs_run=int(metrics["epochs_run"]),
+        samples_per_second=float(metrics["samples_per_second"]),
+        amp_effective=str(metrics["amp_effective"]),
+        resumed_from_epoch=None,
+    )
+
+
+def _same_start(world: World, state: dict[str, Any], ckpt_dir: Path) -> None:
+    """Every rank resumes from the same epoch: else the checkpoint directory is not shared."""
+    starts = world.all_gather(int(state["epoch"]))
+    if len(set(starts)) > 1:
+        raise StepError(
+            f"ranks would resume from different epochs {starts} (rank order): the checkpoint "
+            f"directory {ckpt_dir} must be one volume that every node shares"
+        )
+
+
+def _rank_digests(world: World, model: paddle.nn.Layer, best: dict[str, Any]) -> list[str]:
+    """sha256 of each rank's final and best parameters; the step fails if the ranks differ."""
+    digest = hashlib.sha256()
+    for weights in (model.state_dict(), best):
+        for key in sorted(weights):
+            digest.update(key.encode())
+            digest.update(np.ascontiguousarray(weights[key].numpy()).tobytes())
+    digests = world.all_gather(digest.hexdigest())
+    if world.size > 1:
+        log.info("rank %d of %d: parameters sha256 %s", world.rank, world.size, digests[world.rank])
+    if len(set(digests)) > 1:
+        raise StepError(f"data-parallel ranks ended with different parameters: {digests}")
+    return digests
 
 
 def _write_outputs(
@@ -489,6 +669,7 @@ def _write_outputs(
     meta: dict[str, Any],
     inputs: dict[str, Path],
     task: Task,
+    parallel: dict[str, Any],
 ) -> None:
     """The best weights, their metadata, the task's fitted assets, the history and the
     manifest, atomically."""
@@ -511,7 +692,12 @@ def _write_outputs(
                 },
             },
             params=asdict(params),
-            extra={"amp": asdict(amp), "device": device, "fingerprint": fingerprint},
+            extra={
+                "amp": asdict(amp),
+                "device": device,
+                "fingerprint": fingerprint,
+                "distributed": parallel,
+            },
         )
 
 
