@@ -19,6 +19,9 @@ outputs, metrics) on global rank 0.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
 import logging
 import os
 import re
@@ -56,6 +59,9 @@ _LAUNCH_ENV = (
     "PADDLE_RANK",
     "POD_IP",
 )
+# a rank needs none of these: kept out of its environment (the launcher also dumps each
+# rank's environment to backup_env.N.json in the log dir)
+_SECRET = re.compile(r"PASSWORD|SECRET|TOKEN|CREDENTIAL|ACCESS_KEY|PRIVATE", re.IGNORECASE)
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 _MASTER = re.compile(r"^\[?[A-Za-z0-9_.:-]+?\]?:(\d{1,5})$")
 
@@ -219,7 +225,7 @@ def launch(plan: LaunchPlan, argv: Sequence[str], log_dir: str | Path | None = N
     logs = Path(log_dir) if keep else Path(tempfile.mkdtemp(prefix="paddle-mlops-ranks-"))
     logs.mkdir(parents=True, exist_ok=True)
     cmd = launch_command(plan, argv, logs)
-    env = {k: v for k, v in os.environ.items() if k not in _LAUNCH_ENV}
+    env = {k: v for k, v in os.environ.items() if k not in _LAUNCH_ENV and not _SECRET.search(k)}
     env.update({LAUNCHED_ENV: "1", "PADDLE_DISTRI_BACKEND": plan.backend, "PYTHONUNBUFFERED": "1"})
     log.info(
         "data-parallel: %d node(s) x %d rank(s), %s, master %s, logs in %s",
@@ -230,7 +236,8 @@ def launch(plan: LaunchPlan, argv: Sequence[str], log_dir: str | Path | None = N
         logs,
     )
     log.debug("launch: %s", " ".join(cmd))
-    proc = subprocess.Popen(cmd, env=env)
+    _prctl()  # loaded before the fork: the child only calls it
+    proc = subprocess.Popen(cmd, env=env, preexec_fn=die_with_parent)  # noqa: PLW1509
     previous = {s: signal.getsignal(s) for s in (signal.SIGTERM,)}
 
     def _stop(signum: int, _frame: Any) -> None:  # e.g. a pod's SIGTERM: the ranks stop too
@@ -249,6 +256,8 @@ def launch(plan: LaunchPlan, argv: Sequence[str], log_dir: str | Path | None = N
                 proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 proc.kill()
+    for dump in logs.glob("backup_env.*.json"):  # the launcher's copies of the environment
+        dump.unlink(missing_ok=True)
     if code != 0:
         raise StepError(
             f"data-parallel training failed (paddle.distributed.launch exit {code}); "
@@ -267,6 +276,24 @@ def failure_excerpt(log_dir: Path, lines: int = 12) -> str:
             tail = "\n  ".join(text[-lines:])
             parts.append(f"\n{path.name}:\n  {tail}")
     return "".join(parts)
+
+
+@functools.cache
+def _prctl() -> Any:
+    """libc's ``prctl`` (Linux), or None."""
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+def die_with_parent() -> None:
+    """Linux: this process is killed when its parent dies, so a killed train step leaves no
+    orphaned launcher or ranks (Paddle's launcher starts each rank in its own session, out
+    of reach of a signal to the step's process group)."""
+    prctl = _prctl()
+    if prctl is not None:
+        prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -298,6 +325,10 @@ class World:
 
     def init(self) -> None:
         """Join the process group (every rank must call it)."""
+        if in_rank():
+            die_with_parent()
+            if os.getppid() == 1:  # the launcher died before we asked
+                raise StepError("the launcher of this rank is gone")
         if self.size > 1:
             import paddle.distributed as dist
 
@@ -328,6 +359,28 @@ class World:
         tensor = paddle.to_tensor(np.asarray(values, dtype="float64"))
         dist.all_reduce(tensor)
         return [float(v) for v in tensor.numpy()]
+
+    def average_buffers(self, layer: Any) -> int:
+        """Average ``layer``'s float buffers and frozen parameters (BatchNorm running
+        statistics) over ranks:
+        DataParallel averages gradients, not buffers, and Paddle's CPU wheel has no
+        SyncBatchNorm. Returns how many buffers were averaged."""
+        if self.size == 1:
+            return 0
+        import paddle
+        import paddle.distributed as dist
+
+        count = 0
+        # Paddle keeps BatchNorm's running mean/variance as non-trainable parameters
+        frozen = [p for p in layer.parameters() if p.stop_gradient]
+        for buffer in [*frozen, *layer.buffers()]:
+            if buffer.dtype not in (paddle.float32, paddle.float64):
+                continue
+            total = buffer.clone()
+            dist.all_reduce(total)
+            buffer.set_value(total / self.size)
+            count += 1
+        return count
 
     def all_gather(self, value: Any) -> list[Any]:
         """``value`` of every rank, in rank order (picklable objects)."""

@@ -410,6 +410,7 @@ def _fit(
         state["samples_seen"] += len(y_train)
         if not trainer.per_batch:
             trainer.scheduler.step()
+        world.average_buffers(trainer.model)  # BatchNorm statistics: the same on every rank
 
         val_loss, val_acc = _evaluate(
             task, trainer.model, x_val, y_val, params.eval_batch_size, world
@@ -479,6 +480,7 @@ def run(
     data_dir, out_dir, ckpt_dir = Path(data_dir), Path(out_dir), Path(checkpoint_dir)
     metrics_file = Path(metrics_file) if metrics_file else out_dir / "metrics.json"
     plots_file = Path(plots_file) if plots_file else out_dir / "curves.csv"
+    label_names = dataset.read_label_names(data_dir)  # bad input fails here, before a launch
     device = resolve_device(params.device)
     launch_plan = distributed.plan(params.distributed, device)
     if launch_plan is not None:
@@ -498,7 +500,6 @@ def run(
 
     world = World.from_env()
     world.init()
-    label_names = dataset.read_label_names(data_dir)
     paddle.set_device(device)
     amp = resolve_amp(params.amp, params.amp_dtype, device)
     log_fn = log.warning if (params.amp != "off" and not amp.enabled) else log.info
