@@ -192,8 +192,9 @@ def plan(
         backend=resolve_backend(params.backend, device),
         master=master,
         job_id=env.get(JOB_ID_ENV) or "paddle-mlops-train",
-        # on a cluster the launcher finds this pod's address (POD_IP, the host name)
-        host=params.host if local else None,
+        # on a cluster: the pod's address (POD_IP from the downward API), else the launcher
+        # finds it from the host name
+        host=params.host if local else (env.get("POD_IP") or None),
     )
 
 

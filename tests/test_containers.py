@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -236,3 +237,106 @@ def test_the_whole_dag_runs_with_every_step_in_the_component_image(images, tmp_p
     assert tags["blessed"] == "true" and tags["infra_validated"] == "true"
     metrics = json.loads(next(root.rglob("evaluate-op/metrics")).read_text())
     assert metrics["accuracy"] > 0.5
+
+
+def _predict(model_dir, task, data) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """Test-split predictions of trained weights (dygraph, the train step's model)."""
+    import paddle
+
+    from components import dataset
+
+    x, y = task.read_split(data, "test")
+    model = task.build_model(len(dataset.read_label_names(data)))
+    model.set_state_dict(paddle.load(str(model_dir / "model.pdparams")))
+    model.eval()
+    with paddle.no_grad():
+        inputs = [paddle.to_tensor(a) for a in task.collate(task.preprocess(x))]
+        predicted = model(*inputs).argmax(axis=1).numpy()
+    return y, predicted, dataset.read_label_names(data)
+
+
+def test_two_containers_train_as_the_nodes_of_a_paddlejob(images, digits_data, tmp_path):
+    """The train step as the two worker pods of a collective PaddleJob: two containers from
+    the component image on the host network, each with exactly the env the training-operator
+    injects (pkg/controller.v1/paddlepaddle/envvar.go: worker 0 gets PADDLE_MASTER=
+    $(POD_IP):port, the others <job>-worker-0:port, resolved here by --add-host) plus POD_IP
+    from our template's downward API; data, params and checkpoints on a shared volume, each
+    its own output volume. Rank 0 alone writes; both ranks end identical; the model passes
+    the registry's champion gate against a single-process run of the same params."""
+    import yaml
+
+    from components.config import from_dict
+    from components.gates import compare, decide
+    from components.register import RegisterParams
+    from components.tasks import get_task
+    from components.train import TrainParams, run
+
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params["task"]["options"].update(conv_channels=[6, 16], augment_shift=1)
+    params["train"].update(epochs=4, early_stopping={"patience": 100, "min_delta": 0.0})
+    shared = tmp_path / "shared"
+    shutil.copytree(digits_data, shared / "data")
+    (shared / "params.yaml").write_text(yaml.safe_dump(params))
+    outs = [tmp_path / f"out{i}" for i in range(2)]
+    for d in (shared, *outs):
+        d.mkdir(exist_ok=True)
+        d.chmod(0o777)  # the containers' uid 10001 writes here
+
+    job, port = f"digits-{os.getpid()}", _free_port()
+    names = [f"{job}-worker-{i}" for i in range(2)]
+    operator_env = {"PYTHONUNBUFFERED": "0", "PADDLE_JOB_ID": job, "PADDLE_NNODES": "2"}
+    masters = [f"127.0.0.1:{port}", f"{names[0]}:{port}"]  # $(POD_IP_DUMMY):port, worker-0
+    try:
+        for i, name in enumerate(names):
+            env = {**operator_env, "PADDLE_MASTER": masters[i], "POD_IP": "127.0.0.1"}
+            podman(
+                "run", "-d", "--name", name, "--network", "host",
+                "--add-host", f"{names[0]}:127.0.0.1",
+                "--read-only", "--tmpfs", "/tmp:mode=1777", "--tmpfs", "/work:mode=1777",
+                "-v", f"{shared}:/shared", "-v", f"{outs[i]}:/out",
+                *[a for k, v in env.items() for a in ("-e", f"{k}={v}")],
+                images["components"]["ref"],
+                "python", "-m", "components", "train", "--params", "/shared/params.yaml",
+                "--data", "/shared/data", "--checkpoints", "/shared/checkpoints",
+                "--model", "/out/model", "--metrics", "/out/train.json",
+                "--plots", "/out/train.csv",
+            )  # fmt: skip
+        codes = [podman("wait", n, timeout=600).stdout.strip() for n in names]
+        logs = [podman("logs", n, check=False) for n in names]
+    finally:
+        podman("rm", "-f", *names, check=False)
+    text = [log.stdout + log.stderr for log in logs]
+    assert codes == ["0", "0"], "\n".join(t[-3000:] for t in text)
+
+    digests = [re.search(r"rank (\d) of 2: parameters sha256 ([0-9a-f]{64})", t) for t in text]
+    assert all(digests), text
+    assert sorted(int(m.group(1)) for m in digests) == [0, 1]
+    assert digests[0].group(2) == digests[1].group(2), "the nodes ended with different weights"
+    writer = next(i for i, m in enumerate(digests) if m.group(1) == "0")
+    assert sorted(p.name for p in outs[writer].iterdir()) == ["model", "train.csv", "train.json"]
+    assert list(outs[1 - writer].iterdir()) == [], "only rank 0 writes outputs"
+    assert "checkpoint after epoch 4 written" in text[writer]
+    assert "checkpoint after epoch" not in text[1 - writer]
+    recorded = json.loads((outs[writer] / "model" / "manifest.json").read_text())["distributed"]
+    assert (
+        recorded["world_size"] == 2 and recorded["rank_param_sha256"] == [digests[0].group(2)] * 2
+    )
+
+    # the same params in one process, here: the 2-node model must pass the champion gate
+    task = get_task("digits", params["task"]["options"])
+    train = from_dict(TrainParams, params["train"], where="params.yaml: train")
+    run(train, task, digits_data, tmp_path / "single", checkpoint_dir=tmp_path / "ckpt")
+    y, single, names_ = _predict(tmp_path / "single", task, digits_data)
+    _, nodes, _ = _predict(outs[writer] / "model", task, digits_data)
+    reg = from_dict(RegisterParams, params["register"], where="params.yaml: register")
+    verdict = decide(
+        compare(y, single, nodes, names_),
+        reg.limits(),
+        what="2-node model on test",
+        reference="the single-process model",
+        params_prefix="register",
+        drop_param="max_regression",
+        class_drop_param="max_class_regression",
+    )
+    assert verdict.passed, verdict.failures
+    assert abs((nodes == y).mean() - (single == y).mean()) <= 0.02

@@ -70,6 +70,7 @@ def test_a_paddlejob_pods_env_decides_nodes_master_and_job():
     # a loopback master (two containers on one host): ranks bind to 127.0.0.1
     loop = plan(DistributedParams(), "cpu", env={**env, "PADDLE_MASTER": "127.0.0.1:4000"})
     assert loop.host == "127.0.0.1" and loop.nproc == 1 and loop.world_size == 3
+    assert plan(DistributedParams(), "cpu", env={**env, "POD_IP": "10.1.2.3"}).host == "10.1.2.3"
 
 
 @pytest.mark.parametrize(
