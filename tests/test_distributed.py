@@ -263,9 +263,9 @@ def test_killed_data_parallel_training_resumes_to_the_same_result(tmp_path, digi
         time.sleep(0.02)
     assert killed_after is not None and killed_after < EPOCHS, "training was not killed mid-run"
     deadline = time.monotonic() + 20  # the ranks die with their launcher: no orphan trains on
-    while _processes_with(str(params)) and time.monotonic() < deadline:
+    while _processes_with(str(ckpt)) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert _processes_with(str(params)) == []
+    assert _processes_with(str(ckpt)) == []
     assert read_json(state)["epoch"] == killed_after
     assert not (tmp_path / "model").exists(), "a killed run must not leave a complete model"
 
@@ -279,6 +279,31 @@ def test_killed_data_parallel_training_resumes_to_the_same_result(tmp_path, digi
     ref, got = _weights(two_ranks / "model"), _weights(tmp_path / "model")
     for key in ref:
         np.testing.assert_array_equal(got[key], ref[key], err_msg=key)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_a_signal_to_the_step_alone_stops_every_rank(tmp_path, digits_data, sig):
+    """A pod's SIGTERM (passed on) or a SIGKILL of the step's process only (its launcher and
+    ranks die with their parent): no rank trains on unsupervised."""
+    params = _params_file(tmp_path, nproc=2)
+    data = yaml.safe_load(params.read_text())
+    data["train"]["epochs"] = 200
+    params.write_text(yaml.safe_dump(data))
+    proc = _train_cli(params, digits_data, tmp_path / "model", tmp_path / "ckpt")
+    state, deadline = tmp_path / "ckpt" / "last" / "state.json", time.monotonic() + 240
+    while not state.exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    assert state.exists() and proc.poll() is None, "training did not start"
+    marker = str(tmp_path / "ckpt")  # in the command line of the step, launcher and ranks
+    assert len(_processes_with(marker)) == 4  # the step, paddle's launcher, two ranks
+    os.kill(proc.pid, sig)
+    proc.communicate(timeout=60)
+    assert proc.returncode != 0
+    deadline = time.monotonic() + 20
+    while _processes_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _processes_with(marker) == []
+    assert read_json(state)["epoch"] < 200
 
 
 def test_a_failing_rank_fails_the_step_with_its_error(tmp_path, digits_data):
