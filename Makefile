@@ -16,7 +16,7 @@ MLFLOW_PORT ?= 5000
 TASK ?= digits
 PIPELINE := $(if $(filter digits,$(TASK)),dvc.yaml,tasks/$(TASK)/dvc.yaml)
 
-.PHONY: help install apt-deps bench-deps serving serving-test run data repro status test lint format metrics plots mlflow-ui mlflow-server registry bench bench-serving pipeline kfp-local images container-deps kfp-containers clean
+.PHONY: help install apt-deps bench-deps serving serving-test run data repro status test lint format metrics plots mlflow-ui mlflow-server registry bench bench-serving bench-distributed pipeline kfp-local images container-deps kfp-containers clean
 
 help:
 	@echo "make run      - install, materialise data/raw, run the whole pipeline (dvc repro)"
@@ -30,6 +30,7 @@ help:
 	@echo "make registry - champion / challenger / history of the registered model"
 	@echo "make bench    - int8 (QAT) vs fp32 ResNet size and latency in OpenVINO ($(BENCH_ARCH))"
 	@echo "make bench-serving - C++ server vs in-process OpenVINO and vs a FastAPI server (installs wrk)"
+	@echo "make bench-distributed - the train step with 1 vs 2 ranks, and the gradient-sync share"
 	@echo "make pipeline - compile the KFP v2 DAG to pipelines/compiled/training.yaml"
 	@echo "make kfp-local - run the whole KFP DAG on this machine through kfp.local"
 	@echo "make images   - build the base, component and server images with podman (installs it)"
@@ -118,6 +119,9 @@ format: install
 
 bench: install
 	python bench/qat_resnet.py --arch $(BENCH_ARCH)
+
+bench-distributed: install
+	python bench/distributed.py
 
 pipeline: install
 	python -m pipelines.training compile --out pipelines/compiled/training.yaml
