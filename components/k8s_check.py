@@ -14,11 +14,25 @@ by the deploy step on what it is about to apply. ``check_manifests(docs)`` raise
    Kubernetes definitions: an unknown field anywhere in them is an error. The SDK itself is
    not a dependency: ``kserve`` 0.21 requires ``psutil<6`` and ``pandas<3`` (we pin 7.2.2
    and 3.1.1), and its model classes do not import without the model server's dependencies
-   (``import kserve`` loads the server, cloudevents, grpc...). Any other kind is an error.
+   (``import kserve`` loads the server, cloudevents, grpc...).
+   A Kubeflow training-operator ``PaddleJob`` (``kubeflow.org/v1``) is validated against the
+   CRD's own ``openAPIV3Schema`` (``paddlejob_definitions``: kubeflow/training-operator
+   release-1.9, commit 078ec30ff26649a07d2e28893c332d4cef70e233,
+   ``manifests/base/crds/kubeflow.org_paddlejobs.yaml``, controller-gen v0.16.5), made strict
+   (an unknown field is an error, as with ``kubectl --validate=strict``), with the parts the
+   CRD inlines replaced by the strict Kubernetes definitions (``metadata``, each replica's
+   ``template`` as a PodTemplateSpec, ``elasticPolicy.metrics`` as autoscaling/v2
+   MetricSpecs), the enums of the Go types (replica types ``Master``/``Worker``,
+   ``restartPolicy``, ``cleanPodPolicy``) and the rules of the operator's validating webhook
+   (``pkg/webhooks/paddlepaddle``: a DNS-1035 name, containers with an image, one named
+   ``paddle`` in every replica; ``runPolicy.managedBy``). The ``kubeflow-training`` SDK is not
+   used: its models are generated from the same Go types, one step further from what the
+   API server enforces. Any other kind is an error.
 2. **Policy**, on every container of a workload: Pod, PodTemplate, Deployment, StatefulSet,
    DaemonSet, ReplicaSet, ReplicationController, Job, CronJob (init containers included), the
-   containers of a (Cluster)ServingRuntime, the containers of an InferenceService component
-   and a ClusterStorageContainer's container (an init container of the predictor pods):
+   containers of a (Cluster)ServingRuntime, the containers of an InferenceService component,
+   a ClusterStorageContainer's container (an init container of the predictor pods) and the
+   pods of every replica of a PaddleJob (batch pods, like a Job's):
 
    * non-root: ``runAsNonRoot: true`` on the container or its pod (the container's wins),
      and no ``runAsUser: 0``;
@@ -30,7 +44,7 @@ by the deploy step on what it is about to apply. ``check_manifests(docs)`` raise
    * ``readinessProbe`` and ``livenessProbe`` on long-running server containers (Deployment,
      StatefulSet, DaemonSet, ReplicaSet, ReplicationController, a Pod that restarts Always,
      ServingRuntime and InferenceService containers); no probe on an init container (the
-     API server rejects one), none required on a Job's or CronJob's containers;
+     API server rejects one), none required on a Job's, CronJob's or PaddleJob's containers;
    * the image: not ``:latest``, no tag nor digest only for a placeholder name without ``/``
      (``digits-server``: kustomize ``images:`` or the deploy step replaces it); with
      ``require_digest=True`` pinned by digest, ``@sha256:`` + 64 hex, and not the all-zero
@@ -68,6 +82,9 @@ KSERVE_KINDS: dict[str, str] = {  # kind -> the apiVersion checked here
     "ClusterServingRuntime": f"{KSERVE_GROUP}/v1alpha1",
     "ClusterStorageContainer": f"{KSERVE_GROUP}/v1alpha1",
 }
+# Kubeflow training-operator kinds checked here (kind -> apiVersion)
+TRAINING_GROUP = "kubeflow.org"
+TRAINING_KINDS: dict[str, str] = {"PaddleJob": f"{TRAINING_GROUP}/v1"}
 # the digest templates carry until the deploy step (or `kustomize edit set image`) sets one
 PLACEHOLDER_DIGEST = "sha256:" + "0" * 64
 DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
@@ -382,6 +399,175 @@ def kserve_definitions() -> dict[str, dict[str, Any]]:
     return defs
 
 
+# ----------------------------------------------------------------------------- PaddleJob
+# The CRD's openAPIV3Schema (kubeflow/training-operator release-1.9 @ 078ec30f,
+# manifests/base/crds/kubeflow.org_paddlejobs.yaml), without descriptions, every object made
+# strict ("additionalProperties": false), int32/int64 formats as bounds, the inlined
+# Kubernetes types as references to the strict Kubernetes definitions, and the enums of the
+# Go constants (pkg/apis/kubeflow.org/v1: paddlepaddle_types.go, common_types.go) that the
+# webhook (replica types) or the controller (policies) act on.
+
+_PADDLE_DEF = "kubeflow.org.v1."
+PADDLE_REPLICA_TYPES = ("Master", "Worker")
+PADDLE_RESTART_POLICIES = ("Always", "OnFailure", "Never", "ExitCode")
+PADDLE_CLEAN_POD_POLICIES = ("None", "Running", "All")
+PADDLE_MANAGERS = ("kubeflow.org/training-operator", "kueue.x-k8s.io/multikueue")
+PADDLE_CONTAINER = "paddle"  # PaddleJobDefaultContainerName: the webhook requires one
+_INT32 = {"type": "integer", "minimum": -(2**31), "maximum": 2**31 - 1}
+_INT64 = {"type": "integer", "minimum": -(2**63), "maximum": 2**63 - 1}
+_TIME = {"type": "string", "format": "date-time"}
+
+
+def _strict(properties: dict[str, Any], required: Sequence[str] = ()) -> dict[str, Any]:
+    schema: dict[str, Any] = {
+        "type": "object",
+        "properties": properties,
+        "additionalProperties": False,
+    }
+    if required:
+        schema["required"] = list(required)
+    return schema
+
+
+def _k8s(definition: str) -> dict[str, Any]:
+    return {"$ref": f"#/$defs/{definition}"}
+
+
+def _paddle(definition: str) -> dict[str, Any]:
+    return {"$ref": f"#/$defs/{_PADDLE_DEF}{definition}"}
+
+
+def paddlejob_definitions() -> dict[str, dict[str, Any]]:
+    """JSON Schema definitions of the PaddleJob CRD (``$defs`` keys ``kubeflow.org.v1.<Type>``);
+    their Kubernetes types refer to ``#/$defs/io.k8s...``, the Kubernetes definitions."""
+    replica_status = _strict(
+        {
+            "active": _INT32,
+            "failed": _INT32,
+            "succeeded": _INT32,
+            "labelSelector": _k8s("io.k8s.apimachinery.pkg.apis.meta.v1.LabelSelector"),
+            "selector": {"type": "string"},
+        }
+    )
+    condition = _strict(
+        {
+            "type": {"type": "string"},
+            "status": {"type": "string"},
+            "reason": {"type": "string"},
+            "message": {"type": "string"},
+            "lastUpdateTime": _TIME,
+            "lastTransitionTime": _TIME,
+        },
+        required=("status", "type"),
+    )
+    return {
+        _PADDLE_DEF + "PaddleJob": _strict(
+            {
+                "apiVersion": {"type": "string"},
+                "kind": {"type": "string"},
+                "metadata": _k8s("io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta"),
+                "spec": _paddle("PaddleJobSpec"),
+                "status": _paddle("JobStatus"),
+            }
+        ),
+        _PADDLE_DEF + "PaddleJobSpec": _strict(
+            {
+                "runPolicy": _paddle("RunPolicy"),
+                "elasticPolicy": _paddle("PaddleElasticPolicy"),
+                "paddleReplicaSpecs": {
+                    "type": "object",
+                    "propertyNames": {"enum": list(PADDLE_REPLICA_TYPES)},
+                    "additionalProperties": _paddle("ReplicaSpec"),
+                },
+            },
+            required=("paddleReplicaSpecs",),
+        ),
+        _PADDLE_DEF + "ReplicaSpec": _strict(
+            {
+                "replicas": _INT32,
+                "restartPolicy": {"type": "string", "enum": list(PADDLE_RESTART_POLICIES)},
+                "template": _k8s("io.k8s.api.core.v1.PodTemplateSpec"),
+            }
+        ),
+        _PADDLE_DEF + "PaddleElasticPolicy": _strict(
+            {
+                "maxReplicas": _INT32,
+                "minReplicas": _INT32,
+                "maxRestarts": _INT32,
+                "metrics": {
+                    "type": "array",
+                    "items": _k8s("io.k8s.api.autoscaling.v2.MetricSpec"),
+                },
+            }
+        ),
+        _PADDLE_DEF + "RunPolicy": _strict(
+            {
+                "activeDeadlineSeconds": _INT64,
+                "backoffLimit": _INT32,
+                "cleanPodPolicy": {"type": "string", "enum": list(PADDLE_CLEAN_POD_POLICIES)},
+                "managedBy": {"type": "string"},
+                "schedulingPolicy": _paddle("SchedulingPolicy"),
+                "suspend": {"type": "boolean"},
+                "ttlSecondsAfterFinished": _INT32,
+            }
+        ),
+        _PADDLE_DEF + "SchedulingPolicy": _strict(
+            {
+                "minAvailable": _INT32,
+                "minResources": {
+                    "type": "object",
+                    "additionalProperties": _k8s("io.k8s.apimachinery.pkg.api.resource.Quantity"),
+                },
+                "priorityClass": {"type": "string"},
+                "queue": {"type": "string"},
+                "scheduleTimeoutSeconds": _INT32,
+            }
+        ),
+        _PADDLE_DEF + "JobStatus": _strict(
+            {
+                "conditions": {"type": "array", "items": condition},
+                "replicaStatuses": {"type": "object", "additionalProperties": replica_status},
+                "startTime": _TIME,
+                "completionTime": _TIME,
+                "lastReconcileTime": _TIME,
+            }
+        ),
+    }
+
+
+_DNS1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+
+
+def _paddlejob_problems(doc: Mapping[str, Any]) -> list[str]:
+    """The rules of the operator's validating webhook (pkg/webhooks/paddlepaddle): beyond the
+    schema, what the API server refuses when the operator is installed."""
+    problems = []
+    name = _get(doc, "metadata", "name")
+    if isinstance(name, str) and (len(name) > 63 or not _DNS1035.fullmatch(name)):
+        problems.append(
+            f"metadata.name: {name!r} is not a DNS-1035 label (lowercase letters, digits and "
+            "'-', starting with a letter, at most 63 characters): the operator names pods and "
+            "Services after it"
+        )
+    manager = _get(doc, "spec", "runPolicy", "managedBy")
+    if manager is not None and manager not in PADDLE_MANAGERS:
+        problems.append(f"spec.runPolicy.managedBy: {manager!r} is not one of {PADDLE_MANAGERS}")
+    specs = _get(doc, "spec", "paddleReplicaSpecs")
+    for rtype, rspec in (specs or {}).items() if isinstance(specs, Mapping) else ():
+        where = f"spec.paddleReplicaSpecs.{rtype}.template.spec.containers"
+        containers = _get(rspec, "template", "spec", "containers")
+        if not isinstance(containers, list) or not containers:
+            problems.append(f"{where}: must be specified")
+            continue
+        names = [_get(c, "name") for c in containers]
+        for c, label in zip(containers, names, strict=True):
+            if isinstance(c, Mapping) and not c.get("image"):
+                problems.append(f"{where}[{label}].image: required")
+        if PADDLE_CONTAINER not in names:
+            problems.append(f"{where}: must have a container named {PADDLE_CONTAINER!r}")
+    return problems
+
+
 # ----------------------------------------------------------------------------- schemas
 
 
@@ -439,6 +625,18 @@ def _kserve_validator(kind: str, version: str) -> Any:
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "$defs": {**_definitions(version)["$defs"], **kserve_definitions()},
         "$ref": f"#/$defs/{_KSERVE_DEF}{_KSERVE_ROOTS[kind]}",
+    }
+    return jsonschema.Draft202012Validator(schema)
+
+
+@functools.cache
+def _paddlejob_validator(version: str) -> Any:
+    import jsonschema
+
+    schema = {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$defs": {**_definitions(version)["$defs"], **paddlejob_definitions()},
+        "$ref": f"#/$defs/{_PADDLE_DEF}PaddleJob",
     }
     return jsonschema.Draft202012Validator(schema)
 
@@ -528,6 +726,15 @@ def workload_containers(doc: Mapping[str, Any]) -> list[WorkloadContainer]:
             spec = _get(doc, "spec", component)
             if isinstance(spec, Mapping):
                 found += _containers(spec, f"spec.{component}.", "server", knative=knative)
+        return found
+    if kind == "PaddleJob":
+        found = []
+        specs = _get(doc, "spec", "paddleReplicaSpecs")
+        for rtype, rspec in specs.items() if isinstance(specs, Mapping) else ():
+            pod = _get(rspec, "template", "spec")
+            if isinstance(pod, Mapping):
+                prefix = f"spec.paddleReplicaSpecs.{rtype}.template.spec."
+                found += _containers(pod, prefix, "batch")
         return found
     if kind == "ClusterStorageContainer":
         container = _get(doc, "spec", "container")
@@ -757,12 +964,21 @@ def manifest_problems(
             problems += _schema_problems(_kserve_validator(kind, version), doc, where)
             if kind == "InferenceService":
                 problems += [f"{where}: {p}" for p in _kserve_problems(doc, runtimes)]
+        elif str(api_version).split("/")[0] == TRAINING_GROUP:
+            if TRAINING_KINDS.get(kind) != api_version:
+                problems.append(
+                    f"{where}: apiVersion {api_version!r}: no schema here "
+                    f"(checked: {', '.join(f'{k} {v}' for k, v in TRAINING_KINDS.items())})"
+                )
+                continue
+            problems += _schema_problems(_paddlejob_validator(version), doc, where)
+            problems += [f"{where}: {p}" for p in _paddlejob_problems(doc)]
         else:
             validator = _builtin_validator(str(kind), str(api_version), version)
             if validator is None:
                 problems.append(
                     f"{where}: apiVersion {api_version!r}: no Kubernetes {version} schema for "
-                    "this kind, and not a KServe kind"
+                    "this kind, and not a KServe or training-operator kind"
                 )
                 continue
             problems += _schema_problems(validator, doc, where)
@@ -787,10 +1003,12 @@ def check_manifests(
     if problems:
         raise StepError(
             f"{what}: {len(problems)} problem(s) (Kubernetes {kubernetes_version()} schemas, "
-            "KServe 0.21 models, hardening policy):\n" + "\n".join(f"  - {p}" for p in problems)
+            "KServe 0.21 models, training-operator 1.9 PaddleJob CRD, hardening policy):\n"
+            + "\n".join(f"  - {p}" for p in problems)
         )
     log.info(
-        "%s: %d document(s) pass the Kubernetes %s schemas, KServe models and policy%s",
+        "%s: %d document(s) pass the Kubernetes %s schemas, KServe models, PaddleJob CRD "
+        "and policy%s",
         what,
         len([d for d in docs if d is not None]),
         kubernetes_version(),

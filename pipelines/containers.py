@@ -174,7 +174,7 @@ def run(params: dict[str, Any], pipeline_root: Path, tracking_uri: str | None = 
     from kfp import local
     from kfp.local import docker_task_handler
 
-    from pipelines.training import make_pipeline, pipeline_params
+    from pipelines.training import make_pipeline, pipeline_params, train_backend
 
     docker_task_handler.run_docker_container = run_container  # see run_container
     ref, image_id = component_image()
@@ -200,7 +200,14 @@ def run(params: dict[str, Any], pipeline_root: Path, tracking_uri: str | None = 
         old = os.umask(0)  # directories KFP creates here are writable by uid 10001
         try:
             t0 = time.monotonic()
-            make_pipeline(image=ref)(**pipeline_params(params))
+            backend = train_backend(params)  # compiled like the run's arguments
+            pipeline = make_pipeline(
+                image=ref,
+                resources=params.get("resources") or {},
+                backend=backend,
+                paddlejob=params.get("paddlejob") or {},
+            )
+            pipeline(**pipeline_params(params, backend))
             log.info("the DAG ran in %s in %.0f s", ref, time.monotonic() - t0)
         finally:
             os.umask(old)

@@ -121,7 +121,8 @@ def _find_recurring(client: Any, experiment_id: str, name: str) -> Any | None:
 def create(args: argparse.Namespace, params: dict[str, Any]) -> SchedulePlan:
     from pipelines.training import compile_pipeline, pipeline_params
 
-    package = compile_pipeline(args.package, args.gpus)
+    # compiled from the same params file as the run's arguments (resources, train backend)
+    package = compile_pipeline(args.package, args.gpus, params_file=args.params)
     version = args.version or datetime.now(UTC).strftime("v%Y%m%d-%H%M%S")
     client = None if args.dry_run else _client(args.host)
     pipeline_id = None

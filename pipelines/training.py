@@ -9,13 +9,26 @@ through ``kfp.local`` (see ``run_local``).
 
     python -m pipelines.training compile --out pipelines/compiled/training.yaml
     python -m pipelines.training local --params params.yaml      # kfp.local, this machine
+
+Where training runs is chosen when the pipeline is compiled, from the params file it is
+compiled with (``compile --params``, default ``params.yaml``; read like ``resources``):
+``train.distributed.backend: paddlejob`` puts the PaddleJob launcher
+(``pipelines/paddlejob.py``) in the train task's place. It has the train task's inputs and
+outputs, so every later step is wired to it unchanged; it mounts the shared volume
+(``paddlejob.pvc`` at ``paddlejob.mount_path``, also read at compile time) and the pipeline
+gains the parameter ``paddlejob`` (``pipeline_params`` passes that section only then). Any
+other backend keeps the train task, which trains in its own pod (``nproc`` ranks there). At
+run time the launcher refuses a run whose params say another backend or volume than the
+pipeline was compiled with. Not a run-time ``dsl.If``: the PVC mount, the task's image and
+environment are compile-time properties of a task, and the choice stays visible in the DAG.
 """
 
 import argparse
 import functools
+import inspect
 import json
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +36,7 @@ from kfp import compiler, dsl, kubernetes
 from kfp.dsl import Artifact, Input
 
 from components.step import Step, all_steps, kfp_component
+from pipelines import paddlejob as pj
 
 IMAGE = "registry.example.com/paddle-mlops/components:latest"
 # components/Containerfile.gpu: Paddle's CUDA wheel, for the steps that train (compile --gpus N)
@@ -75,9 +89,28 @@ def with_resources(task: dsl.PipelineTask, resources: Mapping[str, Any], name: s
 
 
 def load_resources(params_file: str | Path = REPO / "params.yaml") -> dict[str, Any]:
+    return _load(params_file).get("resources") or {}
+
+
+def _load(params_file: str | Path) -> dict[str, Any]:
     import yaml
 
-    return (yaml.safe_load(Path(params_file).read_text()) or {}).get("resources") or {}
+    return yaml.safe_load(Path(params_file).read_text()) or {}
+
+
+TRAIN_BACKENDS = ("step", "paddlejob")
+
+
+def train_backend(params: Mapping[str, Any]) -> str:
+    """Where the train task trains: ``paddlejob`` when ``train.distributed.backend`` says so
+    (a Kubeflow PaddleJob, started by the launcher task), else ``step`` (in the task's pod)."""
+    distributed = (params.get("train") or {}).get("distributed") or {}
+    return "paddlejob" if distributed.get("backend") == "paddlejob" else "step"
+
+
+def pipeline_sections(backend: str) -> tuple[str, ...]:
+    """The pipeline's dict parameters: the steps' sections, + ``paddlejob`` for the launcher."""
+    return (*SECTIONS, "paddlejob") if backend == "paddlejob" else SECTIONS
 
 
 RETRY = {"num_retries": 3, "backoff_duration": "30s", "backoff_factor": 2.0}
@@ -183,7 +216,26 @@ def ops(image: str) -> dict[str, Any]:
     made = {name: kfp_component(step, image) for name, step in STEPS.items()}
     for fn in (fingerprint_op, record_failure_op):
         made[fn.__name__] = dsl.component(base_image=image, install_kfp_package=False)(fn)
+    made["paddlejob_train_op"] = pj.paddlejob_component(image)
     return made
+
+
+def _pipeline_function(names: Sequence[str], dag: Callable[[dict[str, Any]], None]) -> Any:
+    """A function whose parameters KFP reads as the pipeline's (one ``dict`` per params.yaml
+    section in ``names``, then ``build_in_cluster``); it calls ``dag`` with them by name."""
+    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    signature = inspect.Signature(
+        [inspect.Parameter(n, kind, annotation=dict) for n in names]
+        + [inspect.Parameter("build_in_cluster", kind, annotation=bool, default=False)]
+    )
+
+    def training_pipeline(*args: Any, **kwargs: Any) -> None:
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        dag(dict(bound.arguments))
+
+    training_pipeline.__signature__ = signature  # type: ignore[attr-defined]
+    return training_pipeline
 
 
 def make_pipeline(
@@ -191,10 +243,23 @@ def make_pipeline(
     accelerator_type: str = "nvidia.com/gpu",
     resources: Mapping[str, Any] | None = None,
     image: str = IMAGE,
+    backend: str | None = None,
+    paddlejob: Mapping[str, Any] | None = None,
+    params_file: str | Path = REPO / "params.yaml",
 ) -> Any:
     """The pipeline in ``image``; ``gpus`` > 0 runs train and qat in the GPU image with that
-    many accelerators; ``resources`` (default: ``params.yaml: resources``) sizes every task."""
-    resources = load_resources() if resources is None else resources
+    many accelerators; ``resources`` (default: ``params.yaml: resources``) sizes every task.
+    ``backend`` (default: :func:`train_backend` of ``params_file``) ``paddlejob`` puts the
+    PaddleJob launcher where the train task is, mounting the shared volume of ``paddlejob``
+    (default: ``params_file``'s section) at its ``mount_path``."""
+    compile_params = _load(params_file) if None in (resources, backend, paddlejob) else {}
+    if resources is None:
+        resources = compile_params.get("resources") or {}
+    backend = train_backend(compile_params) if backend is None else backend
+    if backend not in TRAIN_BACKENDS:
+        raise ValueError(f"train backend {backend!r}: one of {TRAIN_BACKENDS}")
+    if paddlejob is None:
+        paddlejob = compile_params.get("paddlejob") or {}
     cpu_ops = ops(image)
 
     def step_task(name: str, sections: Any, tasks: Any, **values: Any) -> dsl.PipelineTask:
@@ -205,24 +270,29 @@ def make_pipeline(
         task.set_env_variable("PADDLE_MLOPS_IMAGE", GPU_IMAGE if gpu else image)
         return with_resources(task, resources, name)
 
-    def _training_pipeline(
-        task: dict,
-        ingest: dict,
-        validate: dict,
-        train: dict,
-        export: dict,
-        qat: dict,
-        evaluate: dict,
-        serving_image: dict,
-        track: dict,
-        register: dict,
-        registry: dict,
-        promote: dict,
-        deploy: dict,
-        build_in_cluster: bool = False,
-    ):
+    def launcher_task(sections: Any, tasks: Any) -> dsl.PipelineTask:
+        """The PaddleJob launcher in the train task's place: same inputs and outputs."""
+        shared = pj.load_params(paddlejob)  # compile time: the volume this pod mounts
+        task = wire(
+            cpu_ops["paddlejob_train_op"],
+            STEPS["train"],
+            sections,
+            tasks,
+            paddlejob=sections["paddlejob"],
+            # the workers' cpu/memory: params.yaml resources.train, as for the train task
+            worker_resources={**resources.get("default", {}), **resources.get("train", {})},
+        )
+        task.set_env_variable(pj.IMAGE_ENV, image)  # the workers' image...
+        task.set_env_variable(pj.GPU_IMAGE_ENV, GPU_IMAGE)  # ...with paddlejob.gpus_per_worker
+        task.set_env_variable(pj.PVC_ENV, shared.pvc)
+        task.set_env_variable(pj.MOUNT_ENV, shared.mount_path)
+        kubernetes.mount_pvc(task, pvc_name=shared.pvc, mount_path=shared.mount_path)
+        return with_resources(task, resources, "paddlejob_train")
+
+    def _dag(sections: dict[str, Any]) -> None:
         # one pipeline parameter per params.yaml section; each step gets only its own
-        sections = dict(locals())
+        task, ingest, track = sections["task"], sections["ingest"], sections["track"]
+        build_in_cluster = sections["build_in_cluster"]
         exit_task = cpu_ops["record_failure_op"](track=track)
         with_resources(exit_task, resources, "record_failure")
         _with_cluster_env(exit_task)
@@ -236,13 +306,17 @@ def make_pipeline(
             for name in STEPS:
                 if name in ("promote", "deploy"):
                     continue  # only for a blessed model, below
+                if name == "train" and backend == "paddlejob":
+                    tasks[name] = launcher_task(sections, tasks)  # later steps: unchanged
+                    continue
                 values = {"source_sha256": fingerprint_t.output} if name == "ingest" else {}
                 tasks[name] = step_task(name, sections, tasks, **values)
             for t in (fingerprint_t, tasks["ingest"]):
                 t.set_retry(**RETRY)  # http(s) and s3 sources
                 _with_cluster_env(t, s3=True)
-            if gpus:  # train and qat on GPU nodes (compile --gpus N)
-                for name in ("train", "qat"):
+            if gpus:  # train and qat on GPU nodes (compile --gpus N); a PaddleJob's
+                # workers get theirs from paddlejob.gpus_per_worker, its launcher none
+                for name in ("train", "qat") if backend == "step" else ("qat",):
                     tasks[name].set_accelerator_type(accelerator_type).set_accelerator_limit(gpus)
             for name in ("track", "register"):  # they talk to MLflow: retried, never cached
                 tasks[name].set_retry(**RETRY).set_caching_options(False)
@@ -274,21 +348,32 @@ def make_pipeline(
                     t.set_retry(**RETRY).set_caching_options(False)
                     _with_cluster_env(t)
 
+    on = " (train: a Kubeflow PaddleJob)" if backend == "paddlejob" else ""
     return dsl.pipeline(
         name="paddle-mlops-training",
-        description=" → ".join(STEPS) + " (promote, deploy: blessed models only)",
-    )(_training_pipeline)
+        description=" → ".join(STEPS) + " (promote, deploy: blessed models only)" + on,
+    )(_pipeline_function(pipeline_sections(backend), _dag))
 
 
 training_pipeline = make_pipeline()
 
 
 def compile_pipeline(
-    out: str | Path, gpus: int = 0, accelerator_type: str = "nvidia.com/gpu", image: str = IMAGE
+    out: str | Path,
+    gpus: int = 0,
+    accelerator_type: str = "nvidia.com/gpu",
+    image: str = IMAGE,
+    params_file: str | Path = REPO / "params.yaml",
+    backend: str | None = None,
 ) -> Path:
+    """Compile the pipeline; resources, the train backend and the PaddleJob volume come from
+    ``params_file`` (``backend`` overrides its ``train.distributed.backend``)."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    compiler.Compiler().compile(make_pipeline(gpus, accelerator_type, image=image), str(out))
+    pipeline = make_pipeline(
+        gpus, accelerator_type, image=image, backend=backend, params_file=params_file
+    )
+    compiler.Compiler().compile(pipeline, str(out))
     return out
 
 
@@ -300,13 +385,16 @@ def _drop_nulls(value: Any) -> Any:
     return value
 
 
-def pipeline_params(params: dict[str, Any]) -> dict[str, Any]:
+def pipeline_params(params: dict[str, Any], backend: str | None = None) -> dict[str, Any]:
     """params.yaml as the pipeline's arguments: one dict per section, nulls dropped (the
-    step's default applies)."""
-    unknown = sorted(set(params) - set(SECTIONS) - {"resources"})  # resources: compile time
+    step's default applies). ``paddlejob`` is an argument of a pipeline compiled for that
+    backend (``backend``, default: :func:`train_backend` of ``params``), else not passed."""
+    backend = train_backend(params) if backend is None else backend
+    # resources: compile time; paddlejob: the launcher's, when compiled in
+    unknown = sorted(set(params) - set(SECTIONS) - {"resources", "paddlejob"})
     if unknown:
         raise ValueError(f"params sections {unknown} are not parameters of the pipeline")
-    return {s: _drop_nulls(params.get(s) or {}) for s in SECTIONS}
+    return {s: _drop_nulls(params.get(s) or {}) for s in pipeline_sections(backend)}
 
 
 def run_local(params: dict[str, Any], pipeline_root: str | Path) -> Any:
@@ -314,7 +402,9 @@ def run_local(params: dict[str, Any], pipeline_root: str | Path) -> Any:
     from kfp import local
 
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(pipeline_root))
-    return make_pipeline()(**pipeline_params(params))
+    backend = train_backend(params)
+    pipeline = make_pipeline(backend=backend, paddlejob=params.get("paddlejob") or {})
+    return pipeline(**pipeline_params(params, backend))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -333,6 +423,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_compile.add_argument("--gpus", type=int, default=0, help="accelerators for train and qat")
     p_compile.add_argument("--accelerator-type", default="nvidia.com/gpu")
     p_compile.add_argument(
+        "--params",
+        default=str(REPO / "params.yaml"),
+        help="read at compile time: resources, train.distributed.backend (paddlejob: the "
+        "PaddleJob launcher trains) and the paddlejob volume",
+    )
+    p_compile.add_argument(
         "--image",
         default=IMAGE,
         help="the component image every CPU task runs in; pin it by digest "
@@ -344,7 +440,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, force=True)
     if args.command == "compile":
-        out = compile_pipeline(args.out, args.gpus, args.accelerator_type, args.image)
+        out = compile_pipeline(
+            args.out, args.gpus, args.accelerator_type, args.image, params_file=args.params
+        )
         logging.info("compiled %s", out)
     else:
         params = load_params(args.params)

@@ -1,0 +1,885 @@
+"""The PaddleJob backend of the train task: template, schema check, launcher, compiled DAG.
+
+No Kubernetes cluster and no training-operator exist on the machines these tests run on:
+nothing here starts a real PaddleJob or a real pod. What is tested instead:
+
+- the launcher (``pipelines/paddlejob.py``) runs for real, with the real ``kubernetes``
+  client configured from a real kubeconfig, against ``FakeApiServer``: an HTTP server on
+  127.0.0.1 that answers the requests the launcher makes (create/get/delete of
+  ``kubeflow.org/v1`` ``paddlejobs``, the pod list by the operator's job-name label, pod
+  logs) the way the API server and the operator (training-operator release-1.9: its
+  condition types, reasons and messages) would over a job's lifecycle, and plays global
+  rank 0 by writing the train CLI's outputs into the job's directory. It records every
+  request, so the tests assert the contract: methods, URL paths, query parameters, that the
+  POSTed body passes the PaddleJob schema check, that logs are fetched and shown once, that
+  a failure raises with the operator's message, that the job is deleted in every case and
+  that a retry reuses or replaces the job of the same name instead of duplicating it;
+- the rendered manifest and the checker (``components.k8s_check``) on good and bad PaddleJobs;
+- the pipeline compiled for the PaddleJob backend, with the real KFP compiler.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import re
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+import yaml
+
+from components.artifacts import StepError
+from components.k8s_check import (
+    PLACEHOLDER_DIGEST,
+    check_manifests,
+    load_manifests,
+    manifest_files,
+    manifest_problems,
+)
+from pipelines import paddlejob as pj
+from tests.conftest import REPO
+
+NS = "paddle-mlops"
+JOBS_PATH = f"/apis/kubeflow.org/v1/namespaces/{NS}/paddlejobs"
+IMAGE = "registry.example.com/paddle-mlops/components@sha256:" + "ab" * 32
+GPU_IMAGE = "registry.example.com/paddle-mlops/components-gpu@sha256:" + "cd" * 32
+TOKEN = "launcher-token"
+RESOURCES = {"cpu_request": "2", "cpu_limit": "4", "memory_request": "2Gi", "memory_limit": "8Gi"}
+LOG_LINES = 6  # per pod, revealed two per status read
+TASK = {"name": "digits", "options": {"conv_channels": [6, 16]}}
+
+
+def train_section(nnodes: int = 2, nproc: int = 1, backend: str = "paddlejob") -> dict:
+    return {
+        "epochs": 3,
+        "batch_size": 64,
+        "distributed": {"backend": backend, "nnodes": nnodes, "nproc": nproc},
+    }
+
+
+# --------------------------------------------------------------------------- the fake API server
+
+# the operator's conditions (pkg/controller.v1/paddlepaddle/paddlepaddle_controller.go,
+# pkg/util/status.go: reason = kind + reason, the messages of collective mode)
+MESSAGES = {
+    "Created": "PaddleJob {name} is created.",
+    "Running": "PaddleJob {ns}/{name} is running.",
+    "Succeeded": "PaddleJob {ns}/{name} successfully completed.",
+    "Failed": "PaddleJob {name} is failed because 1 Worker replica(s) failed.",
+}
+SUCCESS = [["Created"], ["Created", "Running"], ["Created", "Running"], ["Created", "Succeeded"]]
+FAILURE = [["Created"], ["Created", "Running"], ["Created", "Failed"]]
+RUNNING = [["Created"], ["Created", "Running"]]  # never ends
+
+
+def timestamp(pod: int, line: int) -> str:
+    """The kubelet's RFC 3339 with nanoseconds, trailing zeros trimmed (so lexical order is
+    not time order: 00Z, 00.12Z, ... 00.6Z, 01.08Z)."""
+    ns = line * 120_000_000 + pod * 1_000
+    sec, frac = divmod(ns, 1_000_000_000)
+    digits = f"{frac:09d}".rstrip("0")
+    return f"2026-01-01T00:00:{sec:02d}" + (f".{digits}" if digits else "") + "Z"
+
+
+def log_line(pod: str, line: int) -> str:
+    return f"{pod}: epoch {line} loss {1.0 / (line + 1):.3f}"
+
+
+class FakeApiServer:
+    """The API server with the training-operator, as far as the launcher sees them."""
+
+    def __init__(self, mount: Path) -> None:
+        self.mount = mount
+        self.jobs: dict[str, dict[str, Any]] = {}
+        self.scripts: dict[str, list[list[str]]] = {}
+        self.steps: dict[str, int] = {}
+        self.requests: list[dict[str, Any]] = []
+        self.script = SUCCESS  # for the next job created
+        self.hold = False  # True: jobs stay at their current step
+        self.create_error: tuple[int, str] | None = None
+        self.seen_at_create: dict[str, dict[str, Any]] = {}
+        self.created: list[str] = []  # names, each time a POST created a job
+        self.lock = threading.Lock()
+        handler = type("Handler", (_Handler,), {"fake": self})
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.thread = threading.Thread(
+            target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def kubeconfig(self, path: Path) -> Path:
+        path.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
+                    "users": [{"name": "launcher", "user": {"token": TOKEN}}],
+                    "contexts": [
+                        {"name": "fake", "context": {"cluster": "fake", "user": "launcher"}}
+                    ],
+                    "current-context": "fake",
+                }
+            )
+        )
+        return path
+
+    def calls(self, method: str | None = None, path: str | None = None) -> list[dict[str, Any]]:
+        return [
+            r
+            for r in self.requests
+            if (method is None or r["method"] == method) and (path is None or r["path"] == path)
+        ]
+
+    # ------------------------------------------------------------------ the job's lifecycle
+
+    def status(self, name: str) -> dict[str, Any]:
+        script = self.scripts[name]
+        types = script[min(self.steps[name], len(script) - 1)]
+        conditions = []
+        for kind in types:
+            message = MESSAGES[kind].format(name=name, ns=NS)
+            conditions.append(
+                {
+                    "type": kind,
+                    "status": "True",
+                    "reason": f"PaddleJob{kind}",
+                    "message": message,
+                    "lastUpdateTime": "2026-01-01T00:00:00Z",
+                    "lastTransitionTime": "2026-01-01T00:00:00Z",
+                }
+            )
+        return {"conditions": conditions}
+
+    def terminal(self, name: str) -> str | None:
+        script = self.scripts[name]
+        last = script[min(self.steps[name], len(script) - 1)][-1]
+        return last if last in ("Succeeded", "Failed") else None
+
+    def run_dir(self, job: dict[str, Any]) -> Path:
+        (container,) = job["spec"]["paddleReplicaSpecs"]["Worker"]["template"]["spec"]["containers"]
+        (env,) = [e for e in container["env"] if e["name"] == pj.RUN_DIR_ENV]
+        return Path(env["value"])
+
+    def cli_paths(self, job: dict[str, Any]) -> dict[str, Path]:
+        """The train CLI's paths, as the kubelet expands $(PADDLE_MLOPS_RUN_DIR) in args."""
+        (container,) = job["spec"]["paddleReplicaSpecs"]["Worker"]["template"]["spec"]["containers"]
+        run_dir = str(self.run_dir(job))
+        paths = {}
+        for arg in container["args"]:
+            flag, _, value = arg.partition("=")
+            paths[flag.lstrip("-")] = Path(value.replace(f"$({pj.RUN_DIR_ENV})", run_dir))
+        return paths
+
+    def rank0(self, job: dict[str, Any], done: bool) -> None:
+        """What global rank 0 writes: a checkpoint per epoch, then the outputs."""
+        paths = self.cli_paths(job)
+        paths["checkpoints"].mkdir(parents=True, exist_ok=True)
+        (paths["checkpoints"] / "last.pdckpt").write_bytes(b"epoch state")
+        if done:
+            paths["model"].mkdir(parents=True, exist_ok=True)
+            (paths["model"] / "model.pdparams").write_bytes(b"weights")
+            paths["metrics"].parent.mkdir(parents=True, exist_ok=True)
+            paths["metrics"].write_text(json.dumps({"best_val_accuracy": 0.98, "epochs_run": 3}))
+            paths["plots"].parent.mkdir(parents=True, exist_ok=True)
+            paths["plots"].write_text("epoch,val_accuracy\n1,0.9\n2,0.95\n3,0.98\n")
+
+    def pods(self, name: str) -> list[dict[str, Any]]:
+        step, job = self.steps[name], self.jobs[name]
+        if step < 1:
+            return []
+        end = self.terminal(name)
+        replicas = job["spec"]["paddleReplicaSpecs"]["Worker"]["replicas"]
+        phase = (
+            "Pending"
+            if step == 1
+            else {"Succeeded": "Succeeded", "Failed": "Failed"}.get(end or "", "Running")
+        )
+        return [
+            {
+                "metadata": {
+                    "name": f"{name}-worker-{i}",
+                    "namespace": NS,
+                    "labels": {
+                        pj.JOB_NAME_LABEL: name,
+                        "training.kubeflow.org/replica-type": "worker",
+                        "training.kubeflow.org/replica-index": str(i),
+                    },
+                },
+                "spec": {"containers": [{"name": pj.CONTAINER, "image": IMAGE}]},
+                "status": {"phase": phase},
+            }
+            for i in range(replicas)
+        ]
+
+    def log(self, pod: str) -> str:
+        name, _, index = pod.rpartition("-worker-")
+        visible = min(2 * self.steps[name], LOG_LINES)
+        lines = [f"{timestamp(int(index), j)} {log_line(pod, j)}" for j in range(visible)]
+        if self.terminal(name) == "Failed" and index == "1":
+            lines.append(f"{timestamp(1, LOG_LINES)} error: rank 1: loss is nan")
+        # more than asked for (it ignores sinceSeconds): the launcher must not repeat lines
+        return "\n".join(lines) + ("\n" if lines else "")
+
+    # ------------------------------------------------------------------ HTTP
+
+    def handle(self, req: BaseHTTPRequestHandler, method: str) -> None:
+        url = urlsplit(req.path)
+        length = int(req.headers.get("Content-Length") or 0)
+        raw = req.rfile.read(length) if length else b""
+        body = json.loads(raw) if raw else None
+        with self.lock:
+            self.requests.append(
+                {
+                    "method": method,
+                    "path": url.path,
+                    "query": parse_qs(url.query),
+                    "body": body,
+                    "authorization": req.headers.get("Authorization"),
+                }
+            )
+            code, payload = self.route(method, url.path, parse_qs(url.query), body)
+        data = payload.encode() if isinstance(payload, str) else json.dumps(payload).encode()
+        req.send_response(code)
+        kind = "text/plain" if isinstance(payload, str) else "application/json"
+        req.send_header("Content-Type", kind)
+        req.send_header("Content-Length", str(len(data)))
+        req.end_headers()
+        req.wfile.write(data)
+
+    def route(
+        self, method: str, path: str, query: dict[str, list[str]], body: Any
+    ) -> tuple[int, Any]:
+        if m := re.fullmatch(r"/apis/kubeflow\.org/v1/namespaces/([^/]+)/paddlejobs", path):
+            return self.create(m.group(1), body) if method == "POST" else _status(405, "")
+        if m := re.fullmatch(r"/apis/kubeflow\.org/v1/namespaces/([^/]+)/paddlejobs/([^/]+)", path):
+            name = m.group(2)
+            if name not in self.jobs:
+                return _status(404, f'paddlejobs.kubeflow.org "{name}" not found', "NotFound")
+            if method == "DELETE":
+                del self.jobs[name]
+                return 200, {"kind": "Status", "apiVersion": "v1", "status": "Success"}
+            if not self.hold and self.terminal(name) is None:
+                self.steps[name] += 1
+                self.rank0(self.jobs[name], done=self.terminal(name) == "Succeeded")
+            return 200, {**self.jobs[name], "status": self.status(name)}
+        if m := re.fullmatch(r"/api/v1/namespaces/([^/]+)/pods", path):
+            selector = query.get("labelSelector", [""])[0]
+            key, _, name = selector.partition("=")
+            pods = self.pods(name) if key == pj.JOB_NAME_LABEL and name in self.jobs else []
+            return 200, {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": pods}
+        if m := re.fullmatch(r"/api/v1/namespaces/([^/]+)/pods/([^/]+)/log", path):
+            return 200, self.log(m.group(2))
+        return _status(404, f"no route {method} {path}", "NotFound")
+
+    def create(self, namespace: str, body: dict[str, Any]) -> tuple[int, Any]:
+        if self.create_error:
+            code, message = self.create_error
+            return _status(code, message, "Forbidden")
+        name = body["metadata"]["name"]
+        if name in self.jobs:
+            return _status(409, f'paddlejobs.kubeflow.org "{name}" already exists', "AlreadyExists")
+        job = copy.deepcopy(body)
+        job["metadata"].update(namespace=namespace, uid=f"uid-{len(self.requests)}")
+        self.jobs[name], self.steps[name], self.scripts[name] = job, 0, self.script
+        self.created.append(name)
+        paths = self.cli_paths(job)
+        self.seen_at_create[name] = {
+            "params": yaml.safe_load(paths["params"].read_text()),
+            "data": sorted(p.name for p in paths["data"].iterdir()),
+            "checkpoints": paths["checkpoints"].exists(),
+        }
+        return 201, job
+
+
+class _Handler(BaseHTTPRequestHandler):
+    fake: FakeApiServer
+
+    def log_message(self, *args: Any) -> None:  # quiet
+        pass
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's names)
+        self.fake.handle(self, "GET")
+
+    def do_POST(self) -> None:  # noqa: N802
+        self.fake.handle(self, "POST")
+
+    def do_DELETE(self) -> None:  # noqa: N802
+        self.fake.handle(self, "DELETE")
+
+
+def _status(code: int, message: str, reason: str = "") -> tuple[int, dict[str, Any]]:
+    return code, {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
+
+
+# --------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture
+def server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeApiServer]:
+    fake = FakeApiServer(tmp_path / "shared")
+    fake.mount.mkdir()
+    fake.thread.start()
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)  # not in a cluster
+    monkeypatch.setenv("KUBECONFIG", str(fake.kubeconfig(tmp_path / "kubeconfig")))
+    try:
+        yield fake
+    finally:
+        fake.httpd.shutdown()
+        fake.httpd.server_close()
+        fake.thread.join(timeout=5)
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path) -> Path:
+    """An ingested data set, as bytes (the launcher only copies and hashes it)."""
+    data = tmp_path / "artifacts" / "data"
+    data.mkdir(parents=True)
+    (data / "train.npz").write_bytes(b"train" * 100)
+    (data / "val.npz").write_bytes(b"val" * 100)
+    (data / "manifest.json").write_text('{"created_at": "now"}')
+    return data
+
+
+def settings(server: FakeApiServer, **overrides: Any) -> dict[str, Any]:
+    return {
+        "namespace": NS,
+        "mount_path": str(server.mount),
+        "poll_interval_s": 0.02,
+        "timeout_s": 5,
+        "delete_timeout_s": 2,
+        **overrides,
+    }
+
+
+def outputs(tmp_path: Path) -> pj.Outputs:
+    root = tmp_path / "artifacts" / "out"
+    root.mkdir(parents=True, exist_ok=True)
+    return pj.Outputs(
+        model=root / "model",
+        checkpoints=root / "checkpoints",
+        metrics=root / "metrics",
+        plots=root / "plots",
+    )
+
+
+def launch(
+    server: FakeApiServer,
+    data_dir: Path,
+    tmp_path: Path,
+    train: dict | None = None,
+    env: dict | None = None,
+    **overrides: Any,
+) -> pj.LaunchResult:
+    return pj.launch(
+        task=TASK,
+        train=train or train_section(),
+        paddlejob=settings(server, **overrides),
+        worker_resources=RESOURCES,
+        data_dir=data_dir,
+        outputs=outputs(tmp_path),
+        env={pj.IMAGE_ENV: IMAGE, pj.GPU_IMAGE_ENV: GPU_IMAGE} if env is None else env,
+    )
+
+
+def job_name(data_dir: Path, train: dict | None = None) -> str:
+    return f"paddle-mlops-train-{pj.job_key(TASK, train or train_section(), data_dir)}"
+
+
+# --------------------------------------------------------------------------- the lifecycle
+
+
+def test_a_succeeded_job_is_created_followed_logged_copied_and_deleted(
+    server, data_dir, tmp_path, caplog
+):
+    caplog.set_level(logging.INFO, logger="pipelines.paddlejob")
+    t0 = time.monotonic()
+    result = launch(server, data_dir, tmp_path)
+    assert time.monotonic() - t0 < 5
+    name = job_name(data_dir)
+    assert (result.job, result.namespace, result.state, result.created) == (
+        name,
+        NS,
+        "Succeeded",
+        True,
+    )
+
+    # one create, at the collection URL of the namespace, with the client's credentials
+    (create,) = server.calls("POST")
+    assert create["path"] == JOBS_PATH
+    assert all(r["authorization"] == f"Bearer {TOKEN}" for r in server.requests)
+    body = create["body"]
+    check_manifests([body], require_digest=True, what="the POSTed PaddleJob")
+    assert (body["apiVersion"], body["kind"], body["metadata"]["name"]) == (
+        "kubeflow.org/v1",
+        "PaddleJob",
+        name,
+    )
+    assert set(body["spec"]["paddleReplicaSpecs"]) == {"Worker"}  # collective mode
+    assert body["spec"]["paddleReplicaSpecs"]["Worker"]["replicas"] == 2
+    # the data and params were on the volume before the job existed
+    seen = server.seen_at_create[name]
+    assert seen["params"] == {"task": TASK, "train": train_section()}
+    assert seen["data"] == ["manifest.json", "train.npz", "val.npz"]
+
+    # status read at the job's URL until it ended; pods by the operator's label; logs
+    assert len(server.calls("GET", f"{JOBS_PATH}/{name}")) == len(SUCCESS) - 1
+    listed = server.calls("GET", f"/api/v1/namespaces/{NS}/pods")
+    assert listed and all(
+        r["query"]["labelSelector"] == [f"training.kubeflow.org/job-name={name}"] for r in listed
+    )
+    logs = [r for r in server.requests if r["path"].endswith("/log")]
+    assert {r["path"] for r in logs} == {
+        f"/api/v1/namespaces/{NS}/pods/{name}-worker-{i}/log" for i in range(2)
+    }
+    assert all(r["query"]["container"] == ["paddle"] for r in logs)
+    # the client sends Python's bool; the API server parses it with strconv.ParseBool
+    assert all(r["query"]["timestamps"] in (["true"], ["True"]) for r in logs)
+    later = logs[2:]  # after the first read of each pod
+    assert later and all(int(r["query"]["sinceSeconds"][0]) >= 1 for r in later)
+    # every line of every pod in the task's log, once, in order
+    shown = [r.getMessage() for r in caplog.records if r.getMessage().startswith("[")]
+    for i in range(2):
+        pod = f"{name}-worker-{i}"
+        assert [m for m in shown if m.startswith(f"[{pod}]")] == [
+            f"[{pod}] {log_line(pod, j)}" for j in range(LOG_LINES)
+        ]
+    messages = caplog.text
+    assert f"PaddleJob {name}: Running=True PaddleJobRunning" in messages
+    assert f"PaddleJob {NS}/{name} successfully completed." in messages
+
+    # deleted last, its pods with it
+    assert server.requests[-1]["method"] == "DELETE"
+    assert server.requests[-1]["path"] == f"{JOBS_PATH}/{name}"
+    assert server.requests[-1]["query"]["propagationPolicy"] == ["Background"]
+    assert server.jobs == {}
+
+    # rank 0's outputs are the artifacts; the job's directory is gone
+    out = outputs(tmp_path)
+    assert (out.model / "model.pdparams").read_bytes() == b"weights"
+    assert (out.checkpoints / "last.pdckpt").exists()
+    assert json.loads(out.metrics.read_text())["best_val_accuracy"] == 0.98
+    assert out.plots.read_text().startswith("epoch,val_accuracy")
+    assert result.metrics == {"best_val_accuracy": 0.98, "epochs_run": 3}
+    assert not (server.mount / "paddlejob-runs" / name).exists()
+
+
+def test_a_failed_job_raises_with_the_operators_message_and_is_deleted(server, data_dir, tmp_path):
+    server.script = FAILURE
+    name = job_name(data_dir)
+    with pytest.raises(StepError) as err:
+        launch(server, data_dir, tmp_path)
+    text = str(err.value)
+    assert f"PaddleJob {NS}/{name} failed: PaddleJobFailed" in text
+    assert f"PaddleJob {name} is failed because 1 Worker replica(s) failed." in text
+    assert "error: rank 1: loss is nan" in text  # the end of the failed pod's log
+    assert server.requests[-1]["method"] == "DELETE" and server.jobs == {}
+    # the job's directory stays: its checkpoints are what a retry resumes from
+    assert (server.mount / "paddlejob-runs" / name / "checkpoints" / "last.pdckpt").exists()
+    assert not outputs(tmp_path).model.exists()
+
+
+def test_a_job_that_does_not_finish_in_time_raises_and_is_deleted(server, data_dir, tmp_path):
+    server.script = RUNNING
+    name = job_name(data_dir)
+    t0 = time.monotonic()
+    with pytest.raises(StepError, match=r"did not finish within 0\.3 s \(paddlejob\.timeout_s\)"):
+        launch(server, data_dir, tmp_path, timeout_s=0.3)
+    assert time.monotonic() - t0 < 3
+    assert server.requests[-1] == {
+        **server.requests[-1],
+        "method": "DELETE",
+        "path": f"{JOBS_PATH}/{name}",
+    }
+    assert server.jobs == {}
+
+
+def test_keep_job_leaves_the_finished_job(server, data_dir, tmp_path):
+    launch(server, data_dir, tmp_path, keep_job=True, keep_run_dir=True)
+    assert not server.calls("DELETE") and list(server.jobs) == [job_name(data_dir)]
+    assert (server.mount / "paddlejob-runs" / job_name(data_dir) / "model").is_dir()
+
+
+def test_a_refused_create_names_the_api_servers_reason(server, data_dir, tmp_path):
+    server.create_error = (403, 'paddlejobs.kubeflow.org is forbidden: User "x" cannot create')
+    with pytest.raises(StepError, match=r"create PaddleJob paddle-mlops/.*HTTP 403.*forbidden"):
+        launch(server, data_dir, tmp_path)
+    assert not server.jobs
+
+
+# --------------------------------------------------------------------------- KFP retries
+
+
+def test_a_retry_reuses_the_running_job_of_the_same_name(server, data_dir, tmp_path, caplog):
+    """A launcher that died (its pod evicted; here: it timed out and kept the job) leaves the
+    job running; the retry attaches to it instead of starting a second one."""
+    caplog.set_level(logging.INFO, logger="pipelines.paddlejob")
+    server.hold = True
+    with pytest.raises(StepError, match="did not finish"):
+        launch(server, data_dir, tmp_path, timeout_s=0.5, keep_job=True)
+    name = job_name(data_dir)
+    assert list(server.jobs) == [name]
+    server.hold = False
+    result = launch(server, data_dir, tmp_path, timeout_s=0.5)  # the same params: a retry
+    assert result.created is False and result.state == "Succeeded"
+    creates = server.calls("POST")
+    assert [r["path"] for r in creates] == [JOBS_PATH, JOBS_PATH]
+    assert creates[0]["body"] == creates[1]["body"]  # the same deterministic name and spec
+    assert server.created == [name]  # the second POST got 409 AlreadyExists
+    assert "reusing PaddleJob" in caplog.text
+    assert server.requests[-1]["method"] == "DELETE" and server.jobs == {}
+
+
+def test_a_retry_replaces_a_failed_job_and_resumes_from_its_checkpoints(server, data_dir, tmp_path):
+    server.script = FAILURE
+    with pytest.raises(StepError, match="failed"):
+        launch(server, data_dir, tmp_path, keep_job=True)  # e.g. a node lost mid-run
+    name = job_name(data_dir)
+    assert server.seen_at_create[name]["checkpoints"] is False
+    server.script = SUCCESS
+    result = launch(server, data_dir, tmp_path)
+    assert result.created is True and server.created == [name, name]
+    methods = [(r["method"], r["path"].rsplit("/", 1)[-1]) for r in server.requests]
+    retry = methods[methods.index(("POST", "paddlejobs"), 1) :]
+    # 409, read it (Failed), delete, wait until gone, create again
+    assert retry[:5] == [
+        ("POST", "paddlejobs"),
+        ("GET", name),
+        ("DELETE", name),
+        ("GET", name),
+        ("POST", "paddlejobs"),
+    ]
+    # the new job starts on the same directory: the train step resumes from the checkpoint
+    assert server.seen_at_create[name]["checkpoints"] is True
+    assert server.jobs == {}
+
+
+def test_a_retry_replaces_a_running_job_of_another_spec(server, data_dir, tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="pipelines.paddlejob")
+    server.hold = True
+    with pytest.raises(StepError, match="did not finish"):
+        launch(server, data_dir, tmp_path, timeout_s=0.1, keep_job=True, shm_size="2Gi")
+    server.hold = False
+    result = launch(server, data_dir, tmp_path)  # shm_size 1Gi: another spec, the same name
+    assert result.created is True
+    assert "replacing PaddleJob" in caplog.text and "another spec" in caplog.text
+    first, *_, last = server.calls("POST")
+    assert first["body"]["metadata"]["name"] == last["body"]["metadata"]["name"]
+    assert first["body"]["metadata"]["annotations"] != last["body"]["metadata"]["annotations"]
+
+
+# ------------------------------------------------------------------ refused before a request
+
+
+@pytest.mark.parametrize(
+    ("train", "overrides", "env", "message"),
+    [
+        (
+            train_section(backend="auto"),
+            {},
+            None,
+            "train.distributed.backend is 'auto', but this pipeline was compiled for 'paddlejob'",
+        ),
+        (train_section(nnodes=0), {}, None, "train.distributed.nnodes: expected an integer >= 1"),
+        (
+            train_section(nproc=4),
+            {"gpus_per_worker": 2},
+            None,
+            "nproc is 4 but paddlejob.gpus_per_worker is 2",
+        ),
+        (None, {"replicas": 3}, None, "paddlejob: unknown field(s) ['replicas']"),
+        (None, {"timeout_s": "1h"}, None, "paddlejob.timeout_s: expected a number"),
+        (
+            None,
+            {},
+            {pj.IMAGE_ENV: IMAGE, pj.PVC_ENV: "other-claim"},
+            "paddlejob.pvc is 'paddle-mlops-shared' but the pipeline was compiled with "
+            "'other-claim'",
+        ),
+        (
+            None,
+            {},
+            {pj.IMAGE_ENV: "registry.example.com/paddle-mlops/components:latest"},
+            "the mutable tag :latest",
+        ),
+        (None, {}, {}, "no worker image"),
+        (None, {"gpus_per_worker": 1}, {pj.IMAGE_ENV: IMAGE}, "$PADDLE_MLOPS_GPU_IMAGE"),
+    ],
+)
+def test_bad_params_are_refused_before_any_request(
+    server, data_dir, tmp_path, train, overrides, env, message
+):
+    with pytest.raises(StepError) as err:
+        launch(server, data_dir, tmp_path, train=train, env=env, **overrides)
+    assert message in str(err.value)
+    assert server.requests == []
+
+
+def test_an_unmounted_volume_is_refused(server, data_dir, tmp_path):
+    with pytest.raises(StepError, match=r"paddlejob.mount_path .*not a directory.*claim"):
+        launch(server, data_dir, tmp_path, mount_path=str(tmp_path / "not-mounted"))
+    assert server.requests == []
+
+
+def test_the_kfp_component_body_logs_the_metrics_kfp_shows(server, data_dir, tmp_path, monkeypatch):
+    """kfp_main with KFP's own artifact classes, as the executor hands them over."""
+    from kfp import dsl
+
+    monkeypatch.setenv(pj.IMAGE_ENV, IMAGE)
+    root = tmp_path / "kfp"
+    args = {
+        "task": TASK,
+        # through protobuf Struct every number is a float
+        "train": {**train_section(), "distributed": {"backend": "paddlejob", "nnodes": 2.0}},
+        "paddlejob": settings(server),
+        "worker_resources": RESOURCES,
+        "data": dsl.Dataset(uri=str(data_dir)),
+        "validation": dsl.Artifact(uri=str(tmp_path / "validation")),
+        "model": dsl.Model(uri=str(root / "model")),
+        "checkpoints": dsl.Artifact(uri=str(root / "checkpoints")),
+        "metrics": dsl.Metrics(uri=str(root / "metrics")),
+        "plots": dsl.Artifact(uri=str(root / "plots")),
+    }
+    pj.kfp_main(args)
+    assert args["metrics"].metadata == {"best_val_accuracy": 0.98, "epochs_run": 3.0}
+    assert (root / "model" / "model.pdparams").exists() and (root / "plots").is_file()
+    assert server.calls("POST")[0]["body"]["spec"]["paddleReplicaSpecs"]["Worker"]["replicas"] == 2
+
+
+# --------------------------------------------------------------------------- the manifest
+
+
+def rendered(nnodes: int, gpus: int) -> dict:
+    params = pj.load_params({"gpus_per_worker": gpus})
+    return pj.render(
+        pj.load_template(pj.template_path(params)),
+        name="paddle-mlops-train-0123456789ab",
+        params=params,
+        topo=pj.Topology(nnodes=nnodes, nproc=1),
+        image=GPU_IMAGE if gpus else IMAGE,
+        run_dir=Path("/mnt/shared/paddlejob-runs/paddle-mlops-train-0123456789ab"),
+        worker_resources=RESOURCES,
+    )
+
+
+@pytest.mark.parametrize("gpus", [0, 2])
+def test_the_rendered_job_passes_the_checker_with_a_real_digest(gpus):
+    doc = rendered(nnodes=2, gpus=gpus)
+    check_manifests([doc], require_digest=True, what=f"PaddleJob, {gpus} GPUs per worker")
+    worker = doc["spec"]["paddleReplicaSpecs"]["Worker"]
+    assert worker["replicas"] == 2 and worker["restartPolicy"] == "Never"
+    pod = worker["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["name"] == "paddle"
+    assert container["ports"] == [{"name": "master", "containerPort": 36543}]
+    limits = container["resources"]["limits"]
+    assert limits.get("nvidia.com/gpu") == (gpus or None)
+    assert (limits["cpu"], limits["memory"]) == ("4", "8Gi")  # params.yaml resources.train
+    run_dir = "/mnt/shared/paddlejob-runs/paddle-mlops-train-0123456789ab"
+    assert {"name": pj.RUN_DIR_ENV, "value": run_dir} in container["env"]
+    # the ranks bind to the pod's address (the train step reads POD_IP)
+    pod_ip = {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
+    assert pod_ip in container["env"]
+    (shared,) = [v for v in pod["volumes"] if v["name"] == "shared"]
+    assert shared["persistentVolumeClaim"] == {"claimName": "paddle-mlops-shared"}
+    assert doc["spec"]["runPolicy"] == {
+        "cleanPodPolicy": "None",
+        "backoffLimit": 0,
+        "activeDeadlineSeconds": 86400,
+        "ttlSecondsAfterFinished": 86400,
+    }
+    assert doc["metadata"]["annotations"][pj.SPEC_ANNOTATION] == pj.spec_sha256(doc)
+
+
+def test_the_template_carries_the_placeholder_digest_only():
+    docs = load_manifests(manifest_files(REPO / "k8s" / "paddlejob"))
+    check_manifests(docs)  # the templates' placeholders pass without require_digest
+    (job,) = [d for d in docs if d["kind"] == "PaddleJob"]
+    problems = manifest_problems([job], require_digest=True)
+    assert problems == [
+        "PaddleJob/paddle-mlops-train: spec.paddleReplicaSpecs.Worker.template.spec"
+        ".containers[paddle].image: image 'registry.example.com/paddle-mlops/components@"
+        f"{PLACEHOLDER_DIGEST}': the placeholder digest, not the image's"
+    ]
+    (pvc,) = [d for d in docs if d["kind"] == "PersistentVolumeClaim"]
+    assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
+    assert pvc["metadata"]["name"] == pj.PaddleJobParams().pvc
+
+
+def test_the_checker_rejects_an_unknown_field_and_a_wrong_type_naming_them():
+    doc = rendered(nnodes=2, gpus=0)
+    doc["spec"]["paddleReplicaSpecs"]["Worker"]["replica"] = 3
+    doc["spec"]["runPolicy"]["backoffLimit"] = "3"
+    container = doc["spec"]["paddleReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+    container["ports"][0]["containerPort"] = "36543"
+    container["gpus"] = 1
+    problems = manifest_problems([doc], require_digest=True)
+    where = "PaddleJob/paddle-mlops-train-0123456789ab: spec."
+    assert problems == [
+        f"{where}paddleReplicaSpecs.Worker: Additional properties are not allowed "
+        "('replica' was unexpected)",
+        f"{where}paddleReplicaSpecs.Worker.template.spec.containers[0]: Additional properties "
+        "are not allowed ('gpus' was unexpected)",
+        f"{where}paddleReplicaSpecs.Worker.template.spec.containers[0].ports[0].containerPort: "
+        "'36543' is not of type 'integer'",
+        f"{where}runPolicy.backoffLimit: '3' is not of type 'integer'",
+    ]
+    with pytest.raises(StepError, match="4 problem"):
+        check_manifests([doc])
+
+
+def test_the_checker_applies_the_operators_webhook_rules_and_the_hardening_policy():
+    doc = rendered(nnodes=2, gpus=0)
+    doc["metadata"]["name"] = "Paddle_Job"
+    doc["spec"]["paddleReplicaSpecs"]["Chief"] = doc["spec"]["paddleReplicaSpecs"]["Worker"]
+    container = doc["spec"]["paddleReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+    container["name"] = "trainer"
+    del container["securityContext"]["capabilities"]
+    text = "\n".join(manifest_problems([doc]))
+    assert "spec.paddleReplicaSpecs: 'Chief' is not one of ['Master', 'Worker']" in text
+    assert "metadata.name: 'Paddle_Job' is not a DNS-1035 label" in text
+    assert "spec.paddleReplicaSpecs.Worker.template.spec.containers: must have a container " in text
+    assert (
+        "spec.paddleReplicaSpecs.Worker.template.spec.containers[trainer]"
+        ".securityContext.capabilities.drop: must include ALL" in text
+    )
+    assert "Probe" not in text  # batch pods: no probes required
+
+
+def test_a_template_with_a_master_replica_is_refused():
+    template = pj.load_template(pj.template_path(pj.PaddleJobParams()))
+    specs = template["spec"]["paddleReplicaSpecs"]
+    specs["Master"] = copy.deepcopy(specs["Worker"])
+    with pytest.raises(StepError, match="Worker only .*parameter-server mode"):
+        pj.render(
+            template,
+            name="x",
+            params=pj.PaddleJobParams(),
+            topo=pj.Topology(2, 1),
+            image=IMAGE,
+            run_dir=Path("/mnt/shared/x"),
+            worker_resources=RESOURCES,
+        )
+
+
+# --------------------------------------------------------------------------- the compiled DAG
+
+
+def _all_tasks(spec: dict) -> dict[str, dict]:
+    tasks = dict(spec["root"]["dag"]["tasks"])
+    for component in spec["components"].values():
+        tasks.update(component.get("dag", {}).get("tasks", {}))
+    return tasks
+
+
+@pytest.fixture(scope="module")
+def compiled_paddlejob(tmp_path_factory) -> tuple[dict, dict]:
+    from pipelines.training import compile_pipeline
+
+    tmp = tmp_path_factory.mktemp("kfp-paddlejob")
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params["train"]["distributed"] = {"backend": "paddlejob", "nnodes": 2}
+    params["paddlejob"] = {"pvc": "team-shared", "mount_path": "/mnt/team"}
+    (tmp / "params.yaml").write_text(yaml.safe_dump(params))
+    out = compile_pipeline(tmp / "training.yaml", params_file=tmp / "params.yaml")
+    spec, platform = yaml.safe_load_all(out.read_text())
+    return spec, platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+
+
+def test_the_paddlejob_pipeline_trains_in_the_launcher_and_wires_it_downstream(
+    compiled_paddlejob,
+):
+    from components.step import all_steps, load, source_type
+
+    spec, executors = compiled_paddlejob
+    tasks = _all_tasks(spec)
+    assert "train-op" not in tasks and "paddlejob-train-op" in tasks
+    launcher = tasks["paddlejob-train-op"]
+    assert {"ingest-op", "validate-op"} <= set(launcher["dependentTasks"])
+    assert launcher["inputs"]["artifacts"]["validation"]["taskOutputArtifact"] == {
+        "outputArtifactKey": "report",
+        "producerTask": "validate-op",
+    }
+    # every consumer of train's outputs reads the launcher's, by the same output names
+    consumers = {
+        (name, port): a["taskOutputArtifact"]["outputArtifactKey"]
+        for name, t in tasks.items()
+        for port, a in t.get("inputs", {}).get("artifacts", {}).items()
+        if a.get("taskOutputArtifact", {}).get("producerTask") == "paddlejob-train-op"
+    }
+    declared = {
+        (f"{step.name.replace('_', '-')}-op", port.name): port.source.split(".")[1]
+        for step in all_steps()
+        for port in step.inputs
+        if (port.source or "").startswith("train.")
+    }
+    assert consumers == declared and ("export-op", "model") in consumers
+    # the launcher's interface is the train step's, plus its own parameters
+    train = load("train")
+    component = spec["components"]["comp-paddlejob-train-op"]
+    outputs = component["outputDefinitions"]["artifacts"]
+    assert {k: v["artifactType"]["schemaTitle"] for k, v in outputs.items()} == {
+        p.name: f"system.{p.kfp}" for p in train.outputs
+    }
+    inputs = component["inputDefinitions"]
+    assert {k: v["artifactType"]["schemaTitle"] for k, v in inputs["artifacts"].items()} == {
+        p.name: f"system.{source_type(p)}" for p in train.inputs
+    }
+    assert set(inputs["parameters"]) == {*train.sections, "paddlejob", "worker_resources"}
+    assert "paddlejob" in spec["root"]["inputDefinitions"]["parameters"]
+    # the volume, compiled in from params (the same values the launcher checks at run time)
+    (mount,) = executors["exec-paddlejob-train-op"]["pvcMount"]
+    assert (mount["constant"], mount["mountPath"]) == ("team-shared", "/mnt/team")
+    container = spec["deploymentSpec"]["executors"]["exec-paddlejob-train-op"]["container"]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env[pj.PVC_ENV] == "team-shared" and env[pj.MOUNT_ENV] == "/mnt/team"
+    assert {pj.IMAGE_ENV, pj.GPU_IMAGE_ENV} <= set(env)
+    workers = launcher["inputs"]["parameters"]["worker_resources"]["runtimeValue"]["constant"]
+    assert workers == {
+        k: str(v)
+        for k, v in yaml.safe_load((REPO / "params.yaml").read_text())["resources"]["train"].items()
+    }
+
+
+def test_the_shipped_paddlejob_section_is_the_launchers_defaults():
+    """One source of defaults, once params.yaml has the section (as for the steps')."""
+    import dataclasses
+
+    shipped = yaml.safe_load((REPO / "params.yaml").read_text())
+    if "paddlejob" not in shipped:
+        pytest.skip("params.yaml has no paddlejob section yet: the launcher's defaults apply")
+    params = pj.load_params(shipped["paddlejob"])
+    assert params == pj.PaddleJobParams(), [
+        (f.name, getattr(params, f.name), getattr(pj.PaddleJobParams(), f.name))
+        for f in dataclasses.fields(params)
+        if getattr(params, f.name) != getattr(pj.PaddleJobParams(), f.name)
+    ]
+
+
+def test_pipeline_params_pass_the_paddlejob_section_only_to_its_pipeline():
+    from pipelines.training import SECTIONS, pipeline_params
+
+    params = {s: {} for s in SECTIONS} | {"resources": {}, "paddlejob": {"pvc": "x", "image": None}}
+    assert "paddlejob" not in pipeline_params(params)  # backend auto: the train task
+    params["train"] = train_section()
+    assert pipeline_params(params)["paddlejob"] == {"pvc": "x"}  # nulls dropped
+    assert "paddlejob" not in pipeline_params(params, backend="step")
+    with pytest.raises(ValueError, match=r"\['paddlejobs'\]"):
+        pipeline_params({**params, "paddlejobs": {}})
