@@ -31,7 +31,8 @@ import socket
 import subprocess
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -59,9 +60,16 @@ _LAUNCH_ENV = (
     "PADDLE_RANK",
     "POD_IP",
 )
-# a rank needs none of these: kept out of its environment (the launcher also dumps each
-# rank's environment to backup_env.N.json in the log dir)
-_SECRET = re.compile(r"PASSWORD|SECRET|TOKEN|CREDENTIAL|ACCESS_KEY|PRIVATE", re.IGNORECASE)
+# What a rank's environment keeps of the step's: an allowlist (the launcher also dumps each
+# rank's environment to backup_env.N.json in the log dir), minus anything named like a
+# credential. A rank trains on local files: it needs no tracking or storage credentials.
+_RANK_ENV = re.compile(
+    r"^(PATH|HOME|USER|LOGNAME|SHELL|LANG|LANGUAGE|TZ|TMPDIR|TERM|HOSTNAME|VIRTUAL_ENV"
+    r"|LD_LIBRARY_PATH|LC_\w+|PYTHON\w*|PADDLE\w*|FLAGS_\w+|GLOG_\w+|CUDA\w*|NCCL_\w+"
+    r"|GLOO_\w+|NVIDIA_\w+|OMP_\w+|MKL_\w+|KMP_\w+|OPENBLAS_\w+|HF_\w+|PPNLP_\w+"
+    r"|XDG_\w+|SSL_CERT_\w+|REQUESTS_CA_BUNDLE|POD_\w+|LOG_LEVEL|MPLCONFIGDIR)$"
+)
+_SECRET = re.compile(r"PASSW|SECRET|TOKEN|CREDENTIAL|_KEY|PRIVATE|AUTH", re.IGNORECASE)
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 _MASTER = re.compile(r"^\[?[A-Za-z0-9_.:-]+?\]?:(\d{1,5})$")
 
@@ -218,16 +226,37 @@ def launch_command(plan: LaunchPlan, argv: Sequence[str], log_dir: Path) -> list
     return [*cmd, sys.executable, "-m", "components", *argv]
 
 
-def launch(plan: LaunchPlan, argv: Sequence[str], log_dir: str | Path | None = None) -> None:
+def rank_env(env: Mapping[str, str], plan: LaunchPlan) -> dict[str, str]:
+    """The environment of the launcher and its ranks: :data:`_RANK_ENV` of ``env`` without
+    credentials and without what the launch flags set."""
+    kept = {
+        k: v
+        for k, v in env.items()
+        if _RANK_ENV.match(k) and not _SECRET.search(k) and k not in _LAUNCH_ENV
+    }
+    kept.update({LAUNCHED_ENV: "1", "PADDLE_DISTRI_BACKEND": plan.backend, "PYTHONUNBUFFERED": "1"})
+    return kept
+
+
+def launch(
+    plan: LaunchPlan,
+    argv: Sequence[str],
+    log_dir: str | Path | None = None,
+    stop_grace_s: float = 30.0,
+) -> None:
     """Run ``python -m components <argv>`` as ``plan.nproc`` ranks on this node; return when
-    every rank ended. A failed rank raises :class:`StepError` with the end of its log; a
-    signal to this process stops the ranks too."""
+    every rank ended. A failed rank raises :class:`StepError` with the end of its log. A
+    SIGTERM to this process is passed to the launcher, which stops the ranks (``stop_grace_s``
+    to do so, then they are killed); if this process dies, the launcher and the ranks die too.
+    Must be called from the main thread (signal handling, PR_SET_PDEATHSIG)."""
+    if threading.current_thread() is not threading.main_thread():
+        raise StepError("data-parallel training must be launched from the main thread")
     keep = log_dir is not None
     logs = Path(log_dir) if keep else Path(tempfile.mkdtemp(prefix="paddle-mlops-ranks-"))
+    if keep and plan.nnodes > 1:  # a log dir on a shared volume: one directory per node
+        logs = logs / socket.gethostname()
     logs.mkdir(parents=True, exist_ok=True)
     cmd = launch_command(plan, argv, logs)
-    env = {k: v for k, v in os.environ.items() if k not in _LAUNCH_ENV and not _SECRET.search(k)}
-    env.update({LAUNCHED_ENV: "1", "PADDLE_DISTRI_BACKEND": plan.backend, "PYTHONUNBUFFERED": "1"})
     log.info(
         "data-parallel: %d node(s) x %d rank(s), %s, master %s, logs in %s",
         plan.nnodes,
@@ -238,34 +267,38 @@ def launch(plan: LaunchPlan, argv: Sequence[str], log_dir: str | Path | None = N
     )
     log.debug("launch: %s", " ".join(cmd))
     _prctl()  # loaded before the fork: the child only calls it
-    proc = subprocess.Popen(cmd, env=env, preexec_fn=die_with_parent)  # noqa: PLW1509
-    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM,)}
+    previous = signal.getsignal(signal.SIGTERM)
+    proc: subprocess.Popen[bytes] | None = None
+    code: int | None = None
 
     def _stop(signum: int, _frame: Any) -> None:  # e.g. a pod's SIGTERM: the ranks stop too
-        proc.send_signal(signum)
+        if proc is not None:
+            proc.send_signal(signum)
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, _stop)
     try:
+        proc = subprocess.Popen(  # noqa: PLW1509 - preexec_fn: only prctl
+            cmd, env=rank_env(os.environ, plan), preexec_fn=die_with_parent
+        )
         code = proc.wait()
     finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-        if proc.poll() is None:
-            proc.terminate()
+        signal.signal(signal.SIGTERM, previous)
+        if proc is not None and proc.poll() is None:  # interrupted: give the ranks a moment
             try:
-                proc.wait(timeout=30)
+                proc.wait(timeout=stop_grace_s)
             except subprocess.TimeoutExpired:
                 proc.kill()
-    for dump in logs.glob("backup_env.*.json"):  # the launcher's copies of the environment
-        dump.unlink(missing_ok=True)
+                proc.wait()
+        for dump in logs.glob("backup_env.*.json"):  # the launcher's copies of the environment
+            dump.unlink(missing_ok=True)
+        if not keep and code == 0:
+            shutil.rmtree(logs, ignore_errors=True)
     if code != 0:
         raise StepError(
             f"data-parallel training failed (paddle.distributed.launch exit {code}); "
             f"rank logs in {logs}{failure_excerpt(logs)}"
         )
-    if not keep:
-        shutil.rmtree(logs, ignore_errors=True)
 
 
 def failure_excerpt(log_dir: Path, lines: int = 12) -> str:
@@ -341,14 +374,34 @@ class World:
                 )
 
     def shard(self, idx: np.ndarray) -> tuple[np.ndarray, float]:
-        """This rank's part of a global batch and the weight of its mean loss such that the
-        average over ranks (what DataParallel applies to gradients) is the global batch's
-        mean. A rank left without samples takes one at weight 0 (it must still join the
-        gradient all-reduce)."""
+        """This rank's part of a global batch (at least one sample per rank: see
+        :meth:`batches`) and the weight of its mean loss such that the average over ranks
+        (what DataParallel applies to gradients) is the global batch's mean."""
+        if len(idx) < self.size:
+            raise ValueError(f"a batch of {len(idx)} cannot be shared by {self.size} ranks")
         part = idx[self.rank :: self.size]
-        if len(part) == 0:
-            return idx[:1], 0.0
         return part, self.size * len(part) / len(idx)
+
+    def batches(self, batches: Iterable[np.ndarray]) -> Iterator[np.ndarray]:
+        """``batches`` with every batch smaller than the world size joined to its neighbour
+        (a rank without samples would still have to join the all-reduce, and a stand-in
+        sample would move BatchNorm statistics). One process: ``batches`` unchanged."""
+        if self.size == 1:
+            yield from batches
+            return
+        held: np.ndarray | None = None
+        for batch in batches:
+            if held is None:
+                held = batch
+            elif len(batch) < self.size or len(held) < self.size:
+                held = np.concatenate([held, batch])
+            else:
+                yield held
+                held = batch
+        if held is not None:
+            if len(held) < self.size:
+                raise ValueError(f"{len(held)} samples cannot be shared by {self.size} ranks")
+            yield held
 
     def all_sum(self, values: Sequence[float]) -> list[float]:
         """Element-wise sum over ranks (float64)."""

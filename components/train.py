@@ -59,6 +59,7 @@ from components.tasks.base import ASSETS_DIR, TrainSettings
 
 log = logging.getLogger(__name__)
 SINGLE = World()  # one process, no launch
+RANK_SEED_STRIDE = 7919  # paddle.seed offset per rank (a prime: no rank meets another's epoch)
 
 
 @dataclass(frozen=True)
@@ -329,7 +330,8 @@ class _Trainer:
         n = len(y_train)
         self.model.train()
         loss_sum, correct = 0.0, 0
-        for idx in task.batches(x_train, batch_size, rng):  # the task's order (shuffled)
+        # the task's order (shuffled); with ranks, no batch smaller than the world size
+        for idx in world.batches(task.batches(x_train, batch_size, rng)):
             inputs = task.augment([x[idx] for x in x_train], rng)
             part, weight = world.shard(np.arange(len(idx)))
             arrays = task.collate([x[part] for x in inputs])
@@ -337,9 +339,8 @@ class _Trainer:
             rows = idx[part]
             soft = self.soft.probabilities[rows] if self.soft is not None else None
             loss, hits = self.step(batch, paddle.to_tensor(y_train[rows]), soft, weight)
-            if weight:  # a rank without samples in this batch counts nothing
-                loss_sum += loss * len(part)
-                correct += hits
+            loss_sum += loss * len(part)
+            correct += hits
         loss_sum, correct = world.all_sum([loss_sum, correct])
         return loss_sum / n, correct / n
 
@@ -399,7 +400,8 @@ def _fit(
     for epoch in epochs:
         if state["stopped"]:
             break
-        paddle.seed(params.seed * 1000 + epoch)
+        # dropout: each rank its own masks (rank 0's seed is the single-process one)
+        paddle.seed(params.seed * 1000 + epoch + RANK_SEED_STRIDE * world.rank)
         t0 = time.perf_counter()
         rng = np.random.default_rng([params.seed, epoch])
         lr = trainer.scheduler.get_lr()  # at the epoch's start
@@ -484,6 +486,8 @@ def run(
     device = resolve_device(params.device)
     launch_plan = distributed.plan(params.distributed, device)
     if launch_plan is not None:
+        if task_params is None:  # the ranks rebuild the task from its params section
+            raise StepError("data-parallel training needs task_params (params.yaml: task)")
         _launch_ranks(
             launch_plan,
             params,
@@ -494,7 +498,7 @@ def run(
                 "metrics_file": metrics_file,
                 "plots_file": plots_file,
             },
-            {"task": task_params or {}, "train": asdict(params)},
+            {"task": task_params, "train": asdict(params)},
         )
         return _written_result(out_dir, metrics_file)
 
@@ -509,6 +513,11 @@ def run(
     )
     if world.size > 1:
         log.info("rank %d of %d: %s", world.rank, world.size, batching.facts())
+    if batching.global_batch < world.size:
+        raise StepError(
+            f"a global batch of {batching.global_batch} cannot be shared by {world.size} ranks "
+            "(train.batch_size, train.distributed.batch)"
+        )
 
     x_train_raw, y_train = task.read_split(data_dir, "train")
     x_val_raw, y_val = task.read_split(data_dir, "val")
@@ -518,15 +527,17 @@ def run(
     data_sha = "".join(sha256_file(dataset.split_path(data_dir, s)) for s in ("train", "val"))
     fingerprint = _fingerprint(params, task_params or {}, data_sha, batching)
     trainer = _Trainer.build(params, task, len(label_names), amp, len(y_train), batching, device)
+    found = _load_checkpoint(ckpt_dir, fingerprint)
+    if world.size > 1:  # before any long work: a rank that resumes must not wait for others
+        _same_start(world, found["epoch"] if found else 0, ckpt_dir)
     pretrain_facts: dict[str, Any] = {}
-    if _load_checkpoint(ckpt_dir, fingerprint) is None:  # resuming: the checkpoint has it
+    if found is None:  # resuming: the checkpoint has it
         pretrain_facts = task.pretrain(trainer.model, x_train)
     trainer.soft = task.soft_targets(x_train_raw, y_train, len(label_names))
     state = _resume(trainer, ckpt_dir, fingerprint)
     if state["resumed_from"] is None:
         state["pretrain"] = pretrain_facts
     if world.size > 1:
-        _same_start(world, state, ckpt_dir)
         trainer.net = paddle.DataParallel(trainer.model)  # broadcasts rank 0's parameters
     pretrained = {**state["pretrain"], **(trainer.soft.facts if trainer.soft else {})}
     _fit(
@@ -632,9 +643,9 @@ def _written_result(out_dir: Path, metrics_file: Path) -> TrainResult | None:
     )
 
 
-def _same_start(world: World, state: dict[str, Any], ckpt_dir: Path) -> None:
+def _same_start(world: World, epoch: int, ckpt_dir: Path) -> None:
     """Every rank resumes from the same epoch: else the checkpoint directory is not shared."""
-    starts = world.all_gather(int(state["epoch"]))
+    starts = world.all_gather(int(epoch))
     if len(set(starts)) > 1:
         raise StepError(
             f"ranks would resume from different epochs {starts} (rank order): the checkpoint "
