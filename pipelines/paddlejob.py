@@ -7,9 +7,18 @@ inputs and outputs (``data``, ``validation`` in; ``model``, ``checkpoints``, ``m
 
 1. checks the run's params: ``train.distributed.backend`` is ``paddlejob``,
    ``train.distributed.nnodes``/``nproc``, the ``paddlejob`` section (:class:`PaddleJobParams`);
-2. names the job ``<paddlejob.job_name_prefix>-<12 hex>``, a hash of the ``task`` and ``train``
-   sections and of the data set's bytes: the same on every KFP retry (and rerun) of the same
-   training, so a retry finds its job and its checkpoints;
+   with nnodes > 1 ``paddlejob.restart_policy`` must be ``Never`` (the operator restarts only
+   the failed pod, while the other ranks stay blocked in a collective and the restarted one
+   waits in a rendezvous without a timeout: the job would hang until ``timeout_s``);
+2. names the job ``<paddlejob.job_name_prefix>-<12 hex>``, a hash of the KFP run's id
+   (the parameter ``run``: ``dsl.PIPELINE_JOB_ID_PLACEHOLDER``, passed by
+   ``pipelines/training.py``), of the ``task`` and ``train`` sections and of the data set's
+   bytes, and records the run in the job's annotation ``paddle-mlops/run``. Every KFP retry of
+   the task within one run has the same name, so a retry finds its job and its checkpoints;
+   another run (a concurrent one, or a rerun) has its own job and its own directory. A job
+   whose annotation names another run (or none) is never reused nor deleted: the launch fails
+   with an error naming it. (The run in the inputs makes the task's KFP cache key unique to
+   the run: it is never a cache hit.);
 3. stages the data set and a ``params.yaml`` (``task`` + ``train``) into that job's directory on
    the shared ReadWriteMany volume (``paddlejob.pvc`` at ``paddlejob.mount_path``, mounted in
    this pod by the pipeline and in every worker by the PaddleJob);
@@ -19,26 +28,47 @@ inputs and outputs (``data``, ``validation`` in; ``model``, ``checkpoints``, ``m
    worker as limits of ``paddlejob.accelerator``, runPolicy) and checks it with
    ``components.k8s_check`` (the CRD's schema, the hardening policy, a real digest);
 5. creates it with the official ``kubernetes`` client (in-cluster config, else the kubeconfig:
-   ``$KUBECONFIG``, context ``paddlejob.kube_context``). If a job of that name exists (a retry)
-   it is reused when it has the same spec (annotation ``paddle-mlops/spec-sha256``) and has
+   ``$KUBECONFIG``, context ``paddlejob.kube_context``). If a job of that name exists (a retry
+   whose previous attempt died before its cleanup: SIGKILL, OOM, a lost node) it is reused when
+   it belongs to this run, has the same spec (annotation ``paddle-mlops/spec-sha256``) and has
    not failed, else deleted and created again; the train step resumes from the checkpoints;
 6. waits at most ``paddlejob.timeout_s``, polling every ``paddlejob.poll_interval_s``: each new
    status condition is logged, and the new lines of every pod's log (pods selected by the
-   operator's label ``training.kubeflow.org/job-name``) go to this task's log;
+   operator's label ``training.kubeflow.org/job-name``) go to this task's log. It fails fast
+   when a pod cannot start (a container waiting with ErrImagePull, ImagePullBackOff,
+   InvalidImageName, CreateContainerConfigError or CreateContainerError: the error names the
+   pod, the reason and its message) and when a pod stays unschedulable (condition PodScheduled
+   False, reason Unschedulable) for ``paddlejob.unschedulable_timeout_s`` (with the scheduler's
+   message). Failed status reads (no answer, HTTP 429 or 5xx) are retried for
+   ``paddlejob.api_outage_s``; then the launcher stops with an error that names the job and
+   says it was left running: it does not delete it, and a retry of the task reattaches to it;
 7. on ``Succeeded`` copies model, checkpoints, metrics and plots (global rank 0 wrote them to the
-   job's directory) into the output artifacts; on ``Failed`` or the timeout raises
-   ``StepError`` naming the job and the operator's condition message (and the end of each
-   pod's log);
-8. always deletes the PaddleJob at the end (its pods and Services go with it), unless
-   ``paddlejob.keep_job``; removes the job's directory after a success unless
-   ``paddlejob.keep_run_dir`` (after a failure it stays: the checkpoints a retry resumes from).
+   job's directory) into the output artifacts, before any cleanup; on ``Failed``, a pod that
+   cannot start or the timeout raises ``StepError`` naming the job and the reason (and the end
+   of each pod's log);
+8. then deletes the PaddleJob it created or reused (its pods and Services go with it; the
+   delete carries the job's uid as a precondition, so it never deletes another object of the
+   name), unless ``paddlejob.keep_job``, or the API could not be read (6.), or the job belongs
+   to another run (2.). After a success a failed deletion is logged, not raised (the outputs are
+   the task's already; ``ttlSecondsAfterFinished`` removes the job), and the job's directory is
+   removed unless ``paddlejob.keep_run_dir``; after a failure it stays (the checkpoints a retry
+   resumes from). A failure in any step from 3. on (staging included) is cleaned up the same
+   way.
+
+SIGTERM (KFP cancels the run, the launcher's pod is evicted or deleted) stops the launcher:
+it deletes the job first (a cancel must not leave GPU pods running; at most
+:data:`TERM_API_TIMEOUT_S` s per request) and only then fetches the pods' last log lines, for at
+most :data:`TERM_LOGS_S` s, so the termination grace period (30 s by default) is not spent on
+logs. A SIGKILL leaves the job to a retry of the task (5.), or to ``activeDeadlineSeconds`` and
+the TTL.
 
 The operator's env contract (training-operator release-1.9,
 ``pkg/controller.v1/paddlepaddle/envvar.go``): with Worker replicas only (collective mode)
-``PADDLE_MASTER`` is ``$(POD_IP):<port named master>`` in worker 0 and
-``<job>-worker-0:<port>`` in the others, ``PADDLE_NNODES`` the number of replicas,
-``PADDLE_JOB_ID`` the job's name, ``PYTHONUNBUFFERED=1``. The template has no Master replica
-on purpose: with one the operator runs its parameter-server mode (it adds
+``PADDLE_MASTER`` is worker 0's own pod IP (``$(POD_IP_DUMMY)``, from the downward API):<port
+named master> in worker 0 and ``<job>-worker-0:<port>`` in the others, ``PADDLE_NNODES`` the
+number of replicas, ``PADDLE_JOB_ID`` the job's name, and ``PYTHONUNBUFFERED=0`` (a non-empty
+value, which Python takes as ``-u`` all the same: unbuffered). The template has no Master
+replica on purpose: with one the operator runs its parameter-server mode (it adds
 ``PADDLE_SERVER_NUM``/``PADDLE_TRAINER_NUM``, which make ``paddle.distributed.launch`` start
 PS training instead of collective data parallel).
 
@@ -47,6 +77,7 @@ Identity: the pipeline runner's ServiceAccount needs create/get/list/watch/delet
 (``k8s/pipelines/rbac.yaml``: Role ``paddle-mlops-paddlejob``).
 """
 
+import calendar
 import contextlib
 import copy
 import json
@@ -59,7 +90,7 @@ import signal
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -93,6 +124,7 @@ TERMINAL = ("Succeeded", "Failed")  # JobConditionType values that end a job
 RUN_DIR_ENV = "PADDLE_MLOPS_RUN_DIR"  # the job's directory: every path of the train CLI
 SHARED_VOLUME, SHM_VOLUME = "shared", "dshm"
 SPEC_ANNOTATION = "paddle-mlops/spec-sha256"
+RUN_ANNOTATION = "paddle-mlops/run"  # the KFP run whose launcher owns the job
 # set on the launcher task by pipelines/training.py
 IMAGE_ENV, GPU_IMAGE_ENV = "PADDLE_MLOPS_IMAGE", "PADDLE_MLOPS_GPU_IMAGE"
 PVC_ENV, MOUNT_ENV = "PADDLE_MLOPS_SHARED_PVC", "PADDLE_MLOPS_SHARED_MOUNT"
@@ -113,6 +145,19 @@ OUTPUTS = {
 _PREFIX = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 # "<prefix>-<12 hex>-worker-<index>" names the operator's pods and Services (DNS-1035, <= 63)
 MAX_PREFIX = 63 - len("-") - 12 - len("-worker-") - 4
+# a container waiting for one of these will not start by waiting longer: the launch fails
+NOT_STARTING = frozenset(
+    {
+        "ErrImagePull",
+        "ImagePullBackOff",
+        "InvalidImageName",
+        "CreateContainerConfigError",
+        "CreateContainerError",
+    }
+)
+# after SIGTERM, within the pod's termination grace period (Kubernetes' default: 30 s)
+TERM_API_TIMEOUT_S = 10.0  # each request of the job's deletion (at most paddlejob.api_timeout_s)
+TERM_LOGS_S = 5.0  # the pods' last log lines, after the deletion
 
 
 @dataclass(frozen=True)
@@ -128,6 +173,7 @@ class PaddleJobParams:
     accelerator: str = "nvidia.com/gpu"  # the extended resource name of one accelerator
     master_port: int = 36543  # the container port named master: the rendezvous on worker 0
     shm_size: str = "1Gi"  # /dev/shm (memory-backed emptyDir): DataLoader workers, NCCL
+    # Never with nnodes > 1 (launch refuses the others: a restarted pod hangs the job)
     restart_policy: Literal["Never", "OnFailure", "ExitCode"] = "Never"
     backoff_limit: int = 0  # runPolicy.backoffLimit (restarts with OnFailure/ExitCode)
     clean_pod_policy: Literal["None", "Running", "All"] = "None"
@@ -136,7 +182,9 @@ class PaddleJobParams:
     poll_interval_s: float = 10.0  # status and logs
     delete_timeout_s: float = 120.0  # wait for a replaced job to be gone
     api_timeout_s: float = 30.0  # one API request
-    api_retries: int = 5  # consecutive failed status reads tolerated while waiting
+    api_outage_s: float = 300.0  # failed status reads tolerated for this long; then the
+    # launcher stops and leaves the job running (a retry of the task reattaches to it)
+    unschedulable_timeout_s: float = 600.0  # a pod the scheduler cannot place fails the launch
     log_tail_lines: int = 20  # of each pod's log, quoted in the error of a failed job
     keep_job: bool = False  # leave the finished PaddleJob (and its pods) for inspection
     keep_run_dir: bool = False  # leave the job's directory on the volume after a success
@@ -164,10 +212,17 @@ class PaddleJobParams:
             raise ValueError("gpus_per_worker must be >= 0")
         if not 0 < self.master_port < 65536:
             raise ValueError("master_port must be a TCP port")
-        for name in ("timeout_s", "poll_interval_s", "delete_timeout_s", "api_timeout_s"):
+        for name in (
+            "timeout_s",
+            "poll_interval_s",
+            "delete_timeout_s",
+            "api_timeout_s",
+            "api_outage_s",
+            "unschedulable_timeout_s",
+        ):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0")
-        for name in ("backoff_limit", "ttl_seconds_after_finished", "api_retries"):
+        for name in ("backoff_limit", "ttl_seconds_after_finished"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
         if self.log_tail_lines < 1:
@@ -197,8 +252,34 @@ class LaunchResult:
     job: str
     namespace: str
     state: str  # Succeeded (a failure raises)
-    created: bool  # False: an existing job of the same name and spec was reused
+    created: bool  # False: an existing job of the same name, run and spec was reused
     metrics: dict[str, Any] = field(default_factory=dict)
+
+
+class ApiError(StepError):
+    """A request of the Kubernetes API failed; the message names its object.
+    ``status`` None: no answer (connection refused or reset, timeout)."""
+
+    def __init__(self, message: str, status: int | None) -> None:
+        super().__init__(message)
+        self.status = status
+
+    @property
+    def retryable(self) -> bool:
+        """Worth repeating: the API server unreachable, busy or failing for a moment."""
+        return self.status is None or self.status == 429 or self.status >= 500
+
+
+class JobLeftRunning(StepError):
+    """The launcher stops without deleting its job (its status could not be read)."""
+
+
+class ForeignJob(StepError):
+    """A job of this name belongs to another run (or to none): neither reused nor deleted."""
+
+
+class Terminated(StepError):
+    """SIGTERM: the run was cancelled, or the launcher's pod is going away."""
 
 
 # --------------------------------------------------------------------------- params
@@ -238,14 +319,45 @@ def topology(train: Mapping[str, Any], source: str = "params.yaml") -> Topology:
     )
 
 
-def job_key(task: Mapping[str, Any], train: Mapping[str, Any], data_dir: Path) -> str:
-    """12 hex digits of what the training's result depends on: the ``task`` and ``train``
-    sections and the data set's bytes (its ``manifest.json``, with a timestamp, left out)."""
+def check_restart_policy(params: PaddleJobParams, topo: Topology, source: str) -> None:
+    """Only ``Never`` with several nodes: the operator restarts just the failed pod, while
+    the ranks of the others stay blocked in a collective and the restarted launcher waits in
+    its rendezvous without a timeout, so the job would hang until ``timeout_s``."""
+    if topo.nnodes > 1 and params.restart_policy != "Never":
+        raise StepError(
+            f"{source}: paddlejob.restart_policy is {params.restart_policy!r} but "
+            f"train.distributed.nnodes is {topo.nnodes}: with more than one node only 'Never' "
+            "works (the operator would restart only the failed pod while the other ranks stay "
+            "blocked in a collective: the job hangs); a failed rank fails the job, and a retry "
+            "of the task resumes from the checkpoints"
+        )
+
+
+def check_run(run: str) -> str:
+    """The KFP run's id, as the launcher's parameter ``run`` got it."""
+    if not isinstance(run, str) or not run.strip():
+        raise StepError(
+            "run: the KFP run's id is empty (pipelines/training.py passes "
+            "dsl.PIPELINE_JOB_ID_PLACEHOLDER): the job's name and owner need it"
+        )
+    if "{{" in run:
+        raise StepError(
+            f"run: {run!r} is a KFP placeholder that was not substituted: run the pipeline on "
+            "a Kubeflow Pipelines backend (the job's name and owner are the run's id)"
+        )
+    return run.strip()
+
+
+def job_key(task: Mapping[str, Any], train: Mapping[str, Any], data_dir: Path, run: str) -> str:
+    """12 hex digits of the KFP run and of what the training's result depends on: the
+    ``task`` and ``train`` sections and the data set's bytes (its ``manifest.json``, with a
+    timestamp, left out). The same for every retry of the task within the run."""
     files = {k: v for k, v in sha256_tree(data_dir).items() if k != "manifest.json"}
     if not files:
         raise StepError(f"{data_dir}: the data set is empty (did ingest run?)")
     blob = json.dumps(
-        {"task": task, "train": train, "data": combined_sha256(files)}, sort_keys=True
+        {"run": run, "task": task, "train": train, "data": combined_sha256(files)},
+        sort_keys=True,
     )
     return sha256_bytes(blob.encode())[:12]
 
@@ -320,9 +432,11 @@ def render(
     image: str,
     run_dir: Path,
     worker_resources: Mapping[str, Any],
+    run: str,
     source: str = "k8s/paddlejob/paddlejob.yaml",
 ) -> dict[str, Any]:
-    """The PaddleJob of one run, from the template; annotated with the sha256 of its spec."""
+    """The PaddleJob of one run, from the template; annotated with the sha256 of its spec
+    and with the KFP run that owns it."""
     doc = copy.deepcopy(dict(template))
     meta = doc.setdefault("metadata", {})
     meta["name"], meta["namespace"] = name, params.namespace
@@ -367,7 +481,9 @@ def render(
         "medium": "Memory",
         "sizeLimit": params.shm_size,
     }
-    meta.setdefault("annotations", {})[SPEC_ANNOTATION] = spec_sha256(doc)
+    annotations = meta.setdefault("annotations", {})
+    annotations[SPEC_ANNOTATION] = spec_sha256(doc)
+    annotations[RUN_ANNOTATION] = run
     return doc
 
 
@@ -383,15 +499,18 @@ def stage(run_dir: Path, data_dir: Path, sections: Mapping[str, Any]) -> None:
     bytes are part of the job's name, so an existing copy is the same data)."""
     import yaml
 
-    run_dir.mkdir(parents=True, exist_ok=True)
     data = run_dir / "data"
-    if data.is_dir():
-        log.info("data already staged in %s (a retry of the same training)", data)
-    else:
-        with atomic_path(data) as tmp:
-            shutil.copytree(data_dir, tmp)
-        log.info("staged the data set into %s", data)
-    write_text(run_dir / "params.yaml", yaml.safe_dump(dict(sections), sort_keys=False))
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if data.is_dir():
+            log.info("data already staged in %s (a retry of the same run)", data)
+        else:
+            with atomic_path(data) as tmp:
+                shutil.copytree(data_dir, tmp)
+            log.info("staged the data set into %s", data)
+        write_text(run_dir / "params.yaml", yaml.safe_dump(dict(sections), sort_keys=False))
+    except OSError as exc:
+        raise StepError(f"staging the job's inputs into {run_dir} failed: {exc}") from exc
 
 
 def missing_outputs(run_dir: Path) -> list[str]:
@@ -425,6 +544,7 @@ def api_client(params: PaddleJobParams) -> Any:
     default ~/.kube/config) with context ``paddlejob.kube_context``."""
     from kubernetes import client, config
     from kubernetes.config.config_exception import ConfigException
+    from urllib3.util.retry import Retry
 
     configuration = client.Configuration()
     try:
@@ -440,11 +560,17 @@ def api_client(params: PaddleJobParams) -> Any:
             raise StepError(
                 f"PaddleJob backend: no in-cluster config and no usable kubeconfig ({exc})"
             ) from exc
+    # a request that got no answer within paddlejob.api_timeout_s is not sent again by
+    # urllib3 (its default repeats reads up to 3 times): the launcher decides (status reads
+    # are retried for paddlejob.api_outage_s), and the timeout bounds each call
+    configuration.retries = Retry(total=2, read=0, redirect=0)
     return client.ApiClient(configuration)
 
 
-def api_message(exc: Exception) -> str:
-    """An ApiException's status, reason and the API server's message."""
+def api_message(exc: BaseException) -> str:
+    """An ApiException's status, reason and the API server's message; else the error."""
+    if not hasattr(exc, "status"):
+        return f"no answer from the API server ({exc})"
     status, reason = getattr(exc, "status", None), getattr(exc, "reason", None)
     body = getattr(exc, "body", None)
     message = ""
@@ -456,8 +582,24 @@ def api_message(exc: Exception) -> str:
     return f"HTTP {status} {reason}" + (f": {message}" if message else "")
 
 
+def _request_errors() -> tuple[type[BaseException], ...]:
+    """What a request of the client raises when it fails: the API server's answer
+    (ApiException), or none (urllib3's errors: refused, reset, timed out; OSError)."""
+    from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
+
+    return ApiException, HTTPError, OSError
+
+
+def owner(obj: Mapping[str, Any]) -> str | None:
+    """The KFP run named by the job's annotation ``paddle-mlops/run``."""
+    return ((obj.get("metadata") or {}).get("annotations") or {}).get(RUN_ANNOTATION)
+
+
 class Kube:
-    """The few calls the launcher makes, with the client's typed APIs."""
+    """The few calls the launcher makes, with the client's typed APIs. ``create``, ``get`` and
+    ``delete`` raise :class:`ApiError` naming the job; ``timeout`` overrides
+    ``paddlejob.api_timeout_s`` for one request."""
 
     def __init__(self, api: Any, params: PaddleJobParams) -> None:
         from kubernetes import client
@@ -467,37 +609,41 @@ class Kube:
         self.ns = params.namespace
         self.timeout = params.api_timeout_s
 
-    def create(self, body: Mapping[str, Any]) -> bool:
-        """True when created, False when a job of that name exists."""
-        from kubernetes.client.exceptions import ApiException
+    def _timeout(self, timeout: float | None) -> tuple[float, float]:
+        """(connect, read) seconds: the client ignores a float (it takes an int or a pair)."""
+        seconds = timeout or self.timeout
+        return seconds, seconds
 
+    def _error(self, what: str, name: str, exc: BaseException) -> ApiError:
+        return ApiError(
+            f"{what} {KIND} {self.ns}/{name}: {api_message(exc)}", getattr(exc, "status", None)
+        )
+
+    def create(self, body: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The created job, or None when a job of that name exists."""
         name = body["metadata"]["name"]
         try:
-            self.custom.create_namespaced_custom_object(
-                GROUP, VERSION, self.ns, PLURAL, body, _request_timeout=self.timeout
+            return self.custom.create_namespaced_custom_object(
+                GROUP, VERSION, self.ns, PLURAL, body, _request_timeout=self._timeout(None)
             )
-        except ApiException as exc:
-            if exc.status == 409:
-                return False
-            raise StepError(f"create {KIND} {self.ns}/{name}: {api_message(exc)}") from exc
-        return True
+        except _request_errors() as exc:
+            if getattr(exc, "status", None) == 409:
+                return None
+            raise self._error("create", name, exc) from exc
 
-    def get(self, name: str) -> dict[str, Any] | None:
-        from kubernetes.client.exceptions import ApiException
-
+    def get(self, name: str, timeout: float | None = None) -> dict[str, Any] | None:
         try:
             return self.custom.get_namespaced_custom_object(
-                GROUP, VERSION, self.ns, PLURAL, name, _request_timeout=self.timeout
+                GROUP, VERSION, self.ns, PLURAL, name, _request_timeout=self._timeout(timeout)
             )
-        except ApiException as exc:
-            if exc.status == 404:
+        except _request_errors() as exc:
+            if getattr(exc, "status", None) == 404:
                 return None
-            raise
+            raise self._error("read", name, exc) from exc
 
-    def delete(self, name: str) -> bool:
-        """Delete the job (its pods and Services are its dependents); False if it was gone."""
-        from kubernetes.client.exceptions import ApiException
-
+    def delete(self, name: str, uid: str | None, timeout: float | None = None) -> bool:
+        """Delete the job (its pods and Services are its dependents), only if its uid is
+        ``uid`` when given; False if it was gone, or is another object of that name."""
         try:
             self.custom.delete_namespaced_custom_object(
                 GROUP,
@@ -506,26 +652,40 @@ class Kube:
                 PLURAL,
                 name,
                 propagation_policy="Background",
-                _request_timeout=self.timeout,
+                body={"preconditions": {"uid": uid}} if uid else None,
+                _request_timeout=self._timeout(timeout),
             )
-        except ApiException as exc:
-            if exc.status == 404:
+        except _request_errors() as exc:
+            status = getattr(exc, "status", None)
+            if status == 404:
                 return False
-            raise StepError(f"delete {KIND} {self.ns}/{name}: {api_message(exc)}") from exc
+            if status == 409 and uid:  # the uid precondition: not the job this launcher knows
+                log.warning(
+                    "not deleting %s %s/%s: it is not the object of uid %s any more (%s)",
+                    KIND,
+                    self.ns,
+                    name,
+                    uid,
+                    api_message(exc),
+                )
+                return False
+            raise self._error("delete", name, exc) from exc
         return True
 
-    def pods(self, job: str) -> list[Any]:
+    def pods(self, job: str, timeout: float | None = None) -> list[Any]:
         found = self.core.list_namespaced_pod(
-            self.ns, label_selector=f"{JOB_NAME_LABEL}={job}", _request_timeout=self.timeout
+            self.ns,
+            label_selector=f"{JOB_NAME_LABEL}={job}",
+            _request_timeout=self._timeout(timeout),
         )
         return sorted(found.items or [], key=lambda p: p.metadata.name)
 
-    def log(self, pod: str, since_seconds: int | None) -> str:
+    def log(self, pod: str, since_seconds: int | None, timeout: float | None = None) -> str:
         kwargs: dict[str, Any] = {"container": CONTAINER, "timestamps": True}
         if since_seconds is not None:
             kwargs["since_seconds"] = since_seconds
         return self.core.read_namespaced_pod_log(
-            pod, self.ns, _request_timeout=self.timeout, **kwargs
+            pod, self.ns, _request_timeout=self._timeout(timeout), **kwargs
         )
 
 
@@ -545,11 +705,39 @@ def terminal(obj: Mapping[str, Any]) -> dict[str, Any] | None:
     return None
 
 
-def _timestamp(ts: str) -> tuple[str, int]:
-    """An RFC 3339 timestamp of the kubelet (UTC, fraction with its zeros trimmed) as a key
-    that sorts like time."""
-    whole, _, frac = ts.rstrip("Z").partition(".")
-    return whole, int((frac + "000000000")[:9]) if frac.isdigit() else 0
+# the kubelet's prefix of each line with timestamps=true: RFC 3339 (RFC3339Nano in UTC, the
+# fraction's trailing zeros trimmed), then one space
+_RFC3339 = re.compile(
+    r"(\d{4})-(\d{2})-(\d{2})[Tt](\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?"
+    r"([Zz]|[+-]\d{2}:\d{2})"
+)
+
+
+def kubelet_timestamp(piece: str) -> tuple[tuple[int, int], str] | None:
+    """``(seconds since the epoch, nanoseconds)`` of a line's kubelet timestamp, a key that
+    sorts like time, and the line's text; None when the piece does not start with one."""
+    stamp, _, message = piece.partition(" ")
+    match = _RFC3339.fullmatch(stamp)
+    if match is None:
+        return None
+    year, month, day, hour, minute, second = (int(g) for g in match.groups()[:6])
+    if not (1 <= month <= 12 and 1 <= day <= 31 and hour < 24 and minute < 60 and second < 61):
+        return None
+    seconds = calendar.timegm((year, month, day, hour, minute, second, 0, 0, 0))
+    zone = match.group(8)
+    if zone not in ("Z", "z"):
+        sign = -1 if zone[0] == "+" else 1
+        seconds += sign * (int(zone[1:3]) * 3600 + int(zone[4:6]) * 60)
+    return (seconds, int((match.group(7) or "").ljust(9, "0"))), message
+
+
+def terminal_view(message: str) -> str:
+    """A line as a terminal shows it: of progress updates overwritten with ``\\r`` (tqdm's
+    bars) the last one that is not blank."""
+    if "\r" not in message:
+        return message
+    shown = [part for part in message.split("\r") if part.strip()]
+    return shown[-1] if shown else ""
 
 
 class PodLogs:
@@ -557,38 +745,58 @@ class PodLogs:
 
     Each pass asks for the lines since the previous pass (plus a margin) with the kubelet's
     timestamps and drops those already shown; the last lines of each pod are kept for the
-    error of a failed job."""
+    error of a failed job. Lines are split at ``\\n`` only (a ``\\r`` of a progress bar does
+    not end a line); a piece without a timestamp continues the line before it: it is shown
+    when that line is, and does not count in the bookkeeping of what was seen."""
 
     MARGIN_S = 5
 
     def __init__(self, kube: Kube, job: str, tail: int) -> None:
         self.kube, self.job = kube, job
-        self.last: dict[str, tuple[tuple[str, int], int]] = {}  # pod -> (newest ts, lines at it)
+        # pod -> (newest timestamp shown, lines shown at it)
+        self.last: dict[str, tuple[tuple[int, int], int]] = {}
         self.fetched: dict[str, float] = {}  # pod -> monotonic time of its last fetch
         self.tails: dict[str, deque[str]] = {}
         self.tail = tail
         self.failures = 0
 
-    def poll(self) -> None:
-        from kubernetes.client.exceptions import ApiException
-        from urllib3.exceptions import HTTPError
+    def poll(
+        self, deadline: float | None = None, stop: Callable[[], bool] | None = None
+    ) -> list[Any]:
+        """One pass over the job's pods; returns them (none when listing them failed). With
+        ``deadline`` (monotonic) no request outlasts it, and the pods not reached by then (or
+        once ``stop()`` is true) are skipped."""
 
+        def budget() -> float | None:
+            if stop is not None and stop():
+                return 0.0
+            if deadline is None:
+                return None
+            return min(self.kube.timeout, deadline - time.monotonic())
+
+        left = budget()
+        if left is not None and left <= 0:
+            return []
         try:
-            pods = self.kube.pods(self.job)
-        except (ApiException, HTTPError) as exc:
+            pods = self.kube.pods(self.job, timeout=left)
+        except _request_errors() as exc:
             self._failed(f"list pods of {self.job}", exc)
-            return
+            return []
         for pod in pods:
             name = pod.metadata.name
             if (pod.status and pod.status.phase) == "Pending":
+                continue
+            left = budget()
+            if left is not None and left <= 0:
+                log.info("no time left for the logs of %s", name)
                 continue
             since = None
             if name in self.fetched:
                 since = math.ceil(time.monotonic() - self.fetched[name]) + self.MARGIN_S
             started = time.monotonic()
             try:
-                text = self.kube.log(name, since)
-            except (ApiException, HTTPError) as exc:
+                text = self.kube.log(name, since, timeout=left)
+            except _request_errors() as exc:
                 if getattr(exc, "status", None) == 400:  # the container is not running yet
                     log.debug("no log of %s yet: %s", name, api_message(exc))
                 else:
@@ -596,30 +804,38 @@ class PodLogs:
                 continue
             self.fetched[name] = started
             self._emit(name, text)
+        return pods
 
-    def _failed(self, what: str, exc: Exception) -> None:
+    def _failed(self, what: str, exc: BaseException) -> None:
         self.failures += 1
-        reason = api_message(exc) if hasattr(exc, "status") else str(exc)
-        log.warning("%s: %s (the job's status still decides)", what, reason)
+        log.warning("%s: %s (the job's status still decides)", what, api_message(exc))
 
     def _emit(self, pod: str, text: str) -> None:
-        newest, count = self.last.get(pod, (("", -1), 0))
+        newest, count = self.last.get(pod, ((-1, -1), 0))
         tail = self.tails.setdefault(pod, deque(maxlen=self.tail))
         seen_at_newest = 0
-        for line in text.splitlines():
-            ts, _, message = line.partition(" ")
-            key = _timestamp(ts)
-            if key < newest:
+        shown = True  # of the line a piece without a timestamp continues
+        for piece in text.split("\n"):
+            if not piece:
                 continue
-            if key == newest:
-                seen_at_newest += 1
-                if seen_at_newest <= count:
-                    continue
-                count += 1
+            stamped = kubelet_timestamp(piece)
+            if stamped is None:  # a continuation of the line before
+                message = piece
             else:
-                newest, count, seen_at_newest = key, 1, 1
-            tail.append(message)
-            log.info("[%s] %s", pod, message)
+                key, message = stamped
+                if key < newest:
+                    shown = False
+                elif key == newest:
+                    seen_at_newest += 1
+                    shown = seen_at_newest > count
+                    if shown:
+                        count += 1
+                else:
+                    newest, count, seen_at_newest, shown = key, 1, 1, True
+            if shown:
+                message = terminal_view(message)
+                tail.append(message)
+                log.info("[%s] %s", pod, message)
         self.last[pod] = (newest, count)
 
     def excerpt(self) -> str:
@@ -630,46 +846,151 @@ class PodLogs:
         )
 
 
+class PodStates:
+    """Pods of the job that will not run: a container waiting for a reason in
+    :data:`NOT_STARTING` fails the launch at once, a pod the scheduler cannot place fails it
+    after ``paddlejob.unschedulable_timeout_s``."""
+
+    def __init__(self, namespace: str, job: str, unschedulable_timeout_s: float) -> None:
+        self.ns, self.job = namespace, job
+        self.limit = unschedulable_timeout_s
+        self.unschedulable: dict[tuple[str, str], float] = {}  # (pod, uid) -> monotonic since
+
+    def check(self, pods: list[Any]) -> None:
+        now = time.monotonic()
+        still: set[tuple[str, str]] = set()
+        for pod in pods:
+            status = pod.status
+            if status is None:
+                continue
+            name = pod.metadata.name
+            for container in [
+                *(status.init_container_statuses or []),
+                *(status.container_statuses or []),
+            ]:
+                waiting = container.state.waiting if container.state else None
+                if waiting is not None and waiting.reason in NOT_STARTING:
+                    raise StepError(
+                        f"{KIND} {self.ns}/{self.job}: pod {name} cannot start: its container "
+                        f"{container.name} is waiting with {waiting.reason}: "
+                        f"{waiting.message or '(no message)'}"
+                    )
+            if status.phase != "Pending":
+                continue
+            for cond in status.conditions or []:
+                if (cond.type, cond.status, cond.reason) != (
+                    "PodScheduled",
+                    "False",
+                    "Unschedulable",
+                ):
+                    continue
+                key = (name, pod.metadata.uid or "")
+                still.add(key)
+                if key not in self.unschedulable:
+                    self.unschedulable[key] = now
+                    log.warning(
+                        "pod %s is unschedulable (the launch fails if it still is after %g s, "
+                        "paddlejob.unschedulable_timeout_s): %s",
+                        name,
+                        self.limit,
+                        cond.message,
+                    )
+                waited = now - self.unschedulable[key]
+                if waited >= self.limit:
+                    raise StepError(
+                        f"{KIND} {self.ns}/{self.job}: pod {name} was unschedulable for "
+                        f"{waited:.0f} s (paddlejob.unschedulable_timeout_s {self.limit:g}): "
+                        f"{cond.message or '(no message)'}"
+                    )
+        for key in set(self.unschedulable) - still:  # scheduled (or gone) since
+            del self.unschedulable[key]
+
+
+class _Termination:
+    """SIGTERM in the main thread: the first one raises :class:`Terminated` while armed (the
+    launch's work); one during the cleanup, and any later one, is only recorded and logged,
+    so the cleanup finishes within the grace period."""
+
+    def __init__(self) -> None:
+        self.received = False
+        self.armed = False
+
+    def is_set(self) -> bool:
+        return self.received
+
+    def handle(self, signum: int, _frame: Any) -> None:
+        first, self.received = not self.received, True
+        if first and self.armed:
+            self.armed = False
+            raise Terminated(
+                f"the launcher received signal {signum} (the run was cancelled, or its pod is "
+                "going away): stopping"
+            )
+        log.warning("signal %d during the cleanup: finishing the cleanup first", signum)
+
+
 @contextlib.contextmanager
-def _terminated_as_error() -> Iterator[None]:
-    """SIGTERM (the pod stopped, the run cancelled) raises here, so the job is deleted."""
+def _termination() -> Iterator[_Termination]:
+    """SIGTERM handled by a :class:`_Termination` (only in the main thread: elsewhere a
+    signal handler cannot be set, and the signal keeps its previous action)."""
+    state = _Termination()
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield state
         return
-
-    def _raise(signum: int, _frame: Any) -> None:
-        raise StepError(f"the launcher received signal {signum}: stopping")
-
-    previous = signal.signal(signal.SIGTERM, _raise)
+    previous = signal.signal(signal.SIGTERM, state.handle)
     try:
-        yield
+        yield state
     finally:
         signal.signal(signal.SIGTERM, previous)
 
 
-def ensure_job(kube: Kube, body: Mapping[str, Any], params: PaddleJobParams, run_dir: Path) -> bool:
-    """Create the job; a job of the same name (a retry) is reused when it has the same spec
-    and has not failed (a succeeded one only if its outputs are there), else replaced.
-    True when this call created it."""
+def _uid(obj: Mapping[str, Any] | None) -> str | None:
+    return ((obj or {}).get("metadata") or {}).get("uid")
+
+
+def ensure_job(
+    kube: Kube, body: Mapping[str, Any], params: PaddleJobParams, run_dir: Path
+) -> tuple[bool, str | None]:
+    """Create the job; a job of the same name (a retry of this run, whose previous attempt
+    died before its cleanup) is reused when it belongs to this run (annotation
+    ``paddle-mlops/run``), has the same spec and has not failed (a succeeded one only if its
+    outputs are there), else replaced. A job of the name that belongs to another run (or to
+    none) raises :class:`ForeignJob`: it is neither reused nor deleted.
+    Returns (True when this call created it, the job's uid)."""
     name = body["metadata"]["name"]
-    if kube.create(body):
-        log.info("created %s %s/%s", KIND, kube.ns, name)
-        return True
-    existing = kube.get(name)
-    if existing is not None:
-        theirs = (existing.get("metadata", {}).get("annotations") or {}).get(SPEC_ANNOTATION)
-        same = theirs == body["metadata"]["annotations"][SPEC_ANNOTATION]
+    run = body["metadata"]["annotations"][RUN_ANNOTATION]
+    for attempt in range(2):  # create; or reuse, or replace the job there and create again
+        created = kube.create(body)
+        if created is not None:
+            log.info("created %s %s/%s", KIND, kube.ns, name)
+            return True, _uid(created)
+        existing = kube.get(name)
+        if existing is None:  # deleted between the create and the read
+            continue
+        theirs = owner(existing)
+        if theirs != run:
+            raise ForeignJob(
+                f"{KIND} {kube.ns}/{name} exists but belongs to "
+                + (f"run {theirs!r}" if theirs else f"no run (no annotation {RUN_ANNOTATION})")
+                + f", not to this run {run!r} (annotation {RUN_ANNOTATION}): it was left "
+                "alone; delete it (kubectl delete paddlejob -n "
+                f"{kube.ns} {name}) if it is stale, or change paddlejob.job_name_prefix"
+            )
+        if attempt:
+            raise StepError(f"{KIND} {kube.ns}/{name} exists again right after its deletion")
+        annotations = existing.get("metadata", {}).get("annotations") or {}
+        same = annotations.get(SPEC_ANNOTATION) == body["metadata"]["annotations"][SPEC_ANNOTATION]
         end = terminal(existing)
         state = end.get("type") if end else "running"
         done_without_outputs = state == "Succeeded" and missing_outputs(run_dir)
         if same and state != "Failed" and not done_without_outputs:
-            log.info("reusing %s %s/%s of the same spec (%s)", KIND, kube.ns, name, state)
-            return False
+            log.info("reusing %s %s/%s of this run and spec (%s)", KIND, kube.ns, name, state)
+            return False, _uid(existing)
         why = "another spec" if not same else f"it is {state}"
         if done_without_outputs:
             why = "it succeeded but its outputs are gone"
         log.info("replacing %s %s/%s: %s", KIND, kube.ns, name, why)
-        kube.delete(name)
+        kube.delete(name, _uid(existing))
         deadline = time.monotonic() + params.delete_timeout_s
         while kube.get(name) is not None:
             if time.monotonic() >= deadline:
@@ -679,42 +1000,39 @@ def ensure_job(kube: Kube, body: Mapping[str, Any], params: PaddleJobParams, run
                     "is not running"
                 )
             time.sleep(min(params.poll_interval_s, 1.0))
-    if not kube.create(body):
-        raise StepError(f"{KIND} {kube.ns}/{name} exists again right after its deletion")
-    log.info("created %s %s/%s", KIND, kube.ns, name)
-    return True
+    raise StepError(f"{KIND} {kube.ns}/{name}: created and deleted by someone else meanwhile")
 
 
-def _retryable(exc: Exception) -> bool:
-    """A failed read worth repeating: the API server busy or unreachable for a moment."""
-    status = getattr(exc, "status", None)
-    return status is None or status == 429 or status >= 500
-
-
-def wait(kube: Kube, name: str, params: PaddleJobParams, logs: PodLogs) -> dict[str, Any]:
-    """Poll the job until it succeeds (returned), fails or times out (raised)."""
-    from kubernetes.client.exceptions import ApiException
-    from urllib3.exceptions import HTTPError
-
+def wait(
+    kube: Kube, name: str, params: PaddleJobParams, logs: PodLogs, pods: PodStates
+) -> dict[str, Any]:
+    """Poll the job until it succeeds (returned), fails, cannot run or times out (raised).
+    Failed status reads are retried for ``paddlejob.api_outage_s``; then
+    :class:`JobLeftRunning`."""
     deadline = time.monotonic() + params.timeout_s
     seen: set[tuple[Any, ...]] = set()
     last: dict[str, Any] = {}
-    errors = 0
+    outage_since: float | None = None
     while True:
-        obj: dict[str, Any] | None = None
         try:
             obj = kube.get(name)
-        except (ApiException, HTTPError) as exc:
-            errors += 1
-            what = api_message(exc) if isinstance(exc, ApiException) else str(exc)
-            if not _retryable(exc) or errors > params.api_retries:
-                raise StepError(
-                    f"{KIND} {kube.ns}/{name}: reading its status failed ({errors} time(s) in a "
-                    f"row, paddlejob.api_retries {params.api_retries}): {what}"
+        except ApiError as exc:
+            if not exc.retryable:
+                raise
+            now = time.monotonic()
+            if outage_since is None:
+                outage_since = now
+            if now - outage_since >= params.api_outage_s:
+                raise JobLeftRunning(
+                    f"{KIND} {kube.ns}/{name}: its status could not be read for "
+                    f"{now - outage_since:.0f} s (paddlejob.api_outage_s "
+                    f"{params.api_outage_s:g}): {exc}. The job was left running: a retry of "
+                    "this task reattaches to it (or: kubectl delete paddlejob -n "
+                    f"{kube.ns} {name})"
                 ) from exc
-            log.warning("reading %s %s failed (%s); retrying", KIND, name, what)
+            log.warning("%s; retrying", exc)
         else:
-            errors = 0
+            outage_since = None
             if obj is None:
                 raise StepError(
                     f"{KIND} {kube.ns}/{name} disappeared while the launcher waited for it "
@@ -734,7 +1052,7 @@ def wait(kube: Kube, name: str, params: PaddleJobParams, logs: PodLogs) -> dict[
                         cond.get("reason", ""),
                         cond.get("message", ""),
                     )
-            logs.poll()
+            listed = logs.poll()
             end = terminal(obj)
             if end is not None and end.get("type") == "Succeeded":
                 return obj
@@ -743,6 +1061,7 @@ def wait(kube: Kube, name: str, params: PaddleJobParams, logs: PodLogs) -> dict[
                     f"{KIND} {kube.ns}/{name} failed: {end.get('reason', '')}: "
                     f"{end.get('message', '(no message)')}{logs.excerpt()}"
                 )
+            pods.check(listed)
         now = time.monotonic()
         if now >= deadline:
             state = f"{last.get('type')}: {last.get('message', '')}" if last else "none yet"
@@ -756,19 +1075,34 @@ def wait(kube: Kube, name: str, params: PaddleJobParams, logs: PodLogs) -> dict[
 # --------------------------------------------------------------------------- the launch
 
 
-def _cleanup(kube: Kube, name: str, params: PaddleJobParams, *, raise_errors: bool) -> None:
-    """Delete the job unless ``paddlejob.keep_job``; a failed deletion is an error of its own
-    only when nothing failed before (else it is logged beside the first error)."""
+def _delete_own(
+    kube: Kube,
+    name: str,
+    run: str,
+    uid: str | None,
+    params: PaddleJobParams,
+    timeout: float | None = None,
+) -> None:
+    """Delete the job of this launch unless ``paddlejob.keep_job``: by its uid when known,
+    else the job of that name if its annotation names this run. Never raises: a failure is
+    logged (beside the launch's own error, or after its success)."""
+    where = f"{KIND} {params.namespace}/{name}"
     if params.keep_job:
-        log.info("keeping %s %s/%s (paddlejob.keep_job)", KIND, params.namespace, name)
+        log.info("keeping %s (paddlejob.keep_job)", where)
         return
     try:
-        if kube.delete(name):
-            log.info("deleted %s %s/%s", KIND, params.namespace, name)
-    except Exception as exc:
-        if raise_errors:
-            raise
-        log.error("could not delete %s %s/%s: %s", KIND, params.namespace, name, exc)
+        if uid is None:  # the launch failed before it knew the job: is there one of this run?
+            found = kube.get(name, timeout=timeout)
+            if found is None:
+                return
+            if owner(found) != run:
+                log.warning("not deleting %s: it belongs to run %r", where, owner(found))
+                return
+            uid = _uid(found)
+        if kube.delete(name, uid, timeout=timeout):
+            log.info("deleted %s", where)
+    except Exception as exc:  # an ApiError; anything else is logged all the same
+        log.error("could not delete %s: %s (ttlSecondsAfterFinished removes it)", where, exc)
 
 
 def launch(
@@ -779,13 +1113,17 @@ def launch(
     worker_resources: Mapping[str, Any],
     data_dir: str | Path,
     outputs: Outputs,
+    run: str,
     env: Mapping[str, str] | None = None,
     source: str = "params.yaml",
 ) -> LaunchResult:
-    """Run the train step as a PaddleJob and copy its outputs (see the module's docstring)."""
+    """Run the train step as a PaddleJob of the KFP run ``run`` and copy its outputs (see
+    the module's docstring)."""
     env = os.environ if env is None else env
+    run = check_run(run)
     params = load_params(paddlejob, source)
     topo = topology(train, source)
+    check_restart_policy(params, topo, source)
     if params.gpus_per_worker and topo.nproc > params.gpus_per_worker:
         raise StepError(
             f"{source}: train.distributed.nproc is {topo.nproc} but paddlejob.gpus_per_worker "
@@ -807,7 +1145,7 @@ def launch(
             f"(claim {params.pvc}) must be mounted there in this pod"
         )
     data_dir = Path(data_dir)
-    name = f"{params.job_name_prefix}-{job_key(task, train, data_dir)}"
+    name = f"{params.job_name_prefix}-{job_key(task, train, data_dir, run)}"
     run_dir = mount / params.runs_dir / name
     template = template_path(params)
     body = render(
@@ -818,43 +1156,50 @@ def launch(
         image=worker_image(params, env),
         run_dir=run_dir,
         worker_resources=worker_resources,
+        run=run,
         source=str(template),
     )
     from components.k8s_check import check_manifests
 
     check_manifests([body], require_digest=True, what=f"{KIND} {name} (from {template})")
-    stage(run_dir, data_dir, {"task": dict(task), "train": dict(train)})
     log.info(
-        "%s %s/%s: %d node(s) x %d rank(s), %d %s per node, directory %s",
+        "%s %s/%s of run %s: %d node(s) x %d rank(s), %d %s per node, directory %s",
         KIND,
         params.namespace,
         name,
+        run,
         topo.nnodes,
         topo.nproc,
         params.gpus_per_worker,
         params.accelerator,
         run_dir,
     )
-    from kubernetes.client.exceptions import ApiException
-
     kube = Kube(api_client(params), params)
     logs = PodLogs(kube, name, params.log_tail_lines)
-    created, failed = False, False
-    try:
-        with _terminated_as_error():
-            created = ensure_job(kube, body, params, run_dir)
-            wait(kube, name, params, logs)
-    except ApiException as exc:
-        failed = True
-        raise StepError(f"{KIND} {params.namespace}/{name}: {api_message(exc)}") from exc
-    except BaseException:
-        failed = True
-        raise
-    finally:
-        with contextlib.suppress(Exception):  # the end of the logs, before the pods go
-            logs.poll()
-        _cleanup(kube, name, params, raise_errors=not failed)
-    metrics = collect(run_dir, name, outputs)
+    pods = PodStates(params.namespace, name, params.unschedulable_timeout_s)
+    created, uid = False, None
+    with _termination() as term:
+        try:
+            term.armed = True
+            stage(run_dir, data_dir, {"task": dict(task), "train": dict(train)})
+            created, uid = ensure_job(kube, body, params, run_dir)
+            wait(kube, name, params, logs, pods)
+            metrics = collect(run_dir, name, outputs)  # before any cleanup
+            term.armed = False
+        except (JobLeftRunning, ForeignJob):
+            term.armed = False
+            raise  # not this launcher's to delete (see the module's docstring, 6. and 2.)
+        except BaseException as exc:
+            term.armed = False
+            quick = min(params.api_timeout_s, TERM_API_TIMEOUT_S)
+            if isinstance(exc, Terminated) or term.received:  # the job first, then the logs
+                _delete_own(kube, name, run, uid, params, timeout=quick)
+                logs.poll(deadline=time.monotonic() + TERM_LOGS_S)
+            else:  # the end of the logs, before the pods go (cut short by a SIGTERM)
+                logs.poll(deadline=time.monotonic() + params.api_timeout_s, stop=term.is_set)
+                _delete_own(kube, name, run, uid, params, timeout=quick if term.is_set() else None)
+            raise
+        _delete_own(kube, name, run, uid, params)  # logged, not raised: the outputs are in
     if not params.keep_run_dir:
         shutil.rmtree(run_dir, ignore_errors=True)
     return LaunchResult(name, params.namespace, "Succeeded", created, metrics)
@@ -882,6 +1227,7 @@ def kfp_main(args: Mapping[str, Any]) -> None:
             metrics=Path(args["metrics"].path),
             plots=Path(args["plots"].path),
         ),
+        run=args["run"],
     )
     for key, value in numeric(result.metrics).items():
         args["metrics"].log_metric(key, value)
@@ -892,6 +1238,7 @@ def paddlejob_train_op(
     train: dict,
     paddlejob: dict,
     worker_resources: dict,
+    run: str,
     data: Input[Dataset],
     validation: Input[Artifact],
     model: Output[Model],
@@ -899,7 +1246,8 @@ def paddlejob_train_op(
     metrics: Output[Metrics],
     plots: Output[Artifact],
 ):
-    """train on a Kubeflow PaddleJob (train.distributed.nnodes pods on a shared volume)."""
+    """train on a Kubeflow PaddleJob (train.distributed.nnodes pods on a shared volume);
+    ``run``: the KFP run's id (dsl.PIPELINE_JOB_ID_PLACEHOLDER), the job's owner."""
     from pipelines.paddlejob import kfp_main
 
     kfp_main(locals())

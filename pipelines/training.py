@@ -281,6 +281,9 @@ def make_pipeline(
             paddlejob=sections["paddlejob"],
             # the workers' cpu/memory: params.yaml resources.train, as for the train task
             worker_resources={**resources.get("default", {}), **resources.get("train", {})},
+            # the run's id: in the job's name and owner annotation (a retry within the run
+            # finds its job, another run gets its own; the task is never a cache hit)
+            run=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
         )
         task.set_env_variable(pj.IMAGE_ENV, image)  # the workers' image...
         task.set_env_variable(pj.GPU_IMAGE_ENV, GPU_IMAGE)  # ...with paddlejob.gpus_per_worker

@@ -12,8 +12,11 @@ nothing here starts a real PaddleJob or a real pod. What is tested instead:
   rank 0 by writing the train CLI's outputs into the job's directory. It records every
   request, so the tests assert the contract: methods, URL paths, query parameters, that the
   POSTed body passes the PaddleJob schema check, that logs are fetched and shown once, that
-  a failure raises with the operator's message, that the job is deleted in every case and
-  that a retry reuses or replaces the job of the same name instead of duplicating it;
+  a failure raises with the operator's message, that the job is deleted in every case where
+  the launcher owns it and can reach the API (first thing on SIGTERM), that a retry of the
+  same KFP run reuses or replaces the job of the same name instead of duplicating it (after a
+  real SIGKILL of the previous attempt, in a subprocess), that another run never touches it,
+  and that pods that cannot start or cannot be scheduled fail the launch early;
 - the rendered manifest and the checker (``components.k8s_check``) on good and bad PaddleJobs;
 - the pipeline compiled for the PaddleJob backend, with the real KFP compiler.
 """
@@ -21,12 +24,18 @@ nothing here starts a real PaddleJob or a real pod. What is tested instead:
 from __future__ import annotations
 
 import copy
+import errno
 import json
 import logging
+import os
 import re
+import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -54,6 +63,9 @@ TOKEN = "launcher-token"
 RESOURCES = {"cpu_request": "2", "cpu_limit": "4", "memory_request": "2Gi", "memory_limit": "8Gi"}
 LOG_LINES = 6  # per pod, revealed two per status read
 TASK = {"name": "digits", "options": {"conv_channels": [6, 16]}}
+RUN = "8d2c1f4e-5b7a-4c39-9e61-0f3b2a7d6c15"  # the KFP run's id ({{$.pipeline_job_uuid}})
+# what tqdm writes into a failing rank's log before the error: one line, updated with \r
+PROGRESS = "train:  10%|#         | 1/10\rtrain:  50%|#####     | 5/10\rtrain: 100%|##########|"
 
 
 def train_section(nnodes: int = 2, nproc: int = 1, backend: str = "paddlejob") -> dict:
@@ -106,9 +118,21 @@ class FakeApiServer:
         self.create_error: tuple[int, str] | None = None
         self.seen_at_create: dict[str, dict[str, Any]] = {}
         self.created: list[str] = []  # names, each time a POST created a job
+        self.uids: dict[str, str] = {}  # name -> the uid of the last job of that name
+        # deleted jobs: their pods stay listed, terminating (propagation Background)
+        self.gone: dict[str, dict[str, Any]] = {}
+        self.unavailable = False  # True: every request gets 503 (the API server is down)
+        self.unanswered = False  # True: every connection is closed without an answer
+        self.unavailable_gets: set[int] = set()  # these reads of a job (1-based) get 503
+        self.job_gets = 0  # reads of a job, answered or not
+        self.on_get: Callable[[int], None] | None = None  # called with each job read's number
+        self.log_delay = 0.0  # seconds before a pod's log is answered
+        self.delete_error: tuple[int, str] | None = None
+        self.pod_statuses: dict[int, dict[str, Any]] = {}  # replica index -> its pod's status
         self.lock = threading.Lock()
         handler = type("Handler", (_Handler,), {"fake": self})
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.httpd.daemon_threads = True  # a slow answer does not hold up the shutdown
         self.thread = threading.Thread(
             target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
         )
@@ -117,13 +141,13 @@ class FakeApiServer:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.httpd.server_address[1]}"
 
-    def kubeconfig(self, path: Path) -> Path:
+    def kubeconfig(self, path: Path, url: str | None = None) -> Path:
         path.write_text(
             yaml.safe_dump(
                 {
                     "apiVersion": "v1",
                     "kind": "Config",
-                    "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
+                    "clusters": [{"name": "fake", "cluster": {"server": url or self.url}}],
                     "users": [{"name": "launcher", "user": {"token": TOKEN}}],
                     "contexts": [
                         {"name": "fake", "context": {"cluster": "fake", "user": "launcher"}}
@@ -195,7 +219,8 @@ class FakeApiServer:
             paths["plots"].write_text("epoch,val_accuracy\n1,0.9\n2,0.95\n3,0.98\n")
 
     def pods(self, name: str) -> list[dict[str, Any]]:
-        step, job = self.steps[name], self.jobs[name]
+        job = self.jobs[name] if name in self.jobs else self.gone[name]
+        step = self.steps[name]
         if step < 1:
             return []
         end = self.terminal(name)
@@ -205,11 +230,14 @@ class FakeApiServer:
             if step == 1
             else {"Succeeded": "Succeeded", "Failed": "Failed"}.get(end or "", "Running")
         )
+        terminating = {} if name in self.jobs else {"deletionTimestamp": "2026-01-01T00:01:00Z"}
         return [
             {
                 "metadata": {
+                    **terminating,
                     "name": f"{name}-worker-{i}",
                     "namespace": NS,
+                    "uid": f"pod-uid-{name}-{i}",
                     "labels": {
                         pj.JOB_NAME_LABEL: name,
                         "training.kubeflow.org/replica-type": "worker",
@@ -217,7 +245,7 @@ class FakeApiServer:
                     },
                 },
                 "spec": {"containers": [{"name": pj.CONTAINER, "image": IMAGE}]},
-                "status": {"phase": phase},
+                "status": {"phase": phase} if end else self.pod_statuses.get(i, {"phase": phase}),
             }
             for i in range(replicas)
         ]
@@ -227,7 +255,8 @@ class FakeApiServer:
         visible = min(2 * self.steps[name], LOG_LINES)
         lines = [f"{timestamp(int(index), j)} {log_line(pod, j)}" for j in range(visible)]
         if self.terminal(name) == "Failed" and index == "1":
-            lines.append(f"{timestamp(1, LOG_LINES)} error: rank 1: loss is nan")
+            lines.append(f"{timestamp(1, LOG_LINES)} {PROGRESS}")
+            lines.append(f"{timestamp(1, LOG_LINES + 1)} error: rank 1: loss is nan")
         # more than asked for (it ignores sinceSeconds): the launcher must not repeat lines
         return "\n".join(lines) + ("\n" if lines else "")
 
@@ -248,26 +277,51 @@ class FakeApiServer:
                     "authorization": req.headers.get("Authorization"),
                 }
             )
-            code, payload = self.route(method, url.path, parse_qs(url.query), body)
+            if not self.unanswered:
+                code, payload = self.route(method, url.path, parse_qs(url.query), body)
+            if self.unanswered:  # (set by a hook of this very request, too)
+                req.close_connection = True
+                return
+        if url.path.endswith("/log") and self.log_delay:
+            time.sleep(self.log_delay)
         data = payload.encode() if isinstance(payload, str) else json.dumps(payload).encode()
-        req.send_response(code)
-        kind = "text/plain" if isinstance(payload, str) else "application/json"
-        req.send_header("Content-Type", kind)
-        req.send_header("Content-Length", str(len(data)))
-        req.end_headers()
-        req.wfile.write(data)
+        try:
+            req.send_response(code)
+            kind = "text/plain" if isinstance(payload, str) else "application/json"
+            req.send_header("Content-Type", kind)
+            req.send_header("Content-Length", str(len(data)))
+            req.end_headers()
+            req.wfile.write(data)
+        except OSError:  # the client gave up (its timeout, a signal)
+            pass
 
     def route(
         self, method: str, path: str, query: dict[str, list[str]], body: Any
     ) -> tuple[int, Any]:
+        item = re.fullmatch(r"/apis/kubeflow\.org/v1/namespaces/([^/]+)/paddlejobs/([^/]+)", path)
+        if item and method == "GET":
+            self.job_gets += 1
+            if self.on_get:
+                self.on_get(self.job_gets)
+            if self.job_gets in self.unavailable_gets:
+                return _status(503, "the server is currently unable to handle the request")
+        if self.unavailable:
+            return _status(503, "the server is currently unable to handle the request")
         if m := re.fullmatch(r"/apis/kubeflow\.org/v1/namespaces/([^/]+)/paddlejobs", path):
             return self.create(m.group(1), body) if method == "POST" else _status(405, "")
-        if m := re.fullmatch(r"/apis/kubeflow\.org/v1/namespaces/([^/]+)/paddlejobs/([^/]+)", path):
+        if m := item:
             name = m.group(2)
             if name not in self.jobs:
                 return _status(404, f'paddlejobs.kubeflow.org "{name}" not found', "NotFound")
             if method == "DELETE":
-                del self.jobs[name]
+                if self.delete_error:
+                    return _status(*self.delete_error, "InternalError")
+                uid = ((body or {}).get("preconditions") or {}).get("uid")
+                theirs = self.jobs[name]["metadata"]["uid"]
+                if uid and uid != theirs:
+                    message = f"Precondition failed: UID in precondition: {uid}, UID in object "
+                    return _status(409, f"{message}meta: {theirs}", "Conflict")
+                self.gone[name] = self.jobs.pop(name)
                 return 200, {"kind": "Status", "apiVersion": "v1", "status": "Success"}
             if not self.hold and self.terminal(name) is None:
                 self.steps[name] += 1
@@ -276,7 +330,8 @@ class FakeApiServer:
         if m := re.fullmatch(r"/api/v1/namespaces/([^/]+)/pods", path):
             selector = query.get("labelSelector", [""])[0]
             key, _, name = selector.partition("=")
-            pods = self.pods(name) if key == pj.JOB_NAME_LABEL and name in self.jobs else []
+            known = name in self.jobs or name in self.gone
+            pods = self.pods(name) if key == pj.JOB_NAME_LABEL and known else []
             return 200, {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": pods}
         if m := re.fullmatch(r"/api/v1/namespaces/([^/]+)/pods/([^/]+)/log", path):
             return 200, self.log(m.group(2))
@@ -289,9 +344,7 @@ class FakeApiServer:
         name = body["metadata"]["name"]
         if name in self.jobs:
             return _status(409, f'paddlejobs.kubeflow.org "{name}" already exists', "AlreadyExists")
-        job = copy.deepcopy(body)
-        job["metadata"].update(namespace=namespace, uid=f"uid-{len(self.requests)}")
-        self.jobs[name], self.steps[name], self.scripts[name] = job, 0, self.script
+        job = self.plant(body, namespace)
         self.created.append(name)
         paths = self.cli_paths(job)
         self.seen_at_create[name] = {
@@ -300,6 +353,19 @@ class FakeApiServer:
             "checkpoints": paths["checkpoints"].exists(),
         }
         return 201, job
+
+    def seen_uid(self, name: str) -> str:
+        """The uid the API server gave the last job of that name."""
+        return self.uids[name]
+
+    def plant(self, body: dict[str, Any], namespace: str = NS) -> dict[str, Any]:
+        """The job as the API server stores it (what ``create`` does, without its checks)."""
+        job = copy.deepcopy(body)
+        job["metadata"].update(namespace=namespace, uid=f"uid-{len(self.requests)}")
+        name = job["metadata"]["name"]
+        self.uids[name] = job["metadata"]["uid"]
+        self.jobs[name], self.steps[name], self.scripts[name] = job, 0, self.script
+        return job
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -380,27 +446,78 @@ def outputs(tmp_path: Path) -> pj.Outputs:
     )
 
 
-def launch(
+def launch_args(
     server: FakeApiServer,
     data_dir: Path,
     tmp_path: Path,
     train: dict | None = None,
     env: dict | None = None,
+    run: str = RUN,
     **overrides: Any,
-) -> pj.LaunchResult:
-    return pj.launch(
-        task=TASK,
-        train=train or train_section(),
-        paddlejob=settings(server, **overrides),
-        worker_resources=RESOURCES,
-        data_dir=data_dir,
-        outputs=outputs(tmp_path),
-        env={pj.IMAGE_ENV: IMAGE, pj.GPU_IMAGE_ENV: GPU_IMAGE} if env is None else env,
-    )
+) -> dict[str, Any]:
+    return {
+        "task": TASK,
+        "train": train or train_section(),
+        "paddlejob": settings(server, **overrides),
+        "worker_resources": RESOURCES,
+        "data_dir": data_dir,
+        "outputs": outputs(tmp_path),
+        "env": {pj.IMAGE_ENV: IMAGE, pj.GPU_IMAGE_ENV: GPU_IMAGE} if env is None else env,
+        "run": run,
+    }
 
 
-def job_name(data_dir: Path, train: dict | None = None) -> str:
-    return f"paddle-mlops-train-{pj.job_key(TASK, train or train_section(), data_dir)}"
+def launch(server: FakeApiServer, data_dir: Path, tmp_path: Path, **kwargs: Any) -> pj.LaunchResult:
+    """One attempt of the launcher task of KFP run ``run`` (default :data:`RUN`)."""
+    return pj.launch(**launch_args(server, data_dir, tmp_path, **kwargs))
+
+
+def job_name(data_dir: Path, train: dict | None = None, run: str = RUN) -> str:
+    return f"paddle-mlops-train-{pj.job_key(TASK, train or train_section(), data_dir, run)}"
+
+
+# an attempt of the launcher in its own process (arguments as JSON in argv[1])
+ATTEMPT = """
+import json, logging, sys
+from pathlib import Path
+from pipelines import paddlejob as pj
+logging.basicConfig(level=logging.INFO)
+args = json.loads(sys.argv[1])
+args["outputs"] = pj.Outputs(**{k: Path(v) for k, v in args["outputs"].items()})
+pj.launch(**args)
+"""
+
+
+def killed_attempt(
+    server: FakeApiServer, data_dir: Path, tmp_path: Path, run: str = RUN, **overrides: Any
+) -> str:
+    """An attempt of the launcher task SIGKILLed once it created its job (OOM-killed, its
+    node lost: no cleanup ran); returns the job's name. The job stays where it is while
+    ``server.hold``. (The attempt's paddlejob.timeout_s starts after the create: it is
+    killed long before.)"""
+    args = launch_args(server, data_dir, tmp_path, run=run, **overrides)
+    args["data_dir"] = str(data_dir)
+    args["outputs"] = {k: str(v) for k, v in vars(args["outputs"]).items()}
+    name = job_name(data_dir, args["train"], run)
+    log_file = tmp_path / f"attempt-{run}.log"
+    with log_file.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", ATTEMPT, json.dumps(args)],
+            cwd=REPO,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while name not in server.created:
+            assert proc.poll() is None, f"the attempt ended: {log_file.read_text()}"
+            assert time.monotonic() < deadline, f"no job after 60 s: {log_file.read_text()}"
+            time.sleep(0.02)
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+    return name
 
 
 # --------------------------------------------------------------------------- the lifecycle
@@ -434,6 +551,7 @@ def test_a_succeeded_job_is_created_followed_logged_copied_and_deleted(
     )
     assert set(body["spec"]["paddleReplicaSpecs"]) == {"Worker"}  # collective mode
     assert body["spec"]["paddleReplicaSpecs"]["Worker"]["replicas"] == 2
+    assert body["metadata"]["annotations"][pj.RUN_ANNOTATION] == RUN  # its owner
     # the data and params were on the volume before the job existed
     seen = server.seen_at_create[name]
     assert seen["params"] == {"task": TASK, "train": train_section()}
@@ -465,10 +583,11 @@ def test_a_succeeded_job_is_created_followed_logged_copied_and_deleted(
     assert f"PaddleJob {name}: Running=True PaddleJobRunning" in messages
     assert f"PaddleJob {NS}/{name} successfully completed." in messages
 
-    # deleted last, its pods with it
+    # deleted last, its pods with it; only the object it created (its uid)
     assert server.requests[-1]["method"] == "DELETE"
     assert server.requests[-1]["path"] == f"{JOBS_PATH}/{name}"
     assert server.requests[-1]["query"]["propagationPolicy"] == ["Background"]
+    assert server.requests[-1]["body"]["preconditions"] == {"uid": server.seen_uid(name)}
     assert server.jobs == {}
 
     # rank 0's outputs are the artifacts; the job's directory is gone
@@ -481,7 +600,10 @@ def test_a_succeeded_job_is_created_followed_logged_copied_and_deleted(
     assert not (server.mount / "paddlejob-runs" / name).exists()
 
 
-def test_a_failed_job_raises_with_the_operators_message_and_is_deleted(server, data_dir, tmp_path):
+def test_a_failed_job_raises_with_the_operators_message_and_is_deleted(
+    server, data_dir, tmp_path, caplog
+):
+    caplog.set_level(logging.INFO, logger="pipelines.paddlejob")
     server.script = FAILURE
     name = job_name(data_dir)
     with pytest.raises(StepError) as err:
@@ -489,7 +611,16 @@ def test_a_failed_job_raises_with_the_operators_message_and_is_deleted(server, d
     text = str(err.value)
     assert f"PaddleJob {NS}/{name} failed: PaddleJobFailed" in text
     assert f"PaddleJob {name} is failed because 1 Worker replica(s) failed." in text
-    assert "error: rank 1: loss is nan" in text  # the end of the failed pod's log
+    # the end of the failed pod's log, after a progress bar's \r updates (one line), in the
+    # error and in the task's log; the bar as a terminal shows it
+    pod = f"{name}-worker-1"
+    assert "\n  train: 100%|##########|\n  error: rank 1: loss is nan" in text
+    shown = [r.getMessage() for r in caplog.records if r.getMessage().startswith(f"[{pod}]")]
+    assert shown == [f"[{pod}] {log_line(pod, j)}" for j in range(2 * (len(FAILURE) - 1))] + [
+        f"[{pod}] train: 100%|##########|",
+        f"[{pod}] error: rank 1: loss is nan",
+    ]
+    assert "\r" not in text
     assert server.requests[-1]["method"] == "DELETE" and server.jobs == {}
     # the job's directory stays: its checkpoints are what a retry resumes from
     assert (server.mount / "paddlejob-runs" / name / "checkpoints" / "last.pdckpt").exists()
@@ -527,17 +658,19 @@ def test_a_refused_create_names_the_api_servers_reason(server, data_dir, tmp_pat
 # --------------------------------------------------------------------------- KFP retries
 
 
-def test_a_retry_reuses_the_running_job_of_the_same_name(server, data_dir, tmp_path, caplog):
-    """A launcher that died (its pod evicted; here: it timed out and kept the job) leaves the
-    job running; the retry attaches to it instead of starting a second one."""
+def test_a_retry_reattaches_to_the_job_its_killed_attempt_left_running(
+    server, data_dir, tmp_path, caplog
+):
+    """The previous attempt of this run's task was SIGKILLed (OOM, its node lost) while its
+    job ran: no cleanup. KFP's retry of the task (the same run) attaches to that job instead
+    of starting a second one, and cleans it up at the end."""
     caplog.set_level(logging.INFO, logger="pipelines.paddlejob")
     server.hold = True
-    with pytest.raises(StepError, match="did not finish"):
-        launch(server, data_dir, tmp_path, timeout_s=0.5, keep_job=True)
-    name = job_name(data_dir)
-    assert list(server.jobs) == [name]
+    name = killed_attempt(server, data_dir, tmp_path)
+    assert list(server.jobs) == [name] and not server.calls("DELETE")
+    assert server.jobs[name]["metadata"]["annotations"][pj.RUN_ANNOTATION] == RUN
     server.hold = False
-    result = launch(server, data_dir, tmp_path, timeout_s=0.5)  # the same params: a retry
+    result = launch(server, data_dir, tmp_path)  # the retry: the same run, the same params
     assert result.created is False and result.state == "Succeeded"
     creates = server.calls("POST")
     assert [r["path"] for r in creates] == [JOBS_PATH, JOBS_PATH]
@@ -545,6 +678,7 @@ def test_a_retry_reuses_the_running_job_of_the_same_name(server, data_dir, tmp_p
     assert server.created == [name]  # the second POST got 409 AlreadyExists
     assert "reusing PaddleJob" in caplog.text
     assert server.requests[-1]["method"] == "DELETE" and server.jobs == {}
+    assert (outputs(tmp_path).model / "model.pdparams").exists()
 
 
 def test_a_retry_replaces_a_failed_job_and_resumes_from_its_checkpoints(server, data_dir, tmp_path):
@@ -585,6 +719,336 @@ def test_a_retry_replaces_a_running_job_of_another_spec(server, data_dir, tmp_pa
     assert first["body"]["metadata"]["annotations"] != last["body"]["metadata"]["annotations"]
 
 
+# --------------------------------------------------------------------------- runs and owners
+
+
+def test_the_job_name_is_the_same_within_a_run_and_another_in_another_run(data_dir):
+    key = pj.job_key(TASK, train_section(), data_dir, "run-a")
+    assert key == pj.job_key(TASK, train_section(), data_dir, "run-a")  # KFP's retries
+    assert key != pj.job_key(TASK, train_section(), data_dir, "run-b")  # another run
+    assert key != pj.job_key(TASK, train_section(nnodes=3), data_dir, "run-a")
+    # the longest prefix still makes DNS-1035 names of at most 63 for the pods and Services
+    longest = f"{'p' * pj.MAX_PREFIX}-{key}-worker-9999"
+    assert len(longest) <= 63 and re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", longest)
+
+
+def test_concurrent_runs_of_the_same_training_get_their_own_jobs_and_directories(
+    server, data_dir, tmp_path
+):
+    """Run A's job is running (its launcher alive or not) when run B, with the same params
+    and data, starts: B creates its own job; B's success deletes B's job and directory only."""
+    server.hold = True
+    a = killed_attempt(server, data_dir, tmp_path, run="run-a")
+    a_dir = server.mount / "paddlejob-runs" / a
+    server.hold = False  # B's job advances (only reads of A's job would advance A's)
+    result = launch(server, data_dir, tmp_path, run="run-b")
+    b = job_name(data_dir, run="run-b")
+    assert result.job == b != a and result.created is True
+    assert list(server.jobs) == [a] and not server.calls("DELETE", f"{JOBS_PATH}/{a}")
+    assert server.jobs[a]["metadata"]["annotations"][pj.RUN_ANNOTATION] == "run-a"
+    assert (a_dir / "data" / "train.npz").is_file() and (a_dir / "params.yaml").is_file()
+    assert not (server.mount / "paddlejob-runs" / b).exists()
+    assert [r["body"]["metadata"]["name"] for r in server.calls("POST")] == [a, b]
+
+
+@pytest.mark.parametrize("theirs", ["run-b", None])
+def test_a_job_of_the_name_owned_by_another_run_is_neither_reused_nor_deleted(
+    server, data_dir, tmp_path, theirs
+):
+    name = job_name(data_dir)
+    params = pj.load_params(settings(server))
+    body = pj.render(
+        pj.load_template(pj.template_path(params)),
+        name=name,
+        params=params,
+        topo=pj.Topology(nnodes=2, nproc=1),
+        image=IMAGE,
+        run_dir=server.mount / "paddlejob-runs" / name,
+        worker_resources=RESOURCES,
+        run=theirs or "",
+    )
+    if theirs is None:  # e.g. kubectl apply -f of a rendered manifest
+        del body["metadata"]["annotations"][pj.RUN_ANNOTATION]
+    planted = server.plant(body)
+    owner = f"run {theirs!r}" if theirs else "no run"
+    with pytest.raises(pj.ForeignJob, match=rf"{name} exists but belongs to {owner}.*left alone"):
+        launch(server, data_dir, tmp_path)
+    assert server.jobs == {name: planted}
+    assert not server.calls("DELETE") and len(server.calls("POST")) == 1  # 409, then left
+
+
+def test_an_unsubstituted_run_placeholder_is_refused_before_any_request(server, data_dir, tmp_path):
+    from kfp import dsl
+
+    with pytest.raises(StepError, match="placeholder that was not substituted"):
+        launch(server, data_dir, tmp_path, run=dsl.PIPELINE_JOB_ID_PLACEHOLDER)
+    with pytest.raises(StepError, match="the KFP run's id is empty"):
+        launch(server, data_dir, tmp_path, run=" ")
+    assert server.requests == []
+
+
+# --------------------------------------------------------------------------- the API server
+
+
+@pytest.mark.parametrize("outage", ["HTTP 503", "no answer"])
+def test_an_api_outage_leaves_the_job_running_for_a_retry_to_reattach(
+    server, data_dir, tmp_path, caplog, outage
+):
+    """The API server goes away after the second status read: after paddlejob.api_outage_s
+    the launcher fails without deleting the job; the retry of the task reattaches to it."""
+    name = job_name(data_dir)
+    flag = "unavailable" if outage == "HTTP 503" else "unanswered"
+    server.on_get = lambda n: setattr(server, flag, n >= 2) if n == 2 else None
+    t0 = time.monotonic()
+    with pytest.raises(pj.JobLeftRunning) as err:
+        launch(server, data_dir, tmp_path, api_outage_s=0.3)
+    assert time.monotonic() - t0 < 4
+    text = str(err.value)
+    assert f"PaddleJob {NS}/{name}: its status could not be read for" in text
+    assert "(paddlejob.api_outage_s 0.3)" in text and "left running" in text
+    assert ("HTTP 503" if flag == "unavailable" else "no answer from the API server") in text
+    assert not server.calls("DELETE") and list(server.jobs) == [name]
+    assert (server.mount / "paddlejob-runs" / name / "data").is_dir()
+    # the API server is back: KFP retries the task
+    setattr(server, flag, False)
+    server.on_get = None
+    caplog.set_level(logging.INFO, logger="pipelines.paddlejob")
+    result = launch(server, data_dir, tmp_path, api_outage_s=0.3)
+    assert result.created is False and result.state == "Succeeded"
+    assert "reusing PaddleJob" in caplog.text and server.jobs == {}
+
+
+def test_a_short_api_outage_is_ridden_out(server, data_dir, tmp_path, caplog):
+    server.unavailable_gets = set(range(2, 10))  # eight failed status reads in a row
+    result = launch(server, data_dir, tmp_path)  # paddlejob.api_outage_s: 300 s
+    assert result.state == "Succeeded" and server.jobs == {}
+    assert caplog.text.count("HTTP 503") == 8 and "retrying" in caplog.text
+
+
+def test_api_timeout_s_bounds_each_request(server, data_dir, tmp_path, caplog):
+    """The pods' logs answer after 2 s: each fetch gives up after paddlejob.api_timeout_s
+    (once: urllib3 does not send it again) and the job's status decides."""
+    server.log_delay = 2.0
+    t0 = time.monotonic()
+    result = launch(server, data_dir, tmp_path, api_timeout_s=0.2)
+    elapsed = time.monotonic() - t0
+    fetches = [r for r in server.requests if r["path"].endswith("/log")]
+    assert result.state == "Succeeded" and len(fetches) == 4  # 2 passes x 2 pods, no repeats
+    assert elapsed < 3 and caplog.text.count("Read timed out. (read timeout=0.2)") == 4
+
+
+def test_no_answer_to_the_create_is_an_error_naming_the_job(
+    server, data_dir, tmp_path, monkeypatch
+):
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    nowhere = server.kubeconfig(tmp_path / "kubeconfig-nowhere", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("KUBECONFIG", str(nowhere))
+    name = job_name(data_dir)
+    with pytest.raises(pj.ApiError) as err:
+        launch(server, data_dir, tmp_path)
+    assert str(err.value).startswith(
+        f"create PaddleJob {NS}/{name}: no answer from the API server ("
+    )
+    assert err.value.status is None and err.value.retryable
+
+
+def test_a_failed_delete_after_a_success_is_logged_not_raised(server, data_dir, tmp_path, caplog):
+    server.delete_error = (500, "etcdserver: request timed out")
+    name = job_name(data_dir)
+    result = launch(server, data_dir, tmp_path)
+    assert result.state == "Succeeded" and result.metrics["best_val_accuracy"] == 0.98
+    assert (outputs(tmp_path).model / "model.pdparams").read_bytes() == b"weights"
+    (delete,) = server.calls("DELETE")
+    assert list(server.jobs) == [name]  # left to ttlSecondsAfterFinished
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert [r.getMessage() for r in errors] == [
+        f"could not delete PaddleJob {NS}/{name}: delete PaddleJob {NS}/{name}: HTTP 500 "
+        "Internal Server Error: etcdserver: request timed out (ttlSecondsAfterFinished "
+        "removes it)"
+    ]
+
+
+def test_a_failure_while_staging_is_cleaned_up_too(server, data_dir, tmp_path, monkeypatch):
+    """A retry whose staging fails (the volume is full) deletes the job its killed attempt
+    left running: the task fails, its job must not run on."""
+    server.hold = True
+    name = killed_attempt(server, data_dir, tmp_path)
+    uid = server.seen_uid(name)
+    run_dir = server.mount / "paddlejob-runs" / name
+
+    def full(path: Path, text: str) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(pj, "write_text", full)
+    with pytest.raises(
+        StepError, match=f"staging the job's inputs into {run_dir} failed: .*No space"
+    ):
+        launch(server, data_dir, tmp_path)
+    (delete,) = server.calls("DELETE")
+    assert delete["path"] == f"{JOBS_PATH}/{name}" and delete["body"]["preconditions"] == {
+        "uid": uid
+    }
+    assert server.jobs == {} and len(server.calls("POST")) == 1  # no second create
+
+
+# --------------------------------------------------------------------------- SIGTERM
+
+
+def test_sigterm_deletes_the_job_first_then_fetches_logs_within_a_bound(
+    server, data_dir, tmp_path, monkeypatch
+):
+    """KFP cancels the run: SIGTERM arrives while the launcher reads the job's status (the
+    pods are running). The job goes first; then the logs, for TERM_LOGS_S at most, even
+    though the pods' logs answer slowly."""
+    monkeypatch.setattr(pj, "TERM_LOGS_S", 0.5)
+    server.script = RUNNING
+    server.log_delay = 3.0
+    name = job_name(data_dir)
+    marks: dict[str, float] = {}
+
+    def cancel(n: int) -> None:
+        if n == 2:  # the pods run from this read on
+            marks["index"], marks["t"] = len(server.requests), time.monotonic()
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    server.on_get = cancel
+    with pytest.raises(pj.Terminated, match="received signal 15"):
+        launch(server, data_dir, tmp_path, timeout_s=30)
+    elapsed = time.monotonic() - marks["t"]
+    after = [(r["method"], r["path"].rsplit("/", 1)[-1]) for r in server.requests[marks["index"] :]]
+    assert after[0] == ("DELETE", name), after
+    assert server.requests[marks["index"]]["body"]["preconditions"] == {
+        "uid": server.seen_uid(name)
+    }
+    assert ("GET", "pods") in after[1:] and ("GET", "log") in after[1:]  # then the logs...
+    assert elapsed < 2.5, after  # ...within the bound, not 2 x the slow log's 3 s
+    assert server.jobs == {}
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler was restored
+
+
+# --------------------------------------------------------------------------- pods that cannot run
+
+
+def waiting_status(reason: str, message: str) -> dict[str, Any]:
+    """A pod whose container the kubelet cannot start (as the API server returns it)."""
+    return {
+        "phase": "Pending",
+        "conditions": [{"type": "PodScheduled", "status": "True"}],
+        "containerStatuses": [
+            {
+                "name": pj.CONTAINER,
+                "image": IMAGE,
+                "imageID": "",
+                "ready": False,
+                "restartCount": 0,
+                "started": False,
+                "state": {"waiting": {"reason": reason, "message": message}},
+            }
+        ],
+    }
+
+
+def unschedulable_status(message: str) -> dict[str, Any]:
+    return {
+        "phase": "Pending",
+        "conditions": [
+            {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "Unschedulable",
+                "message": message,
+                "lastTransitionTime": "2026-01-01T00:00:00Z",
+            }
+        ],
+    }
+
+
+@pytest.mark.parametrize("reason", sorted(pj.NOT_STARTING))
+def test_a_pod_that_cannot_start_fails_the_launch_at_once(server, data_dir, tmp_path, reason):
+    server.script = RUNNING
+    message = f'Back-off pulling image "{IMAGE}": not found ({reason})'
+    server.pod_statuses = {1: waiting_status(reason, message)}
+    name = job_name(data_dir)
+    t0 = time.monotonic()
+    with pytest.raises(StepError) as err:
+        launch(server, data_dir, tmp_path, timeout_s=60)
+    assert time.monotonic() - t0 < 5
+    assert str(err.value) == (
+        f"PaddleJob {NS}/{name}: pod {name}-worker-1 cannot start: its container paddle is "
+        f"waiting with {reason}: {message}"
+    )
+    assert server.calls("DELETE") and server.jobs == {}
+
+
+def test_a_pod_that_stays_unschedulable_fails_the_launch_after_its_timeout(
+    server, data_dir, tmp_path, caplog
+):
+    server.script = RUNNING
+    message = "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."
+    server.pod_statuses = {0: unschedulable_status(message), 1: unschedulable_status(message)}
+    name = job_name(data_dir)
+    t0 = time.monotonic()
+    with pytest.raises(StepError) as err:
+        launch(server, data_dir, tmp_path, timeout_s=60, unschedulable_timeout_s=0.3)
+    assert 0.3 <= time.monotonic() - t0 < 5
+    assert re.fullmatch(
+        rf"PaddleJob {NS}/{name}: pod {name}-worker-0 was unschedulable for \d+ s "
+        rf"\(paddlejob.unschedulable_timeout_s 0.3\): {re.escape(message)}",
+        str(err.value),
+    )
+    assert caplog.text.count(f"pod {name}-worker-0 is unschedulable") == 1  # warned once
+    assert server.jobs == {}
+
+
+def test_a_pod_unschedulable_for_a_while_is_waited_for(server, data_dir, tmp_path, caplog):
+    """The cluster autoscaler adds a node: the pods are scheduled before the timeout."""
+    message = "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."
+    server.script = [["Created"]] * 4 + SUCCESS[1:]
+    server.pod_statuses = {0: unschedulable_status(message), 1: unschedulable_status(message)}
+    server.on_get = lambda n: server.pod_statuses.clear() if n == 4 else None
+    result = launch(server, data_dir, tmp_path, unschedulable_timeout_s=3)
+    assert result.state == "Succeeded"
+    assert "is unschedulable" in caplog.text
+
+
+# --------------------------------------------------------------------------- pod logs
+
+
+def test_log_lines_are_split_at_newlines_only_and_continuations_kept(caplog):
+    """tqdm's \r updates stay in their line (shown as a terminal shows it), a piece without
+    a kubelet timestamp continues the line before, and nothing is shown twice."""
+    caplog.set_level(logging.INFO, logger="pipelines.paddlejob")
+    logs = pj.PodLogs(kube=None, job="j", tail=20)  # type: ignore[arg-type]
+    first = (
+        "2026-01-01T00:00:01.5Z a\n"
+        f"2026-01-01T00:00:02Z {PROGRESS}\n"
+        "continued, no timestamp\n"
+        "2026-13-01T00:00:02Z not a timestamp either\n"
+    )
+    logs._emit("p", first)
+    # the next fetch overlaps (sinceSeconds has a margin); its new lines follow
+    logs._emit(
+        "p",
+        first
+        + "2026-01-01T00:00:02Z b at the same time\n"
+        + "2026-01-01T02:00:03+02:00 c, with an offset\n"
+        + "2026-01-01T00:00:02.999999999Z older than c\n"
+        + "2026-01-01T00:00:04Z error: rank 0: loss is nan\n",
+    )
+    assert [r.getMessage() for r in caplog.records] == [
+        "[p] a",
+        "[p] train: 100%|##########|",
+        "[p] continued, no timestamp",
+        "[p] 2026-13-01T00:00:02Z not a timestamp either",
+        "[p] b at the same time",
+        "[p] c, with an offset",
+        "[p] error: rank 0: loss is nan",
+    ]
+    assert logs.excerpt().endswith("\n  error: rank 0: loss is nan")
+
+
 # ------------------------------------------------------------------ refused before a request
 
 
@@ -605,6 +1069,19 @@ def test_a_retry_replaces_a_running_job_of_another_spec(server, data_dir, tmp_pa
             "nproc is 4 but paddlejob.gpus_per_worker is 2",
         ),
         (None, {"replicas": 3}, None, "paddlejob: unknown field(s) ['replicas']"),
+        (
+            train_section(nnodes=2),
+            {"restart_policy": "OnFailure", "backoff_limit": 3},
+            None,
+            "paddlejob.restart_policy is 'OnFailure' but train.distributed.nnodes is 2: with "
+            "more than one node only 'Never' works",
+        ),
+        (
+            train_section(nnodes=3),
+            {"restart_policy": "ExitCode"},
+            None,
+            "paddlejob.restart_policy is 'ExitCode' but train.distributed.nnodes is 3",
+        ),
         (None, {"timeout_s": "1h"}, None, "paddlejob.timeout_s: expected a number"),
         (
             None,
@@ -632,6 +1109,22 @@ def test_bad_params_are_refused_before_any_request(
     assert server.requests == []
 
 
+def test_a_single_node_may_be_restarted_by_the_operator(server, data_dir, tmp_path):
+    result = launch(
+        server,
+        data_dir,
+        tmp_path,
+        train=train_section(nnodes=1),
+        restart_policy="OnFailure",
+        backoff_limit=2,
+    )
+    assert result.state == "Succeeded"
+    (create,) = server.calls("POST")
+    worker = create["body"]["spec"]["paddleReplicaSpecs"]["Worker"]
+    assert (worker["replicas"], worker["restartPolicy"]) == (1, "OnFailure")
+    assert create["body"]["spec"]["runPolicy"]["backoffLimit"] == 2
+
+
 def test_an_unmounted_volume_is_refused(server, data_dir, tmp_path):
     with pytest.raises(StepError, match=r"paddlejob.mount_path .*not a directory.*claim"):
         launch(server, data_dir, tmp_path, mount_path=str(tmp_path / "not-mounted"))
@@ -650,6 +1143,7 @@ def test_the_kfp_component_body_logs_the_metrics_kfp_shows(server, data_dir, tmp
         "train": {**train_section(), "distributed": {"backend": "paddlejob", "nnodes": 2.0}},
         "paddlejob": settings(server),
         "worker_resources": RESOURCES,
+        "run": RUN,
         "data": dsl.Dataset(uri=str(data_dir)),
         "validation": dsl.Artifact(uri=str(tmp_path / "validation")),
         "model": dsl.Model(uri=str(root / "model")),
@@ -676,6 +1170,7 @@ def rendered(nnodes: int, gpus: int) -> dict:
         image=GPU_IMAGE if gpus else IMAGE,
         run_dir=Path("/mnt/shared/paddlejob-runs/paddle-mlops-train-0123456789ab"),
         worker_resources=RESOURCES,
+        run=RUN,
     )
 
 
@@ -776,6 +1271,7 @@ def test_a_template_with_a_master_replica_is_refused():
             image=IMAGE,
             run_dir=Path("/mnt/shared/x"),
             worker_resources=RESOURCES,
+            run=RUN,
         )
 
 
@@ -842,7 +1338,10 @@ def test_the_paddlejob_pipeline_trains_in_the_launcher_and_wires_it_downstream(
     assert {k: v["artifactType"]["schemaTitle"] for k, v in inputs["artifacts"].items()} == {
         p.name: f"system.{source_type(p)}" for p in train.inputs
     }
-    assert set(inputs["parameters"]) == {*train.sections, "paddlejob", "worker_resources"}
+    assert set(inputs["parameters"]) == {*train.sections, "paddlejob", "worker_resources", "run"}
+    # the KFP run's id, substituted by the backend: the job's name and owner
+    run = launcher["inputs"]["parameters"]["run"]["runtimeValue"]["constant"]
+    assert run == "{{$.pipeline_job_uuid}}"
     assert "paddlejob" in spec["root"]["inputDefinitions"]["parameters"]
     # the volume, compiled in from params (the same values the launcher checks at run time)
     (mount,) = executors["exec-paddlejob-train-op"]["pvcMount"]
