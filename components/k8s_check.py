@@ -954,23 +954,19 @@ def manifest_problems(
             problems.append(f"{where}: apiVersion, kind and metadata.name are required")
             if not kind or not api_version:
                 continue
-        if str(api_version).split("/")[0] == KSERVE_GROUP:
-            if KSERVE_KINDS.get(kind) != api_version:
-                problems.append(
-                    f"{where}: apiVersion {api_version!r}: no schema here "
-                    f"(checked: {', '.join(f'{k} {v}' for k, v in KSERVE_KINDS.items())})"
-                )
-                continue
+        group = str(api_version).split("/")[0]
+        crd_kinds = {KSERVE_GROUP: KSERVE_KINDS, TRAINING_GROUP: TRAINING_KINDS}.get(group)
+        if crd_kinds is not None and crd_kinds.get(kind) != api_version:
+            problems.append(
+                f"{where}: apiVersion {api_version!r}: no schema here "
+                f"(checked: {', '.join(f'{k} {v}' for k, v in crd_kinds.items())})"
+            )
+            continue
+        if group == KSERVE_GROUP:
             problems += _schema_problems(_kserve_validator(kind, version), doc, where)
             if kind == "InferenceService":
                 problems += [f"{where}: {p}" for p in _kserve_problems(doc, runtimes)]
-        elif str(api_version).split("/")[0] == TRAINING_GROUP:
-            if TRAINING_KINDS.get(kind) != api_version:
-                problems.append(
-                    f"{where}: apiVersion {api_version!r}: no schema here "
-                    f"(checked: {', '.join(f'{k} {v}' for k, v in TRAINING_KINDS.items())})"
-                )
-                continue
+        elif group == TRAINING_GROUP:
             problems += _schema_problems(_paddlejob_validator(version), doc, where)
             problems += [f"{where}: {p}" for p in _paddlejob_problems(doc)]
         else:
