@@ -488,6 +488,22 @@ pj.launch(**args)
 """
 
 
+def attempt_process(args: dict[str, Any], data_dir: Path, log_file: Path) -> subprocess.Popen:
+    """:data:`ATTEMPT` with ``args`` in its own process, output to ``log_file``."""
+    args = {
+        **args,
+        "data_dir": str(data_dir),
+        "outputs": {k: str(v) for k, v in vars(args["outputs"]).items()},
+    }
+    with log_file.open("w") as out:
+        return subprocess.Popen(
+            [sys.executable, "-c", ATTEMPT, json.dumps(args)],
+            cwd=REPO,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+
+
 def killed_attempt(
     server: FakeApiServer, data_dir: Path, tmp_path: Path, run: str = RUN, **overrides: Any
 ) -> str:
@@ -496,17 +512,9 @@ def killed_attempt(
     ``server.hold``. (The attempt's paddlejob.timeout_s starts after the create: it is
     killed long before.)"""
     args = launch_args(server, data_dir, tmp_path, run=run, **overrides)
-    args["data_dir"] = str(data_dir)
-    args["outputs"] = {k: str(v) for k, v in vars(args["outputs"]).items()}
     name = job_name(data_dir, args["train"], run)
     log_file = tmp_path / f"attempt-{run}.log"
-    with log_file.open("w") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-c", ATTEMPT, json.dumps(args)],
-            cwd=REPO,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+    proc = attempt_process(args, data_dir, log_file)
     try:
         deadline = time.monotonic() + 60
         while name not in server.created:
@@ -903,20 +911,11 @@ def test_sigterm_deletes_the_job_first_then_fetches_logs_within_a_bound(server, 
     as in its pod (a signal to the test process would hit whatever else it has loaded)."""
     server.script = RUNNING
     server.log_delay = 3.0
-    args = launch_args(server, data_dir, tmp_path, timeout_s=30)
-    args["data_dir"] = str(data_dir)
-    args["outputs"] = {k: str(v) for k, v in vars(args["outputs"]).items()}
-    args["term_logs_s"] = 0.5
+    args = {**launch_args(server, data_dir, tmp_path, timeout_s=30), "term_logs_s": 0.5}
     name = job_name(data_dir)
     marks: dict[str, float] = {}
     log_file = tmp_path / "attempt.log"
-    with log_file.open("w") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-c", ATTEMPT, json.dumps(args)],
-            cwd=REPO,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+    proc = attempt_process(args, data_dir, log_file)
 
     def cancel(n: int) -> None:
         if n == 2:  # the pods run from this read on
