@@ -330,12 +330,6 @@ def die_with_parent() -> None:
         prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
 # --------------------------------------------------------------------------- inside a rank
 
 

@@ -345,8 +345,9 @@ class _Trainer:
         return loss_sum / n, correct / n
 
 
-def _resume(trainer: _Trainer, ckpt_dir: Path, fingerprint: str) -> dict[str, Any]:
-    """Training state from the last checkpoint made with these params and data (else fresh)."""
+def _resume(trainer: _Trainer, ckpt_dir: Path, state: dict[str, Any] | None) -> dict[str, Any]:
+    """Training state from ``state``, the checkpoint made with these params and data
+    (:func:`_load_checkpoint`), else fresh."""
     fresh = {
         "history": [],
         "best": {"val_accuracy": -math.inf, "epoch": 0, "bad_epochs": 0},
@@ -358,7 +359,6 @@ def _resume(trainer: _Trainer, ckpt_dir: Path, fingerprint: str) -> dict[str, An
         "resumed_from": None,
         "pretrain": {},  # what Task.pretrain reported (kept in the checkpoint for a resume)
     }
-    state = _load_checkpoint(ckpt_dir, fingerprint)
     if state is None:
         return fresh
     trainer.model.set_state_dict(paddle.load(str(ckpt_dir / "last" / "model.pdparams")))
@@ -534,7 +534,7 @@ def run(
     if found is None:  # resuming: the checkpoint has it
         pretrain_facts = task.pretrain(trainer.model, x_train)
     trainer.soft = task.soft_targets(x_train_raw, y_train, len(label_names))
-    state = _resume(trainer, ckpt_dir, fingerprint)
+    state = _resume(trainer, ckpt_dir, found)
     if state["resumed_from"] is None:
         state["pretrain"] = pretrain_facts
     if world.size > 1:
