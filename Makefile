@@ -29,7 +29,7 @@ help:
 	@echo "make mlflow-server - a tracking server on 127.0.0.1:$(MLFLOW_PORT) (SQLite + ./mlartifacts)"
 	@echo "make registry - champion / challenger / history of the registered model"
 	@echo "make bench    - int8 (QAT) vs fp32 ResNet size and latency in OpenVINO ($(BENCH_ARCH))"
-	@echo "make bench-serving - C++ server vs in-process OpenVINO and vs a FastAPI server (installs wrk)"
+	@echo "make bench-serving - C++ server vs in-process OpenVINO and FastAPI; batching, gRPC, slow clients (installs wrk, h2load)"
 	@echo "make bench-distributed - the train step with 1 vs 2 ranks, and the gradient-sync share"
 	@echo "make pipeline - compile the KFP v2 DAG to pipelines/compiled/training.yaml"
 	@echo "make kfp-local - run the whole KFP DAG on this machine through kfp.local"
@@ -45,9 +45,11 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 install: $(VENV)/.installed
 
 # Debian packages the C++ server builds against (installed when missing; needs root or sudo).
-APT_PACKAGES := cmake g++ make pkg-config libcpp-httplib-dev nlohmann-json3-dev libgtest-dev
-# The load generator of bench/serving_bench.py (the rest of its tools are in .venv).
-BENCH_APT_PACKAGES := wrk
+APT_PACKAGES := cmake g++ make pkg-config libcpp-httplib-dev nlohmann-json3-dev libgtest-dev \
+  libboost-dev libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+# The load generators of bench/serving_bench.py: wrk (REST) and h2load (gRPC, nghttp2-client);
+# the rest of its tools are in .venv.
+BENCH_APT_PACKAGES := wrk nghttp2-client
 define apt_install
 	@missing=$$(for p in $(1); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then \

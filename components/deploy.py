@@ -18,9 +18,15 @@ recorded by ``promote`` when the image was pushed) or with incomplete lineage. T
    - ``kubernetes``: server-side apply with the official client (in-cluster config, else the
      kubeconfig), ``deploy.dry_run`` for a server-side dry run, then waits for the rollout;
    - ``podman``: this machine. The bundle is fetched and verified exactly as the init
-     container does, and the server image runs by digest on ``127.0.0.1:deploy.local_port``
-     (read-only root, no capabilities), replacing the previous container only once the new one
-     is ready; if it never becomes ready the previous one is restarted.
+     container does (into ``local_state_dir/models/MODEL/vN``, mounted read-only), and served
+     by the server image on ``127.0.0.1:deploy.local_port`` (read-only root, no
+     capabilities). With ``deploy.swap: load`` (the default) and a server already running
+     the same server image and configuration, the new version is **swapped in without a
+     restart**: the server's repository ``load`` compiles it next to the serving version,
+     switches new requests to it and drains the old one, so no request fails. Otherwise
+     (``swap: restart``, the first deploy, another server image or configuration) the
+     container is replaced by one running the version's image; if that never becomes ready
+     the previous one is restarted.
 
 ``deployment.json`` records the version, image, model URI, target and what was applied. With
 no champion yet (nothing was ever blessed) there is nothing to deploy: it says so and succeeds.
@@ -48,13 +54,16 @@ from components.step import REPO, In, Out, Step
 log = logging.getLogger(__name__)
 
 TARGETS = ("none", "podman", "kubernetes")
+SWAPS = ("load", "restart")
 VARIANTS = ("deployment", "kserve")
 FIELD_MANAGER = "paddle-mlops-deploy"
 # containers the renderer fills, by name (the templates' contract)
 SERVER_CONTAINERS = ("server", "kserve-container")
 FETCH_CONTAINERS = ("fetch-model", "storage-initializer")
-VERSION_LABEL = "paddle-mlops/model-version"
+VERSION_LABEL = "paddle-mlops/model-version"  # the version a container was started with
 MODEL_LABEL = "paddle-mlops/model"
+SERVER_IMAGE_LABEL = "paddle-mlops.server-image"  # set by the serving image's model layer
+MODELS_ROOT = "/mnt/models-root"  # podman: local_state_dir/models/MODEL, read-only
 
 
 @dataclass(frozen=True)
@@ -72,6 +81,7 @@ class DeployParams:
     local_port: int = 8501  # podman: the server on 127.0.0.1:local_port
     local_name: str = "paddle-mlops-server"  # podman container name
     local_state_dir: str = ".deploy"  # podman: verified model copies, by version
+    swap: str = "load"  # podman: load (in place, no restart, when possible) | restart
 
     def check(self) -> None:
         if self.target not in TARGETS:
@@ -85,6 +95,8 @@ class DeployParams:
             raise ValueError("local_port must be a TCP port")
         if self.rollout_timeout_s <= 0:
             raise ValueError("rollout_timeout_s must be > 0")
+        if self.swap not in SWAPS:
+            raise ValueError(f"swap must be one of {', '.join(SWAPS)}")
 
 
 @dataclass(frozen=True)
@@ -365,17 +377,85 @@ def _wait_ready(url: str, timeout_s: float, name: str) -> bool:
     return False
 
 
+def _image_config(ref: str) -> tuple[str, list[str]]:
+    """The server image a serving image was built on, and its environment."""
+    proc = _podman(
+        "image", "inspect", "--format",
+        '{{index .Config.Labels "' + SERVER_IMAGE_LABEL + '"}}\n{{json .Config.Env}}', ref,
+    )  # fmt: skip
+    label, env = proc.stdout.strip().split("\n", 1)
+    return label, sorted(yaml.safe_load(env) or [])
+
+
+def _running_server(params: DeployParams, rel: Release) -> dict[str, str] | None:
+    """The container of ``params.local_name`` if it runs ``rel.model`` with model control."""
+    if not _exists(params.local_name):
+        return None
+    proc = _podman(
+        "inspect", "--format",
+        "{{.State.Status}}\n{{.Image}}\n{{index .Config.Labels \"" + MODEL_LABEL + '"}}\n'
+        '{{index .Config.Labels "paddle-mlops/model-control"}}',
+        params.local_name, check=False,
+    )  # fmt: skip
+    fields = proc.stdout.strip().split("\n")
+    if proc.returncode != 0 or len(fields) != 4:
+        return None
+    state, image, model, control = fields
+    if state != "running" or model != rel.model or control != "true":
+        return None
+    return {"image": image}
+
+
+def _swap_in_place(
+    rel: Release, params: DeployParams, url: str, running_image: str
+) -> dict[str, Any] | None:
+    """Load ``rel`` into the running server when its image differs from ``rel.image`` only
+    by the model (same server image, same environment); None when it does not."""
+    from components.kserve_client import KServeClient, KServeError
+
+    if _image_config(running_image) != _image_config(rel.image):
+        log.info("the running server's image or configuration differs: restarting it")
+        return None
+    client = KServeClient(url, timeout=params.rollout_timeout_s)
+    if not client.ready():
+        return None
+    config = {
+        "model_dir": f"{MODELS_ROOT}/v{rel.version}",
+        "version": str(rel.version),
+        "variant": params.server_variant,
+    }
+    try:
+        client.load_model(rel.model, config)
+    except KServeError as exc:
+        raise StepError(
+            f"the server at {url} could not load {rel.model} v{rel.version} ({exc}); the "
+            "version it served before still serves"
+        ) from None
+    if str(rel.version) not in client.metadata(rel.model)["versions"]:
+        raise StepError(f"{url} reports no version {rel.version} of {rel.model} after loading it")
+    log.info("swapped %s v%d into the running server at %s", rel.model, rel.version, url)
+    return {"method": "load", "server_image": running_image}
+
+
 def deploy_podman(
     rel: Release, params: DeployParams, server_env: Path, tracking: str
 ) -> dict[str, Any]:
     """Run ``rel`` on this machine as the init container + server pod would (module doc)."""
     from components.fetch_model import fetch
 
-    model_dir = Path(params.local_state_dir).resolve() / "models" / rel.model / f"v{rel.version}"
+    models_root = Path(params.local_state_dir).resolve() / "models" / rel.model
+    model_dir = models_root / f"v{rel.version}"
     fetched = fetch(rel.model_uri, model_dir, tracking=tracking)
     if fetched.sha256 != rel.bundle_sha256:
         raise StepError(f"{rel.model_uri}: fetched {fetched.sha256}, expected {rel.bundle_sha256}")
     _podman("pull", "--quiet", rel.image)
+    url = f"http://127.0.0.1:{params.local_port}"
+    local = {"url": url, "container": params.local_name, "model_dir": str(model_dir)}
+    running = _running_server(params, rel) if params.swap == "load" else None
+    if running is not None:
+        swapped = _swap_in_place(rel, params, url, running["image"])
+        if swapped is not None:
+            return {**local, **swapped}
     name, previous = params.local_name, f"{params.local_name}-previous"
     if _exists(previous):
         _podman("rm", "--force", previous)
@@ -383,17 +463,19 @@ def deploy_podman(
     if had_previous:
         _podman("rename", name, previous)
         _podman("stop", "--time", "10", previous)
-    url = f"http://127.0.0.1:{params.local_port}"
+    control = "true" if params.swap == "load" else "false"
     _podman(
         "run", "--detach", "--name", name,
         "--read-only", "--cap-drop=ALL", "--security-opt=no-new-privileges",
         "--user", "10001:10001", "--tmpfs", "/tmp",
         "--publish", f"127.0.0.1:{params.local_port}:8080",
-        "--volume", f"{model_dir}:/mnt/models:ro",
+        "--volume", f"{models_root}:{MODELS_ROOT}:ro",
         "--env-file", str(server_env),
         "--label", f"{MODEL_LABEL}={rel.model}",
         "--label", f"{VERSION_LABEL}={rel.version}",
+        "--label", f"paddle-mlops/model-control={control}",
         rel.image, *_server_args(rel, params.server_variant),
+        f"--model-dir={MODELS_ROOT}/v{rel.version}", f"--model-control={control}",
     )  # fmt: skip
     if not _wait_ready(url, params.rollout_timeout_s, name):
         logs = _podman("logs", "--tail", "30", name, check=False)
@@ -409,7 +491,7 @@ def deploy_podman(
     if had_previous:
         _podman("rm", "--force", previous)
     log.info("serving %s v%d at %s (%s)", rel.model, rel.version, url, rel.image)
-    return {"url": url, "container": name, "model_dir": str(model_dir)}
+    return {**local, "method": "restart", "server_image": rel.image}
 
 
 # --------------------------------------------------------------------------- step

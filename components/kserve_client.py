@@ -64,6 +64,13 @@ class KServeClient:
     def ready(self) -> bool:
         return self._status("/v2/health/ready") == 200
 
+    def load_model(self, model: str, parameters: dict[str, str]) -> None:
+        """``POST /v2/repository/models/{model}/load`` (Triton's model repository extension):
+        returns once the server swapped the new version in; KServeError if it refused."""
+        body = json.dumps({"parameters": parameters}).encode()
+        headers = {"Content-Type": "application/json"}
+        self._request("POST", f"/v2/repository/models/{model}/load", body, headers)
+
     def _status(self, path: str) -> int:
         try:
             return self._request("GET", path)[0]

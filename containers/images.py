@@ -36,9 +36,10 @@ CONF = REPO / "containers" / "containers.conf"
 PREFIX = os.environ.get("IMAGE_PREFIX", "paddle-mlops")
 SUITE = "bookworm"
 BASES = {
-    # libgomp1: Paddle's CPU kernels; libcpp-httplib0.11: the C++ server (infra validation)
-    "base-python": ["python3", "ca-certificates", "libgomp1", "libcpp-httplib0.11"],
-    "base-runtime": ["ca-certificates", "libcpp-httplib0.11"],
+    # libgomp1: Paddle's CPU kernels; libgrpc++1.51, libprotobuf32: the C++ server's gRPC
+    # endpoint (the server runs in both: infra validation in the component image)
+    "base-python": ["python3", "ca-certificates", "libgomp1", "libgrpc++1.51", "libprotobuf32"],
+    "base-runtime": ["ca-certificates", "libgrpc++1.51", "libprotobuf32"],
 }
 # what the component image's build copies (its content tag covers exactly these)
 COMPONENT_FILES = [
@@ -48,6 +49,7 @@ COMPONENT_FILES = [
     "components",
     "pipelines",
     "serving/src",
+    "serving/proto",
     "serving/CMakeLists.txt",
     "serving/tests",
     "components/Containerfile",

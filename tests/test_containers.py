@@ -65,7 +65,8 @@ def test_images_are_tagged_by_content_labelled_non_root_and_without_compilers(im
                 check=False,
             )
             assert found.returncode != 0, f"{tool} in {name}: {found.stdout}"
-    assert images["server"]["size_mb"] < 250
+    # 242 MB before the gRPC endpoint, 265 MB with it (libgrpc++ and its dependencies, ~23 MB)
+    assert images["server"]["size_mb"] < 280
 
 
 def test_a_step_runs_in_its_image_as_uid_10001_on_a_read_only_root(images, digits_data, tmp_path):

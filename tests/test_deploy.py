@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -21,6 +22,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import tritonclient.http as httpclient
 import yaml
 
 from components.artifacts import StepError, read_json, sha256_tree, write_json
@@ -293,6 +295,52 @@ def assert_serves(url: str, bundle: Path, golden: np.ndarray, version: int) -> n
     return got
 
 
+def container_id(name: str) -> str:
+    return subprocess.run(
+        ["podman", "inspect", "--format", "{{.Id}}", name],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+
+
+class Streaming:
+    """A client sending ``x`` to the deployed server in a loop (bounded) while the block runs:
+    the versions that answered, and every failure."""
+
+    def __init__(self, url: str, x: np.ndarray):
+        self.client = httpclient.InferenceServerClient(url.split("://")[-1], network_timeout=30)
+        self.input = httpclient.InferInput("image", list(x.shape), "FP32")
+        self.input.set_data_from_numpy(x, binary_data=True)
+        self.versions: set[str] = set()
+        self.errors: list[str] = []
+        self.count = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run)
+
+    def _run(self) -> None:
+        for _ in range(200_000):
+            if self._stop.is_set():
+                return
+            try:
+                answer = self.client.infer(NAME, [self.input])
+                self.versions.add(answer.get_response()["model_version"])
+                self.count += 1
+            except Exception as exc:  # noqa: BLE001 - every failure is the finding
+                self.errors.append(repr(exc))
+            time.sleep(0.002)
+
+    def summary(self) -> str:
+        return f"{self.count} answers from {sorted(self.versions)}, errors {self.errors[:3]}"
+
+    def __enter__(self) -> Streaming:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        time.sleep(0.5)  # answers from the new version too
+        self._stop.set()
+        self._thread.join(60)
+
+
 def test_promote_serve_rollback_with_real_containers(
     server, oci_registry, images, step_outputs, exported, other_export, digits_task,
     digits_data, tmp_path, monkeypatch,
@@ -314,10 +362,18 @@ def test_promote_serve_rollback_with_real_containers(
         assert (first["version"], first["deployed"]) == (1, True)
         assert first["image"].startswith(f"{oci_registry}/paddle-mlops/digits-server@sha256:")
         one = assert_serves(first["local"]["url"], exported, golden, 1)
+        assert first["local"]["method"] == "restart"  # nothing ran before
+        container = container_id(params.local_name)
 
+        # v2: same server image and configuration, so it is loaded into the running server
+        # while a client keeps sending requests: none fails, and the container stays
         promoted = release_version(*args, other_export, tmp_path / "v2", digits_task, digits_data)
-        second = deploy_run(params, promoted, tmp_path / "deploy2")
+        with Streaming(first["local"]["url"], golden[:1]) as stream:
+            second = deploy_run(params, promoted, tmp_path / "deploy2")
         assert second["version"] == 2 and second["image"] != first["image"]
+        assert second["local"]["method"] == "load"
+        assert container_id(params.local_name) == container
+        assert stream.errors == [] and {"1", "2"} <= stream.versions, stream.summary()
         two = assert_serves(second["local"]["url"], other_export, golden, 2)
         assert not np.allclose(one, two, atol=1e-2)  # the check can tell the versions apart
 
@@ -327,7 +383,7 @@ def test_promote_serve_rollback_with_real_containers(
         params_file.write_text(
             yaml.safe_dump(
                 {
-                    "deploy": dataclasses.asdict(params),
+                    "deploy": {**dataclasses.asdict(params), "swap": "restart"},
                     "registry": {"model_name": NAME},
                 }
             )
@@ -341,8 +397,10 @@ def test_promote_serve_rollback_with_real_containers(
         assert proc.returncode == 0, proc.stderr[-3000:]
         third = read_json(tmp_path / "deploy3" / "deployment.json")
         assert third["version"] == 1 and third["image"] == first["image"]
+        assert third["local"]["method"] == "restart"
+        assert container_id(params.local_name) != container
         assert_serves(third["local"]["url"], exported, golden, 1)
-        # one server container, labelled with the version it serves
+        # one server container, labelled with the version it was started with
         label = subprocess.run(
             ["podman", "inspect", "--format", '{{index .Config.Labels "' + VERSION_LABEL + '"}}',
              params.local_name],

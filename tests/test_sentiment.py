@@ -503,6 +503,20 @@ def _serve_texts(url: str, model: str, texts: list[str]) -> np.ndarray:
     return np.concatenate(labels)
 
 
+def _serve_texts_grpc(url: str, model: str, texts: list[str]) -> np.ndarray:
+    """Logits the server gives raw texts sent with tritonclient.grpc (BYTES raw contents)."""
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(url=url)
+    labels = []
+    for start in range(0, len(texts), 16):
+        chunk = np.asarray(texts[start : start + 16], dtype=object)
+        inp = grpcclient.InferInput("text", [len(chunk)], "BYTES")
+        inp.set_data_from_numpy(chunk)
+        labels.append(client.infer(model, [inp]).as_numpy("logits"))
+    return np.concatenate(labels)
+
+
 def _pipeline_task(repo: Path):
     return _sentiment(yaml.safe_load((repo / PARAMS).read_text())["task"]["options"])
 
@@ -540,10 +554,13 @@ def test_tritonclient_sends_raw_text_to_the_server_process(pipeline):
         server.wait_ready(60)
         labels = _serve_texts(server.client.base_url.split("//")[1], "sentiment", texts)
         meta = server.client.metadata("sentiment")
+        over_grpc = _serve_texts_grpc(f"127.0.0.1:{server.grpc_port}", "sentiment", texts)
     finally:
         assert server.stop() == 0
     assert meta["text_inputs"] == [{"name": "text", "datatype": "BYTES", "shape": [-1]}]
     _assert_same_labels(labels, _exported_logits(pipeline, texts))
+    # the same raw texts over KServe v2 gRPC: the same logits as over REST
+    np.testing.assert_array_equal(over_grpc, labels)
 
 
 def test_tritonclient_sends_raw_text_to_the_server_container(pipeline, images):

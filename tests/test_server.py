@@ -16,6 +16,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -422,7 +423,7 @@ def test_port_env_is_honoured(server_binary, exported_int8, tmp_path):
             "--host=127.0.0.1",
             f"--model-name={NAME}",
         ],
-        env={"PORT": str(port)},
+        env={"PORT": str(port), "SERVING_GRPC_PORT": "-1"},
         stdout=log,
         stderr=subprocess.STDOUT,
     )
@@ -440,3 +441,165 @@ def test_port_env_is_honoured(server_binary, exported_int8, tmp_path):
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
         log.close()
+
+
+# ------------------------------------------------------------- connections, versions, stats
+
+
+def _raise_fd_limit(need: int) -> None:
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < need:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(need, hard), hard))
+
+
+def test_a_thousand_slow_clients_do_not_starve_good_ones(
+    server_binary, exported_int8, tmp_path, golden, reference
+):
+    """Half the connections send nothing, half send part of a request's headers and stop: each
+    costs the server a socket, not a thread, so well-behaved clients are served as usual.
+    (The old thread-per-connection server stalled a health check for seconds with 64.)"""
+    _raise_fd_limit(4096)
+    srv = start(server_binary, exported_int8, tmp_path, "--access-log=false")
+    slow: list[socket.socket] = []
+    try:
+        partial = b"POST /v2/models/digits/infer HTTP/1.1\r\nHost: x\r\nContent-Le"
+        for i in range(1000):
+            s = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+            if i % 2:
+                s.sendall(partial)
+            slow.append(s)
+        c = client(srv)
+        worst = 0.0
+        for i in range(200):
+            t0 = time.perf_counter()
+            got = infer(c, golden[i % 8 : i % 8 + 1], True)
+            worst = max(worst, time.perf_counter() - t0)
+            np.testing.assert_allclose(got, reference[i % 8 : i % 8 + 1], atol=1e-4, rtol=1e-3)
+        assert c.is_server_ready()
+        # not a latency benchmark (bench/serving_bench.py is): a stall would take seconds
+        assert worst < 2.0, f"a good request took {worst:.2f} s next to 1,000 slow clients"
+        # the slow clients are still connected (the header timeout is 10 s): none was dropped
+        # to make room
+        lost = 0
+        for s in slow:
+            s.setblocking(False)
+            try:
+                lost += s.recv(1) == b""
+            except BlockingIOError:
+                pass
+        assert lost == 0
+    finally:
+        for s in slow:
+            s.close()
+        assert srv.stop() == 0
+
+
+def _answers_while_loading(
+    srv: RunningServer, x: np.ndarray, load: Any, clients: int = 3, each_side: int = 40
+) -> tuple[list[tuple[str, np.ndarray]], list[str]]:
+    """``clients`` threads stream requests; ``load()`` runs once each has seen the old version
+    answer; streaming goes on until ``each_side`` answers of a new version arrived (bounded)."""
+    answers: list[tuple[str, np.ndarray]] = []
+    errors: list[str] = []
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def stream() -> None:
+        c = client(srv)
+        inp = httpclient.InferInput("image", list(x.shape), "FP32")
+        inp.set_data_from_numpy(x, binary_data=True)
+        for _ in range(20_000):
+            if stop.is_set():
+                return
+            try:
+                r = c.infer(NAME, [inp])
+                with lock:
+                    answers.append((r.get_response()["model_version"], r.as_numpy("logits")))
+            except Exception as e:  # noqa: BLE001 - every failure is the finding
+                with lock:
+                    errors.append(repr(e))
+
+    threads = [threading.Thread(target=stream) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    try:
+        deadline = time.monotonic() + 60
+        while len(answers) < each_side and time.monotonic() < deadline:
+            time.sleep(0.01)
+        load()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            with lock:
+                if sum(v != answers[0][0] for v, _ in answers) >= each_side:
+                    break
+            time.sleep(0.01)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(60)
+    return answers, errors
+
+
+def test_loading_a_new_version_under_load_fails_no_request(
+    server_binary, exported_int8, tmp_path, golden
+):
+    """`load` of version 2 (here: the int8 model of the same export) while clients stream
+    requests: the old version serves until the new one is compiled, then drains. No request
+    fails, and every answer is the one of the version it names."""
+    x = golden[:4]
+    refs = {
+        "1": OVPredictor(exported_int8 / "legacy" / "model.pdmodel").predict([x]),
+        "2": OVPredictor(exported_int8 / "int8" / "openvino" / "model.xml").predict([x]),
+    }
+    assert np.abs(refs["1"] - refs["2"]).max() > 1e-3, "the versions must be told apart"
+    srv = start(server_binary, exported_int8, tmp_path, "--model-control=true")
+    try:
+        c = client(srv)
+        answers, errors = _answers_while_loading(
+            srv,
+            x,
+            lambda: c.load_model(NAME, config=json.dumps({"version": "2", "variant": "int8"})),
+        )
+        assert errors == []
+        versions = [v for v, _ in answers]
+        assert versions[0] == "1" and versions.count("2") >= 40, versions[-5:]
+        for version, got in answers:
+            other = "2" if version == "1" else "1"
+            own_err = np.abs(got - refs[version]).max()
+            assert own_err < 1e-3
+            assert own_err < np.abs(got - refs[other]).max()
+        # after the swap only version 2 is served; version 1 drained
+        index = {(m["version"], m["state"]) for m in c.get_model_repository_index()}
+        assert ("2", "READY") in index and ("1", "UNAVAILABLE") in index, index
+        assert c.is_model_ready(NAME, "2") and not c.is_model_ready(NAME, "1")
+        stats = c.get_inference_statistics(NAME)["model_stats"]
+        served = {s["version"]: s["inference_stats"]["success"]["count"] for s in stats}
+        assert served["1"] + served["2"] >= len(answers)
+        assert served["2"] >= versions.count("2")
+    finally:
+        assert srv.stop() == 0
+
+
+def test_statistics_and_repository_through_tritonclient(server, golden):
+    c = client(server)
+    before = c.get_inference_statistics(NAME)["model_stats"][0]["inference_stats"]
+    for _ in range(5):
+        infer(c, golden[:2], True)
+    stats = c.get_inference_statistics(NAME, "1")["model_stats"][0]
+    assert stats["name"] == NAME and stats["version"] == "1"
+    done = stats["inference_stats"]["success"]["count"] - before["success"]["count"]
+    assert done == 5
+    assert stats["inference_stats"]["compute_infer"]["ns"] > 0
+    assert (
+        sum(b["batch_size"] * b["compute_infer"]["count"] for b in stats["batch_stats"])
+        == (stats["inference_count"])
+    )
+    assert c.get_model_repository_index() == [
+        {"name": NAME, "version": "1", "state": "READY", "reason": ""}
+    ]
+    # loading needs --model-control (off by default): a clear refusal, nothing changes
+    with pytest.raises(Exception, match="model-control"):
+        c.load_model(NAME)
+    assert c.is_model_ready(NAME)

@@ -1,17 +1,24 @@
 #include "batcher.h"
 
+#include <algorithm>
 #include <cstring>
 #include <exception>
 #include <utility>
 
 #include "logging.h"
 #include "metrics.h"
+#include "stats.h"
 
 namespace serving {
 namespace {
 
 double Seconds(Clock::duration d) {
   return std::chrono::duration<double>(d).count();
+}
+
+uint64_t Nanos(Clock::duration d) {
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(d);
+  return ns.count() > 0 ? static_cast<uint64_t>(ns.count()) : 0;
 }
 
 // Requests can share a batch when every input has the same non-batch dims.
@@ -31,10 +38,23 @@ bool Compatible(const InferJob& a, const InferJob& b) {
 
 }  // namespace
 
-InferJob::InferJob(std::vector<Tensor> inputs, Clock::time_point deadline)
+Clock::time_point RequestDeadline(int64_t request_timeout_ms,
+                                  int64_t request_timeout_us) {
+  const auto now = Clock::now();
+  auto deadline = now + std::chrono::milliseconds(request_timeout_ms);
+  if (request_timeout_us > 0) {
+    deadline =
+        std::min(deadline, now + std::chrono::microseconds(request_timeout_us));
+  }
+  return deadline;
+}
+
+InferJob::InferJob(std::vector<Tensor> inputs, Clock::time_point deadline,
+                   Callback done)
     : inputs_(std::move(inputs)),
       enqueue_time_(Clock::now()),
-      deadline_(deadline) {
+      deadline_(deadline),
+      done_(std::move(done)) {
   if (!inputs_.empty() && !inputs_[0].shape.empty()) {
     batch_size_ = inputs_[0].shape[0];
   }
@@ -43,16 +63,26 @@ InferJob::InferJob(std::vector<Tensor> inputs, Clock::time_point deadline)
 void InferJob::Complete(Status status) {
   bool expected = false;
   if (completed_.compare_exchange_strong(expected, true)) {
+    if (done_) {
+      Callback done = std::move(done_);
+      done_ = nullptr;
+      if (status.ok()) {
+        done(std::move(outputs_));
+      } else {
+        done(status);
+      }
+    }
     promise_.set_value(std::move(status));
   }
 }
 
 DynamicBatcher::DynamicBatcher(const BatcherOptions& options, Backend* backend,
-                               ServingMetrics* metrics)
-    : options_(options), backend_(backend), metrics_(metrics) {}
+                               ServingMetrics* metrics, ModelStats* stats)
+    : options_(options), backend_(backend), metrics_(metrics), stats_(stats) {}
 
 StatusOr<std::unique_ptr<DynamicBatcher>> DynamicBatcher::Create(
-    const BatcherOptions& options, Backend* backend, ServingMetrics* metrics) {
+    const BatcherOptions& options, Backend* backend, ServingMetrics* metrics,
+    ModelStats* stats) {
   if (backend == nullptr) return InvalidArgument("batcher needs a backend");
   if (options.max_batch_size < 1) {
     return InvalidArgument("max batch size must be >= 1");
@@ -60,15 +90,25 @@ StatusOr<std::unique_ptr<DynamicBatcher>> DynamicBatcher::Create(
   if (options.max_queue_delay_us < 0) {
     return InvalidArgument("max queue delay must be >= 0");
   }
+  if (options.max_queue_size < 0) {
+    return InvalidArgument("max queue size must be >= 0");
+  }
   if (backend->InstanceCount() < 1) {
     return InvalidArgument("backend has no execution instance");
   }
   std::unique_ptr<DynamicBatcher> batcher(
-      new DynamicBatcher(options, backend, metrics));
+      new DynamicBatcher(options, backend, metrics, stats));
   for (size_t i = 0; i < backend->InstanceCount(); ++i) {
     batcher->workers_.emplace_back(&DynamicBatcher::WorkerLoop, batcher.get(),
                                    i);
   }
+  // Ready once every worker waits for work (so the first requests are
+  // already split across all of them).
+  std::unique_lock<std::mutex> lock(batcher->mu_);
+  batcher->cv_.wait(lock, [&] {
+    return batcher->idle_workers_ == backend->InstanceCount();
+  });
+  lock.unlock();
   return batcher;
 }
 
@@ -88,7 +128,23 @@ Status DynamicBatcher::Enqueue(std::shared_ptr<InferJob> job) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) return Unavailable("server is shutting down");
-    job->set_enqueue_time(Clock::now());
+    if (options_.max_queue_size > 0 &&
+        static_cast<int64_t>(queue_.size()) >= options_.max_queue_size) {
+      return Unavailable("the queue holds " +
+                         std::to_string(options_.max_queue_size) +
+                         " requests (--max-queue-size); retry later");
+    }
+    const auto now = Clock::now();
+    if (last_arrival_ != Clock::time_point{}) {
+      const double gap = static_cast<double>(
+          std::chrono::duration_cast<std::chrono::nanoseconds>(now -
+                                                               last_arrival_)
+              .count());
+      arrival_gap_ns_ =
+          arrival_gap_ns_ < 0 ? gap : 0.8 * arrival_gap_ns_ + 0.2 * gap;
+    }
+    last_arrival_ = now;
+    job->set_enqueue_time(now);
     queue_.push_back(std::move(job));
   }
   cv_.notify_all();
@@ -112,54 +168,117 @@ size_t DynamicBatcher::queue_depth() const {
   return queue_.size();
 }
 
+size_t DynamicBatcher::pending() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return queue_.size() + running_jobs_;
+}
+
+DynamicBatcher::Plan DynamicBatcher::PlanBatch(Clock::time_point now) const {
+  Plan plan;
+  plan.take = 1;
+  if (!options_.dynamic_batching) {
+    plan.dispatch = true;
+    return plan;
+  }
+  // This worker's share of the queued samples: split evenly across the free
+  // workers (all of them wake up for the queue), never above max_batch_size.
+  int64_t queued = 0;
+  for (const auto& job : queue_) queued += job->batch_size();
+  const int64_t free_workers =
+      std::max<int64_t>(1, static_cast<int64_t>(idle_workers_));
+  const int64_t share = std::min<int64_t>(
+      options_.max_batch_size, (queued + free_workers - 1) / free_workers);
+
+  // The longest FIFO prefix of compatible requests within the share.
+  int64_t samples = queue_.front()->batch_size();
+  bool full = false;
+  while (plan.take < queue_.size() && samples < share) {
+    const InferJob& next = *queue_[plan.take];
+    if (!Compatible(*queue_.front(), next) ||
+        samples + next.batch_size() > options_.max_batch_size) {
+      full = true;  // waiting longer cannot grow this batch
+      break;
+    }
+    samples += next.batch_size();
+    ++plan.take;
+  }
+  if (samples >= options_.max_batch_size) full = true;
+  // Closed-loop clients send their next requests once answered: as many as
+  // the last batch held. Once those are here, waiting gains nothing.
+  if (full || stopping_ || free_workers > 1 || samples >= last_batch_) {
+    plan.dispatch = true;
+    return plan;
+  }
+  // Only this worker is free and the batch is not full. Wait only while a
+  // burst is arriving: requests come faster than one execution takes and
+  // the last one came within two inter-arrival gaps.
+  const auto gap = std::chrono::nanoseconds(
+      static_cast<int64_t>(std::min(arrival_gap_ns_, 1e12)));
+  const bool burst =
+      arrival_gap_ns_ >= 0 && arrival_gap_ns_ < execution_ns_ &&
+      now < last_arrival_ + 2 * gap;
+  const auto flush_at = queue_.front()->enqueue_time() +
+                        std::chrono::microseconds(options_.max_queue_delay_us);
+  if (!burst || now >= flush_at) {
+    plan.dispatch = true;
+    return plan;
+  }
+  plan.wake = std::min(flush_at, last_arrival_ + 2 * gap);
+  return plan;
+}
+
 std::vector<std::shared_ptr<InferJob>> DynamicBatcher::NextBatch() {
   std::unique_lock<std::mutex> lock(mu_);
+  ++idle_workers_;
+  cv_.notify_all();  // Create() waits for every worker to get here
   for (;;) {
-    // Requests whose caller gave up or whose deadline passed never run.
+    // Requests whose caller gave up or whose deadline passed never run; they
+    // are completed outside the lock (their callbacks may enqueue).
     const auto now = Clock::now();
+    std::vector<std::shared_ptr<InferJob>> expired;
     for (auto it = queue_.begin(); it != queue_.end();) {
       if ((*it)->cancelled() || (*it)->deadline() <= now) {
-        (*it)->Complete(DeadlineExceeded("request timed out in the queue"));
+        expired.push_back(std::move(*it));
         it = queue_.erase(it);
       } else {
         ++it;
       }
     }
+    if (!expired.empty()) {
+      lock.unlock();
+      for (auto& job : expired) {
+        if (stats_ != nullptr) {
+          stats_->RecordFailure(Nanos(now - job->enqueue_time()));
+        }
+        job->Complete(DeadlineExceeded("request timed out in the queue"));
+      }
+      lock.lock();
+      continue;
+    }
     if (queue_.empty()) {
-      if (stopping_) return {};
+      if (stopping_) {
+        --idle_workers_;
+        return {};
+      }
       cv_.wait(lock);
       continue;
     }
-
-    // The longest FIFO prefix that fits in one batch.
-    size_t take = 1;
-    int64_t samples = queue_.front()->batch_size();
-    bool full = !options_.dynamic_batching;
-    if (options_.dynamic_batching) {
-      while (take < queue_.size()) {
-        const InferJob& next = *queue_[take];
-        if (!Compatible(*queue_.front(), next) ||
-            samples + next.batch_size() > options_.max_batch_size) {
-          full = true;  // waiting longer cannot grow this batch
-          break;
-        }
-        samples += next.batch_size();
-        ++take;
-      }
-      if (samples >= options_.max_batch_size) full = true;
-    }
-    const auto flush_at =
-        queue_.front()->enqueue_time() +
-        std::chrono::microseconds(options_.max_queue_delay_us);
-    if (full || stopping_ || now >= flush_at) {
+    const Plan plan = PlanBatch(now);
+    if (plan.dispatch) {
       std::vector<std::shared_ptr<InferJob>> batch(
-          queue_.begin(), queue_.begin() + static_cast<long>(take));
-      queue_.erase(queue_.begin(), queue_.begin() + static_cast<long>(take));
+          queue_.begin(), queue_.begin() + static_cast<long>(plan.take));
+      queue_.erase(queue_.begin(),
+                   queue_.begin() + static_cast<long>(plan.take));
+      --idle_workers_;
+      running_jobs_ += batch.size();
+      last_batch_ = 0;
+      for (const auto& job : batch) last_batch_ += job->batch_size();
       if (!queue_.empty()) cv_.notify_all();
       return batch;
     }
-    // Wake at the flush time, at the first deadline, or on a new request.
-    auto wake = flush_at;
+    // Wake when the burst pauses, at the delay, at the first deadline, or on
+    // a new request.
+    auto wake = plan.wake;
     for (const auto& job : queue_) {
       if (job->deadline() < wake) wake = job->deadline();
     }
@@ -172,7 +291,29 @@ void DynamicBatcher::WorkerLoop(size_t instance) {
     auto batch = NextBatch();
     if (batch.empty()) return;
     Execute(instance, batch);
+    std::lock_guard<std::mutex> lock(mu_);
+    running_jobs_ -= batch.size();
   }
+}
+
+void DynamicBatcher::Finish(InferJob& job, Status status,
+                            Clock::time_point start, uint64_t input_ns,
+                            uint64_t infer_ns, uint64_t output_ns) {
+  const auto now = Clock::now();
+  if (status.ok() && now > job.deadline()) {
+    status = DeadlineExceeded(
+        "inference finished after the request's deadline; result discarded");
+  }
+  if (stats_ != nullptr) {
+    const uint64_t total = Nanos(now - job.enqueue_time());
+    if (status.ok()) {
+      stats_->RecordSuccess(total, Nanos(start - job.enqueue_time()), input_ns,
+                            infer_ns, output_ns);
+    } else {
+      stats_->RecordFailure(total);
+    }
+  }
+  job.Complete(std::move(status));
 }
 
 void DynamicBatcher::Execute(
@@ -211,6 +352,7 @@ void DynamicBatcher::Execute(
     inputs = &merged;
   }
 
+  const auto infer_start = Clock::now();
   std::vector<Tensor> outputs;
   Status status;
   try {
@@ -218,7 +360,13 @@ void DynamicBatcher::Execute(
   } catch (const std::exception& e) {
     status = Internal(std::string("backend threw: ") + e.what());
   }
-  const double compute_seconds = Seconds(Clock::now() - start);
+  const auto infer_end = Clock::now();
+  const double compute_seconds = Seconds(infer_end - start);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const double ns = static_cast<double>(Nanos(infer_end - start));
+    execution_ns_ = execution_ns_ == 0.0 ? ns : 0.8 * execution_ns_ + 0.2 * ns;
+  }
   if (status.ok()) {
     for (const Tensor& out : outputs) {
       if (out.shape.empty() || out.shape[0] != total ||
@@ -238,37 +386,44 @@ void DynamicBatcher::Execute(
                               {"samples", total},
                               {"compute_ms", compute_seconds * 1e3},
                               {"ok", status.ok()}});
+  const uint64_t input_ns = Nanos(infer_start - start);
+  const uint64_t infer_ns = Nanos(infer_end - infer_start);
   if (!status.ok()) {
     LogError("inference failed", {{"error", status.message()}});
-    for (const auto& job : batch)
-      job->Complete(status);
+    for (const auto& job : batch) Finish(*job, status, start, 0, 0, 0);
     return;
   }
 
-  if (batch.size() == 1) {
-    batch.front()->outputs_ = std::move(outputs);
-    batch.front()->Complete(Status::Ok());
-    return;
-  }
   // Split every output back along dim 0, in queue order.
-  int64_t offset = 0;
-  for (const auto& job : batch) {
-    const int64_t n = job->batch_size();
-    job->outputs_.clear();
-    for (const Tensor& out : outputs) {
-      const size_t per_sample = out.data.size() / static_cast<size_t>(total);
-      Tensor part;
-      part.name = out.name;
-      part.dtype = out.dtype;
-      part.shape = out.shape;
-      part.shape[0] = n;
-      const char* begin =
-          out.data.data() + static_cast<size_t>(offset) * per_sample;
-      part.data.assign(begin, begin + static_cast<size_t>(n) * per_sample);
-      job->outputs_.push_back(std::move(part));
+  std::vector<std::vector<Tensor>> parts(batch.size());
+  if (batch.size() == 1) {
+    parts[0] = std::move(outputs);
+  } else {
+    int64_t offset = 0;
+    for (size_t j = 0; j < batch.size(); ++j) {
+      const int64_t n = batch[j]->batch_size();
+      for (const Tensor& out : outputs) {
+        const size_t per_sample = out.data.size() / static_cast<size_t>(total);
+        Tensor part;
+        part.name = out.name;
+        part.dtype = out.dtype;
+        part.shape = out.shape;
+        part.shape[0] = n;
+        const char* begin =
+            out.data.data() + static_cast<size_t>(offset) * per_sample;
+        part.data.assign(begin, begin + static_cast<size_t>(n) * per_sample);
+        parts[j].push_back(std::move(part));
+      }
+      offset += n;
     }
-    offset += n;
-    job->Complete(Status::Ok());
+  }
+  const uint64_t output_ns = Nanos(Clock::now() - infer_end);
+  if (stats_ != nullptr) {
+    stats_->RecordExecution(total, input_ns, infer_ns, output_ns);
+  }
+  for (size_t j = 0; j < batch.size(); ++j) {
+    batch[j]->outputs_ = std::move(parts[j]);
+    Finish(*batch[j], Status::Ok(), start, input_ns, infer_ns, output_ns);
   }
 }
 

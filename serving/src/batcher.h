@@ -1,8 +1,16 @@
 // Dynamic batcher: requests (each with batch n >= 1 along dim 0) wait in one
-// FIFO queue; workers (one per backend instance) form a batch of up to
-// max_batch_size samples, or whatever is queued once the oldest request has
-// waited max_queue_delay_us, concatenate along dim 0, run it, and split the
+// FIFO queue; workers (one per backend instance) take batches of up to
+// max_batch_size samples, concatenate along dim 0, run them, and split the
 // outputs back to their requests. A request is never split across batches.
+//
+// When a worker is free it dispatches at once: a lone request never waits.
+// Requests collect while every worker is busy and run as one batch when a
+// worker frees up. With max_queue_delay_us > 0 (0 by default), a free worker
+// also waits while a burst is arriving (requests come faster than a batch
+// executes, one arrived within the last two inter-arrival times, and fewer
+// are queued than the last batch held), at most max_queue_delay_us after the
+// oldest request. Queued work is split evenly across the workers that are
+// free.
 #pragma once
 
 #include <atomic>
@@ -10,6 +18,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <future>
 #include <memory>
 #include <mutex>
@@ -22,6 +31,7 @@
 
 namespace serving {
 
+class ModelStats;
 class ServingMetrics;
 
 using Clock = std::chrono::steady_clock;
@@ -30,7 +40,13 @@ using Clock = std::chrono::steady_clock;
 // that gave up (timeout, disconnect) leaves nothing dangling.
 class InferJob {
  public:
-  InferJob(std::vector<Tensor> inputs, Clock::time_point deadline);
+  // Called exactly once with the outputs or the error, on the thread that
+  // completes the job (a batcher worker): keep it short, never block in it.
+  // The outputs are moved into it (outputs() is empty afterwards).
+  using Callback = std::function<void(StatusOr<std::vector<Tensor>>)>;
+
+  InferJob(std::vector<Tensor> inputs, Clock::time_point deadline,
+           Callback done = nullptr);
 
   const std::vector<Tensor>& inputs() const { return inputs_; }
   int64_t batch_size() const { return batch_size_; }
@@ -58,38 +74,60 @@ class InferJob {
   std::atomic<bool> completed_{false};
   std::vector<Tensor> outputs_;
   std::promise<Status> promise_;
+  Callback done_;
 };
+
+// The deadline of a request queued now: the server's timeout, or the
+// request's "timeout" parameter (µs, 0 = none) when that is shorter.
+Clock::time_point RequestDeadline(int64_t request_timeout_ms,
+                                  int64_t request_timeout_us);
 
 struct BatcherOptions {
   int64_t max_batch_size = 8;
-  int64_t max_queue_delay_us = 1000;
+  // Longest time a free worker waits for a forming batch (see above).
+  int64_t max_queue_delay_us = 0;
   bool dynamic_batching = true;  // false: every request runs alone
+  // Requests waiting at most (0: no bound); more are refused (Unavailable).
+  int64_t max_queue_size = 0;
 };
 
 class DynamicBatcher {
  public:
-  // Starts one worker per backend instance. `backend` and `metrics`
-  // (nullable) must outlive the batcher.
+  // Starts one worker per backend instance. `backend`, `metrics` and `stats`
+  // (both nullable) must outlive the batcher.
   static StatusOr<std::unique_ptr<DynamicBatcher>> Create(
-      const BatcherOptions& options, Backend* backend, ServingMetrics* metrics);
+      const BatcherOptions& options, Backend* backend, ServingMetrics* metrics,
+      ModelStats* stats = nullptr);
   ~DynamicBatcher();
 
   DynamicBatcher(const DynamicBatcher&) = delete;
   DynamicBatcher& operator=(const DynamicBatcher&) = delete;
 
   // Queues the job; its future completes when it ran (or failed, expired or
-  // was cancelled). Errors: batch too large (InvalidArgument), stopped
-  // (Unavailable).
+  // was cancelled). Errors: batch too large (InvalidArgument), stopped or
+  // queue full (Unavailable).
   Status Enqueue(std::shared_ptr<InferJob> job);
 
   // Stops accepting work, runs everything already queued, joins the workers.
   void Stop();
 
   size_t queue_depth() const;
+  // Jobs queued or running.
+  size_t pending() const;
 
  private:
   DynamicBatcher(const BatcherOptions& options, Backend* backend,
-                 ServingMetrics* metrics);
+                 ServingMetrics* metrics, ModelStats* stats);
+  // Under mu_: how many samples of the queue head a free worker takes now,
+  // and whether it should run them now rather than wait for more.
+  struct Plan {
+    size_t take = 0;
+    bool dispatch = false;
+    Clock::time_point wake;
+  };
+  Plan PlanBatch(Clock::time_point now) const;
+  void Finish(InferJob& job, Status status, Clock::time_point start,
+              uint64_t input_ns, uint64_t infer_ns, uint64_t output_ns);
   void WorkerLoop(size_t instance);
   // Pops the next batch (blocking); empty when stopping with an empty queue.
   std::vector<std::shared_ptr<InferJob>> NextBatch();
@@ -99,11 +137,19 @@ class DynamicBatcher {
   const BatcherOptions options_;
   Backend* const backend_;
   ServingMetrics* const metrics_;
+  ModelStats* const stats_;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::shared_ptr<InferJob>> queue_;
   bool stopping_ = false;
+  size_t idle_workers_ = 0;  // workers inside NextBatch
+  size_t running_jobs_ = 0;
+  // Moving averages of the time between arrivals and of one execution.
+  Clock::time_point last_arrival_{};
+  double arrival_gap_ns_ = -1.0;  // none yet
+  double execution_ns_ = 0.0;
+  int64_t last_batch_ = 1;  // samples in the batch dispatched last
   std::vector<std::thread> workers_;
 };
 

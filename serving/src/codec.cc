@@ -162,60 +162,86 @@ const json* FindParameters(const json& object, const std::string& where,
   return &*it;
 }
 
-Status CheckNoSharedMemory(const json* params, const std::string& where) {
-  if (params != nullptr && (params->contains("shared_memory_region") ||
-                            params->contains("shared_memory_byte_size"))) {
-    return InvalidArgument(where +
-                           ": the shared memory extension is not supported");
+bool IsSharedMemoryKey(const std::string& key) {
+  return key == "shared_memory_region" || key == "shared_memory_byte_size";
+}
+
+Status SharedMemoryError(const std::string& where) {
+  return InvalidArgument(where +
+                         ": the shared memory extension is not supported");
+}
+
+// Calls `item(offset, size)` for each length-prefixed BYTES element of
+// `tensor` (4-byte little-endian length, then the bytes); InvalidArgument
+// when the framing is broken or the count does not match the shape.
+template <typename Fn>
+Status ForEachBytesItem(const Tensor& tensor, Fn item) {
+  const int64_t count = ElementCount(tensor.shape);
+  size_t offset = 0;
+  int64_t items = 0;
+  while (offset < tensor.data.size()) {
+    if (tensor.data.size() - offset < 4) {
+      return InvalidArgument("input '" + tensor.name +
+                             "': BYTES data ends inside an item's 4-byte length");
+    }
+    uint32_t len = 0;
+    std::memcpy(&len, tensor.data.data() + offset, 4);
+    offset += 4;
+    if (tensor.data.size() - offset < len) {
+      return InvalidArgument("input '" + tensor.name + "': BYTES item " +
+                             std::to_string(items) + " claims " +
+                             std::to_string(len) + " bytes, " +
+                             std::to_string(tensor.data.size() - offset) +
+                             " remain");
+    }
+    item(offset, static_cast<size_t>(len));
+    offset += len;
+    ++items;
+  }
+  if (items != count) {
+    return InvalidArgument("input '" + tensor.name + "': " +
+                           std::to_string(items) + " BYTES items but shape " +
+                           ShapeToString(tensor.shape) + " needs " +
+                           std::to_string(count));
   }
   return Status::Ok();
 }
 
-// Validates shape against the spec: same rank, fixed dims equal, batch dim in
-// [1, max_batch_size] when dynamic.
-Status CheckShape(const Shape& shape, const TensorSpec& spec,
-                  int64_t max_batch_size) {
-  const std::string where = "input '" + spec.name + "'";
-  if (shape.size() != spec.shape.size()) {
-    return InvalidArgument(where + ": shape " + ShapeToString(shape) +
-                           " does not match the model's " +
-                           ShapeToString(spec.shape) + " (rank " +
-                           std::to_string(shape.size()) + " vs " +
-                           std::to_string(spec.shape.size()) + ")");
-  }
-  for (size_t d = 0; d < shape.size(); ++d) {
-    if (spec.shape[d] >= 0 && shape[d] != spec.shape[d]) {
-      return InvalidArgument(where + ": shape " + ShapeToString(shape) +
-                             " does not match the model's " +
-                             ShapeToString(spec.shape) + " at dim " +
-                             std::to_string(d));
+// The batch size (dim 0) that all inputs must share; 1 without inputs.
+StatusOr<int64_t> CommonBatchSize(const std::vector<Tensor>& inputs) {
+  int64_t batch_size = 1;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const Tensor& tensor = inputs[i];
+    const int64_t batch = tensor.shape.empty() ? 1 : tensor.shape[0];
+    if (i == 0) {
+      batch_size = batch;
+    } else if (batch != batch_size) {
+      return InvalidArgument("inputs disagree on the batch size (dim 0): '" +
+                             inputs[0].name + "' has " +
+                             std::to_string(batch_size) + ", '" + tensor.name +
+                             "' has " + std::to_string(batch));
     }
   }
-  if (!shape.empty() && spec.shape[0] < 0) {
-    if (shape[0] < 1) {
-      return InvalidArgument(where + ": batch size (dim 0) must be at least 1");
-    }
-    if (shape[0] > max_batch_size) {
-      return InvalidArgument(
-          where + ": batch size " + std::to_string(shape[0]) +
-          " exceeds the max batch size " + std::to_string(max_batch_size));
-    }
-  }
-  return Status::Ok();
+  return batch_size;
+}
+
+// The integer value of a JSON parameter (nullopt: not an integer).
+std::optional<int64_t> JsonInt(const json& value) {
+  if (!value.is_number_integer()) return std::nullopt;
+  return value.get<int64_t>();
 }
 
 struct PendingBinary {
-  size_t input_index;  // index into InferRequest::inputs
+  size_t input_index;  // index into the model's inputs
   size_t byte_size;
 };
 
+// The requested outputs: "outputs", or all of them when it is absent/empty.
 Status ParseOutputs(const json& root, const ModelIO& io, bool binary_default,
                     std::vector<RequestedOutput>* outputs) {
   const auto it = root.find("outputs");
   if (it == root.end() || it->is_null() || (it->is_array() && it->empty())) {
-    for (size_t i = 0; i < io.outputs.size(); ++i) {
-      outputs->push_back({io.outputs[i].name, i, binary_default, 0});
-    }
+    *outputs = AllOutputs(io, binary_default);
     return Status::Ok();
   }
   if (!it->is_array()) return InvalidArgument("'outputs' must be an array");
@@ -227,42 +253,22 @@ Status ParseOutputs(const json& root, const ModelIO& io, bool binary_default,
     if (name_it == out.end() || !name_it->is_string()) {
       return InvalidArgument("each requested output needs a string 'name'");
     }
-    const std::string name = name_it->get<std::string>();
-    const std::string where = "output '" + name + "'";
-    size_t index = io.outputs.size();
-    for (size_t i = 0; i < io.outputs.size(); ++i) {
-      if (io.outputs[i].name == name) index = i;
-    }
-    if (index == io.outputs.size()) {
-      std::string known;
-      for (const auto& spec : io.outputs) {
-        known += (known.empty() ? "'" : ", '") + spec.name + "'";
-      }
-      return InvalidArgument("unknown output '" + name + "'; the model has " +
-                             known);
-    }
-    for (const auto& seen : *outputs) {
-      if (seen.name == name) {
-        return InvalidArgument(where + " is requested more than once");
-      }
-    }
-    RequestedOutput requested{name, index, binary_default, 0};
+    ASSIGN_OR_RETURN(RequestedOutput requested,
+                     ResolveOutput(name_it->get<std::string>(), io, *outputs));
+    requested.binary = binary_default;
+    const std::string where = "output '" + requested.name + "'";
     Status status;
     const json* params = FindParameters(out, where, &status);
     RETURN_IF_ERROR(status);
-    RETURN_IF_ERROR(CheckNoSharedMemory(params, where));
     if (params != nullptr) {
-      if (const auto b = params->find("binary_data"); b != params->end()) {
-        if (!b->is_boolean()) {
+      for (const auto& [key, value] : params->items()) {
+        if (key != "binary_data") {
+          RETURN_IF_ERROR(
+              ApplyOutputParameter(key, JsonInt(value), &requested));
+        } else if (!value.is_boolean()) {
           return InvalidArgument(where + ": 'binary_data' must be a boolean");
-        }
-        requested.binary = b->get<bool>();
-      }
-      if (params->contains("classification")) {
-        ASSIGN_OR_RETURN(requested.classification,
-                         GetInt(*params, "classification", where));
-        if (requested.classification < 1) {
-          return InvalidArgument(where + ": 'classification' must be >= 1");
+        } else {
+          requested.binary = value.get<bool>();
         }
       }
     }
@@ -326,19 +332,15 @@ Status ParseRequestParameters(const json& root, bool* binary_output_default,
     }
     *binary_output_default = b->get<bool>();
   }
-  if (params->contains("timeout")) {
-    ASSIGN_OR_RETURN(*timeout_us,
-                     GetInt(*params, "timeout", "request parameters"));
-    if (*timeout_us < 0) {
-      return InvalidArgument("'timeout' must be >= 0 (microseconds)");
-    }
+  if (const auto t = params->find("timeout"); t != params->end()) {
+    ASSIGN_OR_RETURN(*timeout_us, CheckTimeoutParameter(JsonInt(*t)));
   }
   return Status::Ok();
 }
 
-// Position in the model's inputs of the input that the request element `in`
-// names.
-StatusOr<size_t> FindInputIndex(const json& in, const ModelIO& io) {
+// The model input that the request element `in` names (see
+// RequestInputs::Add).
+StatusOr<size_t> AddInput(const json& in, RequestInputs* inputs) {
   if (!in.is_object()) {
     return InvalidArgument("each element of 'inputs' must be an object");
   }
@@ -346,102 +348,56 @@ StatusOr<size_t> FindInputIndex(const json& in, const ModelIO& io) {
   if (name_it == in.end() || !name_it->is_string()) {
     return InvalidArgument("each input needs a string 'name'");
   }
-  const std::string name = name_it->get<std::string>();
-  size_t index = io.inputs.size();
-  for (size_t i = 0; i < io.inputs.size(); ++i) {
-    if (io.inputs[i].name == name) index = i;
-  }
-  if (index == io.inputs.size()) {
-    std::string known;
-    for (const auto& spec : io.inputs) {
-      known += (known.empty() ? "'" : ", '") + spec.name + "'";
-    }
-    return InvalidArgument("unexpected input '" + name +
-                           "'; the model expects " + known);
-  }
-  return index;
+  return inputs->Add(name_it->get<std::string>());
 }
 
-// The input's "datatype", which must be the one the model expects.
-StatusOr<DataType> ParseInputDatatype(const json& in, const std::string& where,
-                                      const TensorSpec& spec) {
+// The input's "datatype" (see RequestInputs::SetDatatype).
+Status ParseInputDatatype(const json& in, const std::string& where,
+                          size_t index, RequestInputs* inputs) {
   const auto dt_it = in.find("datatype");
   if (dt_it == in.end() || !dt_it->is_string()) {
     return InvalidArgument(where + " needs a string 'datatype'");
   }
-  const std::string dt_name = dt_it->get<std::string>();
-  const DataType dtype = DataTypeFromName(dt_name);
-  if (dtype == DataType::kInvalid) {
-    return InvalidArgument(where + ": unknown datatype '" + dt_name + "'");
-  }
-  if (dtype != spec.dtype) {
-    return InvalidArgument(where + ": datatype " + dt_name +
-                           " is not supported, the model expects " +
-                           DataTypeName(spec.dtype));
-  }
-  return dtype;
+  return inputs->SetDatatype(index, dt_it->get<std::string>());
 }
 
-// The input's "shape", checked against the model's (see CheckShape).
-StatusOr<Shape> ParseInputShape(const json& in, const std::string& where,
-                                const TensorSpec& spec,
-                                int64_t max_batch_size) {
+// The input's "shape" (see RequestInputs::SetShape).
+Status ParseInputShape(const json& in, const std::string& where, size_t index,
+                       RequestInputs* inputs) {
   const auto shape_it = in.find("shape");
   if (shape_it == in.end() || !shape_it->is_array()) {
     return InvalidArgument(where + " needs a 'shape' array");
   }
   Shape shape;
   for (const auto& dim : *shape_it) {
-    if (!dim.is_number_integer() || dim.get<int64_t>() < 0) {
+    if (!dim.is_number_integer()) {
       return InvalidArgument(where +
                              ": 'shape' must hold non-negative integers");
     }
     shape.push_back(dim.get<int64_t>());
   }
-  RETURN_IF_ERROR(CheckShape(shape, spec, max_batch_size));
-  return shape;
+  return inputs->SetShape(index, std::move(shape));
 }
 
-// Converts the input's JSON "data" (flat or nested) into `tensor`, whose
-// name, dtype and shape are set.
-Status ConvertJsonData(const json& data, const std::string& where,
-                       Tensor* tensor) {
-  const int64_t count = ElementCount(tensor->shape);
-  const int64_t found = CountElements(data, count);
-  if (found != count) {
-    return InvalidArgument(where + ": 'data' has " +
-                           (found > count ? "more than " + std::to_string(count)
-                                          : std::to_string(found)) +
-                           " elements but shape " +
-                           ShapeToString(tensor->shape) + " needs " +
-                           std::to_string(count));
-  }
-  tensor->data.reserve(static_cast<size_t>(count) *
-                       std::max<size_t>(4, DataTypeByteSize(tensor->dtype)));
+// Converts the input's JSON "data" (flat or nested) into the input at
+// `index`, whose name, dtype and shape are set.
+Status ConvertJsonData(const json& data, size_t index, RequestInputs* inputs) {
+  Tensor& tensor = inputs->input(index);
+  const int64_t count = ElementCount(tensor.shape);
+  RETURN_IF_ERROR(
+      inputs->CheckElementCount(index, CountElements(data, count), "'data'"));
+  tensor.data.reserve(static_cast<size_t>(count) *
+                      std::max<size_t>(4, DataTypeByteSize(tensor.dtype)));
   int64_t converted = 0;
-  return FlattenData(data, tensor->dtype, tensor->name, 0, count,
-                     &tensor->data, &converted);
+  return FlattenData(data, tensor.dtype, tensor.name, 0, count, &tensor.data,
+                     &converted);
 }
 
-// The input's "binary_data_size" parameter, which must match its shape.
-Status CheckBinaryDataSize(const json& params, const std::string& where,
-                           const Tensor& tensor, size_t byte_size) {
-  ASSIGN_OR_RETURN(const int64_t size,
-                   GetInt(params, "binary_data_size", where));
-  if (size < 0 || static_cast<size_t>(size) != byte_size) {
-    return InvalidArgument(where + ": binary_data_size " +
-                           std::to_string(size) + " does not match shape " +
-                           ShapeToString(tensor.shape) + " of " +
-                           DataTypeName(tensor.dtype) + " (" +
-                           std::to_string(byte_size) + " bytes)");
-  }
-  return Status::Ok();
-}
-
-// Fills `tensor` (the input at `index`; name, dtype and shape set) from its
-// JSON "data", or queues it in `binaries` when its data follows the JSON.
+// Fills the input at `index` (name, dtype and shape set) from its JSON
+// "data", or queues it in `binaries` when its data follows the JSON.
 Status ParseInputData(const json& in, const json* params,
-                      const std::string& where, size_t index, Tensor* tensor,
+                      const std::string& where, size_t index,
+                      RequestInputs* inputs,
                       std::vector<PendingBinary>* binaries) {
   const bool has_binary =
       params != nullptr && params->contains("binary_data_size");
@@ -451,72 +407,50 @@ Status ParseInputData(const json& in, const json* params,
     return InvalidArgument(where + " has both 'data' and 'binary_data_size'");
   }
   if (has_binary) {
-    size_t byte_size = static_cast<size_t>(ElementCount(tensor->shape)) *
-                       DataTypeByteSize(tensor->dtype);
-    if (tensor->dtype == DataType::kBytes) {  // variable: checked once read
-      ASSIGN_OR_RETURN(const int64_t size,
-                       GetInt(*params, "binary_data_size", where));
-      if (size < 0) {
-        return InvalidArgument(where + ": binary_data_size must be >= 0");
-      }
-      byte_size = static_cast<size_t>(size);
+    ASSIGN_OR_RETURN(const int64_t size,
+                     GetInt(*params, "binary_data_size", where));
+    if (size < 0 && inputs->input(index).dtype == DataType::kBytes) {
+      return InvalidArgument(where + ": binary_data_size must be >= 0");
     }
-    RETURN_IF_ERROR(CheckBinaryDataSize(*params, where, *tensor, byte_size));
-    binaries->push_back({index, byte_size});
+    RETURN_IF_ERROR(inputs->CheckRawByteSize(index, size, "binary_data_size"));
+    binaries->push_back({index, static_cast<size_t>(size)});
     return Status::Ok();
   }
-  if (has_data) return ConvertJsonData(*data_it, where, tensor);
+  if (has_data) return ConvertJsonData(*data_it, index, inputs);
   return InvalidArgument(where + " has neither 'data' nor 'binary_data_size'");
 }
 
-// Parses one element of "inputs" into its slot of `inputs` (model input
-// order); `seen` marks the model inputs given so far.
-Status ParseInput(const json& in, const ModelIO& io, std::vector<bool>* seen,
-                  std::vector<Tensor>* inputs,
+// Parses one element of "inputs" into its slot of `inputs`.
+Status ParseInput(const json& in, RequestInputs* inputs,
                   std::vector<PendingBinary>* binaries) {
-  ASSIGN_OR_RETURN(const size_t index, FindInputIndex(in, io));
-  const TensorSpec& spec = io.inputs[index];
-  const std::string where = "input '" + spec.name + "'";
-  if ((*seen)[index]) {
-    return InvalidArgument(where + " is given more than once");
-  }
-  (*seen)[index] = true;
-  ASSIGN_OR_RETURN(const DataType dtype, ParseInputDatatype(in, where, spec));
-  ASSIGN_OR_RETURN(Shape shape,
-                   ParseInputShape(in, where, spec, io.max_batch_size));
+  ASSIGN_OR_RETURN(const size_t index, AddInput(in, inputs));
+  const std::string where = "input '" + inputs->input(index).name + "'";
+  RETURN_IF_ERROR(ParseInputDatatype(in, where, index, inputs));
+  RETURN_IF_ERROR(ParseInputShape(in, where, index, inputs));
 
   Status status;
   const json* params = FindParameters(in, where, &status);
   RETURN_IF_ERROR(status);
-  RETURN_IF_ERROR(CheckNoSharedMemory(params, where));
-
-  Tensor& tensor = (*inputs)[index];
-  tensor.name = spec.name;
-  tensor.dtype = dtype;
-  tensor.shape = std::move(shape);
-  return ParseInputData(in, params, where, index, &tensor, binaries);
+  if (params != nullptr) {
+    for (const auto& [key, value] : params->items()) {
+      RETURN_IF_ERROR(inputs->CheckParameter(index, key));
+    }
+  }
+  return ParseInputData(in, params, where, index, inputs, binaries);
 }
 
-// Parses "inputs" into `inputs` (model input order): each model input exactly
-// once. Inputs sent as binary data are queued in `binaries`, in request order.
-Status ParseInputs(const json& root, const ModelIO& io,
-                   std::vector<Tensor>* inputs,
+// Parses "inputs" into `inputs`: each model input exactly once. Inputs sent
+// as binary data are queued in `binaries`, in request order.
+Status ParseInputs(const json& root, RequestInputs* inputs,
                    std::vector<PendingBinary>* binaries) {
   const auto inputs_it = root.find("inputs");
   if (inputs_it == root.end() || !inputs_it->is_array()) {
     return InvalidArgument("the request needs an 'inputs' array");
   }
-  inputs->resize(io.inputs.size());
-  std::vector<bool> seen(io.inputs.size(), false);
   for (const auto& in : *inputs_it) {
-    RETURN_IF_ERROR(ParseInput(in, io, &seen, inputs, binaries));
+    RETURN_IF_ERROR(ParseInput(in, inputs, binaries));
   }
-  for (size_t i = 0; i < io.inputs.size(); ++i) {
-    if (!seen[i]) {
-      return InvalidArgument("missing input '" + io.inputs[i].name + "'");
-    }
-  }
-  return Status::Ok();
+  return inputs->CheckComplete();
 }
 
 // Copies the binary tensor data after the JSON header into `inputs`: the
@@ -525,10 +459,10 @@ Status ParseInputs(const json& root, const ModelIO& io,
 Status ReadBinaryInputs(std::string_view body, size_t header_size,
                         bool has_length_header,
                         const std::vector<PendingBinary>& binaries,
-                        std::vector<Tensor>* inputs) {
+                        RequestInputs* inputs) {
   size_t offset = header_size;
   for (const auto& pending : binaries) {
-    Tensor& tensor = (*inputs)[pending.input_index];
+    Tensor& tensor = inputs->input(pending.input_index);
     if (body.size() - offset < pending.byte_size) {
       return InvalidArgument("request body is truncated: input '" +
                              tensor.name + "' needs " +
@@ -552,24 +486,6 @@ Status ReadBinaryInputs(std::string_view body, size_t header_size,
         " bytes after the JSON header and binary inputs that no input claims");
   }
   return Status::Ok();
-}
-
-// The batch size (dim 0) that all inputs must share; 1 without inputs.
-StatusOr<int64_t> CommonBatchSize(const std::vector<Tensor>& inputs) {
-  int64_t batch_size = 1;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    const Tensor& tensor = inputs[i];
-    const int64_t batch = tensor.shape.empty() ? 1 : tensor.shape[0];
-    if (i == 0) {
-      batch_size = batch;
-    } else if (batch != batch_size) {
-      return InvalidArgument("inputs disagree on the batch size (dim 0): '" +
-                             inputs[0].name + "' has " +
-                             std::to_string(batch_size) + ", '" + tensor.name +
-                             "' has " + std::to_string(batch));
-    }
-  }
-  return batch_size;
 }
 
 void AppendJsonElement(const char* src, DataType dtype, std::string* out) {
@@ -659,6 +575,30 @@ StatusOr<std::vector<std::string>> Classify(
   return result;
 }
 
+// Whether the request sends the model's text inputs (io.text_inputs) instead
+// of its tensor inputs: it names the first text input.
+bool SendsText(const json& root, const ModelIO& io) {
+  const auto it = root.find("inputs");
+  if (it == root.end() || !it->is_array()) return false;
+  for (const auto& in : *it) {
+    if (in.is_object() && in.contains("name") && in["name"].is_string() &&
+        IsTextInput(in["name"].get<std::string>(), io)) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// JSON strings of a BYTES tensor's items (invalid UTF-8 replaced).
+Status AppendJsonBytes(const Tensor& tensor, std::string* out) {
+  bool first = true;
+  return ForEachBytesItem(tensor, [&](size_t offset, size_t size) {
+    if (!first) *out += ",";
+    first = false;
+    *out += Quote(std::string(tensor.data.data() + offset, size));
+  });
+}
+
 }  // namespace
 
 std::string FormatFloat(float value) {
@@ -696,54 +636,231 @@ StatusOr<size_t> ParseInferenceHeaderLength(const std::string& value,
   return length;
 }
 
-// Whether the request sends the model's text inputs (io.text_inputs) instead
-// of its tensor inputs: it names the first text input.
-bool SendsText(const json& root, const ModelIO& io) {
-  if (io.text_inputs.empty()) return false;
-  const auto it = root.find("inputs");
-  if (it == root.end() || !it->is_array()) return false;
-  for (const auto& in : *it) {
-    if (in.is_object() && in.contains("name") && in["name"].is_string() &&
-        in["name"].get<std::string>() == io.text_inputs[0].name) {
-      return true;
-    }
-  }
-  return false;
+bool IsTextInput(const std::string& name, const ModelIO& io) {
+  return !io.text_inputs.empty() && name == io.text_inputs[0].name;
 }
 
-// Every BYTES input holds exactly its shape's count of length-prefixed items.
-Status CheckBytesInputs(const std::vector<Tensor>& inputs) {
-  for (const auto& tensor : inputs) {
-    if (tensor.dtype != DataType::kBytes) continue;
-    const int64_t count = ElementCount(tensor.shape);
-    size_t offset = 0;
-    int64_t items = 0;
-    while (offset < tensor.data.size()) {
-      if (tensor.data.size() - offset < 4) {
-        return InvalidArgument("input '" + tensor.name +
-                               "': BYTES data ends inside an item's 4-byte length");
-      }
-      uint32_t len = 0;
-      std::memcpy(&len, tensor.data.data() + offset, 4);
-      offset += 4;
-      if (tensor.data.size() - offset < len) {
-        return InvalidArgument("input '" + tensor.name + "': BYTES item " +
-                               std::to_string(items) + " claims " +
-                               std::to_string(len) + " bytes, " +
-                               std::to_string(tensor.data.size() - offset) +
-                               " remain");
-      }
-      offset += len;
-      ++items;
+const ModelIO& RequestModelIO(const ModelIO& io, bool text, ModelIO* storage) {
+  if (!text) return io;
+  *storage = io;
+  storage->inputs = io.text_inputs;
+  return *storage;
+}
+
+RequestInputs::RequestInputs(const ModelIO& io)
+    : io_(io), inputs_(io.inputs.size()), seen_(io.inputs.size(), false) {}
+
+std::string RequestInputs::Where(size_t index) const {
+  return "input '" + io_.inputs[index].name + "'";
+}
+
+StatusOr<size_t> RequestInputs::Add(const std::string& name) {
+  size_t index = io_.inputs.size();
+  for (size_t i = 0; i < io_.inputs.size(); ++i) {
+    if (io_.inputs[i].name == name) index = i;
+  }
+  if (index == io_.inputs.size()) {
+    std::string known;
+    for (const auto& spec : io_.inputs) {
+      known += (known.empty() ? "'" : ", '") + spec.name + "'";
     }
-    if (items != count) {
-      return InvalidArgument("input '" + tensor.name + "': " +
-                             std::to_string(items) + " BYTES items but shape " +
-                             ShapeToString(tensor.shape) + " needs " +
-                             std::to_string(count));
+    return InvalidArgument("unexpected input '" + name +
+                           "'; the model expects " + known);
+  }
+  if (seen_[index]) {
+    return InvalidArgument(Where(index) + " is given more than once");
+  }
+  seen_[index] = true;
+  inputs_[index].name = io_.inputs[index].name;
+  return index;
+}
+
+Status RequestInputs::SetDatatype(size_t index, const std::string& datatype) {
+  const TensorSpec& spec = io_.inputs[index];
+  const DataType dtype = DataTypeFromName(datatype);
+  if (dtype == DataType::kInvalid) {
+    return InvalidArgument(Where(index) + ": unknown datatype '" + datatype +
+                           "'");
+  }
+  if (dtype != spec.dtype) {
+    return InvalidArgument(Where(index) + ": datatype " + datatype +
+                           " is not supported, the model expects " +
+                           DataTypeName(spec.dtype));
+  }
+  inputs_[index].dtype = dtype;
+  return Status::Ok();
+}
+
+Status RequestInputs::SetShape(size_t index, Shape shape) {
+  const TensorSpec& spec = io_.inputs[index];
+  const std::string where = Where(index);
+  for (const int64_t dim : shape) {
+    if (dim < 0) {
+      return InvalidArgument(where +
+                             ": 'shape' must hold non-negative integers");
+    }
+  }
+  if (shape.size() != spec.shape.size()) {
+    return InvalidArgument(where + ": shape " + ShapeToString(shape) +
+                           " does not match the model's " +
+                           ShapeToString(spec.shape) + " (rank " +
+                           std::to_string(shape.size()) + " vs " +
+                           std::to_string(spec.shape.size()) + ")");
+  }
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (spec.shape[d] >= 0 && shape[d] != spec.shape[d]) {
+      return InvalidArgument(where + ": shape " + ShapeToString(shape) +
+                             " does not match the model's " +
+                             ShapeToString(spec.shape) + " at dim " +
+                             std::to_string(d));
+    }
+  }
+  if (!shape.empty() && spec.shape[0] < 0) {
+    if (shape[0] < 1) {
+      return InvalidArgument(where + ": batch size (dim 0) must be at least 1");
+    }
+    if (shape[0] > io_.max_batch_size) {
+      return InvalidArgument(
+          where + ": batch size " + std::to_string(shape[0]) +
+          " exceeds the max batch size " + std::to_string(io_.max_batch_size));
+    }
+  }
+  inputs_[index].shape = std::move(shape);
+  return Status::Ok();
+}
+
+Status RequestInputs::CheckParameter(size_t index,
+                                     const std::string& key) const {
+  if (IsSharedMemoryKey(key)) return SharedMemoryError(Where(index));
+  return Status::Ok();
+}
+
+Status RequestInputs::CheckRawByteSize(size_t index, int64_t byte_size,
+                                       const std::string& what) const {
+  const Tensor& tensor = inputs_[index];
+  if (tensor.dtype == DataType::kBytes) return Status::Ok();
+  const size_t expected = static_cast<size_t>(ElementCount(tensor.shape)) *
+                          DataTypeByteSize(tensor.dtype);
+  if (byte_size < 0 || static_cast<size_t>(byte_size) != expected) {
+    return InvalidArgument(
+        Where(index) + ": " + what + " " + std::to_string(byte_size) +
+        " does not match shape " + ShapeToString(tensor.shape) + " of " +
+        DataTypeName(tensor.dtype) + " (" + std::to_string(expected) +
+        " bytes)");
+  }
+  return Status::Ok();
+}
+
+Status RequestInputs::CheckElementCount(size_t index, int64_t found,
+                                        const std::string& what) const {
+  const Tensor& tensor = inputs_[index];
+  const int64_t count = ElementCount(tensor.shape);
+  if (found == count) return Status::Ok();
+  return InvalidArgument(Where(index) + ": " + what + " has " +
+                         (found > count ? "more than " + std::to_string(count)
+                                        : std::to_string(found)) +
+                         " elements but shape " + ShapeToString(tensor.shape) +
+                         " needs " + std::to_string(count));
+}
+
+Status RequestInputs::CheckComplete() const {
+  for (size_t i = 0; i < io_.inputs.size(); ++i) {
+    if (!seen_[i]) {
+      return InvalidArgument("missing input '" + io_.inputs[i].name + "'");
     }
   }
   return Status::Ok();
+}
+
+Status RequestInputs::Finish(InferRequest* request) {
+  for (const auto& tensor : inputs_) {
+    if (tensor.dtype != DataType::kBytes) continue;
+    RETURN_IF_ERROR(ForEachBytesItem(tensor, [](size_t, size_t) {}));
+  }
+  ASSIGN_OR_RETURN(request->batch_size, CommonBatchSize(inputs_));
+  request->inputs = std::move(inputs_);
+  return Status::Ok();
+}
+
+std::vector<RequestedOutput> AllOutputs(const ModelIO& io, bool binary) {
+  std::vector<RequestedOutput> outputs;
+  for (size_t i = 0; i < io.outputs.size(); ++i) {
+    outputs.push_back({io.outputs[i].name, i, binary, 0});
+  }
+  return outputs;
+}
+
+StatusOr<RequestedOutput> ResolveOutput(
+    const std::string& name, const ModelIO& io,
+    const std::vector<RequestedOutput>& requested) {
+  size_t index = io.outputs.size();
+  for (size_t i = 0; i < io.outputs.size(); ++i) {
+    if (io.outputs[i].name == name) index = i;
+  }
+  if (index == io.outputs.size()) {
+    std::string known;
+    for (const auto& spec : io.outputs) {
+      known += (known.empty() ? "'" : ", '") + spec.name + "'";
+    }
+    return InvalidArgument("unknown output '" + name + "'; the model has " +
+                           known);
+  }
+  for (const auto& seen : requested) {
+    if (seen.name == name) {
+      return InvalidArgument("output '" + name +
+                             "' is requested more than once");
+    }
+  }
+  return RequestedOutput{name, index, false, 0};
+}
+
+Status ApplyOutputParameter(const std::string& key,
+                            std::optional<int64_t> int_value,
+                            RequestedOutput* output) {
+  const std::string where = "output '" + output->name + "'";
+  if (IsSharedMemoryKey(key)) return SharedMemoryError(where);
+  if (key != "classification") return Status::Ok();
+  if (!int_value.has_value()) {
+    return InvalidArgument(where + ": 'classification' must be an integer");
+  }
+  if (*int_value < 1) {
+    return InvalidArgument(where + ": 'classification' must be >= 1");
+  }
+  output->classification = *int_value;
+  return Status::Ok();
+}
+
+StatusOr<int64_t> CheckTimeoutParameter(std::optional<int64_t> timeout_us) {
+  if (!timeout_us.has_value()) {
+    return InvalidArgument("request parameters: 'timeout' must be an integer");
+  }
+  if (*timeout_us < 0) {
+    return InvalidArgument("'timeout' must be >= 0 (microseconds)");
+  }
+  return *timeout_us;
+}
+
+StatusOr<const Tensor*> ResponseTensor(const RequestedOutput& requested,
+                                       const std::vector<Tensor>& outputs,
+                                       const ModelIO& io, Tensor* storage) {
+  if (requested.index >= outputs.size()) {
+    return Internal("the backend returned no tensor for output '" +
+                    requested.name + "'");
+  }
+  const Tensor& tensor = outputs[requested.index];
+  if (requested.classification <= 0) return &tensor;
+  int64_t k = 0;
+  ASSIGN_OR_RETURN(const auto classes,
+                   Classify(tensor, requested.classification, io.labels, &k));
+  storage->name = requested.name;
+  storage->dtype = DataType::kBytes;
+  storage->shape = {tensor.shape[0], k};
+  storage->data.clear();
+  for (const auto& text : classes) {
+    AppendRaw(static_cast<uint32_t>(text.size()), &storage->data);
+    storage->data.insert(storage->data.end(), text.begin(), text.end());
+  }
+  return storage;
 }
 
 StatusOr<InferRequest> ParseInferRequest(std::string_view body,
@@ -760,19 +877,15 @@ StatusOr<InferRequest> ParseInferRequest(std::string_view body,
   RETURN_IF_ERROR(ParseRequestParameters(root, &binary_output_default,
                                          &request.timeout_us));
   // A text model takes raw text (its text inputs) or token ids (its inputs).
-  ModelIO text_io;
   request.text = SendsText(root, model_io);
-  if (request.text) {
-    text_io = model_io;
-    text_io.inputs = model_io.text_inputs;
-  }
-  const ModelIO& io = request.text ? text_io : model_io;
+  ModelIO text_io;
+  const ModelIO& io = RequestModelIO(model_io, request.text, &text_io);
+  RequestInputs inputs(io);
   std::vector<PendingBinary> binaries;
-  RETURN_IF_ERROR(ParseInputs(root, io, &request.inputs, &binaries));
+  RETURN_IF_ERROR(ParseInputs(root, &inputs, &binaries));
   RETURN_IF_ERROR(ReadBinaryInputs(body, header_size, has_length_header,
-                                   binaries, &request.inputs));
-  RETURN_IF_ERROR(CheckBytesInputs(request.inputs));
-  ASSIGN_OR_RETURN(request.batch_size, CommonBatchSize(request.inputs));
+                                   binaries, &inputs));
+  RETURN_IF_ERROR(inputs.Finish(&request));
   RETURN_IF_ERROR(
       ParseOutputs(root, io, binary_output_default, &request.outputs));
   return request;
@@ -789,69 +902,39 @@ StatusOr<EncodedResponse> EncodeInferResponse(
 
   std::string binary;
   bool first = true;
+  Tensor storage;
   for (const auto& requested : request.outputs) {
-    if (requested.index >= outputs.size()) {
-      return Internal("the backend returned no tensor for output '" +
-                      requested.name + "'");
-    }
-    const Tensor& tensor = outputs[requested.index];
+    ASSIGN_OR_RETURN(const Tensor* tensor,
+                     ResponseTensor(requested, outputs, io, &storage));
     if (!first) header += ",";
     first = false;
-    header += "{\"name\":" + Quote(requested.name);
-
-    if (requested.classification > 0) {
-      int64_t k = 0;
-      ASSIGN_OR_RETURN(auto classes, Classify(tensor, requested.classification,
-                                              io.labels, &k));
-      const int64_t batch = tensor.shape[0];
-      header +=
-          ",\"datatype\":\"BYTES\",\"shape\":" + ShapeToString({batch, k});
-      if (requested.binary) {
-        size_t size = 0;
-        for (const auto& s : classes)
-          size += 4 + s.size();
-        header +=
-            ",\"parameters\":{\"binary_data_size\":" + std::to_string(size) +
-            "}}";
-        for (const auto& s : classes) {
-          const uint32_t len = static_cast<uint32_t>(s.size());
-          char prefix[4];
-          std::memcpy(prefix, &len, sizeof(len));
-          binary.append(prefix, 4);
-          binary.append(s);
-        }
-      } else {
-        header += ",\"data\":[";
-        for (size_t i = 0; i < classes.size(); ++i) {
-          if (i > 0) header += ",";
-          header += Quote(classes[i]);
-        }
-        header += "]}";
-      }
-      continue;
-    }
-
-    header += ",\"datatype\":\"" + std::string(DataTypeName(tensor.dtype)) +
-              "\",\"shape\":" + ShapeToString(tensor.shape);
+    header += "{\"name\":" + Quote(requested.name) + ",\"datatype\":\"" +
+              std::string(DataTypeName(tensor->dtype)) +
+              "\",\"shape\":" + ShapeToString(tensor->shape);
     if (requested.binary) {
       header += ",\"parameters\":{\"binary_data_size\":" +
-                std::to_string(tensor.data.size()) + "}}";
-      binary.append(tensor.data.data(), tensor.data.size());
+                std::to_string(tensor->data.size()) + "}}";
+      binary.append(tensor->data.data(), tensor->data.size());
       continue;
     }
-    const size_t element_size = DataTypeByteSize(tensor.dtype);
-    if (element_size == 0 || tensor.dtype == DataType::kFp16 ||
-        tensor.dtype == DataType::kBf16) {
+    header += ",\"data\":[";
+    if (tensor->dtype == DataType::kBytes) {
+      RETURN_IF_ERROR(AppendJsonBytes(*tensor, &header));
+      header += "]}";
+      continue;
+    }
+    const size_t element_size = DataTypeByteSize(tensor->dtype);
+    if (element_size == 0 || tensor->dtype == DataType::kFp16 ||
+        tensor->dtype == DataType::kBf16) {
       return InvalidArgument("output '" + requested.name + "' of datatype " +
-                             DataTypeName(tensor.dtype) +
+                             DataTypeName(tensor->dtype) +
                              " can only be returned as binary data");
     }
-    header += ",\"data\":[";
-    const size_t count = tensor.data.size() / element_size;
+    const size_t count = tensor->data.size() / element_size;
     header.reserve(header.size() + count * 12 + 4);
     for (size_t i = 0; i < count; ++i) {
       if (i > 0) header += ",";
-      AppendJsonElement(tensor.data.data() + i * element_size, tensor.dtype,
+      AppendJsonElement(tensor->data.data() + i * element_size, tensor->dtype,
                         &header);
     }
     header += "]}";

@@ -167,28 +167,56 @@ const std::vector<Flag>& Flags() {
               "get 400",
               &ServerConfig::max_batch_size, 1),
       IntFlag("max-queue-delay-us",
-              "longest time the oldest queued request waits for a batch to "
-              "fill",
+              "while a burst of requests arrives, the longest a free worker "
+              "may wait for the batch to fill (0: never; a lone request never "
+              "waits)",
               &ServerConfig::max_queue_delay_us, 0),
       BoolFlag("dynamic-batching",
                "merge concurrent requests into batches (false: each request "
                "runs alone)",
                &ServerConfig::dynamic_batching),
+      IntFlag("max-queue-size",
+              "requests waiting for a worker at most; more get 503 (0: no "
+              "bound)",
+              &ServerConfig::max_queue_size, 0),
       IntFlag("request-timeout-ms",
               "time from enqueue to completion before a 504",
               &ServerConfig::request_timeout_ms, 1),
+      BoolFlag("model-control",
+               "allow POST v2/repository/models/{name}/load and /unload "
+               "(a load builds the new version while the current one "
+               "serves, then swaps it in)",
+               &ServerConfig::model_control),
       StringFlag("host", "listen address", &ServerConfig::host),
-      IntFlag("port", "listen port (0: any free port)", &ServerConfig::port, 0,
-              "PORT"),
-      IntFlag("http-threads", "HTTP worker threads (one per open connection)",
+      IntFlag("port", "HTTP listen port (0: any free port)",
+              &ServerConfig::port, 0, "PORT"),
+      IntFlag("grpc-port",
+              "KServe v2 gRPC listen port (0: any free port, -1: no gRPC)",
+              &ServerConfig::grpc_port, -1),
+      IntFlag("http-threads",
+              "HTTP event-loop threads; connections cost memory, not "
+              "threads, and inference runs on the workers",
               &ServerConfig::http_threads, 1),
+      IntFlag("max-connections",
+              "open HTTP connections at most; more are answered 503 and "
+              "closed",
+              &ServerConfig::max_connections, 1),
+      IntFlag("header-timeout-ms",
+              "time a client has to send a request's headers (from its "
+              "first byte on a new connection); slow clients are closed",
+              &ServerConfig::header_timeout_ms, 1),
+      IntFlag("body-timeout-ms",
+              "time a client has to send a request body once its headers "
+              "arrived",
+              &ServerConfig::body_timeout_ms, 1),
       IntFlag("max-body-bytes", "largest request body; larger ones get 413",
               &ServerConfig::max_body_bytes, 1),
       IntFlag("keep-alive-max-count",
               "requests served on one keep-alive connection",
               &ServerConfig::keep_alive_max_count, 1),
       IntFlag("keep-alive-timeout-s",
-              "idle seconds before a keep-alive connection is closed",
+              "idle seconds between requests before a keep-alive "
+              "connection is closed",
               &ServerConfig::keep_alive_timeout_s, 1),
       IntFlag("drain-delay-ms",
               "on SIGTERM, keep serving (ready = 503) this long before "

@@ -29,16 +29,22 @@ struct ServerConfig {
   int workers = 1;
   int threads_per_worker = 0;  // 0: runtime default
   int64_t max_batch_size = 32;
-  int64_t max_queue_delay_us = 2000;
+  int64_t max_queue_delay_us = 0;
   bool dynamic_batching = true;
+  int64_t max_queue_size = 4096;  // 0: unbounded
   int64_t request_timeout_ms = 10000;
-  // HTTP.
+  bool model_control = false;  // repository load/unload allowed
+  // HTTP (and gRPC).
   std::string host = "0.0.0.0";
   int port = 8080;
-  int http_threads = 64;
+  int grpc_port = 8081;  // 0: any free port, -1: no gRPC
+  int http_threads = 2;  // event-loop (I/O) threads
+  int max_connections = 8192;
+  int64_t header_timeout_ms = 10000;
+  int64_t body_timeout_ms = 60000;
   int64_t max_body_bytes = 64ll << 20;
-  int keep_alive_max_count = 100;
-  int keep_alive_timeout_s = 2;
+  int keep_alive_max_count = 1000;
+  int keep_alive_timeout_s = 30;
   int64_t drain_delay_ms = 0;
   std::string log_level = "info";
   bool access_log = true;

@@ -1,404 +1,737 @@
 #include "http_server.h"
 
-#include <httplib.h>
-#include <sys/socket.h>
+#include <boost/asio/bind_executor.hpp>
+#include <boost/asio/dispatch.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/asio/thread_pool.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <zlib.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
+#include <cctype>
 #include <cmath>
 #include <cstdlib>
 #include <exception>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "codec.h"
 #include "logging.h"
 #include "metrics.h"
 #include "model.h"
+#include "repository.h"
 
 namespace serving {
+
+namespace beast = boost::beast;
+namespace http = beast::http;
+namespace net = boost::asio;
+using tcp = net::ip::tcp;
+using json = nlohmann::json;
+using Response = http::response<http::string_body>;
+
 namespace {
 
-using json = nlohmann::json;
-using Clock = std::chrono::steady_clock;
-
 constexpr char kHeaderLength[] = "Inference-Header-Content-Length";
-constexpr char kModelPath[] = R"(/v2/models/([^/]+)(?:/versions/([^/]+))?)";
+constexpr uint32_t kMaxHeaderBytes = 16 * 1024;
+constexpr size_t kReadChunk = 64 * 1024;  // Beast's largest single read
+constexpr size_t kIdleBuffer = 8 * 1024;
 
-// Start of the request being handled on this HTTP thread (set before routing,
-// read by the access logger after the response is written).
-thread_local std::optional<Clock::time_point> t_request_start;
-
-void ReplyJson(httplib::Response& res, int status, const std::string& body) {
-  res.status = status;
-  res.set_content(body, "application/json");
-}
-
-void ReplyError(httplib::Response& res, const Status& status) {
-  ReplyJson(res, HttpStatusFor(status.code()), ErrorBody(status.message()));
-}
-
-const char* ReasonPhrase(int status) {
-  switch (status) {
-    case 400:
-      return "bad request";
-    case 404:
-      return "not found";
-    case 405:
-      return "method not allowed";
-    case 408:
-      return "request timeout";
-    case 413:
-      return "payload too large";
-    case 414:
-      return "URI too long";
-    case 415:
-      return "unsupported media type";
-    case 416:
-      return "range not satisfiable";
-    default:
-      return status >= 500 ? "internal server error" : "request failed";
-  }
-}
-
-bool IsInferPath(const std::string& path) {
-  static const std::string kSuffix = "/infer";
-  return path.rfind("/v2/models/", 0) == 0 && path.size() >= kSuffix.size() &&
-         path.compare(path.size() - kSuffix.size(), kSuffix.size(), kSuffix) ==
-             0;
-}
-
-// Worker threads, body limit, keep-alive and socket options.
-void ConfigureTransport(httplib::Server& svr, const HttpOptions& options) {
-  const size_t threads = static_cast<size_t>(options.threads);
-  svr.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-  svr.set_payload_max_length(static_cast<size_t>(options.max_body_bytes));
-  svr.set_keep_alive_max_count(
-      static_cast<size_t>(options.keep_alive_max_count));
-  svr.set_keep_alive_timeout(options.keep_alive_timeout_s);
-  svr.set_tcp_nodelay(true);
-  // SO_REUSEADDR only: httplib's default also sets SO_REUSEPORT, which lets
-  // a second server bind the same port and silently share its traffic.
-  svr.set_socket_options([](socket_t sock) {
-    int yes = 1;
-    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
-  });
-}
-
-// Timing starts before routing; `draining` closes connections after routing.
-void InstallRoutingHooks(httplib::Server& svr,
-                         const std::atomic<bool>* draining) {
-  // While draining, ask clients to reconnect (elsewhere) after this response.
-  svr.set_post_routing_handler(
-      [draining](const httplib::Request&, httplib::Response& res) {
-        if (*draining) res.set_header("Connection", "close");
-      });
-
-  svr.set_pre_routing_handler([](const httplib::Request&, httplib::Response&) {
-    t_request_start = Clock::now();
-    return httplib::Server::HandlerResponse::Unhandled;
-  });
-}
-
-// The {"error": ...} message for an error response that has no body yet.
-std::string BodylessErrorMessage(const httplib::Request& req,
-                                 const httplib::Response& res,
-                                 int64_t max_body) {
-  if (res.status == 413) {
-    return "request body exceeds the limit of " + std::to_string(max_body) +
-           " bytes (--max-body-bytes)";
-  }
-  if (res.status == 404) return "no endpoint " + req.method + " " + req.path;
-  return std::string(ReasonPhrase(res.status));
-}
-
-// Errors without a body (no route, 413 from the body limit, ...) get the
-// protocol's {"error": ...} body; handler errors keep theirs.
-void InstallErrorHandlers(httplib::Server& svr, int64_t max_body) {
-  svr.set_error_handler(httplib::Server::HandlerWithResponse(
-      [max_body](const httplib::Request& req, httplib::Response& res) {
-        if (!res.body.empty())
-          return httplib::Server::HandlerResponse::Unhandled;
-        res.set_content(ErrorBody(BodylessErrorMessage(req, res, max_body)),
-                        "application/json");
-        return httplib::Server::HandlerResponse::Handled;
-      }));
-
-  // Expect: 100-continue with a body over the limit: refuse before the
-  // client uploads it.
-  svr.set_expect_100_continue_handler(
-      [max_body](const httplib::Request& req, httplib::Response& res) {
-        const std::string length = req.get_header_value("Content-Length");
-        if (!length.empty() && std::strtoull(length.c_str(), nullptr, 10) >
-                                   static_cast<unsigned long long>(max_body)) {
-          res.status = 413;
-          res.set_header("Connection", "close");
-          return 413;
-        }
-        return 100;
-      });
-}
-
-// A handler that throws answers 500 with the exception's message.
-void InstallExceptionHandler(httplib::Server& svr) {
-  svr.set_exception_handler([](const httplib::Request&, httplib::Response& res,
-                               std::exception_ptr ep) {
-    std::string what = "unknown exception";
-    try {
-      if (ep) std::rethrow_exception(ep);
-    } catch (const std::exception& e) {
-      what = e.what();
-    } catch (...) {
-    }
-    LogError("unhandled exception in handler", {{"error", what}});
-    ReplyJson(res, 500, ErrorBody("internal error: " + what));
-  });
-}
-
-// After each response: request metrics and (optionally) the access log line.
-void InstallLogger(httplib::Server& svr, ServingMetrics* metrics,
-                   bool access_log) {
-  svr.set_logger([metrics, access_log](const httplib::Request& req,
-                                       const httplib::Response& res) {
-    double seconds = 0.0;
-    if (t_request_start.has_value()) {
-      seconds = std::chrono::duration<double>(Clock::now() - *t_request_start)
-                    .count();
-      t_request_start.reset();
-    }
-    metrics->RecordHttpRequest(req.method, res.status);
-    if (req.method == "POST" && IsInferPath(req.path)) {
-      metrics->RecordInferRequest(res.status, seconds);
-    }
-    if (access_log) {
-      LogInfo("access", {{"method", req.method},
-                         {"path", req.path},
-                         {"status", res.status},
-                         {"ms", std::round(seconds * 1e6) / 1e3},
-                         {"remote", req.remote_addr},
-                         {"bytes_in", req.body.size()},
-                         {"bytes_out", res.body.size()}});
-    }
-  });
-}
-
-// GET /v2/health/live, /v2/health/ready, /v2, /v2/ and /metrics.
-void RegisterServerRoutes(httplib::Server& svr, const Model* model,
-                          const Registry* registry,
-                          const std::atomic<bool>* draining) {
-  svr.Get("/v2/health/live",
-          [](const httplib::Request&, httplib::Response& res) {
-            ReplyJson(res, 200, R"({"live":true})");
-          });
-
-  svr.Get("/v2/health/ready",
-          [model, draining](const httplib::Request&, httplib::Response& res) {
-            const bool ready = model->ready() && !*draining;
-            ReplyJson(res, ready ? 200 : 503,
-                      ready ? R"({"ready":true})" : R"({"ready":false})");
-          });
-
-  auto server_metadata = [](const httplib::Request&, httplib::Response& res) {
-    const json meta = {
-        {"name", kServerName},
-        {"version", kServerVersion},
-        {"extensions", json::array({"binary_tensor_data", "classification"})}};
-    ReplyJson(res, 200, meta.dump());
-  };
-  svr.Get("/v2", server_metadata);
-  svr.Get("/v2/", server_metadata);
-
-  svr.Get("/metrics",
-          [registry](const httplib::Request&, httplib::Response& res) {
-            res.status = 200;
-            res.set_content(registry->Render(), "text/plain; version=0.0.4");
-          });
-}
-
-// Resolves {name}[/versions/{v}] of a model route against the served model.
-Status FindModel(const httplib::Request& req, const Model& model) {
-  const std::string name = req.matches[1].str();
-  const std::string version =
-      req.matches.size() > 2 ? req.matches[2].str() : std::string();
-  if (name != model.name()) {
-    return NotFound("unknown model '" + name + "'; this server serves '" +
-                    model.name() + "'");
-  }
-  if (!version.empty() && version != model.version()) {
-    return NotFound("unknown version '" + version + "' of model '" + name +
-                    "'; available: " + model.version());
-  }
-  return Status::Ok();
-}
-
-// Counts a request as in flight for its lifetime.
-class InflightGuard {
- public:
-  explicit InflightGuard(ServingMetrics* metrics) : metrics_(metrics) {
-    metrics_->AddInflight(1);
-  }
-  ~InflightGuard() { metrics_->AddInflight(-1); }
-  InflightGuard(const InflightGuard&) = delete;
-  InflightGuard& operator=(const InflightGuard&) = delete;
-
- private:
-  ServingMetrics* const metrics_;
+// A parsed request target: /v2/models/{name}[/versions/{v}][/{action}].
+struct ModelRoute {
+  std::string name;
+  std::string version;
+  std::string action;  // "", "ready", "infer", "stats"
 };
 
-// The Inference-Header-Content-Length header, if the request has one.
-Status ReadHeaderLength(const httplib::Request& req,
-                        std::optional<size_t>* json_length) {
-  if (!req.has_header(kHeaderLength)) return Status::Ok();
-  ASSIGN_OR_RETURN(*json_length,
-                   ParseInferenceHeaderLength(
-                       req.get_header_value(kHeaderLength), req.body.size()));
-  return Status::Ok();
-}
-
-// The timeout runs from enqueue to completion: the server's, or the
-// request's "timeout" parameter when that is shorter.
-Clock::time_point InferDeadline(int64_t request_timeout_ms,
-                                int64_t request_timeout_us) {
-  const auto enqueue = Clock::now();
-  auto deadline = enqueue + std::chrono::milliseconds(request_timeout_ms);
-  if (request_timeout_us > 0) {
-    deadline = std::min(
-        deadline, enqueue + std::chrono::microseconds(request_timeout_us));
+std::vector<std::string> SplitPath(const std::string& path) {
+  std::vector<std::string> parts;
+  size_t start = 1;
+  while (start <= path.size()) {
+    const size_t end = path.find('/', start);
+    const size_t stop = end == std::string::npos ? path.size() : end;
+    parts.push_back(path.substr(start, stop - start));
+    if (end == std::string::npos) break;
+    start = end + 1;
   }
-  return deadline;
+  return parts;
 }
 
-// Parses, runs and encodes one inference request.
-StatusOr<EncodedResponse> RunInfer(const httplib::Request& req, Model* model,
-                                   int64_t request_timeout_ms) {
-  RETURN_IF_ERROR(FindModel(req, *model));
-  if (!model->ready()) {
-    return Unavailable("model '" + model->name() + "' is not ready");
+// Matches the model routes; false for any other path.
+bool ParseModelRoute(const std::vector<std::string>& parts, ModelRoute* route) {
+  if (parts.size() < 3 || parts[0] != "v2" || parts[1] != "models" ||
+      parts[2].empty()) {
+    return false;
   }
-  std::optional<size_t> json_length;
-  RETURN_IF_ERROR(ReadHeaderLength(req, &json_length));
-  ASSIGN_OR_RETURN(InferRequest request,
-                   ParseInferRequest(req.body, json_length, model->io()));
-  const auto deadline = InferDeadline(request_timeout_ms, request.timeout_us);
-  ASSIGN_OR_RETURN(const std::vector<Tensor> outputs,
-                   model->Infer(std::move(request.inputs), deadline));
-  return EncodeInferResponse(model->name(), model->version(), request,
-                             outputs, model->io());
-}
-
-// POST {model}/infer: 200 with the encoded response, or the error.
-void HandleInfer(const httplib::Request& req, httplib::Response& res,
-                 Model* model, ServingMetrics* metrics,
-                 int64_t request_timeout_ms) {
-  const InflightGuard guard(metrics);
-  auto encoded = RunInfer(req, model, request_timeout_ms);
-  if (!encoded.ok()) return ReplyError(res, encoded.status());
-  res.status = 200;
-  if (encoded->json_length.has_value()) {
-    res.set_header(kHeaderLength, std::to_string(*encoded->json_length));
+  route->name = parts[2];
+  size_t i = 3;
+  if (parts.size() >= 5 && parts[3] == "versions") {
+    if (parts[4].empty()) return false;
+    route->version = parts[4];
+    i = 5;
   }
-  res.set_header("Content-Type", encoded->content_type);
-  res.body = std::move(encoded->body);
+  if (i == parts.size()) return true;
+  if (i + 1 == parts.size() &&
+      (parts[i] == "ready" || parts[i] == "infer" || parts[i] == "stats")) {
+    route->action = parts[i];
+    return true;
+  }
+  return false;
 }
 
-// GET {model}, GET {model}/ready and POST {model}/infer, where {model} is
-// /v2/models/{name}[/versions/{v}].
-void RegisterModelRoutes(httplib::Server& svr, Model* model,
-                         ServingMetrics* metrics, int64_t request_timeout_ms) {
-  svr.Get(kModelPath, [model](const httplib::Request& req,
-                              httplib::Response& res) {
-    const Status status = FindModel(req, *model);
-    if (!status.ok()) return ReplyError(res, status);
-    ReplyJson(res, 200, model->Metadata().dump());
-  });
+Response MakeResponse(unsigned version, int status, std::string body,
+                      const std::string& content_type = "application/json") {
+  Response res{static_cast<http::status>(status), version};
+  res.set(http::field::server, kServerName);
+  res.set(http::field::content_type, content_type);
+  res.body() = std::move(body);
+  return res;
+}
 
-  svr.Get(std::string(kModelPath) + "/ready",
-          [model](const httplib::Request& req, httplib::Response& res) {
-            const Status status = FindModel(req, *model);
-            if (!status.ok()) return ReplyError(res, status);
-            const bool ready = model->ready();
-            const json body = {{"name", model->name()}, {"ready", ready}};
-            ReplyJson(res, ready ? 200 : 503, body.dump());
-          });
+Response ErrorResponse(unsigned version, const Status& status) {
+  return MakeResponse(version, HttpStatusFor(status.code()),
+                      ErrorBody(status.message()));
+}
 
-  svr.Post(std::string(kModelPath) + "/infer",
-           [model, metrics, request_timeout_ms](const httplib::Request& req,
-                                                httplib::Response& res) {
-             HandleInfer(req, res, model, metrics, request_timeout_ms);
-           });
+Response ErrorResponse(unsigned version, int http_status,
+                       const std::string& message) {
+  return MakeResponse(version, http_status, ErrorBody(message));
+}
+
+// The JSON body of a repository call: empty means {}.
+StatusOr<json> ParseJsonBody(const std::string& body, const char* what) {
+  if (body.find_first_not_of(" \t\r\n") == std::string::npos) {
+    return json::object();
+  }
+  json parsed = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (parsed.is_discarded() || !parsed.is_object()) {
+    return InvalidArgument(std::string(what) +
+                           " body must be a JSON object");
+  }
+  return parsed;
+}
+
+// Inflates a Content-Encoding gzip or deflate (zlib, or raw as some clients
+// send) body into at most `limit` bytes.
+StatusOr<std::string> Inflate(const std::string& in, const std::string& coding,
+                              int64_t limit) {
+  for (const int window : {15 + 32, -15}) {  // gzip/zlib auto-detect, raw
+    z_stream zs{};
+    if (inflateInit2(&zs, window) != Z_OK) return Internal("zlib init failed");
+    zs.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(in.data()));
+    zs.avail_in = static_cast<uInt>(in.size());
+    std::string out;
+    char chunk[65536];
+    int rc = Z_OK;
+    while (rc == Z_OK) {
+      zs.next_out = reinterpret_cast<Bytef*>(chunk);
+      zs.avail_out = sizeof(chunk);
+      rc = inflate(&zs, Z_NO_FLUSH);
+      out.append(chunk, sizeof(chunk) - zs.avail_out);
+      if (static_cast<int64_t>(out.size()) > limit) {
+        inflateEnd(&zs);
+        return PayloadTooLarge("request body exceeds the limit of " +
+                               std::to_string(limit) +
+                               " bytes (--max-body-bytes) once decompressed");
+      }
+      if (rc == Z_BUF_ERROR && zs.avail_in == 0) break;  // truncated
+    }
+    const bool whole = rc == Z_STREAM_END && zs.avail_in == 0;
+    inflateEnd(&zs);
+    if (whole) return out;
+    if (rc != Z_DATA_ERROR || window < 0 || coding != "deflate") break;
+  }
+  return InvalidArgument("request body is not valid " + coding +
+                         " data (Content-Encoding)");
 }
 
 }  // namespace
 
-HttpServer::HttpServer(const HttpOptions& options, Model* model,
-                       Registry* registry, ServingMetrics* metrics)
-    : options_(options),
-      model_(model),
-      registry_(registry),
-      metrics_(metrics),
-      server_(std::make_unique<httplib::Server>()) {}
+struct HttpServer::Impl {
+  Impl(const HttpOptions& o, ModelRepository* r, Registry* g,
+       std::atomic<bool>* d)
+      : options(o),
+        repository(r),
+        registry(g),
+        draining(d),
+        acceptor(net::make_strand(ioc)),
+        control(1) {}
 
-HttpServer::~HttpServer() = default;
+  class Session;
+
+  void Accept();
+  void OnAccept(beast::error_code ec, tcp::socket socket);
+  void Reject(tcp::socket socket);
+  ServingMetrics* metrics() const { return repository->server_metrics(); }
+
+  const HttpOptions options;
+  ModelRepository* const repository;
+  Registry* const registry;
+  std::atomic<bool>* const draining;
+
+  net::io_context ioc;
+  tcp::acceptor acceptor;
+  net::thread_pool control;  // repository load/unload (slow, blocking)
+  std::atomic<int> connections{0};
+  std::atomic<bool> stopping{false};
+  std::mutex sessions_mu;
+  std::set<Session*> sessions;  // open ones: a session removes itself when destroyed
+};
+
+// One connection: reads a request, answers it, and repeats (keep-alive).
+// Every handler runs on the connection's strand.
+class HttpServer::Impl::Session
+    : public std::enable_shared_from_this<HttpServer::Impl::Session> {
+ public:
+  Session(Impl* server, tcp::socket socket)
+      : server_(server), stream_(std::move(socket)) {
+    beast::error_code ec;
+    const auto remote = stream_.socket().remote_endpoint(ec);
+    if (!ec) remote_ = remote.address().to_string();
+    stream_.socket().set_option(tcp::no_delay(true), ec);
+  }
+
+  ~Session() {
+    {
+      std::lock_guard<std::mutex> lock(server_->sessions_mu);
+      server_->sessions.erase(this);
+    }
+    server_->connections.fetch_sub(1);
+  }
+
+  void Start() {
+    net::dispatch(stream_.get_executor(),
+                  beast::bind_front_handler(&Session::Read,
+                                            shared_from_this()));
+  }
+
+  // Closes the connection if it waits for a request (Stop()).
+  void CloseIfIdle() {
+    net::dispatch(stream_.get_executor(), [self = shared_from_this()] {
+      if (self->idle_) self->Close();
+    });
+  }
+
+ private:
+  void Read() {
+    if (server_->stopping) return Close();
+    parser_.emplace();
+    parser_->header_limit(kMaxHeaderBytes);
+    parser_->body_limit(static_cast<uint64_t>(server_->options.max_body_bytes));
+    // The whole header must arrive by this deadline, however it trickles.
+    stream_.expires_after(
+        served_ == 0
+            ? std::chrono::milliseconds(server_->options.header_timeout_ms)
+            : std::chrono::milliseconds(
+                  server_->options.keep_alive_timeout_s * 1000));
+    idle_ = true;
+    http::async_read_header(
+        stream_, buffer_, *parser_,
+        beast::bind_front_handler(&Session::OnHeader, shared_from_this()));
+  }
+
+  void OnHeader(beast::error_code ec, size_t) {
+    idle_ = false;
+    if (ec) return OnReadError(ec);
+    start_ = Clock::now();
+    auto& req = parser_->get();
+    const std::string target(req.target());
+    path_ = target.substr(0, target.find('?'));
+    method_ = std::string(req.method_string());
+    const auto length = parser_->content_length();
+    const uint64_t max_body =
+        static_cast<uint64_t>(server_->options.max_body_bytes);
+    if (length && *length > max_body) {
+      return RefuseBody(req.version());
+    }
+    // Large bodies are read 64 KiB at a time (the buffer otherwise grows
+    // from 512 bytes: a read per kilobyte); it shrinks again afterwards.
+    if (length && *length > kReadChunk) {
+      buffer_.reserve(buffer_.size() + kReadChunk);
+    }
+    // The body (if any) must arrive by this deadline.
+    stream_.expires_after(
+        std::chrono::milliseconds(server_->options.body_timeout_ms));
+    if (beast::iequals(req[http::field::expect], "100-continue")) {
+      continue_.emplace(http::status::continue_, req.version());
+      return http::async_write(
+          stream_, *continue_,
+          beast::bind_front_handler(&Session::OnContinue, shared_from_this()));
+    }
+    ReadBody();
+  }
+
+  void OnContinue(beast::error_code ec, size_t) {
+    continue_.reset();
+    if (ec) return Close();
+    ReadBody();
+  }
+
+  void ReadBody() {
+    http::async_read(
+        stream_, buffer_, *parser_,
+        beast::bind_front_handler(&Session::OnBody, shared_from_this()));
+  }
+
+  void OnBody(beast::error_code ec, size_t) {
+    if (ec) return OnReadError(ec);
+    stream_.expires_never();  // inference has its own deadline
+    request_ = parser_->release();
+    const auto coding = request_.find(http::field::content_encoding);
+    if (coding != request_.end()) {
+      std::string name(coding->value());
+      std::transform(name.begin(), name.end(), name.begin(),
+                     [](unsigned char c) { return std::tolower(c); });
+      if (name == "gzip" || name == "deflate") {
+        auto inflated = Inflate(request_.body(), name,
+                                server_->options.max_body_bytes);
+        if (!inflated.ok()) {
+          close_after_ = true;
+          return Send(ErrorResponse(request_.version(), inflated.status()));
+        }
+        request_.body() = std::move(inflated).value();
+      } else if (name != "identity") {
+        return Send(ErrorResponse(request_.version(), 415,
+                                  "unsupported Content-Encoding '" + name +
+                                      "' (gzip, deflate or identity)"));
+      }
+    }
+    Route();
+  }
+
+  void OnReadError(beast::error_code ec) {
+    const unsigned version = parser_ ? parser_->get().version() : 11;
+    if (ec == http::error::end_of_stream || ec == beast::error::timeout ||
+        ec == net::error::operation_aborted ||
+        ec == net::error::connection_reset || ec == net::error::eof) {
+      return Close();
+    }
+    if (ec == http::error::body_limit) {
+      // Beast checks Content-Length against the limit with the headers.
+      const std::string target(parser_->get().target());
+      path_ = target.substr(0, target.find('?'));
+      method_ = std::string(parser_->get().method_string());
+      return RefuseBody(version);
+    }
+    close_after_ = true;
+    if (ec == http::error::header_limit) {
+      return Send(ErrorResponse(version, 431,
+                                "request headers exceed " +
+                                    std::to_string(kMaxHeaderBytes) +
+                                    " bytes"));
+    }
+    Send(ErrorResponse(version, 400, "malformed HTTP request: " + ec.message()));
+  }
+
+  void RefuseBody(unsigned version) {
+    close_after_ = true;
+    Send(ErrorResponse(version, 413,
+                       "request body exceeds the limit of " +
+                           std::to_string(server_->options.max_body_bytes) +
+                           " bytes (--max-body-bytes)"));
+  }
+
+  // ---- routing ------------------------------------------------------------
+  void Route() {
+    const auto& req = request_;
+    const unsigned v = req.version();
+    const bool get = req.method() == http::verb::get;
+    const bool post = req.method() == http::verb::post;
+    const auto parts = SplitPath(path_);
+    ModelRepository& repo = *server_->repository;
+
+    if (path_ == "/v2/health/live") {
+      if (!get) return MethodNotAllowed();
+      return Send(MakeResponse(v, 200, R"({"live":true})"));
+    }
+    if (path_ == "/v2/health/ready") {
+      if (!get) return MethodNotAllowed();
+      const bool ready = repo.ready() && !*server_->draining;
+      return Send(MakeResponse(v, ready ? 200 : 503,
+                               ready ? R"({"ready":true})"
+                                     : R"({"ready":false})"));
+    }
+    if (path_ == "/v2" || path_ == "/v2/") {
+      if (!get) return MethodNotAllowed();
+      const json meta = {{"name", kServerName},
+                         {"version", kServerVersion},
+                         {"extensions",
+                          json::array({"binary_tensor_data", "classification",
+                                       "statistics", "model_repository"})}};
+      return Send(MakeResponse(v, 200, meta.dump()));
+    }
+    if (path_ == "/metrics") {
+      if (!get) return MethodNotAllowed();
+      return Send(MakeResponse(v, 200, server_->registry->Render(),
+                               "text/plain; version=0.0.4"));
+    }
+    if (path_ == "/v2/models/stats") {
+      if (!get) return MethodNotAllowed();
+      return SendJsonOr(repo.Statistics("", ""));
+    }
+    if (path_ == "/v2/repository/index") {
+      if (!post) return MethodNotAllowed();
+      auto body = ParseJsonBody(req.body(), "repository index");
+      if (!body.ok()) return Send(ErrorResponse(v, body.status()));
+      const bool ready_only = body->value("ready", false);
+      return Send(MakeResponse(v, 200, repo.Index(ready_only).dump()));
+    }
+    if (parts.size() == 5 && parts[0] == "v2" && parts[1] == "repository" &&
+        parts[2] == "models" && !parts[3].empty() &&
+        (parts[4] == "load" || parts[4] == "unload")) {
+      if (!post) return MethodNotAllowed();
+      return Control(parts[3], parts[4] == "load");
+    }
+    ModelRoute route;
+    if (ParseModelRoute(parts, &route)) {
+      if (route.action == "infer") {
+        if (!post) return MethodNotAllowed();
+        return Infer(route);
+      }
+      if (!get) return MethodNotAllowed();
+      if (route.action == "stats") {
+        return SendJsonOr(repo.Statistics(route.name, route.version));
+      }
+      auto model = repo.Find(route.name, route.version);
+      if (!model.ok()) return Send(ErrorResponse(v, model.status()));
+      if (route.action == "ready") {
+        const bool ready = (*model)->ready();
+        const json body = {{"name", (*model)->name()}, {"ready", ready}};
+        return Send(MakeResponse(v, ready ? 200 : 503, body.dump()));
+      }
+      return Send(MakeResponse(v, 200, (*model)->Metadata().dump()));
+    }
+    Send(ErrorResponse(v, 404, "no endpoint " + method_ + " " + path_));
+  }
+
+  void MethodNotAllowed() {
+    Send(ErrorResponse(request_.version(), 405,
+                       "method " + method_ + " not allowed on " + path_));
+  }
+
+  void SendJsonOr(const StatusOr<json>& result) {
+    if (!result.ok()) {
+      return Send(ErrorResponse(request_.version(), result.status()));
+    }
+    Send(MakeResponse(request_.version(), 200, result->dump()));
+  }
+
+  // Load/unload run on the control thread; the answer comes back here.
+  void Control(const std::string& name, bool load) {
+    const unsigned version = request_.version();
+    auto body = ParseJsonBody(request_.body(), load ? "load" : "unload");
+    if (!body.ok()) return Send(ErrorResponse(version, body.status()));
+    json parameters = body->contains("parameters") ? (*body)["parameters"]
+                                                   : json();
+    if (!load) parameters = json();  // unload_dependents: nothing depends
+    net::post(server_->control, [self = shared_from_this(), name, load,
+                                 parameters = std::move(parameters), version] {
+      ModelRepository& repo = *self->server_->repository;
+      const Status status =
+          load ? repo.Load(name, parameters) : repo.Unload(name);
+      Response res = status.ok() ? MakeResponse(version, 200, "{}")
+                                 : ErrorResponse(version, status);
+      net::post(self->stream_.get_executor(),
+                [self, res = std::move(res)]() mutable {
+                  self->Send(std::move(res));
+                });
+    });
+  }
+
+  // ---- inference ------------------------------------------------------------
+  void Infer(const ModelRoute& route) {
+    const unsigned version = request_.version();
+    auto found = server_->repository->Find(route.name, route.version);
+    if (!found.ok()) return Send(ErrorResponse(version, found.status()));
+    std::shared_ptr<Model> model = std::move(found).value();
+    model_metrics_ = model->metrics();
+    if (!model->ready()) {
+      return Send(ErrorResponse(
+          version, Unavailable("model '" + model->name() + "' is not ready")));
+    }
+    std::optional<size_t> json_length;
+    const auto header = request_.find(kHeaderLength);
+    if (header != request_.end()) {
+      auto parsed = ParseInferenceHeaderLength(std::string(header->value()),
+                                               request_.body().size());
+      if (!parsed.ok()) return Send(ErrorResponse(version, parsed.status()));
+      json_length = *parsed;
+    }
+    auto parsed = ParseInferRequest(request_.body(), json_length, model->io());
+    if (!parsed.ok()) return Send(ErrorResponse(version, parsed.status()));
+    auto request = std::make_shared<InferRequest>(std::move(parsed).value());
+    const auto deadline = RequestDeadline(server_->options.request_timeout_ms,
+                                        request->timeout_us);
+    if (model_metrics_ != nullptr) model_metrics_->AddInflight(1);
+    inflight_ = true;
+    const uint64_t token = ++infer_token_;
+    // A backstop for a batch that never returns: answer 504 shortly after
+    // the deadline (the batcher itself fails expired requests first).
+    timer_.emplace(stream_.get_executor());
+    timer_->expires_at(deadline + std::chrono::milliseconds(100));
+    timer_->async_wait([self = shared_from_this(), token,
+                        version](beast::error_code ec) {
+      if (ec || token != self->infer_token_ || !self->inflight_) return;
+      self->FinishInfer(ErrorResponse(
+          version, DeadlineExceeded("inference request timed out "
+                                    "(--request-timeout-ms or the request's "
+                                    "'timeout' parameter)")));
+    });
+    auto executor = stream_.get_executor();
+    model->InferAsync(
+        std::move(request->inputs), deadline,
+        [self = shared_from_this(), model, request, token, version,
+         executor](StatusOr<std::vector<Tensor>> outputs) {
+          // On a batcher worker: encode here, write on the strand.
+          Response res = ErrorResponse(version, 500, "unset");
+          if (!outputs.ok()) {
+            res = ErrorResponse(version, outputs.status());
+          } else {
+            auto encoded =
+                EncodeInferResponse(model->name(), model->version(), *request,
+                                    *outputs, model->io());
+            if (!encoded.ok()) {
+              res = ErrorResponse(version, encoded.status());
+            } else {
+              res = MakeResponse(version, 200, std::move(encoded->body),
+                                 encoded->content_type);
+              if (encoded->json_length.has_value()) {
+                res.set(kHeaderLength, std::to_string(*encoded->json_length));
+              }
+            }
+          }
+          net::post(executor, [self, token, res = std::move(res)]() mutable {
+            if (token != self->infer_token_ || !self->inflight_) return;
+            self->FinishInfer(std::move(res));
+          });
+        });
+  }
+
+  void FinishInfer(Response res) {
+    inflight_ = false;
+    if (timer_) timer_->cancel();
+    if (model_metrics_ != nullptr) model_metrics_->AddInflight(-1);
+    Send(std::move(res));
+  }
+
+  // ---- writing --------------------------------------------------------------
+  void Send(Response res) {
+    ++served_;
+    const bool keep = !close_after_ && !*server_->draining &&
+                      !server_->stopping && request_.keep_alive() &&
+                      served_ < server_->options.keep_alive_max_count;
+    res.keep_alive(keep);
+    res.prepare_payload();
+    response_ = std::make_shared<Response>(std::move(res));
+    stream_.expires_after(
+        std::chrono::milliseconds(server_->options.body_timeout_ms));
+    http::async_write(
+        stream_, *response_,
+        beast::bind_front_handler(&Session::OnWrite, shared_from_this()));
+  }
+
+  void OnWrite(beast::error_code ec, size_t) {
+    Record();
+    const bool keep = response_->keep_alive();
+    response_.reset();
+    request_ = {};
+    if (ec || !keep) return Close();
+    // An idle connection keeps a small buffer, whatever it last read.
+    if (buffer_.size() == 0 && buffer_.capacity() > kIdleBuffer) {
+      buffer_.shrink_to_fit();
+    }
+    Read();
+  }
+
+  void Record() {
+    const int status = response_->result_int();
+    const double seconds =
+        start_ ? std::chrono::duration<double>(Clock::now() - *start_).count()
+               : 0.0;
+    ServingMetrics* metrics = server_->metrics();
+    const std::string method = method_.empty() ? "-" : method_;
+    if (metrics != nullptr) metrics->RecordHttpRequest(method, status);
+    const bool infer = request_.method() == http::verb::post &&
+                       path_.size() > 6 &&
+                       path_.compare(path_.size() - 6, 6, "/infer") == 0;
+    if (infer || status == 413) {
+      ServingMetrics* m = model_metrics_ != nullptr ? model_metrics_ : metrics;
+      if (m != nullptr) m->RecordInferRequest(status, seconds);
+    }
+    if (server_->options.access_log) {
+      LogInfo("access", {{"method", method},
+                         {"path", path_},
+                         {"status", status},
+                         {"ms", std::round(seconds * 1e6) / 1e3},
+                         {"remote", remote_},
+                         {"bytes_in", request_.body().size()},
+                         {"bytes_out", response_->body().size()}});
+    }
+    start_.reset();
+    model_metrics_ = nullptr;
+    method_.clear();
+    path_.clear();
+  }
+
+  void Close() {
+    beast::error_code ec;
+    stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
+    stream_.close();
+  }
+
+  Impl* const server_;
+  beast::tcp_stream stream_;
+  beast::flat_buffer buffer_;  // bounded by the parser's header/body limits
+  std::optional<http::request_parser<http::string_body>> parser_;
+  std::optional<http::response<http::empty_body>> continue_;
+  http::request<http::string_body> request_;
+  std::shared_ptr<Response> response_;
+  std::optional<net::steady_timer> timer_;
+  std::optional<Clock::time_point> start_;
+  std::string remote_ = "-";
+  std::string method_;
+  std::string path_;
+  ServingMetrics* model_metrics_ = nullptr;
+  uint64_t infer_token_ = 0;
+  bool inflight_ = false;
+  bool idle_ = false;
+  bool close_after_ = false;
+  int served_ = 0;
+};
+
+void HttpServer::Impl::Accept() {
+  acceptor.async_accept(
+      net::make_strand(ioc),
+      beast::bind_front_handler(&Impl::OnAccept, this));
+}
+
+void HttpServer::Impl::OnAccept(beast::error_code ec, tcp::socket socket) {
+  if (stopping || !acceptor.is_open()) return;
+  if (ec) {
+    // Out of descriptors or a transient error: keep accepting.
+    LogWarn("accept failed", {{"error", ec.message()}});
+  } else if (connections.load() >= options.max_connections) {
+    Reject(std::move(socket));
+  } else {
+    connections.fetch_add(1);
+    auto session = std::make_shared<Session>(this, std::move(socket));
+    {
+      std::lock_guard<std::mutex> lock(sessions_mu);
+      sessions.insert(session.get());
+    }
+    session->Start();
+  }
+  Accept();
+}
+
+// Past --max-connections: a short 503 and close, without reading.
+void HttpServer::Impl::Reject(tcp::socket socket) {
+  auto stream = std::make_shared<beast::tcp_stream>(std::move(socket));
+  auto res = std::make_shared<Response>(ErrorResponse(
+      11, 503,
+      "too many open connections (--max-connections=" +
+          std::to_string(options.max_connections) + "); retry later"));
+  res->keep_alive(false);
+  res->prepare_payload();
+  stream->expires_after(std::chrono::seconds(1));
+  http::async_write(*stream, *res,
+                    [stream, res](beast::error_code, size_t) {
+                      beast::error_code ignored;
+                      stream->socket().shutdown(tcp::socket::shutdown_both,
+                                                ignored);
+                      stream->close();
+                    });
+  if (metrics() != nullptr) metrics()->RecordHttpRequest("-", 503);
+}
+
+HttpServer::HttpServer() = default;
+
+HttpServer::~HttpServer() {
+  if (impl_) impl_->control.join();
+}
 
 StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(
-    const HttpOptions& options, Model* model, Registry* registry,
-    ServingMetrics* metrics) {
-  if (model == nullptr || registry == nullptr || metrics == nullptr) {
-    return InvalidArgument("HTTP server needs a model and metrics");
+    const HttpOptions& options, ModelRepository* repository,
+    Registry* registry) {
+  if (repository == nullptr || registry == nullptr) {
+    return InvalidArgument("HTTP server needs a model repository and metrics");
   }
-  if (options.threads < 1)
-    return InvalidArgument("--http-threads must be >= 1");
-  std::unique_ptr<HttpServer> server(
-      new HttpServer(options, model, registry, metrics));
-  server->RegisterRoutes();
+  if (options.threads < 1) return InvalidArgument("--http-threads must be >= 1");
+  if (options.max_connections < 1) {
+    return InvalidArgument("--max-connections must be >= 1");
+  }
+  std::unique_ptr<HttpServer> server(new HttpServer());
+  server->impl_ = std::make_unique<Impl>(options, repository, registry,
+                                         &server->draining_);
   return server;
 }
 
 Status HttpServer::Bind() {
-  if (options_.port == 0) {
-    port_ = server_->bind_to_any_port(options_.host);
-    if (port_ < 0) {
-      return Unavailable("cannot bind " + options_.host + " to any port");
-    }
-  } else {
-    if (!server_->bind_to_port(options_.host, options_.port)) {
-      return Unavailable("cannot bind " + options_.host + ":" +
-                         std::to_string(options_.port) +
-                         " (address in use or invalid host)");
-    }
-    port_ = options_.port;
+  Impl& impl = *impl_;
+  beast::error_code ec;
+  const auto address = net::ip::make_address(impl.options.host, ec);
+  if (ec) return InvalidArgument("bad --host '" + impl.options.host + "'");
+  const tcp::endpoint endpoint(address,
+                               static_cast<unsigned short>(impl.options.port));
+  impl.acceptor.open(endpoint.protocol(), ec);
+  // SO_REUSEADDR only (no SO_REUSEPORT: a second server must fail to bind).
+  if (!ec) impl.acceptor.set_option(net::socket_base::reuse_address(true), ec);
+  if (!ec) impl.acceptor.bind(endpoint, ec);
+  if (!ec) impl.acceptor.listen(net::socket_base::max_listen_connections, ec);
+  if (ec) {
+    return Unavailable("cannot bind " + impl.options.host + ":" +
+                       std::to_string(impl.options.port) + " (" +
+                       ec.message() + ")");
   }
+  port_ = impl.acceptor.local_endpoint().port();
   return Status::Ok();
 }
 
 void HttpServer::Run() {
-  run_active_ = true;
-  if (!stop_requested_) server_->listen_after_bind();
-  run_active_ = false;
+  Impl& impl = *impl_;
+  if (impl.stopping) return;
+  net::dispatch(impl.acceptor.get_executor(), [&impl] { impl.Accept(); });
+  std::vector<std::thread> threads;
+  for (int i = 1; i < impl.options.threads; ++i) {
+    threads.emplace_back([&impl] { impl.ioc.run(); });
+  }
+  impl.ioc.run();
+  for (auto& t : threads) t.join();
 }
 
 void HttpServer::Stop() {
-  // httplib's stop() is a no-op until the accept loop runs: if Run() is on
-  // its way into it, wait for it to get there (or to give up).
-  stop_requested_ = true;
-  while (run_active_ && !server_->is_running()) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  Impl& impl = *impl_;
+  if (impl.stopping.exchange(true)) return;
+  net::dispatch(impl.acceptor.get_executor(), [&impl] {
+    beast::error_code ec;
+    impl.acceptor.close(ec);
+  });
+  std::vector<std::shared_ptr<Impl::Session>> open;
+  {
+    std::lock_guard<std::mutex> lock(impl.sessions_mu);
+    // A session being destroyed is still listed until its destructor takes
+    // the lock, but can no longer be locked.
+    for (Impl::Session* session : impl.sessions) {
+      if (auto alive = session->weak_from_this().lock()) {
+        open.push_back(std::move(alive));
+      }
+    }
   }
-  server_->stop();
+  for (auto& session : open) session->CloseIfIdle();
 }
 
-void HttpServer::RegisterRoutes() {
-  httplib::Server& svr = *server_;
-  ConfigureTransport(svr, options_);
-  InstallRoutingHooks(svr, &draining_);
-  InstallErrorHandlers(svr, options_.max_body_bytes);
-  InstallExceptionHandler(svr);
-  InstallLogger(svr, metrics_, options_.access_log);
-  RegisterServerRoutes(svr, model_, registry_, &draining_);
-  RegisterModelRoutes(svr, model_, metrics_, options_.request_timeout_ms);
+int HttpServer::connections() const {
+  return impl_->connections.load();
 }
 
 }  // namespace serving

@@ -1,6 +1,8 @@
-// paddle-mlops-server: KServe v2 REST inference server for an exported
-// PaddlePaddle model. Exceptions stop here; everything below returns Status.
+// paddle-mlops-server: KServe v2 REST and gRPC inference server for an
+// exported PaddlePaddle model. Exceptions stop here; everything below returns
+// Status.
 #include <pthread.h>
+#include <sys/resource.h>
 #include <signal.h>
 
 #include <chrono>
@@ -20,6 +22,10 @@
 #include "logging.h"
 #include "metrics.h"
 #include "model.h"
+#include "repository.h"
+#ifdef SERVING_WITH_GRPC
+#include "grpc_server.h"
+#endif
 
 namespace serving {
 namespace {
@@ -36,10 +42,17 @@ nlohmann::json ConfigJson(const ServerConfig& c) {
           {"max_batch_size", c.max_batch_size},
           {"max_queue_delay_us", c.max_queue_delay_us},
           {"dynamic_batching", c.dynamic_batching},
+          {"max_queue_size", c.max_queue_size},
           {"request_timeout_ms", c.request_timeout_ms},
+          {"model_control", c.model_control},
           {"host", c.host},
           {"port", c.port},
+          {"grpc_port", c.grpc_port},
           {"http_threads", c.http_threads},
+          {"max_connections", c.max_connections},
+          {"header_timeout_ms", c.header_timeout_ms},
+          {"body_timeout_ms", c.body_timeout_ms},
+          {"keep_alive_timeout_s", c.keep_alive_timeout_s},
           {"max_body_bytes", c.max_body_bytes}};
 }
 
@@ -70,32 +83,33 @@ int Run(int argc, char** argv) {
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   signal(SIGPIPE, SIG_IGN);  // a client hanging up must not kill the server
-
-  auto model_or = Model::Create(config, &Backend::Create);
-  if (!model_or.ok()) {
-    LogError("cannot load model", {{"error", model_or.status().message()}});
-    return 1;
+  // Connections cost a descriptor each: allow as many as the hard limit.
+  rlimit files{};
+  if (getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
+    files.rlim_cur = files.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &files);
   }
-  std::unique_ptr<Model> model = std::move(model_or).value();
 
   Registry registry;
-  ServingMetrics metrics(&registry, model->name(), model->version(),
-                         config.max_batch_size);
-  metrics.SetReady(false);
-  Model* model_ptr = model.get();
-  metrics.SetQueueDepthCallback(
-      [model_ptr] { return static_cast<double>(model_ptr->queue_depth()); });
+  ModelRepository repository(config, &Backend::Create, &registry);
+  if (Status s = repository.Prepare(); !s.ok()) {
+    LogError("cannot load model", {{"error", s.message()}});
+    return 1;
+  }
 
   HttpOptions http;
   http.host = config.host;
   http.port = config.port;
   http.threads = config.http_threads;
+  http.max_connections = config.max_connections;
+  http.header_timeout_ms = config.header_timeout_ms;
+  http.body_timeout_ms = config.body_timeout_ms;
   http.max_body_bytes = config.max_body_bytes;
   http.request_timeout_ms = config.request_timeout_ms;
   http.keep_alive_max_count = config.keep_alive_max_count;
   http.keep_alive_timeout_s = config.keep_alive_timeout_s;
   http.access_log = config.access_log;
-  auto server_or = HttpServer::Create(http, model.get(), &registry, &metrics);
+  auto server_or = HttpServer::Create(http, &repository, &registry);
   if (!server_or.ok()) {
     LogError("cannot create HTTP server",
              {{"error", server_or.status().message()}});
@@ -106,6 +120,32 @@ int Run(int argc, char** argv) {
     LogError("cannot listen", {{"error", s.message()}});
     return 1;
   }
+  int grpc_port = -1;
+#ifdef SERVING_WITH_GRPC
+  std::unique_ptr<GrpcServer> grpc;
+  if (config.grpc_port >= 0) {
+    GrpcOptions options;
+    options.host = config.host;
+    options.port = config.grpc_port;
+    options.max_message_bytes = config.max_body_bytes;
+    options.request_timeout_ms = config.request_timeout_ms;
+    auto grpc_or = GrpcServer::Create(options, &repository);
+    Status s = grpc_or.ok() ? Status::Ok() : grpc_or.status();
+    if (s.ok()) {
+      grpc = std::move(grpc_or).value();
+      s = grpc->Start();
+    }
+    if (!s.ok()) {
+      LogError("cannot listen (gRPC)", {{"error", s.message()}});
+      return 1;
+    }
+    grpc_port = grpc->port();
+  }
+#else
+  if (config.grpc_port >= 0) {
+    LogWarn("built without gRPC: --grpc-port ignored");
+  }
+#endif
 
   // Whoever comes first stops the server: a signal, or the listener dying.
   struct Shutdown {
@@ -146,26 +186,30 @@ int Run(int argc, char** argv) {
   });
   LogInfo("listening", {{"host", config.host},
                         {"port", server->port()},
-                        {"model", model->name()},
-                        {"version", model->version()},
+                        {"grpc_port", grpc_port},
+                        {"model", repository.name()},
+                        {"version", config.model_version},
                         {"config", ConfigJson(config)}});
 
   const auto load_start = std::chrono::steady_clock::now();
-  if (Status s = model->Load(&metrics); !s.ok()) {
+  if (Status s = repository.LoadPrepared(); !s.ok()) {
     LogError("cannot load model", {{"error", s.message()}});
     server->Stop();
     http_thread.join();
     return 1;
   }
-  metrics.SetReady(true);
-  LogInfo("model ready",
-          {{"model", model->name()},
-           {"version", model->version()},
-           {"platform", model->platform()},
-           {"file", model->backend_options().model_path},
-           {"load_ms", std::chrono::duration<double, std::milli>(
-                           std::chrono::steady_clock::now() - load_start)
-                           .count()}});
+  {
+    auto model = repository.Find(repository.name(), "");
+    LogInfo("model ready",
+            {{"model", repository.name()},
+             {"version", model.ok() ? (*model)->version() : ""},
+             {"platform", model.ok() ? (*model)->platform() : ""},
+             {"file",
+              model.ok() ? (*model)->backend_options().model_path : ""},
+             {"load_ms", std::chrono::duration<double, std::milli>(
+                             std::chrono::steady_clock::now() - load_start)
+                             .count()}});
+  }
 
   const std::string reason = g_shutdown.Wait();
   const bool clean = reason == "SIGTERM" || reason == "SIGINT";
@@ -173,14 +217,22 @@ int Run(int argc, char** argv) {
   // Drain: readiness fails first, then the listener closes, in-flight and
   // queued requests finish, and the workers stop.
   server->SetDraining();
-  metrics.SetReady(false);
+#ifdef SERVING_WITH_GRPC
+  if (grpc) grpc->SetDraining();
+#endif
+  if (repository.server_metrics() != nullptr) {
+    repository.server_metrics()->SetReady(false);
+  }
   if (config.drain_delay_ms > 0) {
     std::this_thread::sleep_for(
         std::chrono::milliseconds(config.drain_delay_ms));
   }
   server->Stop();
   http_thread.join();
-  model->Stop();
+#ifdef SERVING_WITH_GRPC
+  if (grpc) grpc->Shutdown(config.request_timeout_ms);
+#endif
+  repository.StopAll();
   LogInfo("shutdown complete", {{"reason", reason}});
   return clean ? 0 : 1;
 }

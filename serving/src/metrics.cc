@@ -203,6 +203,11 @@ void MetricFamily::Render(std::string* out) const {
 
 MetricFamily& Registry::Add(std::unique_ptr<MetricFamily> family) {
   std::lock_guard<std::mutex> lock(mu_);
+  // One family per name: a second ServingMetrics (another model version)
+  // shares the families and adds its own label values.
+  for (const auto& existing : families_) {
+    if (existing->name() == family->name()) return *existing;
+  }
   families_.push_back(std::move(family));
   return *families_.back();
 }

@@ -98,6 +98,7 @@ class MetricFamily {
 
 class Registry {
  public:
+  // Adding a name that exists returns the existing family.
   MetricFamily& AddCounter(const std::string& name, const std::string& help,
                            std::vector<std::string> labels = {});
   MetricFamily& AddGauge(const std::string& name, const std::string& help,

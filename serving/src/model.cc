@@ -146,6 +146,7 @@ StatusOr<std::unique_ptr<Model>> Model::Create(const ServerConfig& config,
   model->batcher_options_.max_batch_size = config.max_batch_size;
   model->batcher_options_.max_queue_delay_us = config.max_queue_delay_us;
   model->batcher_options_.dynamic_batching = config.dynamic_batching;
+  model->batcher_options_.max_queue_size = config.max_queue_size;
   if (!Batchable(sig)) {
     // Fixed dim 0: requests must match it exactly and run one at a time.
     model->batcher_options_.dynamic_batching = false;
@@ -179,12 +180,14 @@ Status Model::Load(ServingMetrics* metrics) {
                            std::to_string(io_.inputs.size()) + " / " +
                            std::to_string(io_.outputs.size()));
   }
-  ASSIGN_OR_RETURN(auto batcher, DynamicBatcher::Create(
-                                     batcher_options_, backend.get(), metrics));
+  ASSIGN_OR_RETURN(auto batcher,
+                   DynamicBatcher::Create(batcher_options_, backend.get(),
+                                          metrics, &stats_));
   {
     std::lock_guard<std::mutex> lock(mu_);
     backend_ = std::move(backend);
     batcher_ = std::move(batcher);
+    metrics_ = metrics;
   }
   ready_.store(true, std::memory_order_release);
   return Status::Ok();
@@ -213,8 +216,8 @@ StatusOr<std::vector<Tensor>> Model::Tokenize(const Tensor& texts) const {
   return out;
 }
 
-StatusOr<std::vector<Tensor>> Model::Infer(std::vector<Tensor> inputs,
-                                           Clock::time_point deadline) {
+Status Model::Submit(std::vector<Tensor> inputs, Clock::time_point deadline,
+                     InferJob::Callback done, std::shared_ptr<InferJob>* job) {
   if (!ready()) return Unavailable("model '" + name_ + "' is not ready");
   if (inputs.size() == 1 && inputs[0].dtype == DataType::kBytes) {
     if (!tokenizer_) {
@@ -222,9 +225,16 @@ StatusOr<std::vector<Tensor>> Model::Infer(std::vector<Tensor> inputs,
     }
     ASSIGN_OR_RETURN(inputs, Tokenize(inputs[0]));
   }
-  auto job = std::make_shared<InferJob>(std::move(inputs), deadline);
+  *job = std::make_shared<InferJob>(std::move(inputs), deadline,
+                                    std::move(done));
+  return batcher_->Enqueue(*job);
+}
+
+StatusOr<std::vector<Tensor>> Model::Infer(std::vector<Tensor> inputs,
+                                           Clock::time_point deadline) {
+  std::shared_ptr<InferJob> job;
+  RETURN_IF_ERROR(Submit(std::move(inputs), deadline, nullptr, &job));
   auto future = job->future();
-  RETURN_IF_ERROR(batcher_->Enqueue(job));
   if (future.wait_until(deadline) != std::future_status::ready) {
     job->Cancel();
     return DeadlineExceeded(
@@ -237,9 +247,29 @@ StatusOr<std::vector<Tensor>> Model::Infer(std::vector<Tensor> inputs,
   return std::move(job->outputs());
 }
 
+void Model::InferAsync(std::vector<Tensor> inputs, Clock::time_point deadline,
+                       InferJob::Callback done) {
+  // `done` is shared so that it can still be called if Submit fails after
+  // handing it to a job that never ran.
+  auto shared = std::make_shared<InferJob::Callback>(std::move(done));
+  std::shared_ptr<InferJob> job;
+  const Status status = Submit(
+      std::move(inputs), deadline,
+      [shared](StatusOr<std::vector<Tensor>> result) {
+        (*shared)(std::move(result));
+      },
+      &job);
+  if (!status.ok()) (*shared)(status);
+}
+
 void Model::Stop() {
   std::lock_guard<std::mutex> lock(mu_);
   if (batcher_) batcher_->Stop();
+}
+
+size_t Model::pending() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return batcher_ ? batcher_->pending() : 0;
 }
 
 size_t Model::queue_depth() const {

@@ -15,6 +15,7 @@
 #include "codec.h"
 #include "config.h"
 #include "signature.h"
+#include "stats.h"
 #include "status.h"
 #include "tokenizer.h"
 
@@ -43,6 +44,12 @@ class Model {
   StatusOr<std::vector<Tensor>> Infer(std::vector<Tensor> inputs,
                                       Clock::time_point deadline);
 
+  // The asynchronous form: `done` gets the outputs or the error exactly once,
+  // either from this call (bad input, not ready, stopped) or later from a
+  // batcher worker (see InferJob::Callback).
+  void InferAsync(std::vector<Tensor> inputs, Clock::time_point deadline,
+                  InferJob::Callback done);
+
   // Stops the batcher after running what is queued; Infer then fails.
   void Stop();
 
@@ -53,6 +60,11 @@ class Model {
   const ModelIO& io() const { return io_; }
   const BackendOptions& backend_options() const { return backend_options_; }
   size_t queue_depth() const;
+  // Requests queued or running (0 once Stop() returned).
+  size_t pending() const;
+  const ModelStats& stats() const { return stats_; }
+  // The metrics passed to Load (nullptr before).
+  ServingMetrics* metrics() const { return metrics_; }
 
   // {"name", "versions", "platform", "inputs", "outputs"}
   nlohmann::json Metadata() const;
@@ -72,9 +84,14 @@ class Model {
 
   // The token-id inputs of a batch of raw texts (the BYTES text input).
   StatusOr<std::vector<Tensor>> Tokenize(const Tensor& texts) const;
+  // Tokenizes text and queues the job.
+  Status Submit(std::vector<Tensor> inputs, Clock::time_point deadline,
+                InferJob::Callback done, std::shared_ptr<InferJob>* job);
 
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<DynamicBatcher> batcher_;
+  ModelStats stats_;
+  ServingMetrics* metrics_ = nullptr;
   std::atomic<bool> ready_{false};
   mutable std::mutex mu_;  // guards batcher_ for queue_depth() during Load
 };

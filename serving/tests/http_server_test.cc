@@ -7,7 +7,9 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
+#include <zlib.h>
 
+#include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -17,6 +19,7 @@
 #include "logging.h"
 #include "metrics.h"
 #include "model.h"
+#include "repository.h"
 
 namespace serving {
 namespace {
@@ -48,31 +51,30 @@ class HttpServerTest : public ::testing::Test {
     rmdir(dir_.c_str());
   }
 
+  BackendFactory Factory() {
+    return [this](const BackendOptions&) {
+      auto backend = std::make_unique<FakeBackend>(1, 2);
+      backend->set_latency(backend_latency_);
+      backend_ = backend.get();
+      return StatusOr<std::unique_ptr<Backend>>(std::move(backend));
+    };
+  }
+
   void StartServer(bool load = true) {
     ServerConfig config;
     config.model_dir = dir_;
     config.max_batch_size = 4;
     config.max_queue_delay_us = 1000;
     config.request_timeout_ms = timeout_ms_;
-    auto model = Model::Create(config, [this](const BackendOptions&) {
-      auto backend = std::make_unique<FakeBackend>(1, 2);
-      backend->set_latency(backend_latency_);
-      backend_ = backend.get();
-      return StatusOr<std::unique_ptr<Backend>>(std::move(backend));
-    });
-    ASSERT_TRUE(model.ok()) << model.status().ToString();
-    model_ = std::move(model).value();
-    metrics_ = std::make_unique<ServingMetrics>(&registry_, model_->name(),
-                                                model_->version(), 4);
-    HttpOptions options;
-    options.host = "127.0.0.1";
-    options.port = 0;
-    options.threads = 4;
-    options.max_body_bytes = 4096;
-    options.request_timeout_ms = timeout_ms_;
-    options.access_log = false;
-    auto server =
-        HttpServer::Create(options, model_.get(), &registry_, metrics_.get());
+    config.model_control = model_control_;
+    repo_ = std::make_unique<ModelRepository>(config, Factory(), &registry_);
+    ASSERT_TRUE(repo_->Prepare().ok());
+    options_.host = "127.0.0.1";
+    options_.port = 0;
+    options_.max_body_bytes = 4096;
+    options_.request_timeout_ms = timeout_ms_;
+    options_.access_log = false;
+    auto server = HttpServer::Create(options_, repo_.get(), &registry_);
     ASSERT_TRUE(server.ok());
     server_ = std::move(server).value();
     ASSERT_TRUE(server_->Bind().ok());
@@ -80,7 +82,7 @@ class HttpServerTest : public ::testing::Test {
     client_ = std::make_unique<httplib::Client>("127.0.0.1", server_->port());
     client_->set_read_timeout(10, 0);
     if (load) {
-      ASSERT_TRUE(model_->Load(metrics_.get()).ok());
+      ASSERT_TRUE(repo_->LoadPrepared().ok());
     }
   }
 
@@ -90,7 +92,7 @@ class HttpServerTest : public ::testing::Test {
       if (thread_.joinable()) thread_.join();
       server_.reset();
     }
-    if (model_) model_->Stop();
+    if (repo_) repo_->StopAll();
   }
 
   httplib::Result Infer(
@@ -109,9 +111,10 @@ class HttpServerTest : public ::testing::Test {
   int64_t timeout_ms_ = 5000;
   std::chrono::milliseconds backend_latency_{0};
   FakeBackend* backend_ = nullptr;
+  bool model_control_ = false;
+  HttpOptions options_;
   Registry registry_;
-  std::unique_ptr<ServingMetrics> metrics_;
-  std::unique_ptr<Model> model_;
+  std::unique_ptr<ModelRepository> repo_;
   std::unique_ptr<HttpServer> server_;
   std::thread thread_;
   std::unique_ptr<httplib::Client> client_;
@@ -123,7 +126,7 @@ TEST_F(HttpServerTest, HealthFollowsLoadingAndDraining) {
   EXPECT_EQ(client_->Get("/v2/health/ready")->status, 503);
   EXPECT_EQ(client_->Get("/v2/models/toy-classifier/ready")->status, 503);
   EXPECT_EQ(Infer(JsonInfer())->status, 503);
-  ASSERT_TRUE(model_->Load(metrics_.get()).ok());
+  ASSERT_TRUE(repo_->LoadPrepared().ok());
   EXPECT_EQ(client_->Get("/v2/health/ready")->status, 200);
   EXPECT_EQ(client_->Get("/v2/models/toy-classifier/ready")->status, 200);
   EXPECT_EQ(client_->Get("/v2/models/toy-classifier/versions/1/ready")->status,
@@ -352,7 +355,8 @@ TEST_F(HttpServerTest, DrainingResponsesCloseTheConnection) {
 }
 
 // Raw HTTP over a socket: the status line of the server's first answer.
-std::string RawStatusLine(int port, const std::string& request) {
+// A loopback connection to `port` that sent `bytes` (-1 if refused).
+int OpenPartial(int port, const std::string& bytes) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
@@ -360,9 +364,15 @@ std::string RawStatusLine(int port, const std::string& request) {
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
     close(fd);
-    return "connect failed";
+    return -1;
   }
-  send(fd, request.data(), request.size(), 0);
+  if (!bytes.empty()) send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+  return fd;
+}
+
+std::string RawStatusLine(int port, const std::string& request) {
+  const int fd = OpenPartial(port, request);
+  if (fd < 0) return "connect failed";
   timeval tv{5, 0};
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   char buf[4096];
@@ -386,6 +396,191 @@ TEST_F(HttpServerTest, OversizeBodyIsRefusedBeforeUploadWith100Continue) {
       "HTTP/1.1 100 Continue");
 }
 
+// True when the server closed `fd` (recv sees EOF or a reset) within `wait`.
+bool ClosedByServer(int fd, std::chrono::milliseconds wait) {
+  timeval tv{static_cast<time_t>(wait.count() / 1000),
+             static_cast<suseconds_t>((wait.count() % 1000) * 1000)};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  char buf[512];
+  for (;;) {
+    const ssize_t n = recv(fd, buf, sizeof(buf), 0);
+    if (n == 0) return true;
+    if (n < 0) return errno == ECONNRESET;
+    // a response (e.g. 408/400) before the close is fine: keep reading
+  }
+}
+
+TEST_F(HttpServerTest, SlowAndIdleClientsDoNotDelayOthers) {
+  options_.threads = 1;  // one event loop for everything
+  StartServer();
+  std::vector<int> slow;
+  for (int i = 0; i < 300; ++i) {
+    const int fd = OpenPartial(
+        server_->port(),
+        i % 2 == 0 ? "" : "POST /v2/models/toy-classifier/infer HTTP/1.1\r\nHo");
+    ASSERT_GE(fd, 0);
+    slow.push_back(fd);
+  }
+  for (int i = 0; i < 20; ++i) {
+    const auto start = Clock::now();
+    auto res = Infer(JsonInfer());
+    ASSERT_TRUE(res) << "request " << i;
+    EXPECT_EQ(res->status, 200);
+    EXPECT_LT(Clock::now() - start, std::chrono::milliseconds(500));
+  }
+  EXPECT_GE(server_->connections(), 300);
+  for (int fd : slow) close(fd);
+}
+
+TEST_F(HttpServerTest, HeadersTricklingPastTheTimeoutAreCutOff) {
+  options_.header_timeout_ms = 300;
+  StartServer();
+  const int fd = OpenPartial(server_->port(), "GET /v2/health/live HTTP/1.1\r\n");
+  ASSERT_GE(fd, 0);
+  const auto start = Clock::now();
+  // One header byte every 50 ms would keep an inactivity timer alive forever.
+  bool closed = false;
+  for (int i = 0; i < 40 && !closed; ++i) {
+    closed = send(fd, "X", 1, MSG_NOSIGNAL) < 0;
+    if (!closed) closed = ClosedByServer(fd, std::chrono::milliseconds(50));
+  }
+  const auto took = Clock::now() - start;
+  close(fd);
+  EXPECT_TRUE(closed);
+  EXPECT_LT(took, std::chrono::milliseconds(1500));
+  EXPECT_EQ(client_->Get("/v2/health/live")->status, 200);
+}
+
+TEST_F(HttpServerTest, ConnectionsPastTheLimitGet503) {
+  options_.max_connections = 4;
+  StartServer();
+  std::vector<int> idle;
+  for (int i = 0; i < 4; ++i) idle.push_back(OpenPartial(server_->port(), ""));
+  // Accepting is asynchronous: wait until the server counts all four.
+  for (int i = 0; i < 200 && server_->connections() < 4; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_EQ(server_->connections(), 4);
+  EXPECT_EQ(RawStatusLine(server_->port(), "GET /v2/health/live HTTP/1.1\r\n\r\n"),
+            "HTTP/1.1 503 Service Unavailable");
+  for (int fd : idle) close(fd);
+  for (int i = 0; i < 200 && server_->connections() > 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(client_->Get("/v2/health/live")->status, 200);
+}
+
+TEST_F(HttpServerTest, MalformedAndOversizedHeadersAreRefused) {
+  StartServer();
+  EXPECT_EQ(RawStatusLine(server_->port(), "NOT HTTP AT ALL\r\n\r\n"),
+            "HTTP/1.1 400 Bad Request");
+  EXPECT_EQ(RawStatusLine(server_->port(), "GET /v2 HTTP/1.1\r\nX-Big: " +
+                                               std::string(20000, 'a') +
+                                               "\r\n\r\n"),
+            "HTTP/1.1 431 Request Header Fields Too Large");
+  EXPECT_EQ(client_->Post("/v2/health/live", "", "text/plain")->status, 405);
+  EXPECT_EQ(client_->Get("/v2/models/toy-classifier/versions/1/ready")->status,
+            200);
+}
+
+TEST_F(HttpServerTest, StatisticsCountRequestsAndBatches) {
+  StartServer();
+  for (int i = 0; i < 3; ++i) ASSERT_EQ(Infer(JsonInfer())->status, 200);
+  auto res = client_->Get("/v2/models/toy-classifier/stats");
+  ASSERT_EQ(res->status, 200);
+  const json body = json::parse(res->body);
+  ASSERT_EQ(body["model_stats"].size(), 1u);
+  const json& stats = body["model_stats"][0];
+  EXPECT_EQ(stats["name"], "toy-classifier");
+  EXPECT_EQ(stats["version"], "1");
+  EXPECT_EQ(stats["inference_stats"]["success"]["count"], 3);
+  EXPECT_EQ(stats["inference_stats"]["queue"]["count"], 3);
+  EXPECT_EQ(stats["inference_count"], 6);  // 3 requests of batch 2
+  EXPECT_GT(stats["inference_stats"]["compute_infer"]["ns"].get<uint64_t>(), 0u);
+  EXPECT_GE(stats["last_inference"].get<uint64_t>(), 1u);
+  EXPECT_EQ(client_->Get("/v2/models/stats")->status, 200);
+  EXPECT_EQ(client_->Get("/v2/models/other/stats")->status, 404);
+  EXPECT_EQ(client_->Get("/v2/models/toy-classifier/versions/9/stats")->status,
+            404);
+}
+
+TEST_F(HttpServerTest, LoadAndUnloadNeedModelControl) {
+  StartServer();
+  auto res = client_->Post("/v2/repository/models/toy-classifier/load", "",
+                           "application/json");
+  EXPECT_EQ(res->status, 400);
+  EXPECT_NE(res->body.find("--model-control"), std::string::npos) << res->body;
+  res = client_->Post("/v2/repository/index", "", "application/json");
+  ASSERT_EQ(res->status, 200);
+  EXPECT_EQ(json::parse(res->body),
+            json::parse(R"([{"name":"toy-classifier","version":"1",)"
+                        R"("state":"READY","reason":""}])"));
+}
+
+TEST_F(HttpServerTest, LoadSwapsTheVersionAndTheOldOneDrains) {
+  model_control_ = true;
+  StartServer();
+  auto res = client_->Post(
+      "/v2/repository/models/toy-classifier/load",
+      R"({"parameters":{"config":"{\"version\":\"2\"}"}})", "application/json");
+  ASSERT_EQ(res->status, 200) << res->body;
+  res = Infer(JsonInfer());
+  ASSERT_EQ(res->status, 200);
+  EXPECT_EQ(json::parse(res->body)["model_version"], "2");
+  EXPECT_EQ(Infer(JsonInfer(), "/v2/models/toy-classifier/versions/1/infer")
+                ->status,
+            404);
+  res = client_->Post("/v2/repository/index", R"({"ready":true})",
+                      "application/json");
+  EXPECT_EQ(json::parse(res->body).size(), 1u);
+  res = client_->Post("/v2/repository/models/toy-classifier/load",
+                      R"({"parameters":{"colour":"red"}})", "application/json");
+  EXPECT_EQ(res->status, 400);
+  EXPECT_NE(res->body.find("colour"), std::string::npos);
+  res = client_->Post("/v2/repository/models/toy-classifier/unload",
+                      R"({"parameters":{"unload_dependents":false}})",
+                      "application/json");
+  ASSERT_EQ(res->status, 200);
+  EXPECT_EQ(client_->Get("/v2/health/ready")->status, 503);
+  EXPECT_EQ(Infer(JsonInfer())->status, 503);
+}
+
+std::string Gzip(const std::string& text) {
+  z_stream zs{};
+  deflateInit2(&zs, Z_BEST_COMPRESSION, Z_DEFLATED, 15 + 16, 9,
+               Z_DEFAULT_STRATEGY);
+  std::string out(deflateBound(&zs, text.size()) + 32, '\0');
+  zs.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(text.data()));
+  zs.avail_in = static_cast<uInt>(text.size());
+  zs.next_out = reinterpret_cast<Bytef*>(out.data());
+  zs.avail_out = static_cast<uInt>(out.size());
+  deflate(&zs, Z_FINISH);
+  out.resize(zs.total_out);
+  deflateEnd(&zs);
+  return out;
+}
+
+TEST_F(HttpServerTest, CompressedBodiesAreInflatedWithinTheBodyLimit) {
+  StartServer();
+  httplib::Headers gzip = {{"Content-Encoding", "gzip"}};
+  auto res = Infer(Gzip(JsonInfer()), "/v2/models/toy-classifier/infer", gzip);
+  ASSERT_EQ(res->status, 200) << res->body;
+  EXPECT_EQ(json::parse(res->body)["outputs"][0]["data"],
+            json::parse("[2,4,6,8]"));
+  // 100 kB of spaces compress to ~100 bytes: still over the 4 kB limit.
+  res = Infer(Gzip(std::string(100000, ' ')), "/v2/models/toy-classifier/infer",
+              gzip);
+  EXPECT_EQ(res->status, 413);
+  EXPECT_NE(res->body.find("decompressed"), std::string::npos);
+  res = Infer("not gzip at all", "/v2/models/toy-classifier/infer", gzip);
+  EXPECT_EQ(res->status, 400);
+  EXPECT_NE(res->body.find("not valid gzip"), std::string::npos);
+  res = Infer(JsonInfer(), "/v2/models/toy-classifier/infer",
+              {{"Content-Encoding", "br"}});
+  EXPECT_EQ(res->status, 415);
+  EXPECT_EQ(Infer(JsonInfer())->status, 200);
+}
+
 TEST(HttpServerLifecycleTest, StopBeforeOrWhileRunStartsDoesNotHang) {
   SetLogLevel(LogLevel::kWarn);
   char tmpl[] = "/tmp/serving_http_life_XXXXXX";
@@ -398,19 +593,17 @@ TEST(HttpServerLifecycleTest, StopBeforeOrWhileRunStartsDoesNotHang) {
   std::ofstream(dir + "/m.pdmodel") << "fake";
   ServerConfig config;
   config.model_dir = dir;
-  auto model = Model::Create(config, [](const BackendOptions&) {
-    return StatusOr<std::unique_ptr<Backend>>(std::make_unique<FakeBackend>());
-  });
-  ASSERT_TRUE(model.ok()) << model.status().ToString();
   Registry registry;
-  ServingMetrics metrics(&registry, "m", "1", 4);
+  ModelRepository repo(config, [](const BackendOptions&) {
+    return StatusOr<std::unique_ptr<Backend>>(std::make_unique<FakeBackend>());
+  }, &registry);
+  ASSERT_TRUE(repo.Prepare().ok());
   HttpOptions options;
   options.host = "127.0.0.1";
   options.port = 0;
   for (int stop_first = 0; stop_first < 2; ++stop_first) {
     for (int i = 0; i < 20; ++i) {
-      auto server =
-          HttpServer::Create(options, model->get(), &registry, &metrics);
+      auto server = HttpServer::Create(options, &repo, &registry);
       ASSERT_TRUE(server.ok());
       ASSERT_TRUE((*server)->Bind().ok());
       if (stop_first) (*server)->Stop();

@@ -1,0 +1,312 @@
+#include "repository.h"
+
+#include <utility>
+
+#include "logging.h"
+#include "metrics.h"
+
+namespace serving {
+namespace {
+
+using json = nlohmann::json;
+
+// The load parameters a client may set, and where they go.
+const std::vector<std::pair<std::string, std::string ServerConfig::*>>&
+LoadKeys() {
+  static const std::vector<std::pair<std::string, std::string ServerConfig::*>>
+      keys = {{"model_dir", &ServerConfig::model_dir},
+              {"version", &ServerConfig::model_version},
+              {"variant", &ServerConfig::variant},
+              {"model_file", &ServerConfig::model_file},
+              {"params_file", &ServerConfig::params_file}};
+  return keys;
+}
+
+std::string LoadKeyList() {
+  std::string out;
+  for (const auto& [key, member] : LoadKeys()) {
+    out += (out.empty() ? "" : ", ") + key;
+  }
+  return out + ", config";
+}
+
+Status ApplyKey(const std::string& key, const json& value, ServerConfig* c) {
+  for (const auto& [name, member] : LoadKeys()) {
+    if (name != key) continue;
+    if (!value.is_string()) {
+      return InvalidArgument("load parameter '" + key + "' must be a string");
+    }
+    c->*member = value.get<std::string>();
+    return Status::Ok();
+  }
+  return InvalidArgument("unknown load parameter '" + key +
+                         "'; allowed: " + LoadKeyList());
+}
+
+json Entry(const std::string& name, const std::string& version,
+           const std::string& state, const std::string& reason) {
+  return {{"name", name}, {"version", version}, {"state", state},
+          {"reason", reason}};
+}
+
+}  // namespace
+
+ModelRepository::ModelRepository(ServerConfig config, BackendFactory factory,
+                                 Registry* registry)
+    : config_(std::move(config)),
+      factory_(std::move(factory)),
+      registry_(registry) {}
+
+ModelRepository::~ModelRepository() {
+  StopAll();
+}
+
+Status ModelRepository::Prepare() {
+  ASSIGN_OR_RETURN(auto model, Model::Create(config_, factory_));
+  std::lock_guard<std::mutex> lock(mu_);
+  name_ = model->name();
+  prepared_ = std::shared_ptr<Model>(std::move(model));
+  metrics_.push_back(std::make_unique<ServingMetrics>(
+      registry_, name_, prepared_->version(), config_.max_batch_size));
+  server_metrics_ = metrics_.back().get();
+  server_metrics_->SetReady(false);
+  return Status::Ok();
+}
+
+Status ModelRepository::Compile(const std::shared_ptr<Model>& model,
+                                ServingMetrics* metrics) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    loading_version_ = model->version();
+  }
+  const Status status = model->Load(metrics);
+  std::lock_guard<std::mutex> lock(mu_);
+  loading_version_.clear();
+  if (!status.ok()) {
+    history_.push_back({model, "UNAVAILABLE", status.message()});
+    return status;
+  }
+  Model* raw = model.get();
+  metrics->SetQueueDepthCallback(
+      [raw] { return static_cast<double>(raw->queue_depth()); });
+  return Status::Ok();
+}
+
+Status ModelRepository::LoadPrepared() {
+  std::lock_guard<std::mutex> load_lock(load_mu_);
+  std::shared_ptr<Model> model;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    model = std::move(prepared_);
+    if (!model) return Internal("no prepared model");
+  }
+  RETURN_IF_ERROR(Compile(model, server_metrics_));
+  std::lock_guard<std::mutex> lock(mu_);
+  server_metrics_->SetReady(true);
+  current_ = std::move(model);
+  return Status::Ok();
+}
+
+Status ModelRepository::KnownName(const std::string& name) const {
+  if (name == name_) return Status::Ok();
+  return NotFound("unknown model '" + name + "'; this server serves '" +
+                  name_ + "'");
+}
+
+Status ModelRepository::ControlAllowed(const std::string& name) const {
+  if (!config_.model_control) {
+    return InvalidArgument(
+        "model control is disabled: start the server with "
+        "--model-control=true to load and unload models");
+  }
+  return KnownName(name);
+}
+
+StatusOr<std::shared_ptr<Model>> ModelRepository::Find(
+    const std::string& name, const std::string& version) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  RETURN_IF_ERROR(KnownName(name));
+  if (!current_) {
+    return Unavailable("model '" + name + "' is not loaded");
+  }
+  if (!version.empty() && version != current_->version()) {
+    return NotFound("unknown version '" + version + "' of model '" + name +
+                    "'; available: " + current_->version());
+  }
+  return current_;
+}
+
+bool ModelRepository::ready() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return current_ && current_->ready();
+}
+
+size_t ModelRepository::queue_depth() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return current_ ? current_->queue_depth() : 0;
+}
+
+StatusOr<ServerConfig> ModelRepository::Overrides(
+    const json& parameters) const {
+  ServerConfig config = config_;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (current_) config.model_version = current_->version();
+  }
+  if (parameters.is_null()) return config;
+  if (!parameters.is_object()) {
+    return InvalidArgument("load \"parameters\" must be an object");
+  }
+  for (const auto& [key, value] : parameters.items()) {
+    if (key == "config") {
+      // Triton's form: the configuration as a JSON string.
+      if (!value.is_string()) {
+        return InvalidArgument("load parameter 'config' must be a string");
+      }
+      const json parsed = json::parse(value.get<std::string>(), nullptr,
+                                      /*allow_exceptions=*/false);
+      if (!parsed.is_object()) {
+        return InvalidArgument(
+            "load parameter 'config' must hold a JSON object");
+      }
+      for (const auto& [k, v] : parsed.items()) {
+        RETURN_IF_ERROR(ApplyKey(k, v, &config));
+      }
+    } else {
+      RETURN_IF_ERROR(ApplyKey(key, value, &config));
+    }
+  }
+  return config;
+}
+
+StatusOr<std::shared_ptr<Model>> ModelRepository::Build(
+    const ServerConfig& config) {
+  ASSIGN_OR_RETURN(auto created, Model::Create(config, factory_));
+  std::shared_ptr<Model> model(std::move(created));
+  ServingMetrics* metrics = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (model->name() != name_) {
+      return InvalidArgument("the loaded model is named '" + model->name() +
+                             "' but this server serves '" + name_ + "'");
+    }
+    metrics_.push_back(std::make_unique<ServingMetrics>(
+        registry_, name_, model->version(), config.max_batch_size));
+    metrics = metrics_.back().get();
+  }
+  RETURN_IF_ERROR(Compile(model, metrics));
+  return model;
+}
+
+Status ModelRepository::Load(const std::string& name,
+                             const json& parameters) {
+  RETURN_IF_ERROR(ControlAllowed(name));
+  ASSIGN_OR_RETURN(ServerConfig config, Overrides(parameters));
+  config.model_name = name_;
+  std::lock_guard<std::mutex> load_lock(load_mu_);
+  LogInfo("loading model", {{"model", name_},
+                            {"version", config.model_version},
+                            {"model_dir", config.model_dir},
+                            {"variant", config.variant}});
+  ASSIGN_OR_RETURN(std::shared_ptr<Model> model, Build(config));
+  std::lock_guard<std::mutex> lock(mu_);
+  if (current_) RetireCurrentLocked("replaced by version " + model->version());
+  // Drop stale entries of the version being (re)loaded.
+  for (auto it = history_.begin(); it != history_.end();) {
+    if (it->model->version() == model->version() &&
+        it->state != "UNLOADING") {
+      it = history_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  model->metrics()->SetReady(true);
+  current_ = std::move(model);
+  LogInfo("model version swapped in",
+          {{"model", name_}, {"version", current_->version()}});
+  return Status::Ok();
+}
+
+Status ModelRepository::Unload(const std::string& name) {
+  RETURN_IF_ERROR(ControlAllowed(name));
+  std::lock_guard<std::mutex> load_lock(load_mu_);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (current_) RetireCurrentLocked("unloaded");
+  return Status::Ok();
+}
+
+void ModelRepository::RetireCurrentLocked(const std::string& reason) {
+  std::shared_ptr<Model> old = std::move(current_);
+  current_.reset();
+  if (old->metrics() != nullptr) old->metrics()->SetReady(false);
+  history_.push_back({old, "UNLOADING", reason});
+  // Drain off every request thread: Stop() runs what is queued and joins
+  // the workers; only then does the version count as unavailable.
+  drainers_.emplace_back([this, old, reason] {
+    old->Stop();
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& entry : history_) {
+      if (entry.model == old) entry.state = "UNAVAILABLE";
+    }
+    LogInfo("model version drained",
+            {{"model", name_}, {"version", old->version()},
+             {"reason", reason}});
+  });
+}
+
+json ModelRepository::Index(bool ready_only) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  json out = json::array();
+  if (current_) out.push_back(Entry(name_, current_->version(), "READY", ""));
+  if (ready_only) return out;
+  if (!loading_version_.empty()) {
+    out.push_back(Entry(name_, loading_version_, "LOADING", ""));
+  }
+  for (const auto& entry : history_) {
+    out.push_back(
+        Entry(name_, entry.model->version(), entry.state, entry.reason));
+  }
+  return out;
+}
+
+StatusOr<json> ModelRepository::Statistics(const std::string& name,
+                                           const std::string& version) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!name.empty()) RETURN_IF_ERROR(KnownName(name));
+  json stats = json::array();
+  auto add = [&](const Model& model) {
+    if (!version.empty() && model.version() != version) return;
+    for (const auto& done : stats) {
+      if (done["version"] == model.version()) return;  // reloaded version
+    }
+    stats.push_back(model.stats().Json(name_, model.version()));
+  };
+  if (current_) add(*current_);
+  for (auto it = history_.rbegin(); it != history_.rend(); ++it) {
+    add(*it->model);
+  }
+  if (stats.empty() && !version.empty()) {
+    return NotFound("no statistics for version '" + version +
+                    "' of model '" + name_ + "'");
+  }
+  return json{{"model_stats", stats}};
+}
+
+void ModelRepository::StopAll() {
+  std::shared_ptr<Model> current;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    current = current_;
+  }
+  if (current) current->Stop();
+  std::vector<std::thread> drainers;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    drainers.swap(drainers_);
+  }
+  for (auto& t : drainers) {
+    if (t.joinable()) t.join();
+  }
+}
+
+}  // namespace serving

@@ -1,0 +1,106 @@
+// The served model's versions, in the shape of Triton's model repository
+// extension: index, load (build a version while the current one keeps
+// serving, then swap it in; the old version drains what it queued) and
+// unload, plus per-version statistics.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "config.h"
+#include "model.h"
+#include "status.h"
+
+namespace serving {
+
+class Registry;
+class ServingMetrics;
+
+class ModelRepository {
+ public:
+  // `config` describes the initial model; `registry` (metrics) must outlive
+  // the repository.
+  ModelRepository(ServerConfig config, BackendFactory factory,
+                  Registry* registry);
+  ~ModelRepository();
+
+  ModelRepository(const ModelRepository&) = delete;
+  ModelRepository& operator=(const ModelRepository&) = delete;
+
+  // Reads signature.json of the configured model (fast; errors: bad files).
+  Status Prepare();
+  // Builds and starts the prepared model (compiles it; slow).
+  Status LoadPrepared();
+
+  // The served version of `name` ("" version: whichever is current).
+  // NotFound for another name or version, Unavailable when not loaded.
+  StatusOr<std::shared_ptr<Model>> Find(const std::string& name,
+                                        const std::string& version) const;
+
+  // Loads `name` with `parameters` (strings: model_dir, version, variant,
+  // model_file, params_file; "config": a JSON object string with the same
+  // keys) over the server's configuration. The current version serves until
+  // the new one is ready, then drains. Blocking and serialized: call it off
+  // the I/O threads. InvalidArgument for unknown keys or a disabled
+  // --model-control, NotFound for another model name.
+  Status Load(const std::string& name, const nlohmann::json& parameters);
+  // Stops serving `name`; its queued and running requests still finish.
+  Status Unload(const std::string& name);
+
+  // [{name, version, state, reason}] (state READY | LOADING | UNLOADING |
+  // UNAVAILABLE); `ready_only` keeps the READY ones.
+  nlohmann::json Index(bool ready_only) const;
+  // {"model_stats": [...]} for every version still known, or for `name`
+  // [and `version`]; NotFound when nothing matches.
+  StatusOr<nlohmann::json> Statistics(const std::string& name,
+                                      const std::string& version) const;
+
+  // The name clients use (the configured one) and whether it is served.
+  const std::string& name() const { return name_; }
+  bool ready() const;
+  // Queue depth of the current version (0 when none).
+  size_t queue_depth() const;
+  // Metrics of the first version: server-wide instruments (HTTP counters).
+  ServingMetrics* server_metrics() const { return server_metrics_; }
+
+  // Stops every version (draining) and waits for retired ones.
+  void StopAll();
+
+ private:
+  struct Version {
+    std::shared_ptr<Model> model;
+    std::string state;  // READY | UNLOADING | UNAVAILABLE
+    std::string reason;
+  };
+  StatusOr<ServerConfig> Overrides(const nlohmann::json& parameters) const;
+  // Builds `model`'s backend and batcher; a failure stays in the history.
+  Status Compile(const std::shared_ptr<Model>& model, ServingMetrics* metrics);
+  Status KnownName(const std::string& name) const;
+  // --model-control is on and `name` is served.
+  Status ControlAllowed(const std::string& name) const;
+  StatusOr<std::shared_ptr<Model>> Build(const ServerConfig& config);
+  // Moves the current version to the retired list and drains it in the
+  // background. Under mu_.
+  void RetireCurrentLocked(const std::string& reason);
+
+  const ServerConfig config_;
+  const BackendFactory factory_;
+  Registry* const registry_;
+  std::string name_;
+  ServingMetrics* server_metrics_ = nullptr;
+
+  std::mutex load_mu_;  // one load/unload at a time
+  mutable std::mutex mu_;
+  std::shared_ptr<Model> prepared_;  // between Prepare and LoadPrepared
+  std::shared_ptr<Model> current_;
+  std::string loading_version_;      // non-empty while a load runs
+  std::vector<Version> history_;     // retired and failed versions
+  std::vector<std::unique_ptr<ServingMetrics>> metrics_;  // never shrinks
+  std::vector<std::thread> drainers_;
+};
+
+}  // namespace serving
