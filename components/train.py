@@ -4,7 +4,9 @@
   + ``GradScaler`` for float16, loss computed in float32). The CPU wheel has no AMP kernels
   (``auto_cast`` there is a silent no-op), so on CPU training runs in float32, a warning is
   logged, and ``amp_effective`` records ``off`` — never what was merely requested.
-- Early stopping on validation accuracy with ``patience`` and ``min_delta``.
+- Early stopping on the task's validation score (``Objective.score``: accuracy for the
+  classifiers, a generator's Frechet distance) with ``patience`` and ``min_delta``. The
+  loss, the optimizers and the score are the task's (:mod:`components.tasks.objective`).
 - A checkpoint is written atomically after every epoch. A killed run restarted with the same
   params and data resumes from it and ends with the same weights as an uninterrupted run:
   every epoch reseeds from ``(seed, epoch)``. A checkpoint from other params or data is ignored.
@@ -37,7 +39,6 @@ from typing import Any, Literal
 
 import numpy as np
 import paddle
-import paddle.nn.functional as F
 import yaml
 from tqdm import tqdm
 
@@ -56,9 +57,11 @@ from components.distributed import Batching, DistributedParams, World
 from components.step import DATA, In, Out, Step
 from components.tasks import Task
 from components.tasks.base import ASSETS_DIR, TrainSettings
+from components.tasks.objective import Objective, StepContext
 
 log = logging.getLogger(__name__)
 SINGLE = World()  # one process, no launch
+CHECKPOINT_FORMAT = 2  # 2: named optimizers, the best epoch's "score" (older ones are ignored)
 RANK_SEED_STRIDE = 7919  # paddle.seed offset per rank (a prime: no rank meets another's epoch)
 
 
@@ -110,7 +113,8 @@ class AmpMode:
 @dataclass(frozen=True)
 class TrainResult:
     model_path: Path
-    best_val_accuracy: float
+    best_score: float  # the task's validation score at the best epoch
+    score_name: str  # e.g. "val_accuracy", "val_fid"
     best_epoch: int
     epochs_run: int
     samples_per_second: float
@@ -153,22 +157,30 @@ def _fingerprint(
     ``distributed.batch: global`` a run may resume at another world size)."""
     train = {k: v for k, v in asdict(params).items() if k != "distributed"}
     train["batching"] = {"global": batching.global_batch, "lr": batching.learning_rate}
-    return params_sha256({"train": train, "task": task_params, "data": data_sha})
+    return params_sha256(
+        {"train": train, "task": task_params, "data": data_sha, "format": CHECKPOINT_FORMAT}
+    )
 
 
 def _save_checkpoint(
     ckpt_dir: Path,
     model: paddle.nn.Layer,
-    opt: paddle.optimizer.Optimizer,
+    opts: dict[str, paddle.optimizer.Optimizer],
     best_state: dict[str, Any],
     state: dict[str, Any],
 ) -> None:
     with atomic_path(ckpt_dir / "last") as tmp:
         tmp.mkdir()
         paddle.save(model.state_dict(), str(tmp / "model.pdparams"))
-        paddle.save(opt.state_dict(), str(tmp / "opt.pdopt"))
+        for name, opt in opts.items():
+            paddle.save(opt.state_dict(), str(tmp / _opt_file(name, opts)))
         paddle.save(best_state, str(tmp / "best.pdparams"))
         write_json(tmp / "state.json", state)  # last: marks the checkpoint complete
+
+
+def _opt_file(name: str, opts: dict[str, Any]) -> str:
+    """The first optimizer's state is ``opt.pdopt``; another's ``opt-<name>.pdopt``."""
+    return "opt.pdopt" if name == next(iter(opts)) else f"opt-{name}.pdopt"
 
 
 def _load_checkpoint(ckpt_dir: Path, fingerprint: str) -> dict[str, Any] | None:
@@ -185,32 +197,6 @@ def _load_checkpoint(ckpt_dir: Path, fingerprint: str) -> dict[str, Any] | None:
 # --------------------------------------------------------------------------- loops
 
 
-def _evaluate(
-    task: Task,
-    model: paddle.nn.Layer,
-    inputs: list[np.ndarray],
-    labels: np.ndarray,
-    batch_size: int,
-    world: World = SINGLE,
-) -> tuple[float, float]:
-    """Mean loss and accuracy on a split; each rank scores its shard, the sums are shared."""
-    model.eval()
-    n = len(labels)
-    inputs = [x[world.rank :: world.size] for x in inputs]
-    labels = labels[world.rank :: world.size]
-    total_loss, correct = 0.0, 0
-    with paddle.no_grad():
-        for start in range(0, len(labels), batch_size):
-            arrays = task.collate([x[start : start + batch_size] for x in inputs])
-            batch = [paddle.to_tensor(x) for x in arrays]
-            y = paddle.to_tensor(labels[start : start + batch_size])
-            logits = model(*batch).astype("float32")
-            total_loss += float(F.cross_entropy(logits, y, reduction="sum"))
-            correct += int((logits.argmax(axis=1) == y).astype("int64").sum())
-    total_loss, correct = world.all_sum([total_loss, correct])
-    return total_loss / n, correct / n
-
-
 def _has_batch_norm(model: paddle.nn.Layer) -> bool:
     norms = (paddle.nn.BatchNorm, paddle.nn.BatchNorm1D, paddle.nn.BatchNorm2D)
     return any(isinstance(layer, norms) for layer in model.sublayers())
@@ -221,15 +207,22 @@ class _Trainer:
     """The model, optimizer, schedule and AMP of one training run."""
 
     model: paddle.nn.Layer
-    net: paddle.nn.Layer  # what the batches go through: the model, or DataParallel around it
-    opt: paddle.optimizer.Optimizer
-    scheduler: Any
+    objective: Objective
+    opts: dict[str, paddle.optimizer.Optimizer]
+    schedulers: list[Any]
     amp: AmpMode
     scaler: Any
     per_batch: bool  # the schedule advances after every batch (else after every epoch)
+    # what the batches go through: the model, or DataParallel around it (Objective.parallel)
+    nets: Any = None
     # distillation: soft targets per training sample [N, K] (Task.soft_targets), their weight
     # and temperature; None: labels only
     soft: Any = None
+
+    @property
+    def scheduler(self) -> Any:
+        """The first optimizer's schedule (its learning rate is the one logged)."""
+        return self.schedulers[0]
 
     @classmethod
     def build(
@@ -253,7 +246,9 @@ class _Trainer:
                     "(%d samples), not the global batch's",
                     batching.per_rank_batch,
                 )
-        recipe = task.optimization(  # the task owns its optimizer and schedule
+        objective = task.objective()
+        recipes = objective.optimizations(  # the task owns its optimizers and schedules
+            task,
             model,
             TrainSettings(
                 learning_rate=batching.learning_rate,
@@ -264,55 +259,50 @@ class _Trainer:
                 lr_gamma=params.lr_gamma,
             ),
         )
-        opt, scheduler = recipe.optimizer, recipe.scheduler
+        opts = {name: r.optimizer for name, r in recipes.items()}
         scaler = None
         if amp.enabled:
             if amp.level == "O2":
-                model, opt = paddle.amp.decorate(
-                    models=model, optimizers=opt, level="O2", dtype=amp.dtype
+                model, decorated = paddle.amp.decorate(
+                    models=model, optimizers=list(opts.values()), level="O2", dtype=amp.dtype
                 )
+                opts = dict(zip(opts, decorated, strict=True))
             if amp.dtype == "float16":
                 scaler = paddle.amp.GradScaler(init_loss_scaling=2.0**15)
-        return cls(model, model, opt, scheduler, amp, scaler, recipe.per_batch)
+        per_batch = {r.per_batch for r in recipes.values()}
+        if len(per_batch) > 1:
+            raise StepError(
+                f"task {task.name}: its schedules must all advance per batch or per epoch"
+            )
+        return cls(
+            model,
+            objective,
+            opts,
+            [r.scheduler for r in recipes.values()],
+            amp,
+            scaler,
+            per_batch.pop(),
+            nets=model,
+        )
 
-    def step(
-        self,
-        batch: list[paddle.Tensor],
-        y: paddle.Tensor,
-        soft: np.ndarray | None = None,
-        weight: float = 1.0,
-    ) -> tuple[float, int]:
-        """One optimizer step on this rank's shard; its mean loss and number of correct
-        predictions. ``weight``: the shard's share of the global batch x world size
-        (:meth:`World.shard`), 1 in a single process."""
+    def autocast(self) -> Any:
         amp = self.amp
-        with paddle.amp.auto_cast(
+        return paddle.amp.auto_cast(
             enable=amp.enabled,
             level=amp.level if amp.enabled else "O1",
             dtype=amp.dtype if amp.enabled else "float16",
-        ):
-            logits = self.net(*batch)
-        loss = F.cross_entropy(logits.astype("float32"), y)  # loss always in fp32
-        if soft is not None:  # + KL(teacher || model) on temperature-softened logits
-            targets = self.soft
-            t = targets.temperature
-            teacher = F.softmax(paddle.to_tensor(np.log(np.clip(soft, 1e-8, 1.0))) / t, axis=1)
-            kl = F.kl_div(
-                F.log_softmax(logits.astype("float32") / t, axis=1), teacher, reduction="batchmean"
-            )
-            loss = (1.0 - targets.weight) * loss + targets.weight * kl * t * t
-        scaled = loss * weight if weight != 1.0 else loss
+        )
+
+    def update(self, loss: paddle.Tensor, opt: paddle.optimizer.Optimizer) -> None:
+        """Backward ``loss`` and step ``opt`` (with loss scaling under float16 AMP)."""
         if self.scaler is not None:
-            self.scaler.scale(scaled).backward()
-            self.scaler.step(self.opt)
+            self.scaler.scale(loss).backward()
+            self.scaler.step(opt)
             self.scaler.update()
         else:
-            scaled.backward()
-            self.opt.step()
-        self.opt.clear_grad()
-        if self.per_batch:
-            self.scheduler.step()
-        return float(loss), int((logits.argmax(axis=1) == y).astype("int64").sum())
+            loss.backward()
+            opt.step()
+        opt.clear_grad()
 
     def epoch(
         self,
@@ -322,14 +312,15 @@ class _Trainer:
         batch_size: int,
         rng: np.random.Generator,
         world: World = SINGLE,
-    ) -> tuple[float, float]:
-        """One pass over the shuffled training set: mean loss and accuracy (over all ranks).
+    ) -> dict[str, float]:
+        """One pass over the shuffled training set: the objective's means (over all ranks).
 
-        Every rank draws the same global batches and augmentations (same ``rng``) and trains
-        on its shard of each."""
+        Every rank draws the same global batches and augmentations (same ``rng``; a
+        generative task draws its latents there too) and trains on its shard of each."""
         n = len(y_train)
         self.model.train()
-        loss_sum, correct = 0.0, 0
+        ctx = StepContext(autocast=self.autocast, update=self.update)
+        sums: dict[str, float] = {}
         # the task's order (shuffled); with ranks, no batch smaller than the world size
         for idx in world.batches(task.batches(x_train, batch_size, rng)):
             inputs = task.augment([x[idx] for x in x_train], rng)
@@ -338,11 +329,24 @@ class _Trainer:
             batch = [paddle.to_tensor(x) for x in arrays]
             rows = idx[part]
             soft = self.soft.probabilities[rows] if self.soft is not None else None
-            loss, hits = self.step(batch, paddle.to_tensor(y_train[rows]), soft, weight)
-            loss_sum += loss * len(part)
-            correct += hits
-        loss_sum, correct = world.all_sum([loss_sum, correct])
-        return loss_sum / n, correct / n
+            got = self.objective.step(
+                self.nets,
+                self.opts,
+                batch,
+                paddle.to_tensor(y_train[rows]),
+                weight=weight,
+                ctx=ctx,
+                soft=soft,
+                soft_targets=self.soft,
+            )
+            if self.per_batch:
+                for scheduler in self.schedulers:
+                    scheduler.step()
+            for key, value in got.items():
+                sums[key] = sums.get(key, 0.0) + value
+        keys = list(sums)  # the objective's order (the same on every rank)
+        totals = world.all_sum([sums[k] for k in keys])
+        return {k: v / n for k, v in zip(keys, totals, strict=True)}
 
 
 def _resume(trainer: _Trainer, ckpt_dir: Path, state: dict[str, Any] | None) -> dict[str, Any]:
@@ -350,7 +354,7 @@ def _resume(trainer: _Trainer, ckpt_dir: Path, state: dict[str, Any] | None) -> 
     (:func:`_load_checkpoint`), else fresh."""
     fresh = {
         "history": [],
-        "best": {"val_accuracy": -math.inf, "epoch": 0, "bad_epochs": 0},
+        "best": {"score": -math.inf, "epoch": 0, "bad_epochs": 0},  # score: higher is better
         "best_state": {k: v.clone() for k, v in trainer.model.state_dict().items()},
         "train_seconds": 0.0,
         "samples_seen": 0,
@@ -362,7 +366,8 @@ def _resume(trainer: _Trainer, ckpt_dir: Path, state: dict[str, Any] | None) -> 
     if state is None:
         return fresh
     trainer.model.set_state_dict(paddle.load(str(ckpt_dir / "last" / "model.pdparams")))
-    trainer.opt.set_state_dict(paddle.load(str(ckpt_dir / "last" / "opt.pdopt")))
+    for name, opt in trainer.opts.items():
+        opt.set_state_dict(paddle.load(str(ckpt_dir / "last" / _opt_file(name, trainer.opts))))
     log.info("resuming from checkpoint after epoch %d", state["epoch"])
     return {
         **fresh,
@@ -405,41 +410,42 @@ def _fit(
         t0 = time.perf_counter()
         rng = np.random.default_rng([params.seed, epoch])
         lr = trainer.scheduler.get_lr()  # at the epoch's start
-        train_loss, train_acc = trainer.epoch(
-            task, x_train, y_train, batching.global_batch, rng, world
-        )
+        train = trainer.epoch(task, x_train, y_train, batching.global_batch, rng, world)
         state["train_seconds"] += time.perf_counter() - t0
         state["samples_seen"] += len(y_train)
         if not trainer.per_batch:
-            trainer.scheduler.step()
+            for scheduler in trainer.schedulers:
+                scheduler.step()
         world.average_buffers(trainer.model)  # BatchNorm statistics: the same on every rank
 
-        val_loss, val_acc = _evaluate(
-            task, trainer.model, x_val, y_val, params.eval_batch_size, world
-        )
+        objective = trainer.objective
+        val = objective.validate(task, trainer.model, x_val, y_val, params.eval_batch_size, world)
         row = {
             "epoch": epoch,
-            "train_loss": train_loss,
-            "train_accuracy": train_acc,
-            "val_loss": val_loss,
-            "val_accuracy": val_acc,
+            **{f"train_{k}": v for k, v in train.items()},
+            **{f"val_{k}": v for k, v in val.items()},
             "lr": lr,
         }
         history.append(row)
-        if val_acc > best["val_accuracy"] + params.early_stopping.min_delta:
-            best.update(val_accuracy=val_acc, epoch=epoch, bad_epochs=0)
+        # the best epoch: the score's best value (kept as "higher is better" inside)
+        score = val[objective.score] if objective.higher_is_better else -val[objective.score]
+        if score > best["score"] + params.early_stopping.min_delta:
+            best.update(score=score, epoch=epoch, bad_epochs=0)
             state["best_state"] = {k: v.clone() for k, v in trainer.model.state_dict().items()}
         else:
             best["bad_epochs"] += 1
         state["stopped"] = best["bad_epochs"] >= params.early_stopping.patience
-        epochs.set_postfix(loss=f"{train_loss:.4f}", val_acc=f"{val_acc:.4f}")
+        epochs.set_postfix(
+            loss=f"{next(iter(train.values())):.4f}",
+            **{f"val_{objective.score}": f"{val[objective.score]:.4f}"},
+        )
         log.debug("epoch %d: %s", epoch, row)
         if not world.main:  # the ranks hold the same state; rank 0 writes it
             continue
         _save_checkpoint(
             ckpt_dir,
             trainer.model,
-            trainer.opt,
+            trainer.opts,
             state["best_state"],
             {
                 "fingerprint": fingerprint,
@@ -455,12 +461,22 @@ def _fit(
         log.info("checkpoint after epoch %d written to %s", epoch, ckpt_dir / "last")
         if state["stopped"]:
             log.info(
-                "early stopping after epoch %d (best epoch %d, val_accuracy %.4f)",
+                "early stopping after epoch %d (best epoch %d, %s %.4f)",
                 epoch,
                 best["epoch"],
-                best["val_accuracy"],
+                _score_name(trainer.objective),
+                _best_score(trainer.objective, best),
             )
     epochs.close()
+
+
+def _score_name(objective: Objective) -> str:
+    return f"val_{objective.score}"
+
+
+def _best_score(objective: Objective, best: dict[str, Any]) -> float:
+    """The best epoch's score as the objective states it (``best`` keeps higher-is-better)."""
+    return float(best["score"] if objective.higher_is_better else -best["score"])
 
 
 def run(
@@ -537,8 +553,7 @@ def run(
     state = _resume(trainer, ckpt_dir, found)
     if state["resumed_from"] is None:
         state["pretrain"] = pretrain_facts
-    if world.size > 1:
-        trainer.net = paddle.DataParallel(trainer.model)  # broadcasts rank 0's parameters
+    trainer.nets = trainer.objective.parallel(trainer.model, world.size)
     pretrained = {**state["pretrain"], **(trainer.soft.facts if trainer.soft else {})}
     _fit(
         trainer,
@@ -560,7 +575,8 @@ def run(
     seconds = state["train_seconds"]
     result = TrainResult(
         model_path=out_dir / "model.pdparams",
-        best_val_accuracy=float(best["val_accuracy"]),
+        best_score=_best_score(trainer.objective, best),
+        score_name=_score_name(trainer.objective),
         best_epoch=int(best["epoch"]),
         epochs_run=len(history),
         samples_per_second=state["samples_seen"] / seconds if seconds else 0.0,
@@ -591,7 +607,7 @@ def run(
     write_json(
         metrics_file,
         {
-            "best_val_accuracy": result.best_val_accuracy,
+            f"best_{result.score_name}": result.best_score,
             "best_epoch": result.best_epoch,
             "epochs_run": result.epochs_run,
             "samples_per_second": round(result.samples_per_second, 2),
@@ -603,8 +619,9 @@ def run(
     )
     write_text(plots_file, _curves_csv(history))
     log.info(
-        "best val_accuracy %.4f at epoch %d; %d epochs, %.0f samples/s, amp=%s",
-        result.best_val_accuracy,
+        "best %s %.4f at epoch %d; %d epochs, %.0f samples/s, amp=%s",
+        result.score_name,
+        result.best_score,
         result.best_epoch,
         result.epochs_run,
         result.samples_per_second,
@@ -632,9 +649,11 @@ def _written_result(out_dir: Path, metrics_file: Path) -> TrainResult | None:
         log.info("this node's ranks finished; the outputs are rank 0's, on another node")
         return None
     metrics = read_json(metrics_file)
+    (best_key,) = [k for k in metrics if k.startswith("best_val_")]
     return TrainResult(
         model_path=out_dir / "model.pdparams",
-        best_val_accuracy=float(metrics["best_val_accuracy"]),
+        best_score=float(metrics[best_key]),
+        score_name=best_key.removeprefix("best_"),
         best_epoch=int(metrics["best_epoch"]),
         epochs_run=int(metrics["epochs_run"]),
         samples_per_second=float(metrics["samples_per_second"]),
@@ -715,7 +734,7 @@ def _write_outputs(
 
 def _curves_csv(history: list[dict[str, float]]) -> str:
     buf = io.StringIO()
-    cols = ["epoch", "train_loss", "train_accuracy", "val_loss", "val_accuracy", "lr"]
+    cols = list(history[0]) if history else ["epoch", "lr"]
     writer = csv.DictWriter(buf, fieldnames=cols, lineterminator="\n")
     writer.writeheader()
     for row in history:

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import paddle
 
 from components.tasks.data import DataFormat, check_format, read_split
+
+if TYPE_CHECKING:
+    from components.tasks.objective import Objective
 
 ASSETS_DIR = "assets"  # under a model directory: what the task's preprocessing fitted
 
@@ -49,6 +52,24 @@ class SoftTargets:
     weight: float
     temperature: float
     facts: dict[str, Any]  # for the train metrics (e.g. the teacher's accuracy)
+
+
+@dataclass
+class Scores:
+    """A task's verdict on a model's outputs for one split.
+
+    ``y_true``/``y_pred`` are per-sample outcomes the paired gates compare (QAT vs fp32,
+    challenger vs champion): for a classifier the label and the predicted class; for a
+    conditional generator the requested class and the class the task's judge sees in the
+    generated image. ``report`` is the classification report of those outcomes plus the
+    task's own entries; ``metrics`` are the numbers evaluate writes, named by the task."""
+
+    y_true: np.ndarray
+    y_pred: np.ndarray
+    report: dict[str, Any]
+    metrics: dict[str, float]
+    outputs: np.ndarray | None = None  # what the model returned (a generator's images)
+    details: dict[str, Any] = field(default_factory=dict)  # task-private (features, say)
 
 
 @dataclass(frozen=True)
@@ -93,6 +114,13 @@ class Task(abc.ABC):
     @abc.abstractmethod
     def preprocess(self, raw: np.ndarray) -> list[np.ndarray]:
         """Turn a batch of stored samples into model inputs (one array per input spec)."""
+
+    def objective(self) -> Objective:
+        """How the model learns and what early stopping follows (default: classification,
+        accuracy)."""
+        from components.tasks.objective import Classification
+
+        return Classification()
 
     def optimization(self, model: paddle.nn.Layer, settings: TrainSettings) -> Optimization:
         """The optimizer and schedule of this task's recipe. Default (the image tasks): Adam,

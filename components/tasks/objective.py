@@ -1,0 +1,144 @@
+"""How a task's model learns: its optimizers, one training step, and the validation score that
+early stopping follows. The train step owns the loop (epochs, seeding, sharding over ranks,
+checkpoints, resume, early stopping); the objective owns the math inside it.
+
+:class:`Classification` is what the classifier tasks train with (cross-entropy, optional
+distillation from soft targets, accuracy); a generative task brings its own
+(``components.tasks.gan``).
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import paddle
+import paddle.nn.functional as F
+
+if TYPE_CHECKING:
+    from components.distributed import World
+    from components.tasks.base import Optimization, SoftTargets, Task, TrainSettings
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """What the train step lends an objective for one optimizer step: mixed precision and
+    the update (loss scaling with float16 AMP, then ``step`` and ``clear_grad``)."""
+
+    autocast: Callable[[], AbstractContextManager[Any]]
+    update: Callable[[paddle.Tensor, paddle.optimizer.Optimizer], None]
+
+
+class Objective(abc.ABC):
+    """The learning problem of a task (see the module docstring)."""
+
+    # the validation metric early stopping follows (a key of validate()'s result, without the
+    # "val_" prefix), and whether higher is better
+    score: str = "accuracy"
+    higher_is_better: bool = True
+
+    def optimizations(
+        self, task: Task, model: paddle.nn.Layer, settings: TrainSettings
+    ) -> dict[str, Optimization]:
+        """Named optimizers (the first one's learning rate is logged). Default: the task's one
+        recipe (:meth:`Task.optimization`)."""
+        return {"model": task.optimization(model, settings)}
+
+    def parallel(self, model: paddle.nn.Layer, world_size: int) -> Any:
+        """What the batches go through: the model itself in one process, else wrapped so
+        gradients are averaged over ranks (``paddle.DataParallel`` broadcasts rank 0's
+        parameters when it wraps)."""
+        return paddle.DataParallel(model) if world_size > 1 else model
+
+    @abc.abstractmethod
+    def step(
+        self,
+        nets: Any,
+        opts: dict[str, paddle.optimizer.Optimizer],
+        batch: list[paddle.Tensor],
+        labels: paddle.Tensor,
+        *,
+        weight: float,
+        ctx: StepContext,
+        soft: np.ndarray | None = None,
+        soft_targets: SoftTargets | None = None,
+    ) -> dict[str, float]:
+        """One optimizer step on this rank's shard. Returns per-sample sums (a mean loss times
+        the shard's size, a count of hits) that the loop adds over batches and ranks and
+        divides by the split's size. ``weight``: the shard's share of the global batch times
+        the world size (1 in one process); the loss is scaled by it before ``backward``."""
+
+    @abc.abstractmethod
+    def validate(
+        self,
+        task: Task,
+        model: paddle.nn.Layer,
+        inputs: list[np.ndarray],
+        labels: np.ndarray,
+        batch_size: int,
+        world: World,
+    ) -> dict[str, float]:
+        """Validation metrics of ``model`` (means over the split, the same on every rank);
+        must contain :attr:`score`."""
+
+
+class Classification(Objective):
+    """Cross-entropy on the labels (plus KL towards a teacher's soft targets when the task
+    distils); accuracy is the score."""
+
+    def step(
+        self,
+        nets: Any,
+        opts: dict[str, paddle.optimizer.Optimizer],
+        batch: list[paddle.Tensor],
+        labels: paddle.Tensor,
+        *,
+        weight: float,
+        ctx: StepContext,
+        soft: np.ndarray | None = None,
+        soft_targets: SoftTargets | None = None,
+    ) -> dict[str, float]:
+        with ctx.autocast():
+            logits = nets(*batch)
+        logits = logits.astype("float32")  # the loss always in fp32
+        loss = F.cross_entropy(logits, labels)
+        if soft is not None and soft_targets is not None:
+            # + KL(teacher || model) on temperature-softened logits
+            t = soft_targets.temperature
+            teacher = F.softmax(paddle.to_tensor(np.log(np.clip(soft, 1e-8, 1.0))) / t, axis=1)
+            kl = F.kl_div(F.log_softmax(logits / t, axis=1), teacher, reduction="batchmean")
+            loss = (1.0 - soft_targets.weight) * loss + soft_targets.weight * kl * t * t
+        ctx.update(loss * weight if weight != 1.0 else loss, next(iter(opts.values())))
+        n = int(labels.shape[0])
+        hits = int((logits.argmax(axis=1) == labels).astype("int64").sum())
+        return {"loss": float(loss) * n, "accuracy": float(hits)}
+
+    def validate(
+        self,
+        task: Task,
+        model: paddle.nn.Layer,
+        inputs: list[np.ndarray],
+        labels: np.ndarray,
+        batch_size: int,
+        world: World,
+    ) -> dict[str, float]:
+        """Mean loss and accuracy; each rank scores its shard, the sums are shared."""
+        model.eval()
+        n = len(labels)
+        inputs = [x[world.rank :: world.size] for x in inputs]
+        labels = labels[world.rank :: world.size]
+        total_loss, correct = 0.0, 0
+        with paddle.no_grad():
+            for start in range(0, len(labels), batch_size):
+                arrays = task.collate([x[start : start + batch_size] for x in inputs])
+                batch = [paddle.to_tensor(x) for x in arrays]
+                y = paddle.to_tensor(labels[start : start + batch_size])
+                logits = model(*batch).astype("float32")
+                total_loss += float(F.cross_entropy(logits, y, reduction="sum"))
+                correct += int((logits.argmax(axis=1) == y).astype("int64").sum())
+        total_loss, correct = world.all_sum([total_loss, correct])
+        return {"loss": total_loss / n, "accuracy": correct / n}
