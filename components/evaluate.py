@@ -1,14 +1,16 @@
 """evaluate: score the exported model on the test split with Paddle Inference.
 
-Writes ``metrics/evaluate.json`` (``accuracy``, ``macro_f1``, ``latency_ms_b1``,
-``latency_ms_b64`` + per-class precision/recall; for a task with a baseline
-(``Task.baseline``, e.g. TF-IDF + logistic regression for sentiment) also
-``baseline_accuracy``, ``baseline_macro_f1`` and ``accuracy_minus_baseline``: the baseline
-trained on the training split and scored on the same samples as the model), a confusion
-matrix as PNG and as a DVC plot (one row per test sample: ``actual``, ``predicted``), and
-``report.json`` beside them. The same function re-scores any exported model on any data set,
-which is how a challenger is later compared with the champion.
-"""
+The task judges the outputs (``Task.score``) and names the metrics: a classifier writes
+``accuracy``, ``macro_f1``, ``worst_class_recall``, a generator ``class_agreement``, ``fid``
+with its floor and ceiling (``components.tasks.gan``). ``metrics/evaluate.json`` adds
+``latency_ms_b1``, ``latency_ms_b64``; for a task with a baseline (``Task.baseline``, e.g.
+TF-IDF + logistic regression for sentiment) also ``baseline_accuracy``, ``baseline_macro_f1``
+and ``accuracy_minus_baseline``: the baseline trained on the training split and scored on the
+same samples as the model. The per-sample outcomes give a confusion matrix as PNG and as a DVC
+plot (one row per sample: ``actual``, ``predicted``; for a conditional generator the requested
+class and the judge's), the task's own figures (a generator's sample grid) and ``report.json``
+beside them. The same function re-scores any exported model on any data set, which is how a
+challenger is later compared with the champion."""
 
 from __future__ import annotations
 
@@ -86,7 +88,7 @@ def score_baseline(
 ) -> dict[str, Any] | None:
     """The task's baseline (``Task.baseline``) trained on the training split and scored on
     ``split``, the same samples the model is scored on (None: the task has none)."""
-    from components.scoring import classification_report
+    from components.tasks.report import classification_report
 
     estimator = task.baseline()
     if estimator is None:
@@ -118,9 +120,10 @@ def run(
     model_dir, data_dir, out_dir = Path(model_dir), Path(data_dir), Path(out_dir)
     metrics_file = Path(metrics_file) if metrics_file else out_dir / "metrics.json"
     plots_file = Path(plots_file) if plots_file else out_dir / "confusion.csv"
-    report, y_true, y_pred, predictor, inputs = score_model(
+    scores, predictor, inputs = score_model(
         model_dir, task, data_dir, params.split, params.batch_size, params.latency.threads
     )
+    report, y_true, y_pred = scores.report, scores.y_true, scores.y_pred
     names = dataset.read_label_names(data_dir)
 
     latency: dict[str, float] = {}
@@ -135,13 +138,11 @@ def run(
             4,
         )
 
-    metrics = {
-        "accuracy": report["accuracy"],
-        "macro_f1": report["macro_f1"],
+    metrics = {  # the task's metrics (Task.score), then latency
+        **scores.metrics,
         **latency,
         "samples": int(len(y_true)),
         "latency_threads": params.latency.threads,
-        "worst_class_recall": min(c["recall"] for c in report["per_class"].values()),
     }
     baseline = score_baseline(task, data_dir, params.split, y_true, names)
     if baseline is not None:
@@ -158,13 +159,7 @@ def run(
             baseline["model"],
             baseline["accuracy"],
         )
-    log.info(
-        "%s accuracy %.4f macro-F1 %.4f %s",
-        params.split,
-        report["accuracy"],
-        report["macro_f1"],
-        latency,
-    )
+    log.info("%s: %s %s", params.split, scores.metrics, latency)
 
     with atomic_path(out_dir) as tmp:
         tmp.mkdir(parents=True)
@@ -173,8 +168,9 @@ def run(
             tmp / "confusion_matrix.png",
             report["confusion_matrix"],
             names,
-            f"{params.split}: accuracy {report['accuracy']:.4f}",
+            f"{params.split}: {task.outcome} {report['accuracy']:.4f}",
         )
+        figures = task.figures(tmp, scores, names)  # e.g. a generator's sample grid
         write_manifest(
             tmp,
             "evaluate",
@@ -184,7 +180,10 @@ def run(
                     data_dir, params.split
                 ),
             },
-            outputs={"report.json": tmp / "report.json"},
+            outputs={
+                "report.json": tmp / "report.json",
+                **{f.relative_to(tmp).as_posix(): f for f in figures},
+            },
             params=asdict(params),
         )
     write_json(metrics_file, metrics)

@@ -199,12 +199,14 @@ class PaddleBundleModel(mlflow.pyfunc.PythonModel):
         ``logits``. ``model_input`` arrives as an array once MLflow enforced the signature;
         called directly it may also be a DataFrame."""
         try:
-            samples = self.task.data.model_input(model_input, self.input_shape)
+            inputs = self.task.pyfunc_inputs(model_input, self.input_shape)
         except ValueError as exc:
             raise _invalid(str(exc)) from exc
         with self._lock:
-            logits = self.predictor.predict(self.task.preprocess(samples), self.batch_size)
+            logits = self.predictor.predict(inputs, self.batch_size)
         logits = np.asarray(logits, dtype=np.float32)
+        if not self.task.outputs_logits:  # a generator: its output as the signature names it
+            return {self.task.output_specs(len(self.label_names))[0].name: logits}
         return {
             "predicted": logits.argmax(axis=1).astype(np.int64),
             "probabilities": _softmax(logits),
@@ -239,10 +241,9 @@ def _requirements() -> list[str]:
 
 
 def _examples(task: Any, data_dir: Path, split: str, count: int) -> tuple[Any, list[int]]:
-    raw, _ = task.read_split(data_dir, split)
     where = dataset.split_path(data_dir, split)
     try:
-        return task.data.input_examples(raw, count, _EXAMPLE_BYTES)
+        return task.pyfunc_examples(data_dir, split, count, _EXAMPLE_BYTES)
     except ValueError as exc:
         raise StepError(f"{where}: {exc} (docs/data-format.md)") from exc
 

@@ -35,8 +35,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from components import dataset, gates
 from components.artifacts import StepError, read_json, write_json
 from components.registry import (
@@ -57,6 +55,7 @@ from components.registry import (
 from components.registry import client as mlflow_client
 from components.step import DATA, In, Out, Step
 from components.tasks import Task
+from components.tasks.base import Scores
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +98,8 @@ class Blessing:
     champion: dict[str, Any] | None
     # per data set ("test", "holdout"): paired counts of challenger vs champion, and the rules
     comparisons: dict[str, Any] = field(default_factory=dict)
+    # the task's own rules vs the champion (Task.blessing_checks): failures and facts
+    task_rules: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -113,23 +114,25 @@ class RegisterResult:
 
 def score_registered(
     model_dir: Path, task: Task, data_dir: Path, split: str
-) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:
+) -> tuple[dict[str, Any], Scores]:
     """Score a downloaded model version exactly as ``evaluate`` does.
 
-    Returns the summary kept in ``blessing.json``, the labels and the predicted classes (for
-    the paired comparison with the other model on the same samples).
+    Returns the summary kept in ``blessing.json`` (``accuracy``: the share of samples whose
+    outcome is right, the task's ``outcome``; the task's metrics) and the scores (per-sample
+    outcomes for the paired comparison with the other model on the same samples).
     """
     from components.scoring import score_model
 
-    report, y_true, y_pred, _, _ = score_model(model_dir, task, data_dir, split)
+    scores, _, _ = score_model(model_dir, task, data_dir, split)
     sig_file = model_dir / "signature.json"
     signature = read_json(sig_file) if sig_file.exists() else {}
     summary = {
-        "accuracy": report["accuracy"],
-        "macro_f1": report["macro_f1"],
+        "accuracy": scores.report["accuracy"],
+        "macro_f1": scores.report["macro_f1"],
+        **{k: v for k, v in scores.metrics.items() if k not in ("accuracy", "macro_f1")},
         "inputs": signature.get("inputs"),
     }
-    return summary, y_true, y_pred
+    return summary, scores
 
 
 def bless(
@@ -138,11 +141,15 @@ def bless(
     challenger: dict[str, Any],
     champion: dict[str, Any] | None,
     paired: dict[str, dict[str, Any]] | None = None,
+    task_rules: dict[str, Any] | None = None,
+    outcome: str = "accuracy",
 ) -> Blessing:
     """Every rule the challenger must meet; all failures are reported, not just the first.
 
     ``paired`` holds, per data set (``test``, ``holdout``), the :func:`gates.compare` counts
-    of the champion (reference) vs the challenger (candidate) on the same samples.
+    of the champion (reference) vs the challenger (candidate) on the same samples;
+    ``task_rules`` the task's own verdict vs the champion (``failures``, ``facts``);
+    ``outcome`` what ``accuracy`` measures for this task (e.g. a generator's class agreement).
     """
     reasons = []
     missing = [t for t in LINEAGE_TAGS if not lineage.get(t)]
@@ -150,7 +157,7 @@ def bless(
         reasons.append(f"lineage tags missing: {', '.join(missing)}")
     acc = challenger["accuracy"]
     if acc < params.min_accuracy:
-        reasons.append(f"accuracy {acc:.4f} is below register.min_accuracy {params.min_accuracy}")
+        reasons.append(f"{outcome} {acc:.4f} is below register.min_accuracy {params.min_accuracy}")
     baseline = challenger.get("baseline_accuracy")
     if params.require_beats_baseline:
         if baseline is None:
@@ -185,7 +192,8 @@ def bless(
                 )
                 reasons += verdict.failures
                 comparisons[data] = {**comparison, "rules": verdict.rules, "passed": verdict.passed}
-    return Blessing(not reasons, reasons, challenger, champion, comparisons)
+            reasons += list((task_rules or {}).get("failures", []))
+    return Blessing(not reasons, reasons, challenger, champion, comparisons, dict(task_rules or {}))
 
 
 # --------------------------------------------------------------------------- step
@@ -283,27 +291,28 @@ def compare_with_champion(
     task: Task,
     data_dir: Path,
     split_sha: str,
-) -> tuple[dict[str, Any], dict[str, Any] | None, dict[str, dict[str, Any]]]:
+) -> tuple[dict[str, Any], dict[str, Any] | None, dict[str, dict[str, Any]], dict[str, Any]]:
     """Score the challenger and the champion (if any) as registered, sample by sample, on
-    ``data_dir``'s split and on the pinned holdout: (challenger, champion, paired counts)."""
+    ``data_dir``'s split and on the pinned holdout: (challenger, champion, paired counts, the
+    task's own rules on the split: ``failures`` and ``facts``)."""
     name = registry.name
     model_tags = client.get_registered_model(name).tags
     holdout = {t: model_tags[t] for t in HOLDOUT_TAGS if model_tags.get(t)}
     paired: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         challenger_dir = download_version(client, uri, name, version, Path(tmp) / "c")
-        challenger, y_true, y_challenger = score_registered(
-            challenger_dir, task, data_dir, params.split
-        )
+        challenger, c_scores = score_registered(challenger_dir, task, data_dir, params.split)
         challenger["version"] = version
         champion_version = registry.aliases().get(CHAMPION)
         if champion_version is None:
-            return challenger, None, paired
+            return challenger, None, paired, {}
         champion_dir = download_version(client, uri, name, champion_version, Path(tmp) / "p")
-        champion, _, y_champion = score_registered(champion_dir, task, data_dir, params.split)
+        champion, p_scores = score_registered(champion_dir, task, data_dir, params.split)
         champion["version"] = champion_version
+        failures, facts = task.blessing_checks(c_scores, p_scores)
+        task_rules = {"failures": failures, "facts": facts}
         names = dataset.read_label_names(data_dir)
-        paired["test"] = gates.compare(y_true, y_champion, y_challenger, names)
+        paired["test"] = gates.compare(c_scores.y_true, p_scores.y_pred, c_scores.y_pred, names)
         pinned = len(holdout) == len(HOLDOUT_TAGS)
         if pinned and holdout["holdout_sha256"] == split_sha:  # the same bytes: same counts
             paired["holdout"] = {
@@ -314,16 +323,18 @@ def compare_with_champion(
         elif pinned and champion["inputs"] == challenger["inputs"]:
             h_dir = fetch_holdout(client, uri, holdout, Path(tmp) / "h", params.split)
             h_names = dataset.read_label_names(h_dir)
-            _, h_true, h_champion = score_registered(champion_dir, task, h_dir, params.split)
-            _, _, h_challenger = score_registered(challenger_dir, task, h_dir, params.split)
+            _, h_champion = score_registered(champion_dir, task, h_dir, params.split)
+            _, h_challenger = score_registered(challenger_dir, task, h_dir, params.split)
             paired["holdout"] = {
-                **gates.compare(h_true, h_champion, h_challenger, h_names),
+                **gates.compare(
+                    h_challenger.y_true, h_champion.y_pred, h_challenger.y_pred, h_names
+                ),
                 "pinned_from_version": int(holdout["holdout_version"]),
                 "sha256": holdout["holdout_sha256"],
             }
         elif not pinned:
             log.warning("%s has no pinned holdout yet: blessing on %s only", name, params.split)
-    return challenger, champion, paired
+    return challenger, champion, paired, task_rules
 
 
 def record_blessing(client: Any, name: str, version: int, run_id: str, blessing: Blessing) -> None:
@@ -417,14 +428,16 @@ def run(
 
     split_sha = log_test_split(client, run_id, data_dir, params.split)
     client.set_model_version_tag(name, str(version), "test_split_sha256", split_sha)
-    challenger, champion, paired = compare_with_champion(
+    challenger, champion, paired, task_rules = compare_with_champion(
         client, uri, registry, version, params, task, data_dir, split_sha
     )
     if "test.baseline_accuracy" in mlrun.data.metrics:  # evaluate's, on the same split
         challenger["baseline_accuracy"] = float(mlrun.data.metrics["test.baseline_accuracy"])
         beats = challenger["accuracy"] > challenger["baseline_accuracy"]
         client.set_model_version_tag(name, str(version), "beats_baseline", str(beats).lower())
-    blessing = bless(params, lineage, challenger, champion, paired)
+    blessing = bless(
+        params, lineage, challenger, champion, paired, task_rules, outcome=task.outcome
+    )
     record_blessing(client, name, version, run_id, blessing)
     write_json(
         out_dir / "blessing.json",
@@ -433,9 +446,10 @@ def run(
     client.log_artifact(run_id, str(out_dir / "blessing.json"))
     if blessing.blessed:
         log.info(
-            "%s v%d blessed (accuracy %.4f%s)",
+            "%s v%d blessed (%s %.4f%s)",
             name,
             version,
+            task.outcome,
             challenger["accuracy"],
             f", champion v{champion['version']} {champion['accuracy']:.4f}"
             if champion

@@ -1,4 +1,4 @@
-"""Scoring shared by the steps: a classification report, an exported model on a split.
+"""Scoring shared by the steps: an exported model on a split, judged by its task.
 
 Library layer: imported by steps (evaluate, qat, register), imports no step.
 """
@@ -6,45 +6,13 @@ Library layer: imported by steps (evaluate, qat, register), imports no step.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from components import dataset
 from components.runtime import ModelFiles, PaddlePredictor
 from components.tasks import Task
-
-
-def classification_report(
-    y_true: np.ndarray, y_pred: np.ndarray, label_names: list[str]
-) -> dict[str, Any]:
-    from sklearn.metrics import (
-        accuracy_score,
-        confusion_matrix,
-        f1_score,
-        precision_recall_fscore_support,
-    )
-
-    labels = list(range(len(label_names)))
-    precision, recall, f1, support = precision_recall_fscore_support(
-        y_true, y_pred, labels=labels, zero_division=0
-    )
-    return {
-        "accuracy": float(accuracy_score(y_true, y_pred)),
-        "macro_f1": float(
-            f1_score(y_true, y_pred, labels=labels, average="macro", zero_division=0)
-        ),
-        "per_class": {
-            name: {
-                "precision": float(precision[i]),
-                "recall": float(recall[i]),
-                "f1": float(f1[i]),
-                "support": int(support[i]),
-            }
-            for i, name in enumerate(label_names)
-        },
-        "confusion_matrix": confusion_matrix(y_true, y_pred, labels=labels).tolist(),
-    }
+from components.tasks.base import Scores
 
 
 def score_model(
@@ -54,12 +22,12 @@ def score_model(
     split: str = "test",
     batch_size: int = 256,
     threads: int = 1,
-) -> tuple[dict[str, Any], np.ndarray, np.ndarray, PaddlePredictor, list[np.ndarray]]:
-    """Run an exported model on a split; returns the report, labels, predictions, predictor."""
+) -> tuple[Scores, PaddlePredictor, list[np.ndarray]]:
+    """Run an exported model on a split's inputs (:meth:`Task.eval_inputs`) and let the task
+    judge the outputs (:meth:`Task.score`); returns the scores, the predictor and the inputs."""
     predictor = PaddlePredictor(ModelFiles.in_dir(model_dir), threads=threads)
     task.load_assets(Path(model_dir))
-    raw, y_true = task.read_split(data_dir, split)
-    inputs = task.preprocess(raw)
-    y_pred = predictor.predict(inputs, batch_size=batch_size).argmax(axis=1)
-    report = classification_report(y_true, y_pred, dataset.read_label_names(data_dir))
-    return report, y_true, y_pred, predictor, inputs
+    inputs, labels = task.eval_inputs(data_dir, split)
+    outputs = predictor.predict(inputs, batch_size=batch_size)
+    scores = task.score(outputs, labels, data_dir, split, dataset.read_label_names(data_dir))
+    return scores, predictor, inputs

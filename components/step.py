@@ -471,6 +471,11 @@ DVC_HEADER = """\
 """
 
 
+# a task pipeline whose dvc.yaml has this line keeps its own plots (a generator's curves are
+# not a classifier's); without it, it takes the default pipeline's
+_TASK_PLOTS_MARK = "# plots: this task's own"
+
+
 def _task_plots(plots: list[Any], task: str) -> list[Any]:
     """The default pipeline's plot definitions with their files moved to ``task``'s. Only
     plots of files git tracks (``plots/``) are kept: ``dvc plots show`` reads every
@@ -489,15 +494,18 @@ def write_dvc_yaml(path: Path = REPO / "dvc.yaml", task: str | None = None) -> P
     task's pipeline takes the default pipeline's plots)."""
     import yaml
 
-    current = yaml.safe_load(path.read_text(encoding="utf-8")) if path.exists() else {}
+    current_text = path.read_text(encoding="utf-8") if path.exists() else ""
+    current = yaml.safe_load(current_text) if current_text else {}
     doc: dict[str, Any] = {"stages": {s.name: dvc_stage(s, task) for s in all_steps()}}
-    if task is None and current and current.get("plots"):
-        doc["plots"] = current["plots"]
+    if current and current.get("plots") and (task is None or _TASK_PLOTS_MARK in current_text):
+        doc["plots"] = current["plots"]  # written by hand for this pipeline: kept
     elif task is not None:
         default = yaml.safe_load((REPO / "dvc.yaml").read_text(encoding="utf-8"))
         if default.get("plots"):
             doc["plots"] = _task_plots(default["plots"], task)
     header = DVC_HEADER
+    if _TASK_PLOTS_MARK in current_text:
+        header += _TASK_PLOTS_MARK + " (kept by `python -m components dvc-yaml`)\n"
     if task is not None:
         header += (
             f"# The pipeline of task '{task}': `dvc repro {TASKS_DIR}/{task}/dvc.yaml` "

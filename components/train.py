@@ -537,7 +537,9 @@ def run(
 
     x_train_raw, y_train = task.read_split(data_dir, "train")
     x_val_raw, y_val = task.read_split(data_dir, "val")
-    task.fit_preprocessing(x_train_raw)  # e.g. a vocabulary: from the training split only
+    task.fit_preprocessing(
+        x_train_raw, y_train
+    )  # a vocabulary, a judge: from the training split only
     x_train, x_val = task.preprocess(x_train_raw), task.preprocess(x_val_raw)
 
     data_sha = "".join(sha256_file(dataset.split_path(data_dir, s)) for s in ("train", "val"))

@@ -18,6 +18,7 @@ from components.tasks.base import Task
 # name -> "module:Class"; imported lazily so one task's heavy deps never load for another.
 _REGISTRY: dict[str, str] = {
     "digits": "components.tasks.digits:DigitsTask",
+    "digits_gan": "components.tasks.gan:DigitsGanTask",
     "image_folder": "components.tasks.image_folder:ImageFolderTask",
     "sentiment": "components.tasks.sentiment:SentimentTask",
 }

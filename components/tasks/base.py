@@ -92,6 +92,11 @@ class Task(abc.ABC):
     # path read; a model that cannot be saved in the legacy format leaves it out and asks for
     # "onnx" (the PIR program through paddle2onnx), which OpenVINO reads instead
     export_formats: ClassVar[tuple[str, ...]] = ("pir", "legacy")
+    # the model's output is class logits (export and serving checks then also compare top-1
+    # classes); a generator's is not
+    outputs_logits: ClassVar[bool] = True
+    # what the per-sample outcome the gates compare is called (y_true == y_pred of Scores)
+    outcome: ClassVar[str] = "accuracy"
 
     @classmethod
     @abc.abstractmethod
@@ -110,6 +115,67 @@ class Task(abc.ABC):
 
     def output_specs(self, num_classes: int) -> list[TensorSpec]:
         return [TensorSpec("logits", (-1, num_classes), "float32")]
+
+    def serving_model(self, model: paddle.nn.Layer) -> paddle.nn.Layer:
+        """The part of the trained model that is exported and served (default: all of it; a
+        GAN serves its generator)."""
+        return model
+
+    # ------------------------------------------------------------ scoring (evaluate, gates)
+
+    def eval_inputs(self, data_dir: str | Path, split: str) -> tuple[list[np.ndarray], np.ndarray]:
+        """The model inputs a split is scored on and each sample's label (default: the stored
+        samples preprocessed)."""
+        raw, labels = self.read_split(data_dir, split)
+        return self.preprocess(raw), labels
+
+    def score(
+        self,
+        outputs: np.ndarray,
+        labels: np.ndarray,
+        data_dir: str | Path,
+        split: str,
+        label_names: list[str],
+    ) -> Scores:
+        """Judge the model's ``outputs`` for :meth:`eval_inputs` of ``split`` (default: a
+        classifier's logits: accuracy, macro-F1, per-class recall, the confusion matrix)."""
+        from components.tasks.report import classification_report
+
+        y_pred = outputs.argmax(axis=1)
+        report = classification_report(labels, y_pred, label_names)
+        metrics = {
+            "accuracy": report["accuracy"],
+            "macro_f1": report["macro_f1"],
+            "worst_class_recall": min(c["recall"] for c in report["per_class"].values()),
+        }
+        return Scores(labels, y_pred, report, metrics)
+
+    # ------------------------------------------------------------ the MLflow pyfunc model
+
+    def pyfunc_examples(
+        self, data_dir: str | Path, split: str, count: int, max_bytes: int
+    ) -> tuple[Any, list[int]]:
+        """An input example of the logged model and the per-sample shape it checks (default:
+        stored samples of ``split``, preprocessed inside the model)."""
+        raw, _ = self.read_split(data_dir, split)
+        return self.data.input_examples(raw, count, max_bytes)
+
+    def pyfunc_inputs(self, model_input: Any, shape: list[int]) -> list[np.ndarray]:
+        """A pyfunc request as model inputs; ``ValueError`` for a bad request (default: stored
+        samples, preprocessed)."""
+        return self.preprocess(self.data.model_input(model_input, shape))
+
+    def blessing_checks(
+        self, challenger: Scores, champion: Scores
+    ) -> tuple[list[str], dict[str, Any]]:
+        """Blessing rules of this task beyond the paired per-sample ones the register step
+        applies to every task: the failures (empty: passed) and the facts they rest on
+        (default: none)."""
+        return [], {}
+
+    def figures(self, dest: Path, scores: Scores, label_names: list[str]) -> list[Path]:
+        """Images evaluate writes into ``dest`` beside the confusion matrix (default: none)."""
+        return []
 
     @abc.abstractmethod
     def preprocess(self, raw: np.ndarray) -> list[np.ndarray]:
@@ -142,8 +208,11 @@ class Task(abc.ABC):
     # fits it in train, saves it under ``assets/`` of the trained model (export and package copy
     # it beside the program) and loads it back wherever a step preprocesses for a model.
 
-    def fit_preprocessing(self, train_samples: np.ndarray) -> None:
-        """Fit the preprocessing on the training split's stored samples (default: nothing)."""
+    def fit_preprocessing(
+        self, train_samples: np.ndarray, labels: np.ndarray | None = None
+    ) -> None:
+        """Fit the preprocessing (or a judge of the outputs) on the training split's stored
+        samples and labels (default: nothing)."""
         return None
 
     def save_assets(self, dest: Path) -> None:

@@ -20,7 +20,6 @@ import paddle
 import paddle.nn.functional as F
 
 if TYPE_CHECKING:
-    from components.distributed import World
     from components.tasks.base import Optimization, SoftTargets, Task, TrainSettings
 
 
@@ -80,7 +79,7 @@ class Objective(abc.ABC):
         inputs: list[np.ndarray],
         labels: np.ndarray,
         batch_size: int,
-        world: World,
+        world: Any,  # components.distributed.World
     ) -> dict[str, float]:
         """Validation metrics of ``model`` (means over the split, the same on every rank);
         must contain :attr:`score`."""
@@ -124,7 +123,7 @@ class Classification(Objective):
         inputs: list[np.ndarray],
         labels: np.ndarray,
         batch_size: int,
-        world: World,
+        world: Any,  # components.distributed.World
     ) -> dict[str, float]:
         """Mean loss and accuracy; each rank scores its shard, the sums are shared."""
         model.eval()

@@ -225,7 +225,9 @@ class SentimentTask(Task):
             )
         return self.tokenizer
 
-    def fit_preprocessing(self, train_samples: np.ndarray) -> None:
+    def fit_preprocessing(
+        self, train_samples: np.ndarray, labels: np.ndarray | None = None
+    ) -> None:
         """The tokenizer: the pretrained one, or a vocabulary of the training texts."""
         transformers = paddlenlp()
         if self.options.pretrained:

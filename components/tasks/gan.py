@@ -1,0 +1,634 @@
+"""A conditional DCGAN on the digits data (``task.name: digits_gan``): generation, not
+classification.
+
+- **Model.** The generator maps a latent vector and a requested class to a 1xHxW image in
+  [-1, 1] (the digits preprocessing's range: pixels/255 normalised with mean 0.5, std 0.5):
+  embedding + linear to a (H/4)x(W/4) map, two stride-2 transposed convolutions, tanh. The
+  discriminator (two stride-2 convolutions, LeakyReLU, no BatchNorm so that data-parallel ranks
+  follow the single-process math) answers "real?" and "which class?" (AC-GAN): the generator
+  is trained to fool the first head and to be recognised by the second.
+- **Training.** :class:`Adversarial` alternates one discriminator and one generator step per
+  batch with their own Adam optimizers. The latents and the requested classes are drawn in
+  :meth:`DigitsGanTask.augment` from the epoch's generator of the global batch, so every rank
+  draws the same ones and trains on its shard (the train step's data-parallel contract).
+- **Quality, measured.** A judge (a LeNet classifier, ``judge`` options) is trained on the
+  training split when the generator is (its weights are an asset exported beside the model,
+  so every later step scores with the same one). On a split, the generator makes one image per
+  sample from a fixed latent (``eval.seed``) and the sample's class; the score is the Frechet
+  distance between the judge's penultimate-layer features of the generated and of the real
+  images (FID-style; lower is better) and the class agreement (the share of generated images
+  the judge assigns to the requested class). Evaluate reports it next to the floor (the
+  distance between the two halves of the real split) and the ceiling (an untrained
+  generator).
+- **Blessing.** Class agreement is a per-sample outcome, so the registry's paired rules
+  (McNemar, per-class limits) apply to it unchanged; the distance is compared by a paired
+  bootstrap (:meth:`DigitsGanTask.blessing_checks`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import paddle
+import paddle.nn.functional as F
+from paddle import nn
+from tqdm import tqdm
+
+from components.config import from_dict
+from components.tasks.base import ASSETS_DIR, Optimization, Scores, TensorSpec, TrainSettings
+from components.tasks.digits import LeNet
+from components.tasks.objective import Objective, StepContext
+from components.tasks.vision import ImageClassificationTask
+
+log = logging.getLogger(__name__)
+
+JUDGE_FILE = "judge.pdparams"
+JUDGE_META = "judge.json"
+
+
+@dataclass(frozen=True)
+class JudgeOptions:
+    """The classifier whose features and answers score the generator."""
+
+    conv_channels: list[int] = field(default_factory=lambda: [16, 32])
+    hidden: list[int] = field(default_factory=lambda: [120, 84])
+    epochs: int = 8
+    batch_size: int = 32
+    learning_rate: float = 0.001
+    seed: int = 7
+
+    def check(self) -> None:
+        if self.epochs < 1 or self.batch_size < 1 or not self.learning_rate > 0:
+            raise ValueError("judge: epochs and batch_size must be >= 1, learning_rate > 0")
+        if len(self.hidden) < 1:
+            raise ValueError("judge.hidden must list at least one layer (its features)")
+
+
+@dataclass(frozen=True)
+class EvalOptions:
+    seed: int = 1234  # the fixed latents a split is generated from
+    grid_columns: int = 8  # samples per class in the sample grid
+
+
+@dataclass(frozen=True)
+class QualityOptions:
+    """The blessing rule on the distance: a challenger fails when, with evidence (the lower
+    ``alpha`` quantile of a paired bootstrap of the difference), its distance exceeds the
+    champion's by more than ``max_fid_increase`` (a fraction of the champion's)."""
+
+    max_fid_increase: float = 0.1
+    bootstrap: int = 200
+    alpha: float = 0.1
+    seed: int = 0
+
+    def check(self) -> None:
+        if self.max_fid_increase < 0 or self.bootstrap < 20 or not 0 < self.alpha < 0.5:
+            raise ValueError(
+                "quality: max_fid_increase >= 0, bootstrap >= 20 and 0 < alpha < 0.5 required"
+            )
+
+
+@dataclass(frozen=True)
+class GanOptions:
+    image_size: list[int] = field(default_factory=lambda: [28, 28])
+    latent_dim: int = 32
+    embed_dim: int = 16  # the requested class's embedding
+    width: int = 64  # channels of the generator's first map and the discriminator's last
+    beta1: float = 0.5  # Adam's, for both networks (the DCGAN recipe)
+    class_loss_weight: float = 1.0  # the auxiliary classifier's share of both losses
+    judge: JudgeOptions = field(default_factory=JudgeOptions)
+    eval: EvalOptions = field(default_factory=EvalOptions)
+    quality: QualityOptions = field(default_factory=QualityOptions)
+
+    def check(self) -> None:
+        h, w = self.image_size if len(self.image_size) == 2 else (0, 0)
+        if h < 12 or w < 12 or h % 4 or w % 4:
+            raise ValueError(
+                f"image_size must be [H, W], multiples of 4 and >= 12, got {self.image_size}"
+            )
+        if self.latent_dim < 1 or self.embed_dim < 1 or self.width < 4 or self.width % 2:
+            raise ValueError("latent_dim, embed_dim >= 1 and an even width >= 4 required")
+        if not 0 <= self.beta1 < 1 or self.class_loss_weight < 0:
+            raise ValueError("beta1 must be in [0, 1) and class_loss_weight >= 0")
+        self.judge.check()
+        self.quality.check()
+
+
+# --------------------------------------------------------------------------- networks
+
+
+class Generator(nn.Layer):
+    """(latent [N, D] float32, label [N] int64) -> image [N, 1, H, W] in [-1, 1]."""
+
+    def __init__(self, num_classes: int, options: GanOptions):
+        super().__init__()
+        h, w = options.image_size
+        self.map_hw = (h // 4, w // 4)
+        self.width = options.width
+        self.embed = nn.Embedding(num_classes, options.embed_dim)
+        self.project = nn.Linear(
+            options.latent_dim + options.embed_dim, options.width * (h // 4) * (w // 4)
+        )
+        self.up1 = nn.Conv2DTranspose(options.width, options.width // 2, 4, stride=2, padding=1)
+        self.up2 = nn.Conv2DTranspose(options.width // 2, 1, 4, stride=2, padding=1)
+
+    def forward(self, latent: paddle.Tensor, label: paddle.Tensor) -> paddle.Tensor:
+        x = paddle.concat([latent, self.embed(label)], axis=1)
+        x = F.relu(self.project(x)).reshape([-1, self.width, *self.map_hw])
+        return paddle.tanh(self.up2(F.relu(self.up1(x))))
+
+
+class Discriminator(nn.Layer):
+    """image [N, 1, H, W] -> (real/fake logit [N], class logits [N, K])."""
+
+    def __init__(self, num_classes: int, options: GanOptions):
+        super().__init__()
+        h, w = options.image_size
+        self.conv1 = nn.Conv2D(1, options.width // 2, 4, stride=2, padding=1)
+        self.conv2 = nn.Conv2D(options.width // 2, options.width, 4, stride=2, padding=1)
+        features = options.width * (h // 4) * (w // 4)
+        self.real = nn.Linear(features, 1)
+        self.classes = nn.Linear(features, num_classes)
+
+    def forward(self, image: paddle.Tensor) -> tuple[paddle.Tensor, paddle.Tensor]:
+        x = F.leaky_relu(self.conv1(image), 0.2)
+        x = F.leaky_relu(self.conv2(x), 0.2).flatten(1)
+        return self.real(x).squeeze(1), self.classes(x)
+
+
+class ConditionalGAN(nn.Layer):
+    """Both networks (trained and checkpointed together); ``forward`` is the generator's."""
+
+    def __init__(self, num_classes: int, options: GanOptions):
+        super().__init__()
+        self.generator = Generator(num_classes, options)
+        self.discriminator = Discriminator(num_classes, options)
+
+    def forward(self, latent: paddle.Tensor, label: paddle.Tensor) -> paddle.Tensor:
+        return self.generator(latent, label)
+
+
+# --------------------------------------------------------------------------- quality
+
+
+def frechet_distance(a: np.ndarray, b: np.ndarray) -> float:
+    """Frechet distance between Gaussians fitted to feature sets ``a`` and ``b`` [N, F]:
+    |mu_a - mu_b|^2 + tr(Ca + Cb - 2 (Ca Cb)^1/2). The trace of the matrix square root is
+    taken as the sum of the square roots of the eigenvalues of Ca^1/2 Cb Ca^1/2 (symmetric
+    positive semi-definite, so no complex parts from round-off)."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    mu = a.mean(0) - b.mean(0)
+    ca, cb = np.cov(a, rowvar=False), np.cov(b, rowvar=False)
+    vals, vecs = np.linalg.eigh(ca)
+    root_a = (vecs * np.sqrt(np.clip(vals, 0, None))) @ vecs.T
+    middle = np.linalg.eigvalsh(root_a @ cb @ root_a)
+    trace_root = float(np.sqrt(np.clip(middle, 0, None)).sum())
+    return float(mu @ mu + np.trace(ca) + np.trace(cb) - 2.0 * trace_root)
+
+
+class Judge:
+    """The LeNet that scores generated images: its class answers and penultimate features."""
+
+    def __init__(self, net: LeNet):
+        self.net = net
+        self.net.eval()
+
+    def __call__(self, images: np.ndarray, batch_size: int = 256) -> tuple[np.ndarray, np.ndarray]:
+        preds, feats = [], []
+        body, head = self.net.classifier[:-1], self.net.classifier[-1]
+        with paddle.no_grad():
+            for s in range(0, len(images), batch_size):
+                x = paddle.to_tensor(np.ascontiguousarray(images[s : s + batch_size]))
+                f = body(paddle.flatten(self.net.features(x), 1))
+                preds.append(head(f).numpy().argmax(1))
+                feats.append(f.numpy())
+        return np.concatenate(preds), np.concatenate(feats).astype(np.float64)
+
+
+# --------------------------------------------------------------------------- the objective
+
+
+@dataclass
+class GanNets:
+    """What the batches go through: each network, wrapped for data parallel or not."""
+
+    generator: Any
+    discriminator: Any
+    model: ConditionalGAN
+
+
+class Adversarial(Objective):
+    """AC-GAN: the discriminator learns real vs generated and the class of real images; the
+    generator learns to pass as real and as the requested class. Score: the Frechet distance
+    on the validation split (lower is better)."""
+
+    score = "fid"
+    higher_is_better = False
+
+    def __init__(self, options: GanOptions):
+        self.options = options
+
+    def optimizations(
+        self, task: Any, model: paddle.nn.Layer, settings: TrainSettings
+    ) -> dict[str, Optimization]:
+        out = {}
+        for name in ("generator", "discriminator"):
+            # x lr_gamma every lr_step_size epochs (any gamma: 1 keeps the rate constant)
+            step, gamma = max(1, settings.lr_step_size), settings.lr_gamma
+            scheduler = paddle.optimizer.lr.LambdaDecay(
+                learning_rate=settings.learning_rate,
+                lr_lambda=lambda epoch, step=step, gamma=gamma: gamma ** (epoch // step),
+            )
+            optimizer = paddle.optimizer.Adam(
+                learning_rate=scheduler,
+                beta1=self.options.beta1,
+                parameters=getattr(model, name).parameters(),
+                weight_decay=settings.weight_decay or None,
+            )
+            out[name] = Optimization(optimizer, scheduler)
+        return out
+
+    def parallel(self, model: paddle.nn.Layer, world_size: int) -> GanNets:
+        if world_size == 1:
+            return GanNets(model.generator, model.discriminator, model)
+        return GanNets(
+            paddle.DataParallel(model.generator), paddle.DataParallel(model.discriminator), model
+        )
+
+    def step(
+        self,
+        nets: GanNets,
+        opts: dict[str, paddle.optimizer.Optimizer],
+        batch: list[paddle.Tensor],
+        labels: paddle.Tensor,
+        *,
+        weight: float,
+        ctx: StepContext,
+        soft: np.ndarray | None = None,
+        soft_targets: Any = None,
+    ) -> dict[str, float]:
+        real, latent, wanted = batch
+        n = int(real.shape[0])
+        w_cls = self.options.class_loss_weight
+        # discriminator: real images are real and of their class; generated ones are not real
+        with paddle.no_grad():
+            fake = nets.model.generator(latent, wanted)
+        with ctx.autocast():
+            real_logit, class_logits = nets.discriminator(paddle.concat([real, fake]))
+        targets = paddle.concat([paddle.ones([n]), paddle.zeros([n])])
+        d_loss = F.binary_cross_entropy_with_logits(real_logit.astype("float32"), targets)
+        d_loss = d_loss + w_cls * F.cross_entropy(class_logits[:n].astype("float32"), labels)
+        ctx.update(d_loss * weight, opts["discriminator"])
+        # generator: through a frozen discriminator (no gradient reaches it)
+        frozen = nets.model.discriminator.parameters()
+        for p in frozen:
+            p.stop_gradient = True
+        try:
+            with ctx.autocast():
+                real_logit, class_logits = nets.model.discriminator(nets.generator(latent, wanted))
+            g_loss = F.binary_cross_entropy_with_logits(
+                real_logit.astype("float32"), paddle.ones([n])
+            )
+            g_loss = g_loss + w_cls * F.cross_entropy(class_logits.astype("float32"), wanted)
+            ctx.update(g_loss * weight, opts["generator"])
+        finally:
+            for p in frozen:
+                p.stop_gradient = False
+        return {"d_loss": float(d_loss) * n, "g_loss": float(g_loss) * n}
+
+    def validate(
+        self,
+        task: Any,
+        model: paddle.nn.Layer,
+        inputs: list[np.ndarray],
+        labels: np.ndarray,
+        batch_size: int,
+        world: Any,
+    ) -> dict[str, float]:
+        """Rank 0 scores (the judge is rank 0's); every rank takes its answer, so early
+        stopping decides the same everywhere."""
+        model.eval()
+        got = None
+        if world.main:
+            images = task.generate(model.generator, task.latents(len(labels), "val"), labels)
+            got = task.quality(images, labels, inputs[0])
+        return world.all_gather(got)[0]
+
+
+# --------------------------------------------------------------------------- the task
+
+
+class DigitsGanTask(ImageClassificationTask):
+    """Generation on the digits data (see the module docstring)."""
+
+    name = "digits_gan"
+    outputs_logits: ClassVar[bool] = False
+    # paddle 3.3 cannot trace tanh into the legacy ProgramDesc (OldIrGuard: "tanh(): argument
+    # must be Value, but got Variable"); OpenVINO (the server) reads the PIR program via ONNX
+    export_formats: ClassVar[tuple[str, ...]] = ("pir", "onnx")
+    outcome = "class agreement"
+
+    def __init__(self, options: GanOptions):
+        super().__init__(tuple(options.image_size), [0.5], [0.5], 0)
+        self.options = options
+        self.judge: Judge | None = None
+        self.judge_facts: dict[str, Any] = {}
+        self._real_cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    @classmethod
+    def from_options(
+        cls, options: dict[str, Any], *, where: str = "params.yaml: task.options"
+    ) -> DigitsGanTask:
+        return cls(from_dict(GanOptions, options, where=where))
+
+    # ---- model and signature
+    def build_model(self, num_classes: int) -> nn.Layer:
+        return ConditionalGAN(num_classes, self.options)
+
+    def serving_model(self, model: paddle.nn.Layer) -> paddle.nn.Layer:
+        return model.generator
+
+    def input_specs(self) -> list[TensorSpec]:
+        return [
+            TensorSpec("latent", (-1, self.options.latent_dim), "float32"),
+            TensorSpec("label", (-1,), "int64"),
+        ]
+
+    def output_specs(self, num_classes: int) -> list[TensorSpec]:
+        h, w = self.image_size
+        return [TensorSpec("image", (-1, 1, h, w), "float32")]
+
+    def objective(self) -> Objective:
+        return Adversarial(self.options)
+
+    def int8_blocker(self) -> str | None:
+        return (
+            "the qat step fine-tunes by distilling class logits from the fp32 parent and gates "
+            "on per-sample accuracy; a generator has no logits to distil, and quantization-"
+            "aware training of the adversarial objective is not implemented"
+        )
+
+    # ---- training data: real images, plus the latents and classes the generator is asked for
+    def augment(self, inputs: list[np.ndarray], rng: np.random.Generator) -> list[np.ndarray]:
+        (images,) = inputs
+        n = images.shape[0]
+        latent = rng.standard_normal((n, self.options.latent_dim)).astype(np.float32)
+        wanted = rng.integers(0, self.num_classes, size=n).astype(np.int64)
+        return [images, latent, wanted]
+
+    @property
+    def num_classes(self) -> int:
+        if self.judge is None:
+            raise RuntimeError("the judge is not fitted or loaded (fit_preprocessing/load_assets)")
+        return int(self.judge_facts["num_classes"])
+
+    # ---- the judge: fitted on the training split, an asset beside the model
+    def fit_preprocessing(
+        self, train_samples: np.ndarray, labels: np.ndarray | None = None
+    ) -> None:
+        if labels is None:
+            raise ValueError(f"task {self.name}: the judge needs the training labels")
+        o = self.options.judge
+        num_classes = int(labels.max()) + 1
+        paddle.seed(o.seed)
+        net = LeNet(num_classes, 1, self.image_size, o.conv_channels, o.hidden)
+        opt = paddle.optimizer.Adam(learning_rate=o.learning_rate, parameters=net.parameters())
+        (x,) = self.preprocess(train_samples)
+        rng = np.random.default_rng(o.seed)
+        net.train()
+        for _ in tqdm(range(o.epochs), desc="judge", unit="epoch", leave=False):
+            order = rng.permutation(len(labels))
+            for s in range(0, len(order), o.batch_size):
+                idx = order[s : s + o.batch_size]
+                loss = F.cross_entropy(net(paddle.to_tensor(x[idx])), paddle.to_tensor(labels[idx]))
+                loss.backward()
+                opt.step()
+                opt.clear_grad()
+        self.judge = Judge(net)
+        preds, _ = self.judge(x)
+        self.judge_facts = {
+            "num_classes": num_classes,
+            "train_accuracy": float((preds == labels).mean()),
+            "options": asdict(o),
+        }
+        self._real_cache.clear()
+        log.info("judge: train accuracy %.4f", self.judge_facts["train_accuracy"])
+
+    def save_assets(self, dest: Path) -> None:
+        if self.judge is None:
+            raise RuntimeError("no judge to save: fit_preprocessing first")
+        dest.mkdir(parents=True, exist_ok=True)
+        paddle.save(self.judge.net.state_dict(), str(dest / JUDGE_FILE))
+        (dest / JUDGE_META).write_text(json.dumps(self.judge_facts, indent=2, sort_keys=True))
+
+    def load_assets(self, root: Path) -> None:
+        folder = Path(root) / ASSETS_DIR
+        weights, meta = folder / JUDGE_FILE, folder / JUDGE_META
+        if not weights.exists() or not meta.exists():
+            from components.artifacts import StepError
+
+            raise StepError(f"{folder}: the judge ({JUDGE_FILE}, {JUDGE_META}) is missing")
+        facts = json.loads(meta.read_text())
+        o = JudgeOptions(**facts["options"])
+        net = LeNet(int(facts["num_classes"]), 1, self.image_size, o.conv_channels, o.hidden)
+        net.set_state_dict(paddle.load(str(weights)))
+        self.judge, self.judge_facts = Judge(net), facts
+        self._real_cache.clear()
+
+    # ---- generation and scoring
+    def latents(self, n: int, split: str) -> np.ndarray:
+        """The fixed latents a split is generated from (the same for every model)."""
+        rng = np.random.default_rng([self.options.eval.seed, sum(split.encode())])
+        return rng.standard_normal((n, self.options.latent_dim)).astype(np.float32)
+
+    def eval_inputs(self, data_dir: str | Path, split: str) -> tuple[list[np.ndarray], np.ndarray]:
+        _, labels = self.read_split(data_dir, split)
+        return [self.latents(len(labels), split), labels], labels
+
+    def pyfunc_examples(
+        self, data_dir: str | Path, split: str, count: int, max_bytes: int
+    ) -> tuple[Any, list[int]]:
+        """float32 [N, 1 + latent_dim]: the requested class, then the latent vector."""
+        (latent, labels), _ = self.eval_inputs(data_dir, split)
+        rows = np.concatenate([labels[:count, None].astype(np.float32), latent[:count]], axis=1)
+        return rows, [1 + self.options.latent_dim]
+
+    def pyfunc_inputs(self, model_input: Any, shape: list[int]) -> list[np.ndarray]:
+        rows = np.asarray(model_input, dtype=np.float32)
+        width = 1 + self.options.latent_dim
+        if rows.ndim != 2 or rows.shape[1] != width:
+            raise ValueError(
+                f"expected rows of {width} numbers (class id, then {width - 1} latent values), "
+                f"got shape {list(rows.shape)}"
+            )
+        labels = rows[:, 0]
+        k = int(self.judge_facts.get("num_classes", 0))
+        if not np.all(labels == np.round(labels)) or labels.min() < 0 or labels.max() >= k:
+            raise ValueError(f"column 0 must hold class ids 0..{k - 1}")
+        return [np.ascontiguousarray(rows[:, 1:]), labels.astype(np.int64)]
+
+    @staticmethod
+    def generate(
+        generator: paddle.nn.Layer, latent: np.ndarray, labels: np.ndarray, batch_size: int = 256
+    ) -> np.ndarray:
+        generator.eval()
+        out = []
+        with paddle.no_grad():
+            for s in range(0, len(labels), batch_size):
+                z = paddle.to_tensor(latent[s : s + batch_size])
+                y = paddle.to_tensor(labels[s : s + batch_size].astype(np.int64))
+                out.append(generator(z, y).numpy())
+        return np.concatenate(out)
+
+    def _real(self, real_images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        key = hash(real_images.tobytes())
+        if key not in self._real_cache:
+            self._real_cache[key] = self._require_judge()(real_images)
+        return self._real_cache[key]
+
+    def _require_judge(self) -> Judge:
+        if self.judge is None:
+            raise RuntimeError("the judge is not fitted or loaded (fit_preprocessing/load_assets)")
+        return self.judge
+
+    def quality(
+        self, images: np.ndarray, labels: np.ndarray, real_images: np.ndarray
+    ) -> dict[str, float]:
+        """Frechet distance to the real images' judge features and class agreement."""
+        preds, feats = self._require_judge()(images)
+        _, real_feats = self._real(real_images)
+        return {
+            "fid": frechet_distance(feats, real_feats),
+            "agreement": float((preds == labels).mean()),
+        }
+
+    def score(
+        self,
+        outputs: np.ndarray,
+        labels: np.ndarray,
+        data_dir: str | Path,
+        split: str,
+        label_names: list[str],
+    ) -> Scores:
+        from components.tasks.report import classification_report
+
+        raw, real_labels = self.read_split(data_dir, split)
+        (real,) = self.preprocess(raw)
+        judge = self._require_judge()
+        preds, feats = judge(outputs)
+        real_preds, real_feats = self._real(real)
+        half = len(real) // 2
+        floor = frechet_distance(real_feats[:half], real_feats[half:])
+        paddle.seed(self.options.eval.seed)
+        untrained = ConditionalGAN(len(label_names), self.options).generator
+        ceiling_images = self.generate(untrained, self.latents(len(labels), split), labels)
+        _, ceiling_feats = judge(ceiling_images)
+        fid = frechet_distance(feats, real_feats)
+        report = classification_report(labels, preds, label_names)
+        report["generation"] = {
+            "fid": fid,
+            "fid_floor": floor,
+            "fid_ceiling": frechet_distance(ceiling_feats, real_feats),
+            "judge_accuracy": float((real_preds == real_labels).mean()),
+            "judge": self.judge_facts,
+        }
+        metrics = {
+            "class_agreement": report["accuracy"],
+            "worst_class_agreement": min(c["recall"] for c in report["per_class"].values()),
+            "fid": round(fid, 4),
+            "fid_floor": round(floor, 4),
+            "fid_ceiling": round(report["generation"]["fid_ceiling"], 4),
+            "judge_accuracy": report["generation"]["judge_accuracy"],
+        }
+        return Scores(
+            labels,
+            preds,
+            report,
+            metrics,
+            outputs=outputs,
+            details={"features": feats, "real": real_feats, "judge": judge},
+        )
+
+    def blessing_checks(
+        self, challenger: Scores, champion: Scores
+    ) -> tuple[list[str], dict[str, Any]]:
+        """The distance rule (see :class:`QualityOptions`): a paired bootstrap over the samples
+        (both generators made sample i from the same latent and class) and the real images."""
+        q = self.options.quality
+        # one yardstick: the champion's images through the challenger's judge (each bundle
+        # carries its own, identical when both were trained on the same data)
+        judge = challenger.details["judge"]
+        a, real = challenger.details["features"], challenger.details["real"]
+        if champion.outputs is None:
+            return ["the champion's scores carry no generated images"], {}
+        _, b = judge(champion.outputs)
+        if len(a) != len(b):
+            return [
+                f"challenger and champion scored different sample counts ({len(a)}, {len(b)})"
+            ], {}
+        rng = np.random.default_rng(q.seed)
+        diffs = []
+        for _ in tqdm(range(q.bootstrap), desc="bootstrap", leave=False):
+            i = rng.integers(0, len(a), len(a))
+            r = real[rng.integers(0, len(real), len(real))]
+            diffs.append(frechet_distance(a[i], r) - frechet_distance(b[i], r))
+        fid_a, fid_b = frechet_distance(a, real), frechet_distance(b, real)
+        lower = float(np.quantile(diffs, q.alpha))
+        limit = q.max_fid_increase * fid_b
+        facts = {
+            "fid": fid_a,
+            "champion_fid": fid_b,
+            "fid_increase_lower_bound": lower,
+            "fid_increase_limit": limit,
+        }
+        failures = []
+        if lower > limit:
+            failures.append(
+                f"distance {fid_a:.2f} vs champion {fid_b:.2f}: the increase is above "
+                f"{limit:.2f} (max_fid_increase {q.max_fid_increase}) with evidence "
+                f"({q.alpha:.0%} bootstrap quantile {lower:.2f})"
+            )
+        return failures, facts
+
+    def figures(self, dest: Path, scores: Scores, label_names: list[str]) -> list[Path]:
+        """A grid of generated samples: one row per class, ``eval.grid_columns`` columns."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        cols = self.options.eval.grid_columns
+        k = len(label_names)
+        fig, axes = plt.subplots(k, cols, figsize=(cols * 0.8, k * 0.8), dpi=100, squeeze=False)
+        images, wanted = scores.outputs, scores.y_true
+        for c in range(k):
+            rows = np.flatnonzero(wanted == c)[:cols]
+            for j in range(cols):
+                ax = axes[c][j]
+                ax.axis("off")
+                if j < len(rows):
+                    ax.imshow((images[rows[j], 0] + 1) / 2, cmap="gray", vmin=0, vmax=1)
+            axes[c][0].set_title(label_names[c], fontsize=7, loc="left")
+        fig.suptitle(
+            f"agreement {scores.metrics['class_agreement']:.3f}, "
+            f"distance {scores.metrics['fid']:.1f}",
+            fontsize=8,
+        )
+        fig.tight_layout()
+        path = dest / "samples.png"
+        fig.savefig(path)
+        plt.close(fig)
+        return [path]
+
+    def preprocessing_doc(self) -> dict[str, Any]:
+        h, w = self.image_size
+        return {
+            "input_layout": f"latent float32 [N, {self.options.latent_dim}] ~ N(0, 1); "
+            "label int64 [N]: the requested class",
+            "output": f"image float32 [N, 1, {h}, {w}] in [-1, 1]; pixel = (value + 1) * 127.5",
+        }
