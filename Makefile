@@ -108,7 +108,11 @@ metrics: install
 plots: install
 	dvc plots show
 
+# The container tests need the images: on a fresh machine building them takes ~15-20 min on 2
+# cores, longer than one test's timeout, so they are built first (nothing to do when unchanged)
 test: install serving-test
+	@if command -v podman >/dev/null && command -v mmdebstrap >/dev/null; then \
+	  python containers/images.py build; fi
 	python -m pytest $(PYTEST_ARGS)
 
 lint: install

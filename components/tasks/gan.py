@@ -79,7 +79,8 @@ class EvalOptions:
 class QualityOptions:
     """The blessing rule on the distance: a challenger fails when, with evidence (the lower
     ``alpha`` quantile of a paired bootstrap of the difference), its distance exceeds the
-    champion's by more than ``max_fid_increase`` (a fraction of the champion's)."""
+    champion's by more than ``max_fid_increase`` times the larger of the champion's distance
+    and the floor (two halves of the real split: below it, differences are noise)."""
 
     max_fid_increase: float = 0.1
     bootstrap: int = 200
@@ -188,7 +189,8 @@ def frechet_distance(a: np.ndarray, b: np.ndarray) -> float:
     root_a = (vecs * np.sqrt(np.clip(vals, 0, None))) @ vecs.T
     middle = np.linalg.eigvalsh(root_a @ cb @ root_a)
     trace_root = float(np.sqrt(np.clip(middle, 0, None)).sum())
-    return float(mu @ mu + np.trace(ca) + np.trace(cb) - 2.0 * trace_root)
+    # >= 0 in exact arithmetic; round-off may leave a tiny negative
+    return max(0.0, float(mu @ mu + np.trace(ca) + np.trace(cb) - 2.0 * trace_root))
 
 
 class Judge:
@@ -579,12 +581,16 @@ class DigitsGanTask(ImageClassificationTask):
             diffs.append(frechet_distance(a[i], r) - frechet_distance(b[i], r))
         fid_a, fid_b = frechet_distance(a, real), frechet_distance(b, real)
         lower = float(np.quantile(diffs, q.alpha))
-        limit = q.max_fid_increase * fid_b
+        # relative to the champion's distance, but never to less than the floor (the
+        # distance between two halves of the real split): below it differences are noise
+        floor = float(challenger.report.get("generation", {}).get("fid_floor", 0.0))
+        limit = q.max_fid_increase * max(fid_b, floor)
         facts = {
             "fid": fid_a,
             "champion_fid": fid_b,
             "fid_increase_lower_bound": lower,
             "fid_increase_limit": limit,
+            "fid_floor": floor,
         }
         failures = []
         if lower > limit:
