@@ -15,6 +15,7 @@ challenger is later compared with the champion."""
 from __future__ import annotations
 
 import logging
+import shutil
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -116,6 +117,7 @@ def run(
     *,
     metrics_file: str | Path | None = None,
     plots_file: str | Path | None = None,
+    figures_dir: str | Path | None = None,
 ) -> EvaluateResult:
     model_dir, data_dir, out_dir = Path(model_dir), Path(data_dir), Path(out_dir)
     metrics_file = Path(metrics_file) if metrics_file else out_dir / "metrics.json"
@@ -170,7 +172,9 @@ def run(
             names,
             f"{params.split}: {task.outcome} {report['accuracy']:.4f}",
         )
-        figures = task.figures(tmp, scores, names)  # e.g. a generator's sample grid
+        figures = [  # e.g. a generator's sample grid
+            f.relative_to(tmp).as_posix() for f in task.figures(tmp, scores, names)
+        ]
         write_manifest(
             tmp,
             "evaluate",
@@ -182,10 +186,15 @@ def run(
             },
             outputs={
                 "report.json": tmp / "report.json",
-                **{f.relative_to(tmp).as_posix(): f for f in figures},
+                **{name: tmp / name for name in figures},
             },
             params=asdict(params),
         )
+    if figures_dir is not None:  # the images again, where `dvc plots show` finds them
+        with atomic_path(figures_dir) as tmp:
+            tmp.mkdir(parents=True)
+            for name in ["confusion_matrix.png", *figures]:
+                shutil.copy2(out_dir / name, tmp / Path(name).name)
     write_json(metrics_file, metrics)
     rows = ["actual,predicted"] + [
         f"{names[a]},{names[p]}" for a, p in zip(y_true, y_pred, strict=True)
@@ -213,6 +222,13 @@ STEP = Step(
             "plots_file",
             kfp="ClassificationMetrics",
             dvc="plots",
+        ),
+        Out(
+            "figures",
+            "plots/figures",
+            "figures_dir",
+            dvc="figures",
+            help="confusion matrix and the task's images, for dvc plots show",
         ),
     ),
 )

@@ -75,7 +75,8 @@ class Out:
     path: str
     arg: str
     kfp: KfpType = "Artifact"
-    dvc: Literal["outs", "metrics", "plots", "persist", "uncached"] = "outs"
+    # figures: a directory of images for `dvc plots show`, kept in git like metrics and plots
+    dvc: Literal["outs", "metrics", "plots", "figures", "persist", "uncached"] = "outs"
     derived_from: tuple[str, str] | None = None  # KFP only: a copy of (output, relative file)
     help: str = ""
 
@@ -436,10 +437,10 @@ def dvc_stage(step: Step, task: str | None = None) -> dict[str, Any]:
         sections = list(step.sections)
         stage["params"] = sections if task is None else [{task_params_file(task): sections}]
     for port in step.cli_outputs():
-        key = port.dvc if port.dvc in ("metrics", "plots") else "outs"
+        key = {"metrics": "metrics", "plots": "plots", "figures": "plots"}.get(port.dvc, "outs")
         path = task_path(port.path, task)
         entry: Any = path
-        if port.dvc in ("metrics", "plots", "uncached"):
+        if port.dvc in ("metrics", "plots", "figures", "uncached"):
             entry = {path: {"cache": False}}
         elif port.dvc == "persist":
             entry = {path: {"persist": True, "cache": False}}

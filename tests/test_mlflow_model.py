@@ -73,9 +73,11 @@ def reference(exported_int8: Path, digits_task, digits_data: Path):
     images, labels, logits, predicted classes."""
     from components.scoring import score_model
 
-    _, y_true, y_pred, predictor, inputs = score_model(exported_int8, digits_task, digits_data)
+    scores, predictor, inputs = score_model(exported_int8, digits_task, digits_data)
     raw, _ = digits_task.read_split(digits_data, "test")
-    return SimpleNamespace(images=raw, labels=y_true, logits=predictor.predict(inputs), y=y_pred)
+    return SimpleNamespace(
+        images=raw, labels=scores.y_true, logits=predictor.predict(inputs), y=scores.y_pred
+    )
 
 
 def assert_same_predictions(out: dict, ref: SimpleNamespace, n: int | None = None) -> None:

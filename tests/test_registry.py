@@ -353,7 +353,7 @@ def test_pinned_holdout_catches_a_bad_challenger_that_corrupted_labels_hide(
     # a new batch whose test labels were corrupted: they agree with the bad model
     corrupted = tmp_path / "corrupted"
     shutil.copytree(digits_data, corrupted)
-    bad_predictions = score_model(bad_export, digits_task, digits_data, "test")[2]
+    bad_predictions = score_model(bad_export, digits_task, digits_data, "test")[0].y_pred
     test = read_split(digits_data, "test")
     write_split(corrupted, "test", Split(test.images, bad_predictions.astype(np.int64)))
 

@@ -66,9 +66,9 @@ def test_cli_and_dvc_stage_bind_the_same_ports(name):
         for o in stage.get(k, [])
     ]
     assert sorted(outs) == sorted(p.path for p in step.cli_outputs())
-    for key, kind in (("metrics", "metrics"), ("plots", "plots")):
+    for key, kinds in (("metrics", ("metrics",)), ("plots", ("plots", "figures"))):
         assert [next(iter(o)) for o in stage.get(key, [])] == [
-            p.path for p in step.outputs if p.dvc == kind
+            p.path for p in step.outputs if p.dvc in kinds
         ]
     assert stage.get("params", []) == list(step.sections)
     for port in step.inputs:
