@@ -16,12 +16,13 @@ MLFLOW_PORT ?= 5000
 TASK ?= digits
 PIPELINE := $(if $(filter digits,$(TASK)),dvc.yaml,tasks/$(TASK)/dvc.yaml)
 
-.PHONY: help install apt-deps bench-deps serving serving-test run data repro status test lint format metrics plots mlflow-ui mlflow-server registry bench bench-serving bench-distributed pipeline kfp-local images container-deps kfp-containers clean
+.PHONY: help install apt-deps bench-deps serving serving-test run data repro status test test-faults lint format metrics plots mlflow-ui mlflow-server registry bench bench-serving bench-distributed pipeline kfp-local images container-deps kfp-containers clean
 
 help:
 	@echo "make run      - install, materialise data/raw, run the whole pipeline (dvc repro)"
 	@echo "make run TASK=sentiment - the ERNIE sentiment pipeline (dvc repro tasks/sentiment/dvc.yaml)"
 	@echo "make test     - install, build the C++ server, run its unit tests and the whole suite"
+	@echo "make test-faults - every fault-injection row (SIGKILL per stage too); rewrites docs/faults.md"
 	@echo "make serving  - build the C++ KServe-v2 server (build/serving/paddle-mlops-server)"
 	@echo "make lint     - ruff"
 	@echo "make metrics  - dvc metrics show; make plots - dvc plots show"
@@ -114,6 +115,11 @@ test: install serving-test
 	@if command -v podman >/dev/null && command -v mmdebstrap >/dev/null; then \
 	  python containers/images.py build; fi
 	python -m pytest $(PYTEST_ARGS)
+
+# the whole fault-injection matrix, slow rows included, written to docs/faults.md
+test-faults: install serving
+	PADDLE_MLOPS_FAULTS=all PADDLE_MLOPS_FAULTS_MATRIX=docs/faults.md \
+	  python -m pytest tests/test_faults.py $(PYTEST_ARGS)
 
 lint: install
 	ruff check .

@@ -20,6 +20,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from components import failpoints
+
 _CHUNK = 1 << 20
 
 
@@ -76,6 +78,7 @@ def atomic_path(dest: str | os.PathLike[str]) -> Iterator[Path]:
         yield target
         if not target.exists():
             raise FileNotFoundError(f"atomic write of {dest} produced nothing")
+        failpoints.hit("artifacts.write", str(dest))
         if dest.is_dir() and not dest.is_symlink():
             old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
             os.replace(dest, old)

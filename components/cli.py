@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import errno
 import importlib
 import logging
 import os
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -32,17 +34,72 @@ def setup_logging() -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (Kubernetes deleting a pod, a cancelled run): unwinds like Ctrl-C, so atomic
+    writes remove their temporaries and an open MLflow run is ended KILLED."""
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise Terminated("SIGTERM")
+
+
+_DISK_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
+
+
+def readable_failure(exc: BaseException) -> str | None:
+    """One line for the failures an unattended run meets that are not bugs: a tracking
+    server that stayed unreachable through its retries, a full or read-only disk. None
+    for anything else (a bug keeps its traceback)."""
+    from urllib.parse import urlsplit
+
+    from components.registry import redact_uri
+
+    if isinstance(exc, OSError) and exc.errno in _DISK_ERRORS:
+        where = exc.filename or "a step output"
+        return (
+            f"{where}: {os.strerror(exc.errno)}. Outputs are written atomically, so nothing "
+            "half-written was left; fix the disk and run the step again"
+        )
+    text = str(exc)
+    if type(exc).__module__.startswith(("mlflow", "requests", "urllib3")) and (
+        "API request to" in text or "Max retries exceeded" in text
+    ):
+        _, caused, cause = text.rpartition("Caused by ")
+        cause = cause.strip(" ()'\"")[:200] if caused else ""
+        _, request, url = text.partition("API request to ")
+        parts = urlsplit(url.split(" ", 1)[0]) if request else None
+        url = f"{parts.scheme}://{parts.netloc}" if parts else ""
+        retries = os.environ.get("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "the default")
+        return (
+            f"MLflow tracking server {redact_uri(url)} did not answer after {retries} retries "
+            f"with backoff ({cause or text.splitlines()[0][:200]}); start it or check "
+            "MLFLOW_TRACKING_URI and run the step again: it is safe to rerun"
+        )
+    return None
+
+
 def run_cli(body: Callable[[], None]) -> int:
-    """Run a step body; a StepError becomes a one-paragraph message and exit code 1."""
+    """Run a step body; a StepError (or a :func:`readable_failure`) becomes a one-paragraph
+    message and exit code 1; SIGTERM and Ctrl-C end it cleanly with 143 and 130."""
     setup_logging()
+    signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         body()
     except StepError as exc:
         sys.stderr.write(f"error: {exc}\n")
         return 1
+    except Terminated:
+        sys.stderr.write("terminated (SIGTERM)\n")
+        return 143
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
         return 130
+    except Exception as exc:
+        message = readable_failure(exc)
+        if message is None:
+            raise
+        sys.stderr.write(f"error: {message}\n")
+        return 1
     return 0
 
 

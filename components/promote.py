@@ -25,7 +25,7 @@ from pathlib import Path
 
 from components.artifacts import StepError, read_json, write_json
 from components.images import push_image
-from components.registry import Registry, RegistryParams
+from components.registry import ChampionChanged, Registry, RegistryParams
 from components.registry import client as mlflow_client
 from components.step import In, Out, Step, Value
 
@@ -47,6 +47,7 @@ class PromoteResult:
     image: str
     image_digest: str | None
     pushed: bool
+    not_promoted: str = ""  # why a blessed version was not promoted (a racing promotion won)
 
 
 def run(
@@ -63,6 +64,7 @@ def run(
     infra = read_json(infra_dir / "infra.json")
     name, version = str(info["model"]), int(info["version"])
     digest, pushed, promoted = image_digest.strip() or None, False, False
+    not_promoted = ""  # why a blessed version was not promoted
     if not info["blessed"]:
         log.warning("%s v%d was not blessed: no push, no promotion", name, version)
     else:
@@ -88,14 +90,25 @@ def run(
             for tag, value in (("serving_image_digest", digest), ("serving_image_built", "true")):
                 registry.client.set_model_version_tag(name, str(version), tag, value)
         if params.auto_promote:
-            registry.promote(
-                version,
-                reason="blessed by the pipeline",
-                expected_champion=info.get("judged_against"),
-            )
-            promoted = True
+            try:
+                registry.promote(
+                    version,
+                    reason="blessed by the pipeline",
+                    expected_champion=info.get("judged_against"),
+                )
+                promoted = True
+            except ChampionChanged as exc:  # a racing pipeline won: its champion stands
+                log.warning("%s; v%d stays the challenger, not promoted", exc, version)
+                not_promoted = str(exc)
     result = PromoteResult(
-        name, version, bool(info["blessed"]), promoted, str(infra["image"]), digest, pushed
+        name,
+        version,
+        bool(info["blessed"]),
+        promoted,
+        str(infra["image"]),
+        digest,
+        pushed,
+        not_promoted,
     )
     write_json(out_dir / "promotion.json", asdict(result))
     return result

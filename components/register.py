@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from components import dataset, gates
+from components import dataset, failpoints, gates
 from components.artifacts import StepError, read_json, write_json
 from components.registry import (
     CHALLENGER,
@@ -244,6 +244,18 @@ def register_version(
     """
     from mlflow.exceptions import MlflowException
 
+    existing = client.search_model_versions(f"name='{name}' and run_id='{run_id}'")
+    for mv in sorted(existing, key=lambda v: int(v.version)):
+        if mv.tags.get("mlflow_model_id") == model.model_id:
+            # a register of this pipeline run that died (or was retried) after versioning
+            log.warning(
+                "%s v%s already holds model %s of run %s: reusing it (no second version)",
+                name,
+                mv.version,
+                model.model_id,
+                run_id,
+            )
+            return int(mv.version)
     try:
         client.create_registered_model(
             name,
@@ -416,6 +428,7 @@ def run(
     }
     description = f"pipeline run {run_id} ({lineage.get('git_sha')}), model {model.model_id}"
     version = register_version(client, uri, name, run_id, model, tags, description)
+    failpoints.hit("register.after_version", f"{name} v{version}")
     client.set_registered_model_alias(name, CHALLENGER, str(version))
     log.info(
         "registered %s v%d (alias %s) from model %s, bundle sha256 %s",

@@ -17,13 +17,14 @@ import socket
 import time
 import uuid
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from components import dataset
+from components import dataset, failpoints
 from components.artifacts import StepError, sha256_file
+from components.liveness import dead_owner, owner_tags
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,36 @@ LINEAGE_TAGS = (
 TAG_LIMIT = 5000
 
 
+class ChampionChanged(StepError):
+    """A promotion's compare-and-set failed: another promotion moved the champion after the
+    challenger was judged; nothing was changed."""
+
+
+@dataclass(frozen=True)
+class TrackingRetry:
+    """How long a step keeps trying a tracking server that does not answer: MLflow's own
+    HTTP retries (connection errors, 429 and 5xx) with exponential backoff, then one
+    readable error line (``components.cli``)."""
+
+    retries: int = 6  # attempts after the first
+    backoff_s: int = 1  # waits backoff_s * 1, 2, 4, ... between attempts (at most 120 s each)
+    timeout_s: int = 60  # per request
+
+    def check(self) -> None:
+        if self.retries < 0 or self.backoff_s < 0 or self.timeout_s <= 0:
+            raise ValueError("retries and backoff_s must be >= 0, timeout_s > 0")
+
+    def window_s(self) -> float:
+        """The longest a server may be down and a request still get through."""
+        return float(sum(min(self.backoff_s * 2**i, 120) for i in range(self.retries)))
+
+    def apply(self) -> None:
+        """Set MLflow's retry settings for this process (read at every request)."""
+        os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = str(self.retries)
+        os.environ["MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR"] = str(self.backoff_s)
+        os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] = str(self.timeout_s)
+
+
 @dataclass(frozen=True)
 class RegistryParams:
     """``params.yaml: registry``: the registered model and how changes of its champion
@@ -50,13 +81,15 @@ class RegistryParams:
 
     model_name: str | None = None  # default: "<task>-classifier"
     lock_timeout_s: float = 120.0  # how long a promotion waits for another to finish
-    lock_stale_s: float = 600.0  # a lock older than this was left by a crashed process
+    lock_stale_s: float = 600.0  # a lock from another host older than this is abandoned
     history_length: int = 25
+    retry: TrackingRetry = field(default_factory=TrackingRetry)
 
     def check(self) -> None:
         for name in ("lock_timeout_s", "lock_stale_s", "history_length"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0")
+        self.retry.check()
 
 
 def model_name(params: RegistryParams, task: Any) -> str:
@@ -141,6 +174,7 @@ class Registry:
     def __init__(self, client: Any, name: str, params: RegistryParams):
         self.client, self.name, self.params = client, name, params
         self.lock_name = f"{name}--promotion-lock"
+        params.retry.apply()
 
     # reading ------------------------------------------------------------------------
     def exists(self) -> bool:
@@ -206,7 +240,12 @@ class Registry:
             try:
                 self.client.create_registered_model(
                     self.lock_name,
-                    tags={"token": token, "owner": _actor(), "acquired_at": str(time.time())},
+                    tags={
+                        "token": token,
+                        "owner": _actor(),
+                        "acquired_at": str(time.time()),
+                        **owner_tags(),
+                    },
                     description=f"held while '{self.name}' changes champion; safe to delete "
                     "if no promotion is running",
                 )
@@ -237,13 +276,14 @@ class Registry:
             tags = self.client.get_registered_model(self.lock_name).tags
         except MlflowException:
             return  # released meanwhile
-        age = time.time() - float(tags.get("acquired_at", "0") or 0)
-        if age > self.params.lock_stale_s:
+        acquired = float(tags.get("acquired_at", "0") or 0)
+        why = dead_owner(tags, acquired, self.params.lock_stale_s)
+        if why:
             log.warning(
-                "breaking stale promotion lock of %s (held %.0f s by %s)",
+                "breaking the promotion lock of %s held by %s: %s",
                 self.name,
-                age,
                 tags.get("owner"),
+                why,
             )
             with contextlib.suppress(MlflowException):
                 if self.client.get_registered_model(self.lock_name).tags.get("token") == tags.get(
@@ -265,7 +305,10 @@ class Registry:
             "forced": forced,
             "reason": reason,
         }
-        history = (self.history() + [event])[-self.params.history_length :]
+        past = self.history()
+        if past and all(past[-1].get(k) == event[k] for k in ("action", "version", "previous")):
+            return past[-1]  # recorded by an attempt that died before it finished
+        history = (past + [event])[-self.params.history_length :]
         text = json.dumps(history, separators=(",", ":"))
         while len(text) > TAG_LIMIT and len(history) > 1:
             history = history[1:]
@@ -303,18 +346,23 @@ class Registry:
             )
         with self.lock():
             current = self.aliases().get(CHAMPION)
-            if expected_champion != "any" and current != expected_champion:
-                raise StepError(
+            if current == version and mv.tags.get("promoted_at"):
+                log.info("%s v%d already is the champion", self.name, version)
+                return {"action": "noop", "version": version}
+            elif current == version:  # a promotion killed after the alias moved: finish it
+                log.warning("%s v%d: finishing an interrupted promotion", self.name, version)
+                current = self._last_promotion_previous(version)
+            elif expected_champion != "any" and current != expected_champion:
+                raise ChampionChanged(
                     f"{self.name}: the champion changed from {version_label(expected_champion)} to "
                     f"{version_label(current)} while v{version} was being blessed against it; run "
                     "register again to bless it against the new champion"
                 )
-            if current == version:
-                log.info("%s v%d already is the champion", self.name, version)
-                return {"action": "noop", "version": version}
-            if current is not None:
+            elif current is not None:
                 self.client.set_registered_model_alias(self.name, PREVIOUS, str(current))
+            failpoints.hit("promote.between_aliases", f"{self.name} v{version}")
             self.client.set_registered_model_alias(self.name, CHAMPION, str(version))
+            failpoints.hit("promote.after_alias", f"{self.name} v{version}")
             event = self._record("promote", version, current, forced=force, reason=reason)
             self.client.set_model_version_tag(self.name, str(version), "promoted_at", event["at"])
             self._pin_holdout(mv)
@@ -330,6 +378,12 @@ class Registry:
             f" (forced: {reason})" if force else "",
         )
         return event
+
+    def _last_promotion_previous(self, version: int) -> int | None:
+        """The champion before ``version``: the ``previous-champion`` alias unless it is
+        ``version`` itself (then there was none)."""
+        previous = self.aliases().get(PREVIOUS)
+        return None if previous == version else previous
 
     def _pin_holdout(self, mv: Any) -> None:
         """The first champion's test split becomes the holdout every later blessing uses."""

@@ -206,7 +206,10 @@ class Step:
         args = self.parser().parse_args(argv)
 
         def _go() -> None:
+            from components import failpoints
             from components.config import load_params
+
+            failpoints.set_step(self.name)
 
             for port in self.cli_outputs():
                 target = Path(getattr(args, port.name))

@@ -18,14 +18,16 @@ logged model (``model_id``, ``model_uri`` = ``models:/<model_id>``, ``bundle_sha
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from components import failpoints
 from components.artifacts import (
     StepError,
     combined_sha256,
@@ -35,7 +37,8 @@ from components.artifacts import (
     write_json,
 )
 from components.config import params_sha256
-from components.registry import redact_uri, tracking_uri
+from components.liveness import HOST_TAG, dead_owner, owner_tags
+from components.registry import TrackingRetry, redact_uri, tracking_uri
 from components.step import In, Out, Step
 
 log = logging.getLogger(__name__)
@@ -45,6 +48,14 @@ log = logging.getLogger(__name__)
 class TrackParams:
     experiment: str = "digits"
     run_name_prefix: str = "pipeline"
+    # a RUNNING run of this pipeline from another host older than this died with its node;
+    # one from this host whose process is gone is closed at once
+    stale_run_s: float = 3600.0
+    retry: TrackingRetry = field(default_factory=TrackingRetry)
+
+    def check(self) -> None:
+        if self.stale_run_s <= 0:
+            raise ValueError("stale_run_s must be > 0")
 
 
 @dataclass(frozen=True)
@@ -198,6 +209,60 @@ def _log_epochs(mlflow_mod: Any, history: list[dict[str, Any]]) -> None:
         mlflow_mod.log_metrics(metrics, step=int(row["epoch"]))
 
 
+FAILURE_TAG = "failure_reason"
+
+
+def close_dead_runs(client: Any, experiment_id: str, stale_after_s: float, closer: str) -> list:
+    """Mark KILLED, with the reason, every RUNNING run of this pipeline in the experiment
+    whose process is gone (:func:`components.liveness.dead_owner`): what a SIGKILLed or
+    preempted track could not close itself. Returns the ids closed."""
+    from mlflow.entities import ViewType
+
+    closed = []
+    running = client.search_runs(
+        [experiment_id],
+        filter_string="attributes.status = 'RUNNING'",
+        run_view_type=ViewType.ACTIVE_ONLY,
+        max_results=1000,
+    )
+    for old in running:
+        tags = old.data.tags
+        if HOST_TAG not in tags:
+            continue  # not ours (a notebook's, another tool's): not ours to judge
+        why = dead_owner(tags, old.info.start_time / 1000.0, stale_after_s)
+        if why is None:
+            continue
+        reason = f"found RUNNING by {closer}: {why}"
+        client.set_tag(old.info.run_id, FAILURE_TAG, reason)
+        client.set_terminated(old.info.run_id, "KILLED")
+        log.warning("MLflow run %s (%s) marked KILLED: %s", old.info.run_id, old.info.run_name, why)
+        closed.append(old.info.run_id)
+    return closed
+
+
+@contextlib.contextmanager
+def _closed_on_failure(client: Any, run_id: str) -> Iterator[None]:
+    """An exception ends the active run ``run_id`` FAILED or, for an interrupt or SIGTERM,
+    KILLED, with ``failure_reason`` saying why (inside ``mlflow.start_run``, which then has
+    nothing left to end); if the server cannot be told, the next track run closes it
+    (:func:`close_dead_runs`)."""
+    import mlflow
+
+    try:
+        yield
+    except BaseException as exc:
+        reason = f"{type(exc).__name__}: {exc}".strip()[:500]
+        status = "KILLED" if isinstance(exc, KeyboardInterrupt | SystemExit) else "FAILED"
+        with contextlib.suppress(Exception):
+            client.set_tag(run_id, FAILURE_TAG, reason)
+            active = mlflow.active_run()
+            if active is not None and active.info.run_id == run_id:
+                mlflow.end_run(status)
+            else:
+                client.set_terminated(run_id, status)
+        raise
+
+
 def run(
     params: TrackParams,
     all_params: Mapping[str, Any],
@@ -211,6 +276,7 @@ def run(
     from components.mlflow_model import BUNDLE_TAG, log_bundle_model
 
     out_dir = Path(out_dir)
+    params.retry.apply()
     uri = tracking_uri()
     shown_uri = redact_uri(uri)
     if shown_uri != uri:  # MLflow prints "View run <tracking URI>/#/..." links as they are
@@ -229,7 +295,14 @@ def run(
             f"({str(exc).replace(uri, shown_uri)})"
         ) from exc
     run_name = f"{params.run_name_prefix}-{tags['task']}-{(tags['git_sha'] or 'nogit')[:8]}"
-    with mlflow.start_run(run_name=run_name, tags=tags) as parent:
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    experiment_id = mlflow.get_experiment_by_name(params.experiment).experiment_id
+    close_dead_runs(client, experiment_id, params.stale_run_s, f"track (pid {os.getpid()})")
+    tags = {**tags, **owner_tags()}
+    with (
+        mlflow.start_run(run_name=run_name, tags=tags) as parent,
+        _closed_on_failure(client, parent.info.run_id),
+    ):
         flat = {k: str(v) for k, v in flatten(all_params)}
         mlflow.log_params({k: v[:6000] for k, v in flat.items()})
         logged = log_bundle_model(
@@ -262,8 +335,12 @@ def run(
         ):
             mlflow.log_dict(read_json(file), f"metrics/{step}.json")
         for step, files in outputs.step_files().items():
+            failpoints.hit("track.mid_upload", f"before the {step} run's artifacts")
             step_tags = {**tags, **_machine_tags(manifests.get(step, {})), "step": step}
-            with mlflow.start_run(run_name=step, nested=True, tags=step_tags):
+            with (
+                mlflow.start_run(run_name=step, nested=True, tags=step_tags) as nested,
+                _closed_on_failure(client, nested.info.run_id),
+            ):
                 section_params = all_params.get(step, {})
                 if isinstance(section_params, Mapping) and section_params:
                     mlflow.log_params({k: str(v)[:6000] for k, v in flatten(section_params)})

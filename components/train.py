@@ -42,7 +42,7 @@ import paddle
 import yaml
 from tqdm import tqdm
 
-from components import dataset, distributed
+from components import dataset, distributed, failpoints
 from components.artifacts import (
     StepError,
     atomic_path,
@@ -312,6 +312,7 @@ class _Trainer:
         batch_size: int,
         rng: np.random.Generator,
         world: World = SINGLE,
+        number: int = 1,
     ) -> dict[str, float]:
         """One pass over the shuffled training set: the objective's means (over all ranks).
 
@@ -322,7 +323,9 @@ class _Trainer:
         ctx = StepContext(autocast=self.autocast, update=self.update)
         sums: dict[str, float] = {}
         # the task's order (shuffled); with ranks, no batch smaller than the world size
-        for idx in world.batches(task.batches(x_train, batch_size, rng)):
+        for i, idx in enumerate(world.batches(task.batches(x_train, batch_size, rng))):
+            if i == 1 and number == 2:  # a checkpoint exists, the epoch is under way
+                failpoints.hit("train.mid_epoch", f"epoch {number}, rank {world.rank}")
             inputs = task.augment([x[idx] for x in x_train], rng)
             part, weight = world.shard(np.arange(len(idx)))
             arrays = task.collate([x[part] for x in inputs])
@@ -410,7 +413,7 @@ def _fit(
         t0 = time.perf_counter()
         rng = np.random.default_rng([params.seed, epoch])
         lr = trainer.scheduler.get_lr()  # at the epoch's start
-        train = trainer.epoch(task, x_train, y_train, batching.global_batch, rng, world)
+        train = trainer.epoch(task, x_train, y_train, batching.global_batch, rng, world, epoch)
         state["train_seconds"] += time.perf_counter() - t0
         state["samples_seen"] += len(y_train)
         if not trainer.per_batch:
