@@ -47,6 +47,7 @@ class Row:
     fault: str  # what is injected, for the matrix
     failpoints: str = ""  # PADDLE_MLOPS_FAILPOINTS for the faulty run
     force: str = ""  # a prepared stage the faulty run reproduces again (dvc repro -f -s)
+    clear: tuple[str, ...] = ()  # removed first: a retraining that starts from scratch
     slow: bool = False  # only in make test-faults
 
 
@@ -108,9 +109,11 @@ ROWS = [
     ],
     Row(
         "kill-train-mid-epoch",
-        "SIGKILL of train after the first batch of epoch 2 (a checkpoint exists)",
+        "SIGKILL of train after the first batch of epoch 2; the rerun resumes from the epoch-1"
+        " checkpoint and must train the same model",
         "train.mid_epoch=kill",
         force="train",
+        clear=("checkpoints/train", "outputs/train"),
         slow=True,
     ),
     Row(
@@ -295,6 +298,20 @@ def end_state(repo: Path, uri: str, name: str, experiment: str) -> dict:
     }
 
 
+MODEL_FILES = (".pdparams", ".pdiparams", ".pdmodel", ".onnx", ".npz", ".bin", ".xml")
+
+
+def made(repo: Path, stage: str) -> dict[str, str]:
+    """The sha256 of the data and model files a stage's manifest lists (not its reports,
+    which hold timings)."""
+    manifest = json.loads((repo / "outputs" / stage / "manifest.json").read_text())
+    return {
+        name: entry["sha256"]
+        for name, entry in manifest.get("outputs", {}).items()
+        if name.endswith(MODEL_FILES)
+    }
+
+
 def assert_converged(state: dict, reference: dict, successful_runs: int = 1) -> None:
     assert state["stale_stages"] == {}, state["stale_stages"]
     assert state["leftovers"] == []
@@ -460,6 +477,8 @@ def _row(
         assert "Traceback" not in first.stdout + first.stderr
         detail = "infra validation failed readably, "
     else:
+        for path in row.clear:
+            shutil.rmtree(repo / path)
         args = ["-f", "-s", row.force] if row.force else []
         first = repro(repo, uri, *args, failpoints=row.failpoints)
         assert first.returncode != 0, f"the fault did not stop the run:\n{first.stdout}"
@@ -472,6 +491,8 @@ def _row(
     assert again.returncode == 0, again.stdout + again.stderr
     state = end_state(repo, uri, name, experiment)
     assert_converged(state, reference, successful_runs)
+    if row.force:  # what the killed stage made again is what the uninterrupted run made
+        assert made(repo, row.force) == made(prepared, row.force)
     if row.id == "race-two-pipelines":
         assert state["aliases"]["champion"] in (1, 2)
         assert [a for a, _ in state["promotions"]].count("promote") >= 1
