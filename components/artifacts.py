@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -72,7 +73,10 @@ def atomic_path(dest: str | os.PathLike[str]) -> Iterator[Path]:
     """
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent))
+    # the writer's pid in the name: sweep_dead_temporaries removes what a killed one left
+    tmp = Path(
+        tempfile.mkdtemp(prefix=f".{dest.name}.{os.getpid()}.", suffix=".tmp", dir=dest.parent)
+    )
     target = tmp / dest.name
     try:
         yield target
@@ -88,6 +92,37 @@ def atomic_path(dest: str | os.PathLike[str]) -> Iterator[Path]:
             os.replace(target, dest)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+_TEMPORARY = re.compile(r"^\..+\.(\d+)\.[^.]+\.tmp$|^\..+\.old-(\d+)$")
+
+
+def sweep_dead_temporaries(directory: str | os.PathLike[str]) -> list[Path]:
+    """Remove from ``directory`` what :func:`atomic_path` writers that were killed (SIGKILL,
+    a lost node) left: their temporaries and set-aside old outputs, recognised by the dead
+    writer's pid in the name. A live writer's are left alone. Returns what was removed."""
+    removed = []
+    directory = Path(directory)
+    if not directory.is_dir():
+        return removed
+    for entry in directory.iterdir():
+        match = _TEMPORARY.match(entry.name)
+        if not match:
+            continue
+        pid = int(match.group(1) or match.group(2))
+        try:
+            os.kill(pid, 0)
+            continue  # alive (or a reused pid): not ours to judge
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
+        removed.append(entry)
+    return removed
 
 
 def write_text(dest: str | os.PathLike[str], text: str) -> Path:

@@ -24,15 +24,17 @@ import csv
 import importlib
 import inspect
 import linecache
+import logging
 import shutil
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from components.artifacts import StepError, read_json
+from components.artifacts import StepError, read_json, sweep_dead_temporaries
 
 REPO = Path(__file__).resolve().parents[1]
+log = logging.getLogger(__name__)
 
 # the pipeline, in order; each name is a module components.<name> that defines STEP
 STEPS = (
@@ -210,10 +212,11 @@ class Step:
             from components.config import load_params
 
             failpoints.set_step(self.name)
-
             for port in self.cli_outputs():
                 target = Path(getattr(args, port.name))
                 output_dir(target.parent if port.is_file else target, f"--{flag(port.name)}")
+                for gone in sweep_dead_temporaries(target.parent):
+                    log.warning("removed %s, left by a writer that was killed", gone)
             paths = {
                 p.name: getattr(args, p.name) for p in (*self.cli_inputs(), *self.cli_outputs())
             }
