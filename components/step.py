@@ -212,11 +212,13 @@ class Step:
             from components.config import load_params
 
             failpoints.set_step(self.name)
+            parents = set()
             for port in self.cli_outputs():
                 target = Path(getattr(args, port.name))
                 output_dir(target.parent if port.is_file else target, f"--{flag(port.name)}")
-                for gone in sweep_dead_temporaries(target.parent):
-                    log.warning("removed %s, left by a writer that was killed", gone)
+                parents.add(target.parent)
+            for gone in (g for parent in parents for g in sweep_dead_temporaries(parent)):
+                log.warning("removed %s, left by a writer that was killed", gone)
             paths = {
                 p.name: getattr(args, p.name) for p in (*self.cli_inputs(), *self.cli_outputs())
             }

@@ -288,7 +288,7 @@ def run(
     history = read_json(outputs.model / "history.json")
     task_section = all_params.get("task") or {}
     try:
-        mlflow.set_experiment(params.experiment)
+        experiment_id = mlflow.set_experiment(params.experiment).experiment_id
     except Exception as exc:  # MLflow raises its own exception types for bad URIs/backends
         raise StepError(
             f"MLflow tracking at {shown_uri}: cannot open experiment '{params.experiment}' "
@@ -296,7 +296,6 @@ def run(
         ) from exc
     run_name = f"{params.run_name_prefix}-{tags['task']}-{(tags['git_sha'] or 'nogit')[:8]}"
     client = mlflow.MlflowClient(tracking_uri=uri)
-    experiment_id = mlflow.get_experiment_by_name(params.experiment).experiment_id
     close_dead_runs(client, experiment_id, params.stale_run_s, f"track (pid {os.getpid()})")
     tags = {**tags, **owner_tags()}
     with (

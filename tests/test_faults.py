@@ -34,6 +34,7 @@ from pathlib import Path
 import pytest
 
 from components.failpoints import ENV as FAILPOINTS
+from components.registry import TrackingRetry
 from tests.conftest import BIN, REPO, SERVER_BIN, clone_repo, set_params, sh
 
 ALL = os.environ.get("PADDLE_MLOPS_FAULTS") == "all"
@@ -197,12 +198,19 @@ TINY = {
 }
 
 
-def repro(repo: Path, uri: str, *args: str, failpoints: str = "") -> subprocess.CompletedProcess:
+def dvc_env(repo: Path, uri: str, failpoints: str = "") -> dict[str, str]:
+    """What a ``dvc repro`` of ``repo`` runs with: this venv first, the tracking server,
+    failpoints armed only when asked."""
     env = {**os.environ, "PATH": BIN + os.pathsep + os.environ["PATH"], "PYTHONPATH": str(repo)}
     env["MLFLOW_TRACKING_URI"] = uri
     env.pop(FAILPOINTS, None)
     if failpoints:
         env[FAILPOINTS] = failpoints
+    return env
+
+
+def repro(repo: Path, uri: str, *args: str, failpoints: str = "") -> subprocess.CompletedProcess:
+    env = dvc_env(repo, uri, failpoints)
     return subprocess.run(
         ["dvc", "repro", *args], cwd=repo, env=env, capture_output=True, text=True, timeout=900
     )
@@ -212,8 +220,7 @@ def repro_watching(
     repo: Path, uri: str, on_stage: dict[str, Callable[[subprocess.Popen], None]]
 ) -> subprocess.CompletedProcess:
     """``dvc repro`` that calls ``on_stage[name](proc)`` when DVC starts stage ``name``."""
-    env = {**os.environ, "PATH": BIN + os.pathsep + os.environ["PATH"], "PYTHONPATH": str(repo)}
-    env["MLFLOW_TRACKING_URI"] = uri
+    env = dvc_env(repo, uri)
     proc = subprocess.Popen(
         ["dvc", "repro"],
         cwd=repo,
@@ -460,7 +467,7 @@ def _row(
         first = repro_watching(repo, uri, {"track": _stop_for(tracking, 4.0)})
         detail = "rode it out (retries)" if first.returncode == 0 else "failed, "
     elif row.id == "tracking-down-register":
-        window = 1 + 2 + 4  # TINY's retry window (retries 3, backoff 1 s)
+        window = TrackingRetry(**TINY["registry"]["retry"]).window_s()  # 1 + 2 + 4 s
         first = repro_watching(repo, uri, {"register": _stop_for(tracking, window + 15.0)})
         assert first.returncode != 0, "register outlived a server down past its retry window"
         assert "did not answer after 3 retries" in first.stdout, first.stdout[-3000:]
@@ -523,8 +530,7 @@ def _row(
 def _sigterm_server_during(repo: Path, uri: str, stage: str) -> subprocess.CompletedProcess:
     """``dvc repro -f -s stage`` with every C++ server it starts sent SIGTERM as soon as it
     appears (while infra validation waits for it to load and answer)."""
-    env = {**os.environ, "PATH": BIN + os.pathsep + os.environ["PATH"], "PYTHONPATH": str(repo)}
-    env["MLFLOW_TRACKING_URI"] = uri
+    env = dvc_env(repo, uri)
     proc = subprocess.Popen(
         ["dvc", "repro", "-f", "-s", stage],
         cwd=repo,
