@@ -19,6 +19,9 @@ from collections.abc import Mapping
 HOST_TAG = "owner.host"
 PID_TAG = "owner.pid"
 START_TAG = "owner.start"  # the process's start time in clock ticks since boot (pid reuse)
+FAILURE_TAG = "failure_reason"  # on an MLflow run that died: why (whoever found out)
+# the orchestrator's id of the pipeline run an MLflow run records (KFP: the run's job id)
+PIPELINE_RUN_TAG = "pipeline_run_id"
 
 
 def _start_ticks(pid: int) -> str:

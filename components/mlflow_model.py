@@ -144,6 +144,22 @@ def bundle_sha256(bundle: Path) -> str:
     return combined_sha256(sha256_tree(bundle))
 
 
+SERVED_TAG = "served_sha256"  # run tag and model-version tag: what the model computes
+# Bundle files whose bytes record the process that wrote them, not the model: the manifests
+# (time, paths, machine), the legacy programs (each op's Python call stack, with the temporary
+# directory of the process) and OpenVINO IR XML (node names from a per-process counter).
+# Measured: two fresh processes exporting the same weights differ only in these.
+_PROCESS_BOUND = ("manifest.json", ".pdmodel", ".xml")
+
+
+def served_sha256(bundle: Path) -> str:
+    """One sha256 over the bundle files that are a function of the model alone: weights (fp32
+    and int8), the PIR program, the signature and parity report. Equal for the same model
+    exported again by another process, where :func:`bundle_sha256` is not."""
+    files = sha256_tree(bundle)
+    return combined_sha256({k: v for k, v in files.items() if not k.endswith(_PROCESS_BOUND)})
+
+
 # --------------------------------------------------------------------------- inference
 
 

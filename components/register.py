@@ -37,6 +37,14 @@ from typing import Any
 
 from components import dataset, failpoints, gates
 from components.artifacts import StepError, read_json, write_json
+from components.liveness import (
+    FAILURE_TAG,
+    HOST_TAG,
+    PID_TAG,
+    START_TAG,
+    dead_owner,
+    owner_tags,
+)
 from components.registry import (
     CHALLENGER,
     CHAMPION,
@@ -59,8 +67,13 @@ from components.tasks.base import Scores
 
 log = logging.getLogger(__name__)
 
-# copied when present: the local image id, and the component image the steps ran in
-_EXTRA_TAGS = ("serving_image_id", "serving_image_built", "component_image")
+# copied when present: the local image id, the component image the steps ran in, and what
+# the served files compute (components.mlflow_model.SERVED_TAG)
+_EXTRA_TAGS = ("serving_image_id", "serving_image_built", "component_image", "served_sha256")
+# the idempotency key of a version across pipeline runs: same code, data, params and model
+CONTENT_KEY_TAG = "content_key"
+ORPHAN_TAG = "orphaned"  # a version a dead pipeline run left, superseded: why
+ADOPTED_TAG = "adopted_by_runs"  # later pipeline runs that finished this version
 
 
 @dataclass(frozen=True)
@@ -224,6 +237,123 @@ def logged_model(client: Any, run_info: dict[str, Any], run_file: Path) -> Any:
     return model
 
 
+def content_key(task: str, tags: dict[str, str]) -> str:
+    """sha256 of what makes two registrations the same model: the task, the code, the data,
+    the params and what the served files compute (not their process-bound bytes:
+    :func:`components.mlflow_model.served_sha256`); "" when one of them is unknown."""
+    from components.config import params_sha256
+    from components.mlflow_model import SERVED_TAG
+
+    parts = {k: tags.get(k, "") for k in ("git_sha", "data_sha256", "params_sha256", SERVED_TAG)}
+    if not all(parts.values()) or parts["git_sha"].endswith("-dirty"):
+        return ""  # an uncommitted tree is not one identity of the code
+    return params_sha256({"task": task, **parts})
+
+
+def adopters(mv: Any) -> list[str]:
+    """The pipeline runs (MLflow run ids) that adopted version ``mv``, in order."""
+    return [r for r in mv.tags.get(ADOPTED_TAG, "").split(",") if r]
+
+
+def registering_run(mv: Any) -> str:
+    """The pipeline run that owns version ``mv``: the last that adopted it, else its own."""
+    return (adopters(mv) or [mv.run_id])[-1]
+
+
+def died_registering(client: Any, mv: Any, stale_after_s: float) -> str | None:
+    """Why version ``mv`` was left by a pipeline run that died, or None while it may be
+    complete or still in progress: the MLflow run of the pipeline run that owns it
+    (:func:`registering_run`) was closed FAILED/KILLED (the pipeline failed after track:
+    KFP's exit handler, a crash closed by the next track), or that register process is gone
+    before it recorded the blessing (the version's owner tags,
+    :func:`components.liveness.dead_owner`)."""
+    from mlflow.exceptions import MlflowException
+
+    if HOST_TAG not in mv.tags:
+        return None  # registered without owner tags (by hand, an older register): not ours
+    run_id = registering_run(mv)
+    try:
+        run = client.get_run(run_id)
+    except MlflowException:
+        run = None
+    if run is not None and run.info.status in ("FAILED", "KILLED"):
+        reason = run.data.tags.get(FAILURE_TAG, "")
+        return f"its pipeline run {run_id} ended {run.info.status}" + (
+            f" ({reason})" if reason else ""
+        )
+    if "blessed" not in mv.tags:
+        why = dead_owner(mv.tags, mv.creation_timestamp / 1000.0, stale_after_s)
+        if why:
+            return f"its register died before blessing it: {why}"
+    return None
+
+
+def _fail_run(client: Any, run_id: str, reason: str) -> None:
+    """End a pipeline run whose register died FAILED with ``reason`` (once)."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        run = client.get_run(run_id)
+    except MlflowException:
+        return
+    if run.info.status in ("FAILED", "KILLED") and run.data.tags.get(FAILURE_TAG):
+        return
+    client.set_tag(run_id, FAILURE_TAG, reason[:500])
+    client.set_terminated(run_id, "FAILED")
+    log.warning("MLflow run %s marked FAILED: %s", run_id, reason)
+
+
+def settle_dead_registrations(
+    client: Any, name: str, run_id: str, key: str, stale_after_s: float
+) -> int | None:
+    """Versions of ``name`` that pipeline runs left when they died after creating them.
+
+    The convergence rule across pipeline runs (a KFP rerun is a new pipeline run, with a new
+    MLflow run and LoggedModel): a dead run's version with this run's :func:`content_key`
+    (the same model from the same code, data and params) is *adopted*: returned, so this
+    run finishes it (alias, blessing, promotion) instead of registering the model twice. Any
+    other dead run's version is marked :data:`ORPHAN_TAG` with the reason, unless an alias
+    still points at it (a champion that was promoted before its run died stays what it
+    is). Either way the dead run ends FAILED with ``failure_reason`` if nobody said so.
+    Versions of live registers, complete versions of successful runs and versions without
+    owner tags are left alone."""
+    model = client.get_registered_model(name)
+    aliased = {int(v) for a, v in model.aliases.items() if a != CHALLENGER}
+    adopted = None
+    versions = sorted(client.search_model_versions(f"name='{name}'"), key=lambda v: int(v.version))
+    for mv in versions:
+        if run_id in adopters(mv):  # this pipeline run adopted it already: a retried register
+            return int(mv.version)
+    for mv in versions:
+        if mv.run_id == run_id or mv.tags.get(ORPHAN_TAG):
+            continue
+        why = died_registering(client, mv, stale_after_s)
+        if why is None:
+            continue
+        number = int(mv.version)
+        owner_run = registering_run(mv)
+        _fail_run(client, owner_run, f"the pipeline died after registering {name} v{number}: {why}")
+        if adopted is None and key and mv.tags.get(CONTENT_KEY_TAG) == key:
+            runs = ",".join([*adopters(mv), run_id])
+            client.set_model_version_tag(name, mv.version, ADOPTED_TAG, runs[:TAG_LIMIT])
+            if "blessed" in mv.tags:  # this run blesses it again, or dies trying
+                client.delete_model_version_tag(name, mv.version, "blessed")
+            log.warning(
+                "%s v%d: %s; the same model (content key %s): adopted by run %s, no second version",
+                name,
+                number,
+                why,
+                key[:12],
+                run_id,
+            )
+            adopted = number
+        elif number not in aliased:
+            note = f"{why}; superseded by the registration of run {run_id}"
+            client.set_model_version_tag(name, mv.version, ORPHAN_TAG, note[:TAG_LIMIT])
+            log.warning("%s v%d marked %s: %s", name, number, ORPHAN_TAG, note)
+    return adopted
+
+
 def register_version(
     client: Any,
     uri: str,
@@ -232,8 +362,12 @@ def register_version(
     model: Any,
     tags: dict[str, str],
     description: str,
+    stale_after_s: float = 600.0,
 ) -> int:
-    """A new version of ``name`` from the LoggedModel ``model`` of run ``run_id``.
+    """The version of ``name`` for the LoggedModel ``model`` of run ``run_id``: the one this
+    pipeline run already made (a register that died or was retried after versioning), one a
+    dead pipeline run left with the same model (:func:`settle_dead_registrations`), else a
+    new one.
 
     Source ``models:/<model_id>`` with ``model_id`` and ``run_id``: what MLflow 3 itself
     (``mlflow.register_model``, the UI) registers a LoggedModel as. The registry resolves it
@@ -241,9 +375,12 @@ def register_version(
     ``get_model_version_download_uri`` returns that: the MLflow model root (MLmodel +
     ``artifacts/bundle``). A database-backed registry resolves it through MLflow's
     process-global tracking URI, so that is ``uri`` while the version is created.
+    ``tags`` carry this process's owner tags: until the blessing is recorded, a later run
+    judges by them whether this register died.
     """
     from mlflow.exceptions import MlflowException
 
+    owner = {k: v for k, v in tags.items() if k in (HOST_TAG, PID_TAG, START_TAG)}
     existing = client.search_model_versions(f"name='{name}' and run_id='{run_id}'")
     for mv in sorted(existing, key=lambda v: int(v.version)):
         if mv.tags.get("mlflow_model_id") == model.model_id:
@@ -255,6 +392,7 @@ def register_version(
                 model.model_id,
                 run_id,
             )
+            _take_over(client, name, int(mv.version), owner)
             return int(mv.version)
     try:
         client.create_registered_model(
@@ -265,6 +403,12 @@ def register_version(
     except MlflowException as exc:
         if exc.error_code != "RESOURCE_ALREADY_EXISTS":
             raise
+    adopted = settle_dead_registrations(
+        client, name, run_id, tags.get(CONTENT_KEY_TAG, ""), stale_after_s
+    )
+    if adopted is not None:
+        _take_over(client, name, adopted, owner)
+        return adopted
     with global_tracking_uri(uri):
         mv = client.create_model_version(
             name,
@@ -275,6 +419,13 @@ def register_version(
             model_id=model.model_id,
         )
     return int(mv.version)
+
+
+def _take_over(client: Any, name: str, version: int, owner: dict[str, str]) -> None:
+    """This register process now owns the unfinished version (if it dies too, the next
+    run sees that)."""
+    for key, value in owner.items():
+        client.set_model_version_tag(name, str(version), key, value)
 
 
 def key_metrics(metrics: dict[str, float]) -> dict[str, str]:
@@ -425,9 +576,17 @@ def run(
         "task": task.name,
         "mlflow_run_id": run_id,
         "mlflow_model_id": model.model_id,
+        **owner_tags(),
     }
+    key = content_key(task.name, lineage)
+    if key:
+        tags[CONTENT_KEY_TAG] = key
     description = f"pipeline run {run_id} ({lineage.get('git_sha')}), model {model.model_id}"
-    version = register_version(client, uri, name, run_id, model, tags, description)
+    version = register_version(
+        client, uri, name, run_id, model, tags, description, registry_params.lock_stale_s
+    )
+    # the version's own run and model: another (dead) pipeline run's when it was adopted
+    registered = client.get_model_version(name, str(version))
     failpoints.hit("register.after_version", f"{name} v{version}")
     client.set_registered_model_alias(name, CHALLENGER, str(version))
     log.info(
@@ -439,7 +598,8 @@ def run(
         (lineage[BUNDLE_TAG] or "none")[:12],
     )
 
-    split_sha = log_test_split(client, run_id, data_dir, params.split)
+    # with the version's run: the holdout a promotion pins is read from there
+    split_sha = log_test_split(client, registered.run_id, data_dir, params.split)
     client.set_model_version_tag(name, str(version), "test_split_sha256", split_sha)
     challenger, champion, paired, task_rules = compare_with_champion(
         client, uri, registry, version, params, task, data_dir, split_sha
@@ -484,7 +644,8 @@ def run(
             # the champion the blessing judged against: promote refuses if it moved since
             "judged_against": champion["version"] if champion else None,
             "tracking_uri": redact_uri(uri),
-            "model_id": model.model_id,
+            "model_id": registered.model_id or model.model_id,
+            "version_run_id": registered.run_id,
             "source": redact_uri(client.get_model_version_download_uri(name, str(version))),
             "aliases": registry.aliases(),
         },

@@ -37,9 +37,15 @@ from components.artifacts import (
     write_json,
 )
 from components.config import params_sha256
-from components.liveness import HOST_TAG, dead_owner, owner_tags
+from components.liveness import (
+    FAILURE_TAG,
+    HOST_TAG,
+    PIPELINE_RUN_TAG,
+    dead_owner,
+    owner_tags,
+)
 from components.registry import TrackingRetry, redact_uri, tracking_uri
-from components.step import In, Out, Step
+from components.step import In, Out, Step, Value
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +168,7 @@ def lineage_tags(
 ) -> dict[str, str]:
     """The parent run's tags: what the model was made from and where (registry lineage);
     ``metrics`` is :func:`step_metrics`."""
-    from components.mlflow_model import BUNDLE_TAG, bundle_sha256
+    from components.mlflow_model import BUNDLE_TAG, SERVED_TAG, bundle_sha256, served_sha256
 
     infra = read_json(outputs.infra / "infra.json")
     return {
@@ -180,6 +186,8 @@ def lineage_tags(
         "infra_validated": str(bool(infra.get("infra_validated"))).lower(),
         # the served files, byte for byte (the registered version's tag; the blessing checks it)
         BUNDLE_TAG: bundle_sha256(outputs.bundle),
+        # ... and what they compute (register's idempotency key across pipeline runs)
+        SERVED_TAG: served_sha256(outputs.bundle),
         # the hardware and runtimes the model was trained on (each step's own: nested runs)
         **_machine_tags(manifests["train"]),
         # the container image (reference@id) the steps ran in, when an orchestrator says so
@@ -207,9 +215,6 @@ def _log_epochs(mlflow_mod: Any, history: list[dict[str, Any]]) -> None:
     for row in history:
         metrics = {k: float(v) for k, v in row.items() if k != "epoch"}
         mlflow_mod.log_metrics(metrics, step=int(row["epoch"]))
-
-
-FAILURE_TAG = "failure_reason"
 
 
 def close_dead_runs(client: Any, experiment_id: str, stale_after_s: float, closer: str) -> list:
@@ -240,6 +245,34 @@ def close_dead_runs(client: Any, experiment_id: str, stale_after_s: float, close
     return closed
 
 
+def fail_pipeline_runs(client: Any, experiment_id: str, pipeline_run: str, reason: str) -> list:
+    """The MLflow runs of pipeline run ``pipeline_run`` (tag :data:`PIPELINE_RUN_TAG`) after
+    the pipeline failed: the parent run FAILED whatever track left it as (it ended FINISHED
+    when track itself succeeded, but the pipeline execution it records did not), a nested
+    run still RUNNING KILLED; both with ``failure_reason``. A nested run that finished keeps
+    its status (that step did finish). Returns the ids of the parent runs found."""
+    if not pipeline_run:
+        return []
+    parents = []
+    runs = client.search_runs(
+        [experiment_id], filter_string=f"tags.{PIPELINE_RUN_TAG} = '{pipeline_run}'"
+    )
+    for found in runs:
+        nested = "mlflow.parentRunId" in found.data.tags
+        if not nested:
+            parents.append(found.info.run_id)
+        elif found.info.status != "RUNNING":
+            continue
+        if found.info.status in ("FAILED", "KILLED") and found.data.tags.get(FAILURE_TAG):
+            continue  # it said why itself
+        client.set_tag(found.info.run_id, FAILURE_TAG, reason[:500])
+        client.set_terminated(found.info.run_id, "KILLED" if nested else "FAILED")
+        log.warning(
+            "MLflow run %s (%s) marked failed: %s", found.info.run_id, found.info.run_name, reason
+        )
+    return parents
+
+
 @contextlib.contextmanager
 def _closed_on_failure(client: Any, run_id: str) -> Iterator[None]:
     """An exception ends the active run ``run_id`` FAILED or, for an interrupt or SIGTERM,
@@ -268,6 +301,7 @@ def run(
     all_params: Mapping[str, Any],
     out_dir: str | Path,
     outputs: StepOutputs,
+    pipeline_run: str = "",
 ) -> TrackResult:
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     import mlflow
@@ -297,7 +331,7 @@ def run(
     run_name = f"{params.run_name_prefix}-{tags['task']}-{(tags['git_sha'] or 'nogit')[:8]}"
     client = mlflow.MlflowClient(tracking_uri=uri)
     close_dead_runs(client, experiment_id, params.stale_run_s, f"track (pid {os.getpid()})")
-    tags = {**tags, **owner_tags()}
+    tags = {**tags, **owner_tags(), **({PIPELINE_RUN_TAG: pipeline_run} if pipeline_run else {})}
     with (
         mlflow.start_run(run_name=run_name, tags=tags) as parent,
         _closed_on_failure(client, parent.info.run_id),
@@ -383,10 +417,14 @@ def run(
 
 
 def run_step(
-    params: TrackParams, all_params: Mapping[str, Any], run_info: Path, **paths: Path
+    params: TrackParams,
+    all_params: Mapping[str, Any],
+    run_info: Path,
+    pipeline_run: str = "",
+    **paths: Path,
 ) -> TrackResult:
     """:func:`run` with each upstream output as its own port (the STEP binding)."""
-    return run(params, all_params, run_info, StepOutputs(**paths))
+    return run(params, all_params, run_info, StepOutputs(**paths), pipeline_run)
 
 
 def _port(name: str, path: str, source: str, kfp: Any = "Artifact") -> In:
@@ -430,6 +468,14 @@ STEP = Step(
         _port("confusion", "plots/confusion.csv", "evaluate.confusion", "ClassificationMetrics"),
     ),
     outputs=(Out("run_info", "outputs/track", "run_info", dvc="uncached", help="run.json"),),
+    values=(
+        Value(
+            "pipeline_run",
+            "pipeline_run",
+            help="the orchestrator's id of this pipeline run (KFP: its job id), tagged "
+            "pipeline_run_id on the MLflow runs",
+        ),
+    ),
 )
 
 main = STEP.main

@@ -113,7 +113,15 @@ def pipeline_sections(backend: str) -> tuple[str, ...]:
     return (*SECTIONS, "paddlejob") if backend == "paddlejob" else SECTIONS
 
 
+PIPELINE_RUN = dsl.PIPELINE_JOB_ID_PLACEHOLDER  # this run's id, resolved by the backend
 RETRY = {"num_retries": 3, "backoff_duration": "30s", "backoff_factor": 2.0}
+
+
+def retry_policy(backoff_s: float | None = None) -> dict[str, Any]:
+    """:data:`RETRY`, with a first backoff of ``backoff_s`` seconds when given."""
+    return RETRY if backoff_s is None else {**RETRY, "backoff_duration": f"{backoff_s:g}s"}
+
+
 MLFLOW_CONFIG_MAP = "mlflow-client-env"  # k8s/mlflow/client-env.yaml
 MLFLOW_AUTH_SECRET = "mlflow-auth"  # the pipeline user of the tracking server (basic auth)
 MLFLOW_CLIENT_LABEL = "paddle-mlops/mlflow-client"  # admitted by the MLflow NetworkPolicy
@@ -148,21 +156,34 @@ def _with_cluster_env(task: dsl.PipelineTask, *, s3: bool = False) -> dsl.Pipeli
     return task
 
 
-def record_failure_op(track: dict, status: dsl.PipelineTaskFinalStatus):
-    """Exit handler: a failed or cancelled run leaves an MLflow run saying so."""
+def record_failure_op(track: dict, status: dsl.PipelineTaskFinalStatus, pipeline_run: str = ""):
+    """Exit handler: a failed or cancelled pipeline run ends its MLflow run FAILED, with
+    ``failure_reason``. Once track has run, that is track's parent run (found by its tag
+    ``pipeline_run_id``; it ended FINISHED when track itself succeeded, but the pipeline
+    execution it records did not); before, a run of its own says so."""
     if status.state == "SUCCEEDED":
         return
     import mlflow
 
+    from components.liveness import FAILURE_TAG, PIPELINE_RUN_TAG
     from components.registry import tracking_uri
+    from components.track import fail_pipeline_runs
 
     mlflow.set_tracking_uri(tracking_uri())
-    mlflow.set_experiment(track.get("experiment", "default"))
+    experiment = mlflow.set_experiment(track.get("experiment", "default"))
+    job = pipeline_run or str(status.pipeline_job_resource_name)
+    error = " ".join(str(status.error_message).split())
+    reason = f"pipeline run {job} ended {status.state}: {error}"[:500]
+    client = mlflow.MlflowClient()
+    if fail_pipeline_runs(client, experiment.experiment_id, pipeline_run, reason):
+        return
     mlflow.start_run(
         run_name="failed-pipeline-run",
         tags={
             "pipeline_state": str(status.state),
             "pipeline_job": str(status.pipeline_job_resource_name),
+            FAILURE_TAG: reason,
+            **({PIPELINE_RUN_TAG: pipeline_run} if pipeline_run else {}),
         },
     )
     mlflow.log_text(str(status.error_message), "error.txt")
@@ -246,12 +267,15 @@ def make_pipeline(
     backend: str | None = None,
     paddlejob: Mapping[str, Any] | None = None,
     params_file: str | Path = REPO / "params.yaml",
+    retry: Mapping[str, Any] | None = None,
 ) -> Any:
     """The pipeline in ``image``; ``gpus`` > 0 runs train and qat in the GPU image with that
-    many accelerators; ``resources`` (default: ``params.yaml: resources``) sizes every task.
+    many accelerators; ``resources`` (default: ``params.yaml: resources``) sizes every task;
+    ``retry`` is the retry policy of the tasks that talk to the network (:data:`RETRY`).
     ``backend`` (default: :func:`train_backend` of ``params_file``) ``paddlejob`` puts the
     PaddleJob launcher where the train task is, mounting the shared volume of ``paddlejob``
     (default: ``params_file``'s section) at its ``mount_path``."""
+    retry = RETRY if retry is None else retry
     compile_params = _load(params_file) if None in (resources, backend, paddlejob) else {}
     if resources is None:
         resources = compile_params.get("resources") or {}
@@ -296,8 +320,11 @@ def make_pipeline(
         # one pipeline parameter per params.yaml section; each step gets only its own
         task, ingest, track = sections["task"], sections["ingest"], sections["track"]
         build_in_cluster = sections["build_in_cluster"]
-        exit_task = cpu_ops["record_failure_op"](track=track)
+        # the run's id: on track's MLflow run, which the exit handler closes if the run fails
+        exit_task = cpu_ops["record_failure_op"](track=track, pipeline_run=PIPELINE_RUN)
         with_resources(exit_task, resources, "record_failure")
+        # a cache hit would record nothing: a failure with the same inputs is a new failure
+        exit_task.set_retry(**retry).set_caching_options(False)
         _with_cluster_env(exit_task)
         with dsl.ExitHandler(exit_task, name="record-failures"):
             # a moving source: the uncached fingerprint keys ingest's cache on the bytes
@@ -313,16 +340,18 @@ def make_pipeline(
                     tasks[name] = launcher_task(sections, tasks)  # later steps: unchanged
                     continue
                 values = {"source_sha256": fingerprint_t.output} if name == "ingest" else {}
+                if name == "track":
+                    values = {"pipeline_run": PIPELINE_RUN}
                 tasks[name] = step_task(name, sections, tasks, **values)
             for t in (fingerprint_t, tasks["ingest"]):
-                t.set_retry(**RETRY)  # http(s) and s3 sources
+                t.set_retry(**retry)  # http(s) and s3 sources
                 _with_cluster_env(t, s3=True)
             if gpus:  # train and qat on GPU nodes (compile --gpus N); a PaddleJob's
                 # workers get theirs from paddlejob.gpus_per_worker, its launcher none
                 for name in ("train", "qat") if backend == "step" else ("qat",):
                     tasks[name].set_accelerator_type(accelerator_type).set_accelerator_limit(gpus)
             for name in ("track", "register"):  # they talk to MLflow: retried, never cached
-                tasks[name].set_retry(**RETRY).set_caching_options(False)
+                tasks[name].set_retry(**retry).set_caching_options(False)
                 _with_cluster_env(tasks[name])
             # only a blessed model gets its image pushed and the champion alias
             blessed = tasks["register"].outputs["Output"]
@@ -332,7 +361,7 @@ def make_pipeline(
                         context=tasks["serving_image"].outputs["infra"],
                         destination=tasks["serving_image"].outputs["Output"],
                     )
-                    with_resources(kaniko, resources, "kaniko_build").set_retry(**RETRY)
+                    with_resources(kaniko, resources, "kaniko_build").set_retry(**retry)
                     kubernetes.use_secret_as_volume(
                         kaniko, REGISTRY_PUSH_SECRET, mount_path=KANIKO_DOCKER_CONFIG
                     )
@@ -348,7 +377,7 @@ def make_pipeline(
                 # the champion is deployed right after it moved (rendered only without a
                 # pushed image); both talk to MLflow: retried, never cached
                 for t in (promoted, promoted_local, deployed, deployed_local):
-                    t.set_retry(**RETRY).set_caching_options(False)
+                    t.set_retry(**retry).set_caching_options(False)
                     _with_cluster_env(t)
 
     on = " (train: a Kubeflow PaddleJob)" if backend == "paddlejob" else ""
@@ -400,13 +429,31 @@ def pipeline_params(params: dict[str, Any], backend: str | None = None) -> dict[
     return {s: _drop_nulls(params.get(s) or {}) for s in pipeline_sections(backend)}
 
 
-def run_local(params: dict[str, Any], pipeline_root: str | Path) -> Any:
-    """The whole DAG on this machine: kfp.local, a subprocess per component, this venv."""
+def run_local(
+    params: dict[str, Any],
+    pipeline_root: str | Path,
+    *,
+    cache: bool = True,
+    retry_backoff_s: float | None = None,
+) -> Any:
+    """The whole DAG on this machine: kfp.local, a subprocess per component, this venv.
+
+    ``cache`` (default on, as on a KFP backend): a task whose inputs are those of an earlier
+    successful task under the same ``pipeline_root`` reuses its outputs (the tasks marked
+    uncached always run). ``retry_backoff_s`` replaces the first retry backoff (30 s)."""
     from kfp import local
 
-    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(pipeline_root))
+    local.init(
+        runner=local.SubprocessRunner(use_venv=False),
+        pipeline_root=str(pipeline_root),
+        enable_caching=cache,
+    )
     backend = train_backend(params)
-    pipeline = make_pipeline(backend=backend, paddlejob=params.get("paddlejob") or {})
+    pipeline = make_pipeline(
+        backend=backend,
+        paddlejob=params.get("paddlejob") or {},
+        retry=retry_policy(retry_backoff_s),
+    )
     return pipeline(**pipeline_params(params, backend))
 
 
@@ -440,6 +487,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_local = sub.add_parser("local")
     p_local.add_argument("--params", default="params.yaml")
     p_local.add_argument("--pipeline-root", default="outputs/kfp-local")
+    p_local.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="run every task (default: reuse the outputs of a task run before with the same "
+        "inputs under --pipeline-root, as a KFP backend does)",
+    )
+    p_local.add_argument(
+        "--retry-backoff-s",
+        type=float,
+        default=None,
+        help="first backoff of the network tasks' retries (default: 30)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, force=True)
     if args.command == "compile":
@@ -452,7 +511,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         ingest = params.get("ingest", {})
         if ingest.get("kind") != "builtin" and "://" not in ingest.get("source", ""):
             ingest["source"] = str(Path(ingest["source"]).resolve())  # subprocess cwd differs
-        run_local(json.loads(json.dumps(params)), Path(args.pipeline_root).resolve())
+        run_local(
+            json.loads(json.dumps(params)),
+            Path(args.pipeline_root).resolve(),
+            cache=not args.no_cache,
+            retry_backoff_s=args.retry_backoff_s,
+        )
     return 0
 
 
