@@ -12,12 +12,13 @@ Implements the KServe v2 (Open Inference Protocol) REST subset that the C++ serv
 
 Runtime: ``components.ov_runtime.OVPredictor`` on the file the C++ server loads for the
 variant (``formats.legacy.program`` for fp32, ``formats.int8_openvino.program`` for int8),
-f32 precision hint. ``--workers W --threads T`` mirrors the C++ server's ``--workers
---threads-per-worker``: W compiled models of T OpenVINO threads each, one per thread of an
-inference thread pool. The endpoint is async; parsing happens on the event loop (binary
-inputs are zero-copy views of the request body), inference and output serialisation run in
-the pool (OpenVINO releases the GIL while it computes). One uvicorn process, uvloop and
-httptools when installed, access log off. No dynamic batching: one inference per request.
+f32 precision hint, CPU pinning off like the C++ server's default (``--cpu-pinning``).
+``--workers W --threads T`` mirrors the C++ server's ``--workers --threads-per-worker``: W
+compiled models of T OpenVINO threads each, one per thread of an inference thread pool. The
+endpoint is async; parsing happens on the event loop (binary inputs are zero-copy views of
+the request body), inference and output serialisation run in the pool (OpenVINO releases the
+GIL while it computes). One uvicorn process, uvloop and httptools when installed, access log
+off. No dynamic batching: one inference per request.
 
     .venv/bin/python bench/python_server.py --model-dir outputs/export --port 8001 --threads 1
 """
@@ -92,7 +93,15 @@ class BadRequest(Exception):
 class ServedModel:
     """The signature, a pool of predictors and the thread pool that runs them."""
 
-    def __init__(self, model_dir: Path, variant: str, name: str, workers: int, threads: int):
+    def __init__(
+        self,
+        model_dir: Path,
+        variant: str,
+        name: str,
+        workers: int,
+        threads: int,
+        cpu_pinning: bool = False,
+    ):
         signature = json.loads((model_dir / "signature.json").read_text())
         fmt = signature["formats"][VARIANT_FORMATS[variant]]
         self.path = model_dir / fmt["program"]
@@ -117,7 +126,7 @@ class ServedModel:
         ov_model = read_model(self.path)  # read once, compiled once per worker
         self._pool: queue.SimpleQueue[OVPredictor] = queue.SimpleQueue()
         for _ in range(workers):
-            self._pool.put(OVPredictor(ov_model, threads=threads))
+            self._pool.put(OVPredictor(ov_model, threads=threads, cpu_pinning=cpu_pinning))
         self.executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="infer")
         self.metadata = _dumps(
             {
@@ -291,6 +300,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--threads", type=int, default=1, help="OpenVINO threads per worker")
     parser.add_argument("--workers", type=int, default=1, help="predictors (inference threads)")
+    parser.add_argument(
+        "--cpu-pinning",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="OpenVINO ENABLE_CPU_PINNING (off, like the C++ server's default)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
 
@@ -299,7 +314,9 @@ def main(argv: list[str] | None = None) -> int:
     name = args.model_name or json.loads((args.model_dir / "signature.json").read_text()).get(
         "task", "model"
     )
-    model = ServedModel(args.model_dir, args.variant, name, args.workers, args.threads)
+    model = ServedModel(
+        args.model_dir, args.variant, name, args.workers, args.threads, args.cpu_pinning
+    )
     log.info(
         "serving %s (%s) as %r on %s:%d: %d worker(s) x %d thread(s)",
         model.path,

@@ -11,12 +11,20 @@ Two regimes, one run, everything on 127.0.0.1 and on the same cores:
   while every worker was busy; ``--queue-delay-us``) and off, for every worker layout of the
   same thread budget
   (``--workers 1 --threads-per-worker 2`` and ``--workers 2 --threads-per-worker 1``: the
-  server compiles one model with one stream per worker). ``ratio_vs_inprocess`` = best (b)
-  images/s / best (a) images/s.
+  server compiles one model with one stream per worker). Then the best (b) cell and the best
+  (a) batch are measured again in alternation, ``--repeats`` rounds (5): each round's ratio
+  compares two runs seconds apart. ``ratio_vs_inprocess`` = the median of those rounds'
+  ratios (the table's best of many single cells / best of a few in-process runs is printed
+  beside it).
 - **overhead-bound**: the digits model (``outputs/export``, fp32), batch-1 requests, every
   server 1 worker x 1 thread (``--digits-layout``). (b) the C++ server vs (c)
   ``bench/python_server.py`` (FastAPI + uvicorn around the same ``OVPredictor``), same model
-  file. ``ratio_vs_python`` = (b) / (c) requests/s at concurrency 16
+  file. The three servers (C++ batching off, C++ batching on, Python) run at once; at each
+  concurrency every one of them is measured in turn, ``--repeats`` rounds (5, the order
+  rotating), and a cell reports the median of its rounds with every round's req/s. A ratio
+  between two servers is the median of the rounds' ratios (each a pair of runs seconds
+  apart), so a slow phase of the machine (other tenants of the host) does not decide it.
+  ``ratio_vs_python`` = (b) / (c) requests/s at concurrency 16
   (``--overhead-concurrency``), like for like: one inference per request, i.e. the C++
   server's dynamic batching off (the baseline has none). Beside it, on the C++ server:
 
@@ -61,7 +69,9 @@ Two regimes, one run, everything on 127.0.0.1 and on the same cores:
 Like-for-like server settings: the C++ server runs with ``--access-log=false`` (the baseline
 logs no requests) and ``--keep-alive-max-count=1000000`` (uvicorn never closes a busy
 keep-alive connection; the server's default closes it every 100 requests); ``--server-arg``
-adds or overrides flags.
+adds or overrides flags. OpenVINO CPU pinning is off everywhere (the server's default; the
+Python baseline and the in-process runs are given the same), or on everywhere with
+``--cpu-pinning``.
 
 Load generator: ``wrk`` (one epoll thread, keep-alive connections = concurrency, a Lua script
 posting a prebuilt binary-tensor request), a separate process, identical for every REST target
@@ -78,13 +88,14 @@ OpenVINO on the same inputs.
     .venv/bin/python bench/serving_bench.py [--arch resnet50] [--quick] [--json out.json]
         [--only resnet|digits|batching|python|grpc|slow-clients ...]
 
-``--quick``: 2 s cells, ResNet at concurrency 1 and 16 in one layout, digits at concurrency
-1 and 16, a 3 s slow-clients cell. ``--only`` (repeatable) runs some parts: ``resnet`` (the
-compute-bound regime with the in-process limit), ``batching``, ``python``, ``grpc``,
-``slow-clients``, or ``digits`` (all four); the C++ batching-off server runs whenever a
-digits part needs it. The report ends with the done-when targets (batching on >= 0.9x off in
-req/s at c1 with p50 <= 1.2x, >= 1.0x at c16; good clients' p99 < 50 ms and no errors among
-slow clients; < 64 KiB of RSS per held connection), each met / NOT met / not measured.
+``--quick``: 2 s cells, 2 rounds, ResNet at concurrency 1 and 16 in one layout, digits at
+concurrency 1 and 16, a 3 s slow-clients cell. ``--only`` (repeatable) runs some parts:
+``resnet`` (the compute-bound regime with the in-process limit), ``batching``, ``python``,
+``grpc``, ``slow-clients``, or ``digits`` (all four); the C++ batching-off server runs
+whenever a digits part needs it. The report ends with the done-when targets (batching on >=
+0.9x off in req/s at c1 with p50 <= 1.2x, >= 1.0x at c16; good clients' p99 < 50 ms and no
+errors among slow clients; < 64 KiB of RSS per held connection), each met / NOT met / not
+measured.
 
 The last line printed is machine-readable::
 
@@ -187,6 +198,10 @@ class Cell:
     mean_batch: float | None = None  # C++ server: samples per executed batch (/metrics)
     compute_busy_pct: float | None = None  # C++ server: backend time / (wall x workers)
     side_cpu_pct: float | None = None  # helper processes (slow clients), of one core
+    # repeated cells (--repeats): the fields above are medians; one entry per round, in
+    # round order, so cells measured in the same rounds pair up
+    rps_samples: list[float] = field(default_factory=list)
+    p50_samples: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -212,6 +227,8 @@ class Report:
     slow_clients: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # skipped parts and why
     ratios: dict[str, Any] = field(default_factory=dict)
+    # ResNet: the best server cell and the best in-process batch, measured in alternation
+    compute_rounds: list[dict[str, float]] = field(default_factory=list)
     elapsed_s: float = 0.0
 
 
@@ -288,9 +305,10 @@ def measure_inprocess(
     max_iters: int,
     noise: Noise,
     when: str = "before",
+    cpu_pinning: bool = False,
 ) -> list[InProcess]:
     """Images/s of one compiled model, synchronous calls, time- and count-bounded."""
-    predictor = OVPredictor(path, threads=threads)
+    predictor = OVPredictor(path, threads=threads, cpu_pinning=cpu_pinning)
     rng = np.random.default_rng(1)
     rows = []
     for bs in batches:
@@ -381,7 +399,15 @@ def scrape_batching(port: int, name: str) -> dict[str, float] | None:
 class PythonServer(ServerProcess):
     """``bench/python_server.py`` on a free loopback port, managed like the C++ server."""
 
-    def __init__(self, model_dir: Path, name: str, workers: int, threads: int, log_file: Path):
+    def __init__(
+        self,
+        model_dir: Path,
+        name: str,
+        workers: int,
+        threads: int,
+        log_file: Path,
+        cpu_pinning: bool = False,
+    ):
         super().__init__(
             lambda port: [
                 sys.executable,
@@ -392,6 +418,7 @@ class PythonServer(ServerProcess):
                 f"--port={port}",
                 f"--workers={workers}",
                 f"--threads={threads}",
+                "--cpu-pinning" if cpu_pinning else "--no-cpu-pinning",
             ],
             name,
             log_file,
@@ -419,6 +446,7 @@ def start_cpp(
         f"--dynamic-batching={'true' if batching else 'false'}",
         "--access-log=false",  # the Python baseline logs no requests either
         "--keep-alive-max-count=1000000",  # uvicorn never closes a busy keep-alive connection
+        f"--cpu-pinning={'true' if args.cpu_pinning else 'false'}",
         *args.server_args,
     ]
     server = RunningServer(args.server_binary, model_dir, "fp32", name, flags, log_file, extra)
@@ -427,9 +455,15 @@ def start_cpp(
 
 
 def start_python(
-    model_dir: Path, name: str, workers: int, threads: int, log_file: Path, startup_s: float
+    model_dir: Path,
+    name: str,
+    workers: int,
+    threads: int,
+    log_file: Path,
+    startup_s: float,
+    cpu_pinning: bool = False,
 ) -> PythonServer:
-    server = PythonServer(model_dir, name, workers, threads, log_file)
+    server = PythonServer(model_dir, name, workers, threads, log_file, cpu_pinning)
     _ready_or_raise(server, startup_s, log_file)
     return server
 
@@ -871,6 +905,53 @@ def _measure_once(
     return cell
 
 
+def summarize(samples: list[Cell]) -> Cell:
+    """One cell from its repeated measurements: the median of every number, the samples
+    kept (``rps_samples``/``p50_samples`` in round order), errors summed."""
+    cell = dataclasses.replace(samples[0])
+
+    def med(get: Callable[[Cell], float | None]) -> float | None:
+        values = [v for v in (get(c) for c in samples) if v is not None]
+        return float(np.median(values)) if values else None
+
+    for name in (
+        "duration_s",
+        "throughput",
+        "p50_ms",
+        "p90_ms",
+        "p99_ms",
+        "max_ms",
+        "generator_cpu_pct",
+        "server_cpu_pct",
+        "other_cpu_pct",
+        "mean_batch",
+        "compute_busy_pct",
+        "side_cpu_pct",
+    ):
+        setattr(cell, name, med(lambda c, n=name: getattr(c, n)))
+    cell.requests = sum(c.requests for c in samples)
+    cell.errors = sum(c.errors for c in samples)
+    cell.rps_samples = [c.throughput for c in samples]
+    cell.p50_samples = [c.p50_ms for c in samples]
+    return cell
+
+
+def paired(a: Cell, b: Cell, what: str = "rps") -> list[float]:
+    """Round-by-round ratios a / b of two cells measured in the same rounds."""
+    xs = a.rps_samples if what == "rps" else a.p50_samples
+    ys = b.rps_samples if what == "rps" else b.p50_samples
+    if not xs or len(xs) != len(ys):  # not repeated: the single numbers
+        xs, ys = (
+            [a.throughput if what == "rps" else a.p50_ms],
+            [b.throughput if what == "rps" else b.p50_ms],
+        )
+    return [x / y for x, y in zip(xs, ys, strict=True) if y > 0]
+
+
+def median(values: Sequence[float]) -> float | None:
+    return float(np.median(values)) if values else None
+
+
 # --------------------------------------------------------------------------- slow clients
 
 
@@ -1160,16 +1241,18 @@ def render(report: Report) -> str:
         "",
         f"{'regime':<9}{'target':<7}{'model':<9}{'WxT':>4}{'batching':>9}{'proto':>6}"
         f"{'bg':>9}{'conc':>5}{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'err':>4}{'batch':>6}"
-        f"{'busy%':>6}{'gen CPU%':>9}{'srv CPU%':>9}{'other%':>7}",
+        f"{'busy%':>6}{'gen CPU%':>9}{'srv CPU%':>9}{'other%':>7}  req/s of each round",
     ]
     for c in report.cells:
         batch = "-" if c.mean_batch is None else f"{c.mean_batch:.1f}"
         busy = "-" if c.compute_busy_pct is None else f"{c.compute_busy_pct:.0f}"
+        each = " ".join(f"{x:.0f}" for x in c.rps_samples) if len(c.rps_samples) > 1 else ""
         lines.append(
             f"{c.regime:<9}{c.target:<7}{c.model:<9}{c.layout:>4}{c.batching:>9}"
             f"{c.protocol:>6}{c.background:>9}{c.concurrency:>5}{c.throughput:>9.1f}"
             f"{c.p50_ms:>9.2f}{c.p99_ms:>9.2f}{c.errors:>4}{batch:>6}{busy:>6}"
             f"{c.generator_cpu_pct:>9.0f}{c.server_cpu_pct:>9.0f}{c.other_cpu_pct:>7.0f}"
+            f"  {each}".rstrip()
         )
     lines += [
         "",
@@ -1177,13 +1260,15 @@ def render(report: Report) -> str:
         "workers) (C++ /metrics; batches straddling the window count whole); gen = wrk or "
         "h2load, srv = server process, other = the rest of the machine (noise: should be ~0; "
         "the slow-clients helper's CPU is not in it); bg = background load (slowN: N slow "
-        "clients held)",
+        "clients held); a cell measured in several rounds shows the median of each "
+        "number and every round's req/s",
     ]
     r = report.ratios
     if r.get("batching"):
         lines += [
             "",
-            "digits, C++ server, dynamic batching on vs off (REST binary; on / off ratios):",
+            "digits, C++ server, dynamic batching on vs off (REST binary; medians; a ratio is "
+            "the median of the rounds' on / off ratios, each round's in [ ]):",
             f"  {'conc':>4}{'on req/s':>10}{'off req/s':>11}{'ratio':>7}{'on p50':>8}"
             f"{'off p50':>9}{'ratio':>7}{'on p99':>8}{'off p99':>9}{'ratio':>7}",
         ]
@@ -1194,6 +1279,11 @@ def render(report: Report) -> str:
                 f"{_fmt(b['p50_ratio']):>7}{b['on_p99_ms']:>8.2f}{b['off_p99_ms']:>9.2f}"
                 f"{_fmt(b['p99_ratio']):>7}"
             )
+            if len(b["rps_ratio_rounds"]) > 1:
+                lines.append(
+                    f"        req/s ratio each round {_rounds(b['rps_ratio_rounds'])}, "
+                    f"p50 ratio each round {_rounds(b['p50_ratio_rounds'])}"
+                )
     if r.get("grpc"):
         lines += [
             "",
@@ -1251,23 +1341,44 @@ def render(report: Report) -> str:
     for note in report.notes:
         lines.append(f"NOTE: {note}")
     lines.append("")
-    if r.get("ratio_vs_inprocess") is not None:
+    if report.compute_rounds:
         lines.append(
-            f"ratio_vs_inprocess = best C++ server images/s {r['server_best']:.1f} "
-            f"({r['server_best_cell']}) / best in-process {r['inprocess_best']:.1f} "
-            f"(batch {r['inprocess_best_batch']}, {r['inprocess_best_when']}) = "
-            f"{r['ratio_vs_inprocess']:.3f}"
+            f"compute-bound, in alternation: the best server cell of the table "
+            f"({r['server_best_cell']}) vs in-process batch {report.compute_rounds[0]['batch']}:"
         )
+        for i, x in enumerate(report.compute_rounds, 1):
+            lines.append(
+                f"  round {i}: server {x['server']:.1f} images/s, in-process "
+                f"{x['inprocess']:.1f} images/s, ratio {x['ratio']:.3f}"
+            )
+    if r.get("ratio_vs_inprocess") is not None:
+        if r.get("ratio_vs_inprocess_from") == "rounds":
+            lines.append(
+                "ratio_vs_inprocess = median of the rounds "
+                f"{_rounds(r['ratio_vs_inprocess_rounds'])}"
+                f" = {r['ratio_vs_inprocess']:.3f} (from the table alone: best C++ "
+                f"{r['server_best']:.1f} / best in-process {r['inprocess_best']:.1f} = "
+                f"{_fmt(r.get('ratio_vs_inprocess_table'))})"
+            )
+        else:
+            lines.append(
+                f"ratio_vs_inprocess = best C++ server images/s {r['server_best']:.1f} "
+                f"({r['server_best_cell']}) / best in-process {r['inprocess_best']:.1f} "
+                f"(batch {r['inprocess_best_batch']}, {r['inprocess_best_when']}) = "
+                f"{r['ratio_vs_inprocess']:.3f}"
+            )
     if r.get("ratio_vs_python") is not None:
         lines.append(
-            f"ratio_vs_python = C++ (batching off) {r['cpp_rps']:.1f} req/s / Python "
-            f"{r['python_rps']:.1f} req/s at concurrency {r['overhead_concurrency']} = "
-            f"{r['ratio_vs_python']:.3f}"
+            f"ratio_vs_python = C++ (batching off) / Python req/s at concurrency "
+            f"{r['overhead_concurrency']}, median of the rounds "
+            f"{_rounds(r['ratio_vs_python_rounds'])} = {r['ratio_vs_python']:.3f} "
+            f"(medians {r['cpp_rps']:.1f} / {r['python_rps']:.1f} req/s)"
         )
     if r.get("ratio_vs_python_batching_on") is not None:
         lines.append(
             f"  (C++ with dynamic batching on: {r['cpp_rps_batching_on']:.1f} req/s, "
-            f"{r['ratio_vs_python_batching_on']:.3f}x the Python baseline)"
+            f"{r['ratio_vs_python_batching_on']:.3f}x the Python baseline, rounds "
+            f"{_rounds(r['ratio_vs_python_batching_on_rounds'])})"
         )
     lines += ["", "targets:"]
     for what, met in targets(r):
@@ -1275,6 +1386,10 @@ def render(report: Report) -> str:
         lines.append(f"  {verdict:<13} {what}")
     lines.append(f"elapsed {report.elapsed_s:.0f} s")
     return "\n".join(lines)
+
+
+def _rounds(values: Sequence[float]) -> str:
+    return "[" + " ".join(f"{v:.3f}" for v in values) + "]"
 
 
 def _fmt(x: float | None) -> str:
@@ -1363,7 +1478,21 @@ def main(argv: list[str] | None = None) -> int:
         help="digits, batching on (server default 0)",
     )
     parser.add_argument("--inprocess-batches", type=int, nargs="+", default=[1, 16, 32])
-    parser.add_argument("--duration", type=int, default=6, help="seconds per timed cell")
+    parser.add_argument("--duration", type=int, default=4, help="seconds per timed cell")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=5,
+        help="rounds of the compared cells (digits: every server at each concurrency in "
+        "turn; ResNet: best server cell vs best in-process batch); medians and paired "
+        "ratios are reported",
+    )
+    parser.add_argument(
+        "--cpu-pinning",
+        action="store_true",
+        help="OpenVINO CPU pinning for every runtime (C++ server, Python baseline, "
+        "in-process); default off, like the server",
+    )
     parser.add_argument("--warmup", type=int, default=1, help="seconds of warm-up per cell")
     parser.add_argument("--inprocess-seconds", type=float, default=5.0)
     parser.add_argument(
@@ -1396,6 +1525,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work-dir", type=Path, help="keep model, requests and logs here")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)
+    if args.repeats < 1:
+        parser.error("--repeats must be >= 1")
     logging.basicConfig(level=logging.INFO, format="%(message)s", force=True, stream=sys.stderr)
     os.environ.setdefault("GLOG_minloglevel", "2")
     chosen = set(args.only or PARTS)
@@ -1406,6 +1537,7 @@ def main(argv: list[str] | None = None) -> int:
     args.parts = [p for p in PARTS if p in chosen]
     if args.quick:
         args.duration, args.warmup, args.inprocess_seconds = 2, 1, 2.0
+        args.repeats = min(args.repeats, 2)
         args.concurrency, args.digits_concurrency = [1, 16], [1, 16]
         args.slow_duration = 3
         args.layouts = args.layouts or f"1x{args.threads}"
@@ -1475,6 +1607,7 @@ def run_all(args: argparse.Namespace, report: Report, work: Path, wrk_bin: str) 
             args.inprocess_seconds,
             max_iters=10_000,
             noise=noise_of(args),
+            cpu_pinning=args.cpu_pinning,
         )
         if not args.skip_cpp:
             run_compute(args, report, work, wrk, resnet_dir)
@@ -1488,7 +1621,9 @@ def run_all(args: argparse.Namespace, report: Report, work: Path, wrk_bin: str) 
                 max_iters=10_000,
                 noise=noise_of(args),
                 when="after",
+                cpu_pinning=args.cpu_pinning,
             )
+            report.compute_rounds = confirm_compute(args, report, work, wrk, resnet_dir)
     if any(p in args.parts for p in DIGITS_PARTS):
         run_overhead(args, report, work, wrk)
     report.ratios = ratios(report, args.overhead_concurrency)
@@ -1533,9 +1668,73 @@ def run_compute(
                 server.stop()
 
 
+def confirm_compute(
+    args: argparse.Namespace, report: Report, work: Path, wrk: Wrk, model_dir: Path
+) -> list[dict[str, float]]:
+    """The best server cell of the table against the best in-process batch, measured in
+    alternation ``--repeats`` times: each round's ratio compares two runs a few seconds
+    apart, so drift of the machine's speed (other tenants of the host) cancels, and the
+    best of many single cells no longer decides the ratio on its own."""
+    inprocess = [r for r in report.inprocess if r.batch > 1] or report.inprocess
+    cell = best(report.cells, regime="compute", target="cpp")
+    if cell is None or not inprocess:
+        return []
+    batch = max(inprocess, key=lambda r: r.images_per_s).batch
+    workers, threads = (int(x) for x in cell.layout.split("x"))
+    shape = input_shape(model_dir)
+    noise = noise_of(args)
+    server = start_cpp(
+        args,
+        model_dir,
+        args.arch,
+        workers,
+        threads,
+        cell.batching == "on",
+        work / f"cpp-{args.arch}-{cell.layout}-rounds.log",
+        args.queue_delay_us,
+    )
+    rounds = []
+    try:
+        load = wrk.load(server, args.arch, shape, cell.concurrency)
+        for i in range(args.repeats):
+            (ip,) = measure_inprocess(
+                model_file(model_dir),
+                shape,
+                args.threads,
+                [batch],
+                args.inprocess_seconds,
+                max_iters=10_000,
+                noise=noise,
+                when=f"round{i + 1}",
+                cpu_pinning=args.cpu_pinning,
+            )
+            measured = measure(load, server, args.arch, cell, args.duration, args.warmup, noise)
+            rounds.append(
+                {
+                    "inprocess": ip.images_per_s,
+                    "server": measured.throughput,
+                    "ratio": measured.throughput / ip.images_per_s,
+                    "batch": batch,
+                }
+            )
+            log.info(
+                "round %d: server %.1f images/s vs in-process %.1f = %.3f",
+                i + 1,
+                measured.throughput,
+                ip.images_per_s,
+                rounds[-1]["ratio"],
+            )
+    finally:
+        server.stop()
+    return rounds
+
+
 def run_overhead(args: argparse.Namespace, report: Report, work: Path, wrk: Wrk) -> None:
-    """Digits: the C++ server with batching off (REST cells, then gRPC vs REST and the slow
-    clients in the same process), with batching on, and the Python baseline; same layout."""
+    """Digits: the C++ server with batching off, with batching on, and the Python baseline,
+    same layout, all three running at once. At each concurrency every server is measured in
+    turn, ``--repeats`` rounds (the order rotates each round), so the ratios between them are
+    ratios of runs seconds apart. Then gRPC vs REST and the slow clients on the batching-off
+    server."""
     model_dir = args.digits_dir
     shape = input_shape(model_dir)
     ((workers, threads),) = layouts(args.digits_layout)
@@ -1544,7 +1743,7 @@ def run_overhead(args: argparse.Namespace, report: Report, work: Path, wrk: Wrk)
     reference = OVPredictor(model_file(model_dir), threads=threads)
     parts = set(args.parts)
     both = sorted(set(args.digits_concurrency))
-    plan: list[tuple[str, str, list[int]]] = []
+    plan: dict[tuple[str, str], list[int]] = {}
     if not args.skip_cpp:
         off: set[int] = set()
         if "batching" in parts:
@@ -1556,45 +1755,64 @@ def run_overhead(args: argparse.Namespace, report: Report, work: Path, wrk: Wrk)
         if "slow-clients" in parts:
             off.add(args.slow_concurrency)
         if off:
-            plan.append(("cpp", "off", sorted(off)))
+            plan["cpp", "off"] = sorted(off)
         if "batching" in parts:
-            plan.append(("cpp", "on", both))
+            plan["cpp", "on"] = both
     if "python" in parts:
-        plan.append(("python", "n/a", sorted(set(both) | {args.overhead_concurrency})))
-    for target, batching, concurrencies in plan:
-        log_file = work / f"{target}-digits-batching-{batching.replace('/', '')}.log"
-        if target == "cpp":
-            server: Any = start_cpp(
-                args,
-                model_dir,
-                "digits",
-                workers,
-                threads,
-                batching == "on",
-                log_file,
-                args.digits_queue_delay_us,
-            )
-        else:
-            server = start_python(
-                model_dir, "digits", workers, threads, log_file, args.startup_timeout
-            )
-        try:
+        plan["python", "n/a"] = sorted(set(both) | {args.overhead_concurrency})
+    servers: dict[tuple[str, str], Any] = {}
+    try:
+        for target, batching in plan:
+            log_file = work / f"{target}-digits-batching-{batching.replace('/', '')}.log"
+            if target == "cpp":
+                server: Any = start_cpp(
+                    args,
+                    model_dir,
+                    "digits",
+                    workers,
+                    threads,
+                    batching == "on",
+                    log_file,
+                    args.digits_queue_delay_us,
+                )
+            else:
+                server = start_python(
+                    model_dir,
+                    "digits",
+                    workers,
+                    threads,
+                    log_file,
+                    args.startup_timeout,
+                    args.cpu_pinning,
+                )
+            servers[target, batching] = server
             label = f"{target} digits batching {batching}"
             report.checks.append(check_answers(server, "digits", reference, shape, label))
-            for c in concurrencies:
-                cell = Cell("overhead", target, "digits", layout, batching, c)
-                load = wrk.load(server, "digits", shape, c)
-                report.cells.append(
-                    measure(load, server, "digits", cell, args.duration, args.warmup, noise)
-                )
-            if target == "cpp" and batching == "off":
-                if "grpc" in parts:
-                    run_grpc(args, report, server, shape, reference, layout, log_file, work)
-                if "slow-clients" in parts:
-                    run_slow_clients(
-                        args, report, server, "digits", shape, wrk, layout, log_file, work
+        for c in sorted({c for cs in plan.values() for c in cs}):
+            keys = [k for k, cs in plan.items() if c in cs]
+            samples: dict[tuple[str, str], list[Cell]] = {k: [] for k in keys}
+            for i in range(args.repeats):
+                for key in keys[i % len(keys) :] + keys[: i % len(keys)]:
+                    target, batching = key
+                    cell = Cell("overhead", target, "digits", layout, batching, c)
+                    load = wrk.load(servers[key], "digits", shape, c)
+                    samples[key].append(
+                        measure(
+                            load, servers[key], "digits", cell, args.duration, args.warmup, noise
+                        )
                     )
-        finally:
+            report.cells += [summarize(samples[k]) for k in keys]
+        off_server = servers.get(("cpp", "off"))
+        if off_server is not None:
+            log_file = work / "cpp-digits-batching-off.log"
+            if "grpc" in parts:
+                run_grpc(args, report, off_server, shape, reference, layout, log_file, work)
+            if "slow-clients" in parts:
+                run_slow_clients(
+                    args, report, off_server, "digits", shape, wrk, layout, log_file, work
+                )
+    finally:
+        for server in servers.values():
             server.stop()
 
 
@@ -1653,6 +1871,15 @@ def ratios(report: Report, concurrency: int) -> dict[str, Any]:
                 f"concurrency {compute_best.concurrency}"
             )
             out["ratio_vs_inprocess"] = compute_best.throughput / top.images_per_s
+            out["ratio_vs_inprocess_from"] = "table"
+    if report.compute_rounds:
+        # the verdict: the median of the alternating rounds (the table's best of many
+        # single cells over the best of a few in-process runs is biased both ways)
+        ratios_ = [r["ratio"] for r in report.compute_rounds]
+        out["ratio_vs_inprocess_table"] = out.get("ratio_vs_inprocess")
+        out["ratio_vs_inprocess"] = median(ratios_)
+        out["ratio_vs_inprocess_rounds"] = ratios_
+        out["ratio_vs_inprocess_from"] = "rounds"
     cells = report.cells
     py = best(cells, regime="overhead", target="python", concurrency=concurrency)
     off = _digits_rest(cells, batching="off", concurrency=concurrency)
@@ -1662,24 +1889,29 @@ def ratios(report: Report, concurrency: int) -> dict[str, Any]:
         out["python_rps"] = py.throughput
         if off is not None:
             out["cpp_rps"] = off.throughput
-            out["ratio_vs_python"] = off.throughput / py.throughput
+            out["ratio_vs_python_rounds"] = paired(off, py)
+            out["ratio_vs_python"] = median(out["ratio_vs_python_rounds"])
         if on is not None:
             out["cpp_rps_batching_on"] = on.throughput
-            out["ratio_vs_python_batching_on"] = on.throughput / py.throughput
+            out["ratio_vs_python_batching_on_rounds"] = paired(on, py)
+            out["ratio_vs_python_batching_on"] = median(out["ratio_vs_python_batching_on_rounds"])
     out["batching"] = []
     for c in sorted({c.concurrency for c in cells if c.regime == "overhead"}):
         on_c = _digits_rest(cells, batching="on", concurrency=c)
         off_c = _digits_rest(cells, batching="off", concurrency=c)
         if on_c is None or off_c is None:
             continue
+        rps_rounds, p50_rounds = paired(on_c, off_c), paired(on_c, off_c, "p50")
         row = {
             "concurrency": c,
             "on_rps": on_c.throughput,
             "off_rps": off_c.throughput,
-            "rps_ratio": _ratio(on_c.throughput, off_c.throughput),
+            "rps_ratio": median(rps_rounds),
+            "rps_ratio_rounds": rps_rounds,
             "on_p50_ms": on_c.p50_ms,
             "off_p50_ms": off_c.p50_ms,
-            "p50_ratio": _ratio(on_c.p50_ms, off_c.p50_ms),
+            "p50_ratio": median(p50_rounds),
+            "p50_ratio_rounds": p50_rounds,
             "on_p99_ms": on_c.p99_ms,
             "off_p99_ms": off_c.p99_ms,
             "p99_ratio": _ratio(on_c.p99_ms, off_c.p99_ms),

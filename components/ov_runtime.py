@@ -59,13 +59,23 @@ def save_ir(model: Any, xml_path: str | Path) -> tuple[Path, Path]:
 
 
 class OVPredictor(BatchedPredictor):
-    """A compiled OpenVINO model on CPU with a fixed thread count."""
+    """A compiled OpenVINO model on CPU with a fixed thread count.
 
-    def __init__(self, model_or_path: Any, *, threads: int = 1):
+    ``cpu_pinning``: OpenVINO's ENABLE_CPU_PINNING (None: OpenVINO's default, which pins
+    the calling thread on every inference, two sched_setaffinity calls per call); the C++
+    server turns it off unless ``--cpu-pinning``, and the benchmarks mirror that.
+    """
+
+    def __init__(self, model_or_path: Any, *, threads: int = 1, cpu_pinning: bool | None = None):
         model = (
             read_model(model_or_path) if isinstance(model_or_path, str | Path) else model_or_path
         )
-        config = {"INFERENCE_NUM_THREADS": threads, "INFERENCE_PRECISION_HINT": "f32"}
+        config: dict[str, Any] = {
+            "INFERENCE_NUM_THREADS": threads,
+            "INFERENCE_PRECISION_HINT": "f32",
+        }
+        if cpu_pinning is not None:
+            config["ENABLE_CPU_PINNING"] = cpu_pinning
         self._compiled = _core().compile_model(model, "CPU", config)
         self._request = self._compiled.create_infer_request()
         self.input_names = [p.get_any_name() for p in self._compiled.inputs]

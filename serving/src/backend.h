@@ -17,6 +17,7 @@ struct BackendOptions {
   std::string params_path;        // weights (paddle backend; optional)
   std::string device = "CPU";     // OpenVINO device, or cpu / gpu[:id]
   std::string precision = "f32";  // f32 | bf16 | auto
+  bool cpu_pinning = false;       // OpenVINO CPU: ENABLE_CPU_PINNING
   int instances = 1;              // workers, one execution context each
   int threads_per_instance = 0;   // 0 = let the runtime decide
   int64_t max_batch_size = 1;

@@ -150,6 +150,11 @@ const std::vector<Flag>& Flags() {
                  "OpenVINO CPU inference precision hint (f32 matches Paddle; "
                  "auto lets AMX CPUs run bf16)",
                  &ServerConfig::precision, {"f32", "bf16", "auto"}),
+      BoolFlag("cpu-pinning",
+               "OpenVINO CPU: pin inference threads to cores (costs two "
+               "sched_setaffinity calls per inference; off suits a server "
+               "sharing its cores with I/O threads)",
+               &ServerConfig::cpu_pinning),
       BoolFlag("paddle-tensorrt",
                "paddle backend on GPU: enable the TensorRT subgraph engine",
                &ServerConfig::paddle_tensorrt),

@@ -23,6 +23,7 @@ struct ServerConfig {
   std::string backend = "openvino";
   std::string device = "CPU";
   std::string precision = "f32";  // f32 | bf16 | auto
+  bool cpu_pinning = false;       // OpenVINO CPU: pin inference threads
   bool paddle_tensorrt = false;
   int gpu_memory_mb = 512;
   // Execution.

@@ -2,7 +2,7 @@
 // an event-driven HTTP/1.1 server. A connection costs a socket, a buffer
 // and a few timers, never a thread: a few event-loop threads serve every
 // connection, inference runs on the batcher workers, and the response is
-// written back from the connection's strand.
+// written back on the connection's event loop (one per I/O thread).
 //   GET  /v2/health/live | /v2/health/ready | /v2 | /metrics
 //   GET  /v2/models/{name}[/versions/{v}]          model metadata
 //   GET  /v2/models/{name}[/versions/{v}]/ready

@@ -37,6 +37,7 @@ nlohmann::json ConfigJson(const ServerConfig& c) {
           {"backend", c.backend},
           {"device", c.device},
           {"precision", c.precision},
+          {"cpu_pinning", c.cpu_pinning},
           {"workers", c.workers},
           {"threads_per_worker", c.threads_per_worker},
           {"max_batch_size", c.max_batch_size},

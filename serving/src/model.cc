@@ -113,6 +113,7 @@ StatusOr<std::unique_ptr<Model>> Model::Create(const ServerConfig& config,
   }
   opts.device = config.device;
   opts.precision = config.precision;
+  opts.cpu_pinning = config.cpu_pinning;
   opts.instances = config.workers;
   opts.threads_per_instance = config.threads_per_worker;
   opts.max_batch_size = config.max_batch_size;

@@ -189,6 +189,7 @@ Status OpenVinoBackend::Init() {
     } else if (options_.precision == "bf16") {
       config.emplace(ov::hint::inference_precision(ov::element::bf16));
     }
+    config.emplace(ov::hint::enable_cpu_pinning(options_.cpu_pinning));
     // One stream per worker so their infer requests run in parallel.
     config.emplace(ov::num_streams(options_.instances));
     if (options_.threads_per_instance > 0) {
@@ -217,6 +218,7 @@ Status OpenVinoBackend::Init() {
           compiled_.get_property(ov::hint::inference_precision).get_type_name();
       info["streams"] = compiled_.get_property(ov::num_streams).num;
       info["threads"] = compiled_.get_property(ov::inference_num_threads);
+      info["cpu_pinning"] = compiled_.get_property(ov::hint::enable_cpu_pinning);
     }
   } catch (const std::exception&) {
     // Informational only.

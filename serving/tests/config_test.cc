@@ -32,6 +32,7 @@ TEST(ConfigTest, Defaults) {
   EXPECT_EQ(c->variant, "fp32");
   EXPECT_EQ(c->precision, "f32");
   EXPECT_TRUE(c->dynamic_batching);
+  EXPECT_FALSE(c->cpu_pinning);  // two sched_setaffinity calls per inference
   EXPECT_EQ(c->model_name, "");
 }
 
@@ -56,6 +57,9 @@ TEST(ConfigTest, FlagForms) {
   c = Parse({"--no-dynamic-batching"});
   ASSERT_TRUE(c.ok());
   EXPECT_FALSE(c->dynamic_batching);
+  c = Parse({"--cpu-pinning"});
+  ASSERT_TRUE(c.ok());
+  EXPECT_TRUE(c->cpu_pinning);
 }
 
 TEST(ConfigTest, EnvironmentAndPrecedence) {
