@@ -1663,15 +1663,8 @@ def run_compute(
     reference = OVPredictor(model_file(model_dir), threads=args.threads)
     for workers, threads in layouts(args.layouts):
         for batching in (True, False):
-            server = start_cpp(
-                args,
-                model_dir,
-                args.arch,
-                workers,
-                threads,
-                batching,
-                work / f"cpp-{args.arch}-{workers}x{threads}-batching-{int(batching)}.log",
-                args.queue_delay_us,
+            server = start_resnet(
+                args, model_dir, workers, threads, batching, work, f"batching-{int(batching)}"
             )
             label = f"cpp {args.arch} {workers}x{threads} batching {'on' if batching else 'off'}"
             try:
@@ -1693,6 +1686,23 @@ def run_compute(
                 server.stop()
 
 
+def start_resnet(
+    args: argparse.Namespace,
+    model_dir: Path,
+    workers: int,
+    threads: int,
+    batching: bool,
+    work: Path,
+    tag: str,
+) -> RunningServer:
+    """The C++ server on the ResNet (``--queue-delay-us``), logging to a file named by
+    layout and ``tag``."""
+    log_file = work / f"cpp-{args.arch}-{workers}x{threads}-{tag}.log"
+    return start_cpp(
+        args, model_dir, args.arch, workers, threads, batching, log_file, args.queue_delay_us
+    )
+
+
 def confirm_compute(
     args: argparse.Namespace, report: Report, work: Path, wrk: Wrk, model_dir: Path
 ) -> list[dict[str, float]]:
@@ -1708,16 +1718,7 @@ def confirm_compute(
     workers, threads = (int(x) for x in cell.layout.split("x"))
     shape = input_shape(model_dir)
     noise = noise_of(args)
-    server = start_cpp(
-        args,
-        model_dir,
-        args.arch,
-        workers,
-        threads,
-        cell.batching == "on",
-        work / f"cpp-{args.arch}-{cell.layout}-rounds.log",
-        args.queue_delay_us,
-    )
+    server = start_resnet(args, model_dir, workers, threads, cell.batching == "on", work, "rounds")
     rounds = []
     try:
         load = wrk.load(server, args.arch, shape, cell.concurrency)
