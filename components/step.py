@@ -305,9 +305,11 @@ def kfp_component(step: Step, base_image: str) -> Any:
 def kfp_main(name: str, args: Mapping[str, Any]) -> Any:
     """Body of every generated KFP component: :meth:`Step.call` on the artifacts' paths, then
     the outputs KFP shows (metrics, confusion matrix, HTML) from the files the step wrote."""
+    from components import failpoints
     from components.cli import setup_logging
 
     setup_logging()
+    failpoints.set_step(name)  # as Step.main does: a failpoint may name the step
     step = load(name)
     params = {s: args[s] for s in step.sections}
     paths = {p.name: args[p.name].path for p in (*step.inputs, *step.outputs)}

@@ -637,6 +637,14 @@ KFP_ROW_LIST = [
         stop_for_s=TrackingRetry(**TINY["registry"]["retry"]).window_s() + 15.0,
     ),
     KfpRow("race-two-pipelines"),
+    KfpRow("kill-promote-between-aliases", "promote.between_aliases=kill"),
+    KfpRow("enospc-register-output", "artifacts.write@register=enospc"),
+    KfpRow("kill-deploy", "artifacts.write@deploy=kill"),
+    # a cached task never runs: these faulty runs start from an empty cache
+    *[
+        KfpRow(f"kill-{stage.replace('_', '-')}", f"artifacts.write@{stage}=kill", fresh_cache=True)
+        for stage in ("ingest", "train", "export", "serving_image")
+    ],
 ]
 KFP_ROWS = {r.id: r for r in KFP_ROW_LIST}
 KFP_RETRY_BACKOFF_S = 1  # the DAG's task retries: 1, 2, 4 s (30, 60, 120 s in production)
