@@ -643,7 +643,16 @@ KFP_ROW_LIST = [
     # a cached task never runs: these faulty runs start from an empty cache
     *[
         KfpRow(f"kill-{stage.replace('_', '-')}", f"artifacts.write@{stage}=kill", fresh_cache=True)
-        for stage in ("ingest", "train", "export", "serving_image")
+        for stage in (
+            "ingest",
+            "validate",
+            "train",
+            "export",
+            "qat",
+            "package",
+            "evaluate",
+            "serving_image",
+        )
     ],
 ]
 KFP_ROWS = {r.id: r for r in KFP_ROW_LIST}
