@@ -11,10 +11,12 @@ Library layer: imports nothing from the steps.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import time
 from collections.abc import Mapping
+from typing import Any
 
 HOST_TAG = "owner.host"
 PID_TAG = "owner.pid"
@@ -67,3 +69,17 @@ def dead_owner(tags: Mapping[str, str], started_at_s: float, stale_after_s: floa
         where = f"process {pid} on {host}" if host else "an unknown process"
         return f"started {age:.0f} s ago by {where}, over the {stale_after_s:.0f} s limit"
     return None
+
+
+def mark_failed(client: Any, run: Any, status: str, reason: str) -> bool:
+    """End MLflow run ``run`` (an ``mlflow.entities.Run``) ``status`` (FAILED or KILLED) with
+    :data:`FAILURE_TAG` = ``reason``, unless it already ended failed and said why itself.
+    True when it was marked."""
+    if run.info.status in ("FAILED", "KILLED") and run.data.tags.get(FAILURE_TAG):
+        return False
+    client.set_tag(run.info.run_id, FAILURE_TAG, reason[:500])
+    client.set_terminated(run.info.run_id, status)
+    logging.getLogger(__name__).warning(
+        "MLflow run %s (%s) marked %s: %s", run.info.run_id, run.info.run_name, status, reason
+    )
+    return True

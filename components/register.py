@@ -43,6 +43,7 @@ from components.liveness import (
     PID_TAG,
     START_TAG,
     dead_owner,
+    mark_failed,
     owner_tags,
 )
 from components.registry import (
@@ -296,11 +297,7 @@ def _fail_run(client: Any, run_id: str, reason: str) -> None:
         run = client.get_run(run_id)
     except MlflowException:
         return
-    if run.info.status in ("FAILED", "KILLED") and run.data.tags.get(FAILURE_TAG):
-        return
-    client.set_tag(run_id, FAILURE_TAG, reason[:500])
-    client.set_terminated(run_id, "FAILED")
-    log.warning("MLflow run %s marked FAILED: %s", run_id, reason)
+    mark_failed(client, run, "FAILED", reason)
 
 
 def settle_dead_registrations(

@@ -42,6 +42,7 @@ from components.liveness import (
     HOST_TAG,
     PIPELINE_RUN_TAG,
     dead_owner,
+    mark_failed,
     owner_tags,
 )
 from components.registry import TrackingRetry, redact_uri, tracking_uri
@@ -237,10 +238,7 @@ def close_dead_runs(client: Any, experiment_id: str, stale_after_s: float, close
         why = dead_owner(tags, old.info.start_time / 1000.0, stale_after_s)
         if why is None:
             continue
-        reason = f"found RUNNING by {closer}: {why}"
-        client.set_tag(old.info.run_id, FAILURE_TAG, reason)
-        client.set_terminated(old.info.run_id, "KILLED")
-        log.warning("MLflow run %s (%s) marked KILLED: %s", old.info.run_id, old.info.run_name, why)
+        mark_failed(client, old, "KILLED", f"found RUNNING by {closer}: {why}")
         closed.append(old.info.run_id)
     return closed
 
@@ -263,13 +261,7 @@ def fail_pipeline_runs(client: Any, experiment_id: str, pipeline_run: str, reaso
             parents.append(found.info.run_id)
         elif found.info.status != "RUNNING":
             continue
-        if found.info.status in ("FAILED", "KILLED") and found.data.tags.get(FAILURE_TAG):
-            continue  # it said why itself
-        client.set_tag(found.info.run_id, FAILURE_TAG, reason[:500])
-        client.set_terminated(found.info.run_id, "KILLED" if nested else "FAILED")
-        log.warning(
-            "MLflow run %s (%s) marked failed: %s", found.info.run_id, found.info.run_name, reason
-        )
+        mark_failed(client, found, "KILLED" if nested else "FAILED", reason)
     return parents
 
 

@@ -36,6 +36,7 @@ import pytest
 
 from components.failpoints import ENV as FAILPOINTS
 from components.registry import TrackingRetry
+from components.step import STEPS
 from tests.conftest import BIN, REPO, SERVER_BIN, clone_repo, set_params, sh
 
 ALL = os.environ.get("PADDLE_MLOPS_FAULTS") == "all"
@@ -221,30 +222,8 @@ def repro_watching(
     repo: Path, uri: str, on_stage: dict[str, Callable[[subprocess.Popen], None]]
 ) -> subprocess.CompletedProcess:
     """``dvc repro`` that calls ``on_stage[name](proc)`` when DVC starts stage ``name``."""
-    env = dvc_env(repo, uri)
-    proc = subprocess.Popen(
-        ["dvc", "repro"],
-        cwd=repo,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    lines: list[str] = []
-    actions: list[threading.Thread] = []
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        lines.append(line)
-        for stage, act in on_stage.items():
-            if f"Running stage '{stage}'" in line:
-                t = threading.Thread(target=act, args=(proc,), daemon=True)
-                t.start()
-                actions.append(t)
-    proc.wait(timeout=900)
-    for t in actions:
-        t.join(timeout=300)
-    return subprocess.CompletedProcess(proc.args, proc.returncode, "".join(lines), "")
+    on_line = {f"Running stage '{stage}'": act for stage, act in on_stage.items()}
+    return run_watching(["dvc", "repro"], repo, dvc_env(repo, uri), on_line, timeout_s=900)
 
 
 def descendants(pid: int) -> list[int]:
@@ -643,16 +622,7 @@ KFP_ROW_LIST = [
     # a cached task never runs: these faulty runs start from an empty cache
     *[
         KfpRow(f"kill-{stage.replace('_', '-')}", f"artifacts.write@{stage}=kill", fresh_cache=True)
-        for stage in (
-            "ingest",
-            "validate",
-            "train",
-            "export",
-            "qat",
-            "package",
-            "evaluate",
-            "serving_image",
-        )
+        for stage in STEPS[: STEPS.index(PREPARED_UP_TO) + 1]
     ],
 ]
 KFP_ROWS = {r.id: r for r in KFP_ROW_LIST}
@@ -661,10 +631,14 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def run_watching(
-    cmd: list[str], cwd: Path, env: dict[str, str], on_line: dict[str, Callable[[], None]]
+    cmd: list[str],
+    cwd: Path,
+    env: dict[str, str],
+    on_line: dict[str, Callable[[subprocess.Popen], None]],
+    timeout_s: float = 1200,
 ) -> subprocess.CompletedProcess:
-    """``cmd`` whose output lines are watched: ``on_line[text]()`` runs (in a thread) when a
-    line (colour codes removed) first contains ``text``."""
+    """``cmd`` whose output lines are watched: ``on_line[text](proc)`` runs (in a thread)
+    when a line (colour codes removed) first contains ``text``."""
     proc = subprocess.Popen(
         cmd,
         cwd=cwd,
@@ -682,10 +656,10 @@ def run_watching(
         line = _ANSI.sub("", line)
         lines.append(line)
         for text in [t for t in pending if t in line]:
-            t = threading.Thread(target=pending.pop(text), daemon=True)
+            t = threading.Thread(target=pending.pop(text), args=(proc,), daemon=True)
             t.start()
             actions.append(t)
-    proc.wait(timeout=1200)
+    proc.wait(timeout=timeout_s)
     for t in actions:
         t.join(timeout=300)
     return subprocess.CompletedProcess(proc.args, proc.returncode, "".join(lines), "")
@@ -697,7 +671,7 @@ def kfp_run(
     root: Path,
     uri: str,
     failpoints: str = "",
-    on_line: dict[str, Callable[[], None]] | None = None,
+    on_line: dict[str, Callable[[subprocess.Popen], None]] | None = None,
 ) -> tuple[subprocess.CompletedProcess, list[Path]]:
     """One local KFP run of the DAG in ``code`` (a clone) under ``root``: its result and the
     pipeline-run directories it made."""
@@ -785,10 +759,9 @@ def _kfp_row(
     root = work / "root" if krow.fresh_cache else kfp_root
     root.mkdir(exist_ok=True)
     uri = tracking.uri
-    on_line: dict[str, Callable[[], None]] = {}
+    on_line: dict[str, Callable[[subprocess.Popen], None]] = {}
     if krow.stop_tracking_at:
-        outage = _stop_for(tracking, krow.stop_for_s)
-        on_line[f"Executing task '{krow.stop_tracking_at}'"] = lambda: outage(None)
+        on_line[f"Executing task '{krow.stop_tracking_at}'"] = _stop_for(tracking, krow.stop_for_s)
     if krow.id == "race-two-pipelines":
         results: dict[str, tuple[subprocess.CompletedProcess, list[Path]]] = {}
         threads = [
