@@ -461,9 +461,14 @@ def test_fault_then_rerun_converges(
         with contextlib.ExitStack() as stack:
             _row(row, prepared, tracking, reference, tmp_path_factory, stack)
     except AssertionError as exc:  # the matrix says so, then the test fails
-        first = str(exc).strip().splitlines()[0][:120] if str(exc).strip() else "assertion"
-        OUTCOMES.setdefault(row.id, {})["dvc"] = f"**did not converge**: {first}".replace("|", "/")
+        OUTCOMES.setdefault(row.id, {})["dvc"] = did_not_converge(exc)
         raise
+
+
+def did_not_converge(exc: AssertionError) -> str:
+    """A matrix cell for a row whose end state was not the reference's: the first line."""
+    first = str(exc).strip().splitlines()[0][:120] if str(exc).strip() else "assertion"
+    return f"**did not converge**: {first}".replace("|", "/")
 
 
 def _row(
@@ -741,8 +746,7 @@ def test_kfp_fault_then_rerun_converges(
     try:
         _kfp_row(krow, prepared, tracking, kfp_root, kfp_reference, tmp_path_factory)
     except AssertionError as exc:
-        first = str(exc).strip().splitlines()[0][:120] if str(exc).strip() else "assertion"
-        OUTCOMES.setdefault(krow.id, {})["kfp"] = f"**did not converge**: {first}".replace("|", "/")
+        OUTCOMES.setdefault(krow.id, {})["kfp"] = did_not_converge(exc)
         raise
 
 
