@@ -195,6 +195,14 @@ struct HttpServer::Impl {
   Registry* const registry;
   std::atomic<bool>* const draining;
 
+  // Declared before the loops, so they outlive them: destroying a loop
+  // destroys the handlers still queued on it (a batch's answer to a request
+  // that timed out), and with them the last owners of their sessions.
+  std::atomic<int> connections{0};
+  std::atomic<bool> stopping{false};
+  std::mutex sessions_mu;
+  std::set<Session*> sessions;  // open ones: a session removes itself when destroyed
+
   std::vector<std::unique_ptr<net::io_context>> loops;
   // Loops other than the acceptor's have no work until a connection comes.
   std::vector<net::executor_work_guard<net::io_context::executor_type>>
@@ -202,10 +210,6 @@ struct HttpServer::Impl {
   size_t next_loop = 0;  // round-robin; only the acceptor's loop touches it
   tcp::acceptor acceptor;
   net::thread_pool control;  // repository load/unload (slow, blocking)
-  std::atomic<int> connections{0};
-  std::atomic<bool> stopping{false};
-  std::mutex sessions_mu;
-  std::set<Session*> sessions;  // open ones: a session removes itself when destroyed
 };
 
 // One connection: reads a request, answers it, and repeats (keep-alive).
