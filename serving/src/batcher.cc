@@ -135,15 +135,18 @@ Status DynamicBatcher::Enqueue(std::shared_ptr<InferJob> job) {
                          " requests (--max-queue-size); retry later");
     }
     const auto now = Clock::now();
-    if (last_arrival_ != Clock::time_point{}) {
-      const double gap = static_cast<double>(
-          std::chrono::duration_cast<std::chrono::nanoseconds>(now -
-                                                               last_arrival_)
-              .count());
-      arrival_gap_ns_ =
-          arrival_gap_ns_ < 0 ? gap : 0.8 * arrival_gap_ns_ + 0.2 * gap;
+    const auto window = std::chrono::microseconds(options_.max_queue_delay_us);
+    while (!owed_.empty() && owed_.front().first + window < now) {
+      owed_.pop_front();
     }
-    last_arrival_ = now;
+    if (!owed_.empty()) {
+      const double back = static_cast<double>(
+          std::chrono::duration_cast<std::chrono::nanoseconds>(
+              now - owed_.front().first)
+              .count());
+      return_ns_ = return_ns_ < 0 ? back : 0.8 * return_ns_ + 0.2 * back;
+      if (--owed_.front().second == 0) owed_.pop_front();
+    }
     job->set_enqueue_time(now);
     queue_.push_back(std::move(job));
   }
@@ -173,7 +176,8 @@ size_t DynamicBatcher::pending() const {
   return queue_.size() + running_jobs_;
 }
 
-DynamicBatcher::Plan DynamicBatcher::PlanBatch(Clock::time_point now) const {
+DynamicBatcher::Plan DynamicBatcher::PlanBatch(
+    Clock::time_point now, Clock::time_point free_since) const {
   Plan plan;
   plan.take = 1;
   if (!options_.dynamic_batching) {
@@ -203,32 +207,38 @@ DynamicBatcher::Plan DynamicBatcher::PlanBatch(Clock::time_point now) const {
     ++plan.take;
   }
   if (samples >= options_.max_batch_size) full = true;
-  // Closed-loop clients send their next requests once answered: as many as
-  // the last batch held. Once those are here, waiting gains nothing.
-  if (full || stopping_ || free_workers > 1 || samples >= last_batch_) {
-    plan.dispatch = true;
-    return plan;
-  }
-  // Only this worker is free and the batch is not full. Wait only while a
-  // burst is arriving: requests come faster than one execution takes and
-  // the last one came within two inter-arrival gaps.
-  const auto gap = std::chrono::nanoseconds(
-      static_cast<int64_t>(std::min(arrival_gap_ns_, 1e12)));
-  const bool burst =
-      arrival_gap_ns_ >= 0 && arrival_gap_ns_ < execution_ns_ &&
-      now < last_arrival_ + 2 * gap;
-  const auto flush_at = queue_.front()->enqueue_time() +
+  // The delay counts from when this worker became free, or from the oldest
+  // request if it came later: requests that queued during the last execution
+  // may wait for the clients answered by it.
+  const auto flush_at = std::max(queue_.front()->enqueue_time(), free_since) +
                         std::chrono::microseconds(options_.max_queue_delay_us);
-  if (!burst || now >= flush_at) {
+  if (full || stopping_ || free_workers > 1 || now >= flush_at) {
     plan.dispatch = true;
     return plan;
   }
-  plan.wake = std::min(flush_at, last_arrival_ + 2 * gap);
+  // Only this worker is free, the batch is not full and the delay has not
+  // passed: wait while clients answered a moment ago have not come back yet.
+  const auto returns_until = ReturnsExpectedUntil(now);
+  if (returns_until > now) {
+    plan.wake = std::min(flush_at, returns_until);  // or on an arrival
+  } else {
+    plan.dispatch = true;
+  }
   return plan;
+}
+
+Clock::time_point DynamicBatcher::ReturnsExpectedUntil(
+    Clock::time_point now) const {
+  if (owed_.empty() || return_ns_ < 0) return now;
+  const auto patience = std::min<Clock::duration>(
+      std::chrono::microseconds(options_.max_queue_delay_us),
+      std::chrono::nanoseconds(static_cast<int64_t>(4 * return_ns_)));
+  return owed_.back().first + patience;
 }
 
 std::vector<std::shared_ptr<InferJob>> DynamicBatcher::NextBatch() {
   std::unique_lock<std::mutex> lock(mu_);
+  const auto free_since = Clock::now();
   ++idle_workers_;
   cv_.notify_all();  // Create() waits for every worker to get here
   for (;;) {
@@ -263,7 +273,7 @@ std::vector<std::shared_ptr<InferJob>> DynamicBatcher::NextBatch() {
       cv_.wait(lock);
       continue;
     }
-    const Plan plan = PlanBatch(now);
+    const Plan plan = PlanBatch(now, free_since);
     if (plan.dispatch) {
       std::vector<std::shared_ptr<InferJob>> batch(
           queue_.begin(), queue_.begin() + static_cast<long>(plan.take));
@@ -271,12 +281,10 @@ std::vector<std::shared_ptr<InferJob>> DynamicBatcher::NextBatch() {
                    queue_.begin() + static_cast<long>(plan.take));
       --idle_workers_;
       running_jobs_ += batch.size();
-      last_batch_ = 0;
-      for (const auto& job : batch) last_batch_ += job->batch_size();
       if (!queue_.empty()) cv_.notify_all();
       return batch;
     }
-    // Wake when the burst pauses, at the delay, at the first deadline, or on
+    // Wake when the answered clients are overdue, at the delay, at the first deadline, or on
     // a new request.
     auto wake = plan.wake;
     for (const auto& job : queue_) {
@@ -362,11 +370,6 @@ void DynamicBatcher::Execute(
   }
   const auto infer_end = Clock::now();
   const double compute_seconds = Seconds(infer_end - start);
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    const double ns = static_cast<double>(Nanos(infer_end - start));
-    execution_ns_ = execution_ns_ == 0.0 ? ns : 0.8 * execution_ns_ + 0.2 * ns;
-  }
   if (status.ok()) {
     for (const Tensor& out : outputs) {
       if (out.shape.empty() || out.shape[0] != total ||
@@ -420,6 +423,11 @@ void DynamicBatcher::Execute(
   const uint64_t output_ns = Nanos(Clock::now() - infer_end);
   if (stats_ != nullptr) {
     stats_->RecordExecution(total, input_ns, infer_ns, output_ns);
+  }
+  if (options_.max_queue_delay_us > 0) {
+    // Before the answers leave: a client may be back before Finish returns.
+    std::lock_guard<std::mutex> lock(mu_);
+    owed_.emplace_back(Clock::now(), static_cast<int64_t>(batch.size()));
   }
   for (size_t j = 0; j < batch.size(); ++j) {
     batch[j]->outputs_ = std::move(parts[j]);

@@ -6,11 +6,15 @@
 // When a worker is free it dispatches at once: a lone request never waits.
 // Requests collect while every worker is busy and run as one batch when a
 // worker frees up. With max_queue_delay_us > 0 (0 by default), a free worker
-// also waits while a burst is arriving (requests come faster than a batch
-// executes, one arrived within the last two inter-arrival times, and fewer
-// are queued than the last batch held), at most max_queue_delay_us after the
-// oldest request. Queued work is split evenly across the workers that are
-// free.
+// also waits, at most max_queue_delay_us after it became free (or after the
+// oldest queued request arrived, if later), while clients it answered a moment ago have not sent their next request
+// yet: closed-loop clients (wrk, a load balancer's pool, tritonclient
+// threads) come back once answered, and waiting for them turns the
+// alternating batches of B and N-B that N clients produce into batches of N.
+// "A moment" is four times the time answered clients have been taking to
+// come back; until one has come back nobody is expected. A lone client is
+// back before its next request is planned, so it never waits. Queued work is
+// split evenly across the workers that are free.
 #pragma once
 
 #include <atomic>
@@ -125,7 +129,7 @@ class DynamicBatcher {
     bool dispatch = false;
     Clock::time_point wake;
   };
-  Plan PlanBatch(Clock::time_point now) const;
+  Plan PlanBatch(Clock::time_point now, Clock::time_point free_since) const;
   void Finish(InferJob& job, Status status, Clock::time_point start,
               uint64_t input_ns, uint64_t infer_ns, uint64_t output_ns);
   void WorkerLoop(size_t instance);
@@ -145,11 +149,16 @@ class DynamicBatcher {
   bool stopping_ = false;
   size_t idle_workers_ = 0;  // workers inside NextBatch
   size_t running_jobs_ = 0;
-  // Moving averages of the time between arrivals and of one execution.
-  Clock::time_point last_arrival_{};
-  double arrival_gap_ns_ = -1.0;  // none yet
-  double execution_ns_ = 0.0;
-  int64_t last_batch_ = 1;  // samples in the batch dispatched last
+  // Requests answered within the last max_queue_delay_us whose clients have
+  // not sent another request since: (time answered, how many), oldest first.
+  // Every arrival settles one, oldest first.
+  std::deque<std::pair<Clock::time_point, int64_t>> owed_;
+  // Moving average of how long an answered client took to come back.
+  double return_ns_ = -1.0;  // none seen yet
+  // Until when a free worker waits for answered clients to come back: the
+  // latest answer still owed plus four typical return times, capped at
+  // max_queue_delay_us; `now` or earlier when nobody is expected.
+  Clock::time_point ReturnsExpectedUntil(Clock::time_point now) const;
   std::vector<std::thread> workers_;
 };
 

@@ -172,8 +172,8 @@ const std::vector<Flag>& Flags() {
               "get 400",
               &ServerConfig::max_batch_size, 1),
       IntFlag("max-queue-delay-us",
-              "while a burst of requests arrives, the longest a free worker "
-              "may wait for the batch to fill (0: never; a lone request never "
+              "the longest a free worker waits for clients it just answered "
+              "to send their next request (0: never; a lone request never "
               "waits)",
               &ServerConfig::max_queue_delay_us, 0),
       BoolFlag("dynamic-batching",

@@ -111,6 +111,41 @@ TEST(BatcherTest, ABurstFormsBatchesButNoRequestWaitsLongerThanTheDelay) {
   }
 }
 
+TEST(BatcherTest, ClosedLoopClientsGetFullBatchesNotAlternatingHalves) {
+  // N clients that each send their next request a moment after their answer
+  // (as wrk, a load balancer or a pool of tritonclients do). Dispatching at
+  // once gives batches of B and N-B in turn; a free worker that waits for
+  // the clients it just answered gets batches of N.
+  constexpr int kClients = 8;
+  constexpr int kRounds = 12;
+  FakeBackend backend;
+  backend.set_latency(milliseconds(20));
+  auto batcher = MakeBatcher(&backend, kClients, 50000);  // 50 ms
+  std::vector<std::thread> clients;
+  std::atomic<int> failures{0};
+  for (int c = 0; c < kClients; ++c) {
+    clients.emplace_back([&, c] {
+      for (int r = 0; r < kRounds; ++r) {
+        auto job = std::make_shared<InferJob>(
+            std::vector<Tensor>{MakeInput(1, 2, static_cast<float>(c))}, Far());
+        auto done = job->future();
+        if (!batcher->Enqueue(job).ok() || !done.get().ok()) ++failures;
+        // Clients come back 0-3.5 ms after their answer.
+        std::this_thread::sleep_for(std::chrono::microseconds(500 * c));
+      }
+    });
+  }
+  for (auto& t : clients) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  const auto sizes = backend.batch_sizes();
+  ASSERT_EQ(std::accumulate(sizes.begin(), sizes.end(), int64_t{0}),
+            kClients * kRounds);
+  // Alternating halves would average 4 (N/2); full batches average 8.
+  const double mean =
+      static_cast<double>(kClients * kRounds) / static_cast<double>(sizes.size());
+  EXPECT_GE(mean, 6.0) << "batches: " << ::testing::PrintToString(sizes);
+}
+
 TEST(BatcherTest, RequestsArrivingTogetherRunOnEveryFreeWorker) {
   FakeBackend backend(/*instances=*/2, /*features=*/2);
   backend.set_latency(milliseconds(150));
