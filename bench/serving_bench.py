@@ -12,13 +12,15 @@ Two regimes, one run, everything on 127.0.0.1 and on the same cores:
   clients it just answered to send their next request, so N closed-loop clients make batches
   of N) and off, for every worker layout of the same thread budget
   (``--workers 1 --threads-per-worker 2`` and ``--workers 2 --threads-per-worker 1``: the
-  server compiles one model with one stream per worker). Then the best (b) cell and the best
-  (a) batch are measured again in alternation, ``--repeats`` rounds (5): each round's ratio
-  compares two runs seconds apart. ``ratio_vs_inprocess`` = the median of those rounds'
-  ratios (the table's best of many single cells / best of a few in-process runs is printed
-  beside it). Those rounds (``--compute-rounds`` 8 of ``--compute-round-seconds`` 6 s a side)
-  are short enough that a slow phase of the machine hits both sides of a pair, long enough
-  that a batch of 16 (~0.15 s) more or less in the window moves a round by ~2%.
+  server compiles one model with one stream per worker). Then the ``--compute-candidates``
+  (3) best (b) cells and the best (a) batch are measured again in alternation: each round
+  measures (a) and then every candidate, so each ratio compares runs seconds apart. A
+  candidate's ratio is the median of its rounds' ratios; ``ratio_vs_inprocess`` = the best
+  of those medians (every candidate's is printed, and the table's best of many single cells
+  / best of a few in-process runs beside it). Those rounds (``--compute-rounds`` 8 of
+  ``--compute-round-seconds`` 6 s a side) are short enough that a slow phase of the
+  machine hits both sides of a pair, long enough that a batch (~0.1 s) more or less in the
+  window moves a round by ~2%.
 - **overhead-bound**: the digits model (``outputs/export``, fp32), batch-1 requests, every
   server 1 worker x 1 thread (``--digits-layout``). (b) the C++ server vs (c)
   ``bench/python_server.py`` (FastAPI + uvicorn around the same ``OVPredictor``), same model
@@ -1510,9 +1512,8 @@ def main(argv: list[str] | None = None) -> int:
         "--repeats",
         type=int,
         default=5,
-        help="rounds of the compared cells (digits: every server at each concurrency in "
-        "turn; ResNet: best server cell vs best in-process batch); medians and paired "
-        "ratios are reported",
+        help="digits: rounds of the compared servers (each measured in turn at each "
+        "concurrency); medians and paired ratios are reported",
     )
     parser.add_argument(
         "--compute-rounds",
