@@ -916,10 +916,6 @@ def summarize(samples: list[Cell]) -> Cell:
     kept (``rps_samples``/``p50_samples`` in round order), errors summed."""
     cell = dataclasses.replace(samples[0])
 
-    def med(get: Callable[[Cell], float | None]) -> float | None:
-        values = [v for v in (get(c) for c in samples) if v is not None]
-        return float(np.median(values)) if values else None
-
     for name in (
         "duration_s",
         "throughput",
@@ -934,7 +930,8 @@ def summarize(samples: list[Cell]) -> Cell:
         "compute_busy_pct",
         "side_cpu_pct",
     ):
-        setattr(cell, name, med(lambda c, n=name: getattr(c, n)))
+        values = [v for v in (getattr(c, name) for c in samples) if v is not None]
+        setattr(cell, name, median(values))
     cell.requests = sum(c.requests for c in samples)
     cell.errors = sum(c.errors for c in samples)
     cell.rps_samples = [c.throughput for c in samples]
@@ -1743,16 +1740,16 @@ def confirm_compute(
     ratios compare runs a few seconds apart, so drift of the machine's speed (other tenants
     of the host) cancels, and the best of many single cells (often the luckiest) no longer
     decides the ratio on its own. The candidates' servers run at once (idle but one)."""
-    inprocess = [r for r in report.inprocess if r.batch > 1] or report.inprocess
+    inprocess = best_inprocess(report)
     table = sorted(
         (c for c in report.cells if c.regime == "compute" and c.target == "cpp"),
         key=lambda c: c.throughput,
         reverse=True,
     )
     candidates = table[: args.compute_candidates]
-    if not candidates or not inprocess:
+    if not candidates or inprocess is None:
         return []
-    batch = max(inprocess, key=lambda r: r.images_per_s).batch
+    batch = inprocess.batch
     shape = input_shape(model_dir)
     noise = noise_of(args)
     servers: dict[tuple[str, str], RunningServer] = {}
@@ -1811,6 +1808,12 @@ def confirm_compute(
         for server in servers.values():
             server.stop()
     return rounds
+
+
+def best_inprocess(report: Report) -> InProcess | None:
+    """The fastest in-process run at batch > 1 (any batch if none is larger than 1)."""
+    batched = [r for r in report.inprocess if r.batch > 1] or report.inprocess
+    return max(batched, key=lambda r: r.images_per_s, default=None)
 
 
 def cell_label(cell: Cell) -> str:
@@ -1946,9 +1949,8 @@ def run_grpc(
 
 def ratios(report: Report, concurrency: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    if report.inprocess:
-        batched = [r for r in report.inprocess if r.batch > 1] or report.inprocess
-        top = max(batched, key=lambda r: r.images_per_s)
+    top = best_inprocess(report)
+    if top is not None:
         out["inprocess_best"] = top.images_per_s
         out["inprocess_best_batch"] = top.batch
         out["inprocess_best_when"] = top.when

@@ -263,25 +263,25 @@ def burst_infer(port: int, batches: list[tuple[np.ndarray, bool]]) -> list[np.nd
     """Send every request at once, one per pre-opened keep-alive connection, then read the
     answers: the requests reach the server within microseconds, as a burst from many clients
     does, whatever the speed of this Python process."""
-    wire = []
+    requests = []
     for x, binary in batches:
         inp = httpclient.InferInput("image", list(x.shape), "FP32")
         inp.set_data_from_numpy(x, binary_data=binary)
         out = httpclient.InferRequestedOutput("logits", binary_data=binary)
         body, json_size = httpclient.InferenceServerClient.generate_request_body([inp], [out])
-        head = f"POST /v2/models/{NAME}/infer HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-        head += f"Content-Type: application/octet-stream\r\nContent-Length: {len(body)}\r\n"
+        headers = {"Content-Type": "application/octet-stream"}
         if json_size is not None:
-            head += f"Inference-Header-Content-Length: {json_size}\r\n"
-        wire.append(head.encode() + b"\r\n" + body)
-    socks = [socket.create_connection(("127.0.0.1", port), timeout=30) for _ in wire]
+            headers["Inference-Header-Content-Length"] = str(json_size)
+        requests.append((body, headers))
+    conns = [http.client.HTTPConnection("127.0.0.1", port, timeout=30) for _ in requests]
     try:
-        for s, data in zip(socks, wire, strict=True):
-            s.sendall(data)
+        for conn in conns:
+            conn.connect()
+        for conn, (body, headers) in zip(conns, requests, strict=True):
+            conn.request("POST", f"/v2/models/{NAME}/infer", body=body, headers=headers)
         got = []
-        for s in socks:
-            resp = http.client.HTTPResponse(s)
-            resp.begin()
+        for conn in conns:
+            resp = conn.getresponse()
             payload = resp.read()
             assert resp.status == 200, payload[:500]
             length = resp.getheader("Inference-Header-Content-Length")
@@ -291,8 +291,8 @@ def burst_infer(port: int, batches: list[tuple[np.ndarray, bool]]) -> list[np.nd
             got.append(result.as_numpy("logits"))
         return got
     finally:
-        for s in socks:
-            s.close()
+        for conn in conns:
+            conn.close()
 
 
 def test_concurrent_clients_get_their_own_answers_under_batching(server, golden, reference):

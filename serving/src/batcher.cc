@@ -140,10 +140,7 @@ Status DynamicBatcher::Enqueue(std::shared_ptr<InferJob> job) {
       owed_.pop_front();
     }
     if (!owed_.empty()) {
-      const double back = static_cast<double>(
-          std::chrono::duration_cast<std::chrono::nanoseconds>(
-              now - owed_.front().first)
-              .count());
+      const double back = static_cast<double>(Nanos(now - owed_.front().first));
       return_ns_ = return_ns_ < 0 ? back : 0.8 * return_ns_ + 0.2 * back;
       if (--owed_.front().second == 0) owed_.pop_front();
     }
@@ -284,8 +281,8 @@ std::vector<std::shared_ptr<InferJob>> DynamicBatcher::NextBatch() {
       if (!queue_.empty()) cv_.notify_all();
       return batch;
     }
-    // Wake when the answered clients are overdue, at the delay, at the first deadline, or on
-    // a new request.
+    // Wake when the answered clients are overdue, at the delay, at the first
+    // deadline, or on a new request.
     auto wake = plan.wake;
     for (const auto& job : queue_) {
       if (job->deadline() < wake) wake = job->deadline();
