@@ -1,19 +1,16 @@
 """The on-disk layout written by ``ingest`` and read by every later step.
 
-An ingested data set is a directory with:
+An ingested data set is a snapshot directory (``components.snapshot``, documented in
+``docs/data-format.md``):
 
-- one file per split (train, val, test) in the task's data format
-  (``components.tasks.data.DataFormat``):
-
-  - images: ``train.npz``, ``val.npz``, ``test.npz``, NumPy archives with ``images``
-    (``uint8``, shape ``[N, H, W, C]``, values 0-255) and ``labels`` (``int64``, shape
-    ``[N]``, values ``0..num_classes-1``);
-  - texts: ``train.jsonl``, ``val.jsonl``, ``test.jsonl``, UTF-8 JSON Lines with one
-    ``{"text": str, "label": int}`` object per sample.
-- ``labels.json``: ``{"names": [...], "format": "image", "splits": {"train": "train.npz",
-  ...}}``: class names indexed by label id, the data format and the split files (a data set
-  without ``format`` is an image data set).
-- ``manifest.json``: source, sha256 of inputs and outputs, counts per split and class.
+- ``snapshot.json``: the shards with their sha256, counts per split and class, the input units
+  they came from and the split rule;
+- ``shards/*.parquet``: the samples, one row each (``key``, ``label``, ``source``, ``row`` and
+  the data format's columns: images ``image`` raw uint8 bytes with ``height``, ``width``,
+  ``channels``; texts ``text``);
+- ``labels.json``: ``{"names": [...], "format": "image"}``: class names indexed by label id
+  and the data format;
+- ``manifest.json``: ingest's step manifest (source, sha256 of every input, params, versions).
 """
 
 from __future__ import annotations
@@ -23,13 +20,15 @@ from pathlib import Path
 
 import numpy as np
 
-from components.artifacts import StepError, atomic_path, read_json, write_json
+from components.artifacts import StepError, read_json, write_json
 
 SPLITS = ("train", "val", "test")
 
 
 @dataclass(frozen=True)
 class Split:
+    """A split read whole (``components.tasks.data.read_split``)."""
+
     samples: np.ndarray  # one row per sample: images [N, H, W, C], texts [N] (objects)
     labels: np.ndarray
 
@@ -42,16 +41,10 @@ class Split:
         return self.samples
 
 
-def split_path(data_dir: str | Path, split: str) -> Path:
-    """The file of ``split``, as ``labels.json`` names it (``<split>.npz`` when it does not)."""
-    files = _labels_doc(data_dir).get("splits")
-    name = str(files.get(split) or "") if isinstance(files, dict) else ""
-    if name and (Path(name).name != name or name in (".", "..")):
-        raise StepError(
-            f"{Path(data_dir) / 'labels.json'}: field 'splits.{split}' must be a file name in "
-            f"the data set directory, got {name!r}"
-        )
-    return Path(data_dir) / (name or f"{split}.npz")
+def split_inputs(data_dir: str | Path, split: str) -> dict[str, Path]:
+    """What a step that reads ``split`` records as its input in its manifest: the snapshot
+    manifest, which pins every shard's sha256."""
+    return {f"{split}:snapshot.json": Path(data_dir) / "snapshot.json"}
 
 
 def _labels_doc(data_dir: str | Path) -> dict:
@@ -74,48 +67,9 @@ def _check_data_dir(data_dir: str | Path) -> Path:
     return path
 
 
-def write_npz(path: Path, data: Split) -> None:
-    """Write an image split (``images`` and ``labels`` arrays) to ``path`` as is."""
-    with open(path, "wb") as fh:
-        np.savez(fh, images=data.samples, labels=data.labels)
-
-
-def read_npz(path: Path) -> Split:
-    """Read an image split without changing dtypes (validation needs to see what is stored)."""
-    try:
-        with np.load(path, allow_pickle=False) as npz:
-            missing = {"images", "labels"} - set(npz.files)
-            if missing:
-                raise StepError(f"{path}: missing array(s) {sorted(missing)}")
-            return Split(npz["images"], npz["labels"])
-    except FileNotFoundError as exc:
-        raise StepError(f"{path}: split file not found (run ingest first)") from exc
-    except (ValueError, OSError) as exc:
-        raise StepError(f"{path}: not a readable .npz archive ({exc})") from exc
-
-
-def write_split(data_dir: str | Path, split: str, data: Split) -> Path:
-    """Replace one split of an image data set (atomically)."""
-    dest = split_path(data_dir, split)
-    with atomic_path(dest) as tmp:
-        write_npz(tmp, data)
-    return dest
-
-
-def read_split(data_dir: str | Path, split: str) -> Split:
-    """Read one split of an image data set without changing dtypes."""
-    return read_npz(split_path(_check_data_dir(data_dir), split))
-
-
-def write_label_names(
-    data_dir: str | Path,
-    names: list[str],
-    data_format: str = "image",
-    splits: dict[str, str] | None = None,
-) -> Path:
-    """Write ``labels.json``: the class names, the data format and the split files."""
-    files = splits or {s: f"{s}.npz" for s in SPLITS}
-    doc = {"names": list(names), "format": data_format, "splits": dict(files)}
+def write_label_names(data_dir: str | Path, names: list[str], data_format: str = "image") -> Path:
+    """Write ``labels.json``: the class names and the data format."""
+    doc = {"names": list(names), "format": data_format}
     return write_json(Path(data_dir) / "labels.json", doc)
 
 

@@ -180,9 +180,7 @@ def run(
             "evaluate",
             inputs={
                 "model": model_dir,
-                dataset.split_path(data_dir, params.split).name: dataset.split_path(
-                    data_dir, params.split
-                ),
+                **dataset.split_inputs(data_dir, params.split),
             },
             outputs={
                 "report.json": tmp / "report.json",

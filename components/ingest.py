@@ -16,18 +16,22 @@ test), and write the splits, ``labels.json`` and a manifest atomically. See
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import logging
+import multiprocessing
 import sys
 from collections import Counter
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tqdm import tqdm
 
-from components import dataset
+from components import dataset, snapshot
 from components.artifacts import (
     StepError,
     atomic_path,
@@ -40,10 +44,11 @@ from components.config import DEFAULT_PARAMS
 from components.sources import join_uri
 from components.step import Out, Step, Value
 from components.tasks import Task
-from components.tasks.data import RawData, SplitParams
+from components.tasks.data import SplitParams, Unit, label_names, sum_facts
 from components.tasks.image_data import IngestParams, materialize_builtin_digits, write_idx
 
 log = logging.getLogger(__name__)
+SPLITS = snapshot.SPLITS
 
 DEFAULT_PARAMS_FILE = str(DEFAULT_PARAMS)  # named in messages when no --params is given
 
@@ -114,14 +119,226 @@ def stratified_split(
 # --------------------------------------------------------------------------- step
 
 
-def _read(task: Task, params: Any, params_file: str) -> RawData:
-    return task.data.read_raw(params, params_file)
+@dataclass(frozen=True)
+class _Job:
+    """What a worker needs to turn one unit into shards (picklable)."""
+
+    fmt: Any
+    params: Any
+    params_file: str
+    unit: Unit
+    key: str  # the unit's content address (computed by the worker when empty)
+    extra_key: dict[str, Any]
+    shard_dir: Path
+    previous: dict[str, dict[str, Any]]  # unit key -> its entry in the last snapshot
+    previous_root: Path | None
+    assignment: dict[bytes, int] | None  # permutation rule: key -> split index
+    file_splits: dict[str, str]
+
+
+@dataclass
+class _UnitResult:
+    unit: Unit
+    key: str
+    inputs: dict[str, str]
+    shards: list[dict[str, Any]]
+    reused: bool
+    rows: int = 0
+    dropped: dict[str, int] = field(default_factory=dict)
+    facts: dict[str, Any] = field(default_factory=dict)  # the format's, summed (JSON)
+    key_labels: tuple[np.ndarray, np.ndarray] | None = None  # uint64 key prefixes, labels
+    labels_found: np.ndarray | None = None
+
+
+def _unit_key(job: _Job, inputs: dict[str, str]) -> str:
+    return snapshot.unit_key(
+        {
+            "format_version": snapshot.FORMAT_VERSION,
+            "unit": job.unit.id,
+            "files": job.unit.files,
+            "context": [list(c) for c in job.unit.context],
+            "inputs": inputs,
+            **job.extra_key,
+        }
+    )
+
+
+def _file_split(rel: str, patterns: dict[str, str]) -> str | None:
+    for pattern, split in patterns.items():
+        if fnmatch.fnmatch(rel, pattern):
+            return split
+    return None
+
+
+def _ingest_unit(job: _Job) -> _UnitResult:
+    """Hash one unit's inputs; reuse its shards from the last snapshot, else read, split and
+    write them. Runs in a worker process or in this one."""
+    fmt, unit = job.fmt, job.unit
+    inputs = fmt.unit_inputs(job.params, unit)
+    key = _unit_key(job, inputs)
+    old = job.previous.get(key)
+    if old is not None and job.previous_root is not None and job.assignment is None:
+        reused = _reuse(job, key, inputs, old)
+        if reused is not None:
+            return reused
+    import pyarrow as pa
+
+    schema = fmt.arrow_schema()
+    limits = job.params.shards.limits()
+    writers = {
+        s: snapshot.ShardWriter(job.shard_dir, f"{key[:24]}-{s}", schema, limits, s, unit.id)
+        for s in SPLITS
+    }
+    rule = job.params.split.rule()
+    dropped: Counter = Counter()
+    facts, prefixes, labels_all = [], [], []
+    for batch in fmt.read_unit(job.params, unit, job.params_file):
+        dropped.update(batch.dropped)
+        if not len(batch):
+            continue
+        facts.append(fmt.batch_facts(batch))
+        if job.assignment is not None:
+            where = np.asarray([job.assignment[k] for k in batch.keys], dtype=np.int8)
+        else:
+            where = snapshot.stable_split(batch.keys, rule)
+        for i, src in enumerate(batch.sources):  # files the user put in one split
+            forced = _file_split(src, job.file_splits) if job.file_splits else None
+            if forced is not None:
+                where[i] = SPLITS.index(forced)
+        prefixes.append(_prefixes(batch.keys))
+        labels_all.append(batch.labels)
+        table = _record_batch(schema, batch)
+        for index, split in enumerate(SPLITS):
+            mask = np.flatnonzero(where == index)
+            if mask.size:
+                writers[split].add(table.take(pa.array(mask)))
+    shards = [asdict(s) for split in SPLITS for s in writers[split].close()]
+    labels = np.concatenate(labels_all) if labels_all else np.zeros(0, np.int64)
+    return _UnitResult(
+        unit,
+        key,
+        inputs,
+        shards,
+        False,
+        rows=int(labels.size),
+        dropped={k: int(v) for k, v in dropped.items()},
+        facts=sum_facts(facts),
+        key_labels=(np.concatenate(prefixes) if prefixes else np.zeros(0, np.uint64), labels),
+        labels_found=np.unique(labels),
+    )
+
+
+def _prefixes(keys: Sequence[bytes]) -> np.ndarray:
+    """The first 8 bytes of each key as uint64 (for finding conflicting labels)."""
+    return np.frombuffer(b"".join(k[:8] for k in keys), dtype=">u8").astype(np.uint64)
+
+
+def _reuse(
+    job: _Job, key: str, inputs: dict[str, str], old: dict[str, Any]
+) -> _UnitResult | None:
+    """Link the unit's shards from the last snapshot (None when one is gone or changed)."""
+    assert job.previous_root is not None
+    records = old["shards"]
+    sources = [job.previous_root / s["path"] for s in records]
+    if not all(p.is_file() and p.stat().st_size == s["bytes"] for p, s in zip(sources, records)):
+        return None
+    prefixes, labels = [], []
+    for src, shard in zip(sources, records, strict=True):
+        dest = job.shard_dir.parent / shard["path"]
+        snapshot.link_or_copy(src, dest)
+        import pyarrow.parquet as pq
+
+        table = pq.read_table(dest, columns=["key", "label"])
+        prefixes.append(_prefixes(table.column("key").to_pylist()))
+        labels.append(table.column("label").to_numpy())
+    lbl = np.concatenate(labels) if labels else np.zeros(0, np.int64)
+    return _UnitResult(
+        job.unit,
+        key,
+        inputs,
+        [{k: v for k, v in s.items() if k != "unit_key"} for s in records],
+        True,
+        rows=int(lbl.size),
+        dropped=dict(old.get("dropped", {})),
+        facts=dict(old.get("facts", {})),
+        key_labels=(np.concatenate(prefixes) if prefixes else np.zeros(0, np.uint64), lbl),
+        labels_found=np.unique(lbl),
+    )
+
+
+def _record_batch(schema: Any, batch: Any) -> Any:
+    import pyarrow as pa
+
+    columns = {
+        "key": batch.keys,
+        "label": batch.labels,
+        "source": batch.sources,
+        "row": batch.rows,
+        **batch.columns,
+    }
+    return pa.RecordBatch.from_arrays(
+        [pa.array(columns[f.name], type=f.type) for f in schema], schema=schema
+    )
+
+
+def _previous(out_dir: Path) -> tuple[dict[str, dict[str, Any]], Path | None]:
+    """The last snapshot's units by key, each with its shards (what an unchanged unit
+    reuses)."""
+    try:
+        snap = snapshot.load(out_dir)
+    except StepError:
+        return {}, None
+    by_key: dict[str, dict[str, Any]] = {}
+    for unit_doc in snap.doc.get("units", []):
+        shards = [s for s in snap.doc["shards"] if s.get("unit_key") == unit_doc["key"]]
+        by_key[unit_doc["key"]] = {**unit_doc, "shards": shards}
+    return by_key, out_dir
+
+
+def _permutation(fmt: Any, params: Any, units: list[Unit], params_file: str) -> dict[bytes, int]:
+    """The old split (a seeded permutation per class over all samples): a key -> split map.
+    Unstable under growth; kept so a pipeline can reproduce a split made before snapshots."""
+    keys: list[bytes] = []
+    labels: list[np.ndarray] = []
+    for unit in units:
+        for batch in fmt.read_unit(params, unit, params_file):
+            keys += batch.keys
+            labels.append(batch.labels)
+    lbl = np.concatenate(labels) if labels else np.zeros(0, np.int64)
+    indices = stratified_split(keys, lbl, params.split, fmt.sample_noun)
+    out: dict[bytes, int] = {}
+    for index, split in enumerate(SPLITS):
+        for i in indices[split].tolist():
+            out[keys[i]] = index
+    return out
+
+
+def _map(jobs: list[_Job], workers: int) -> Iterator[_UnitResult]:
+    """Run the jobs on a process pool (``workers`` > 1) or here, in unit order."""
+    bar = tqdm(total=len(jobs), desc="ingest units", unit="unit", leave=False)
+    try:
+        if workers > 1 and len(jobs) > 1:
+            ctx = multiprocessing.get_context("spawn")
+            with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+                for result in pool.map(_ingest_unit, jobs):
+                    bar.update()
+                    yield result
+        else:
+            for job in jobs:
+                yield _ingest_unit(job)
+                bar.update()
+    finally:
+        bar.close()
 
 
 def source_fingerprint(task: Task, params: Any, params_file: str = DEFAULT_PARAMS_FILE) -> str:
     """One sha256 over every raw input of the source: a cache key for orchestrators, so an
     ingest of a moving source (a URL, a bucket prefix) reruns exactly when its bytes change."""
-    return combined_sha256(_read(task, params, params_file).input_sha256)
+    fmt = task.data
+    hashes: dict[str, str] = {}
+    for unit in fmt.units(params, params_file):
+        hashes.update(fmt.unit_inputs(params, unit))
+    return combined_sha256(hashes)
 
 
 def run(
@@ -132,67 +349,186 @@ def run(
     params_file: str = DEFAULT_PARAMS_FILE,
     expected_source_sha256: str = "",
 ) -> IngestResult:
-    """Read, verify and split the source; write the split files, labels.json and manifest.
+    """Read, verify and split the source into a snapshot of Parquet shards.
 
     ``params`` is the ingest section as the task's data format reads it; ``params_file`` is
-    only named in error messages about the params. With ``expected_source_sha256`` (the
-    orchestrator's fingerprint, its cache key) the source must still hold those bytes, or
-    nothing is written."""
+    only named in error messages about the params. Units whose inputs did not change since
+    the snapshot already in ``out_dir`` keep their shards (linked, not rewritten). With
+    ``expected_source_sha256`` (the orchestrator's fingerprint, its cache key) the source
+    must still hold those bytes, or nothing is written."""
     out_dir = Path(out_dir)
     fmt = task.data
-    raw = _read(task, params, params_file)
-    verify_sha256(params.sha256, raw.input_sha256, params.source, params_file)
-    if expected_source_sha256 and combined_sha256(raw.input_sha256) != expected_source_sha256:
-        raise StepError(
-            f"{params.source} changed while the pipeline ran (its fingerprint was "
-            f"{expected_source_sha256[:12]}…, now {combined_sha256(raw.input_sha256)[:12]}…); "
-            "run the pipeline again"
-        )
-    if raw.samples.shape[0] == 0:
-        raise StepError(f"{params.source}: no samples")
-    facts = fmt.describe(raw.samples)
-    log.info("read %d %ss %s from %s", raw.samples.shape[0], fmt.sample_noun, facts, params.source)
-    for reason, count in raw.dropped.items():
-        log.info("dropped %d %s(s): %s", count, fmt.sample_noun, reason)
-    keys = fmt.sample_keys(raw.samples)
-    indices = stratified_split(keys, raw.labels, params.split, fmt.sample_noun)
-
+    units = fmt.units(params, params_file)
+    fixed_names = fmt.fixed_label_names(params, params_file)
+    previous, previous_root = _previous(out_dir)
+    assignment = (
+        _permutation(fmt, params, units, params_file)
+        if params.split.method == "permutation"
+        else None
+    )
+    extra_key = {
+        "data_format": fmt.name,
+        "decode": fmt.decode_params(params),
+        "split": params.split.rule().doc(),
+        "split_files": params.split.files,
+        "shards": asdict(params.shards),
+        "names": fixed_names if fmt.name == "image" and params.kind == "image_folder" else None,
+    }
     with atomic_path(out_dir) as tmp:
-        tmp.mkdir(parents=True)
-        counts: dict[str, dict[str, int]] = {}
-        files = {s: fmt.split_file(s) for s in dataset.SPLITS}
-        for split, idx in indices.items():
-            fmt.write_split(tmp / files[split], raw.samples[idx], raw.labels[idx])
-            per_class = Counter(raw.labels[idx].tolist())
-            counts[split] = {
-                raw.label_names[k]: int(per_class.get(k, 0)) for k in range(len(raw.label_names))
-            }
-            log.info("%s: %d samples", split, len(idx))
-        dataset.write_label_names(tmp, raw.label_names, fmt.name, files)
-        outputs = {f: tmp / f for f in files.values()}
-        outputs["labels.json"] = tmp / "labels.json"
+        shard_dir = tmp / snapshot.SHARD_DIR
+        shard_dir.mkdir(parents=True)
+        jobs = [
+            _Job(fmt, params, params_file, unit, "", extra_key, shard_dir, previous,
+                 previous_root, assignment, dict(params.split.files))
+            for unit in units
+        ]  # fmt: skip
+        results = list(_map(jobs, params.workers))
+        inputs = {k: v for r in results for k, v in r.inputs.items()}
+        verify_sha256(params.sha256, inputs, params.source, params_file)
+        if expected_source_sha256 and combined_sha256(inputs) != expected_source_sha256:
+            raise StepError(
+                f"{params.source} changed while the pipeline ran (its fingerprint was "
+                f"{expected_source_sha256[:12]}…, now {combined_sha256(inputs)[:12]}…); "
+                "run the pipeline again"
+            )
+        total = sum(r.rows for r in results)
+        if total == 0:
+            raise StepError(f"{params.source}: no samples")
+        names = label_names(
+            fixed_names,
+            [(", ".join(r.unit.files[:2]), r.labels_found) for r in results],
+            params_file,
+        )
+        _check_conflicts(results, fmt.sample_noun)
+        facts = fmt.merge_facts([r.facts for r in results])
+        dropped: Counter = Counter()
+        for r in results:
+            dropped.update(r.dropped)
+        shards = []
+        for r in results:
+            for shard in r.shards:
+                shards.append({**shard, "unit_key": r.key})
+        counts = {
+            split: {name: 0 for name in names} for split in SPLITS
+        }
+        for shard in shards:
+            for label, n in shard["counts"].items():
+                counts[shard["split"]][names[int(label)]] += n
+        totals = {s: sum(c.values()) for s, c in counts.items()}
+        reused = sum(1 for r in results if r.reused)
+        log.info(
+            "%d %ss in %d units (%d reused from the last snapshot, %d read): %s",
+            total, fmt.sample_noun, len(results), reused, len(results) - reused, totals,
+        )  # fmt: skip
+        for reason, count in dropped.items():
+            if count:
+                log.info("dropped %d %s(s): %s", count, fmt.sample_noun, reason)
+        snapshot.write_manifest(
+            tmp,
+            {
+                "data_format": fmt.name,
+                "source": params.source,
+                "split_rule": params.split.rule().doc(),
+                "split_files": dict(params.split.files),
+                "shards": shards,
+                "counts": counts,
+                "totals": totals,
+                "split_deviation": split_deviation(counts, params.split),
+                "units": [
+                    {
+                        "id": r.unit.id,
+                        "key": r.key,
+                        "files": len(r.unit.files),
+                        "inputs_sha256": combined_sha256(r.inputs),
+                        "rows": r.rows,
+                        "reused": r.reused,
+                        "dropped": r.dropped,
+                        "facts": r.facts,
+                    }
+                    for r in results
+                ],
+                **facts,
+            },
+        )
+        dataset.write_label_names(tmp, names, fmt.name)
         manifest = write_manifest(
             tmp,
             "ingest",
             inputs={},
-            outputs=outputs,
+            outputs={
+                snapshot.SNAPSHOT_FILE: tmp / snapshot.SNAPSHOT_FILE,
+                "labels.json": tmp / "labels.json",
+            },
             params=asdict(params),
             extra={
                 "source": params.source,
                 "kind": params.kind,
                 "format": fmt.name,
-                "input_sha256": raw.input_sha256,
-                "read": int(raw.samples.shape[0] + sum(raw.dropped.values())),
-                "dropped": dict(raw.dropped),
+                "input_sha256": inputs,
+                "read": int(total + sum(dropped.values())),
+                "dropped": {k: int(v) for k, v in dropped.items()},
                 "counts": counts,
-                "totals": {s: int(len(i)) for s, i in indices.items()},
+                "totals": totals,
+                "units": len(results),
+                "units_reused": reused,
                 **facts,
             },
         )
         data_sha = _data_sha(manifest)
     return IngestResult(
-        out_dir=out_dir, counts=counts, data_sha256=data_sha, dropped=dict(raw.dropped)
+        out_dir=out_dir,
+        counts=counts,
+        data_sha256=data_sha,
+        dropped={k: int(v) for k, v in dropped.items()},
     )
+
+
+def split_deviation(counts: dict[str, dict[str, int]], split: SplitParams) -> dict[str, Any]:
+    """Per class: each split's share minus the configured fraction (points), and the worst."""
+    want = {
+        "train": 1 - split.val_fraction - split.test_fraction,
+        "val": split.val_fraction,
+        "test": split.test_fraction,
+    }
+    per_class: dict[str, dict[str, float]] = {}
+    worst = 0.0
+    for name in counts["train"]:
+        n = sum(counts[s][name] for s in SPLITS)
+        if not n:
+            continue
+        per_class[name] = {
+            s: round(100 * (counts[s][name] / n - want[s]), 3) for s in SPLITS
+        }
+        worst = max(worst, *(abs(v) for v in per_class[name].values()))
+    return {"points": per_class, "max_abs_points": round(worst, 3)}
+
+
+def _check_conflicts(results: list[_UnitResult], noun: str) -> None:
+    """Identical samples (equal keys) under different labels, across units (a unit's reader
+    drops or refuses them within it): one line naming the units."""
+    parts = [(i, r.key_labels) for i, r in enumerate(results) if r.key_labels is not None]
+    if len(parts) < 2 and not any(r.reused for r in results):
+        keys = parts[0][1][0] if parts else np.zeros(0, np.uint64)
+        labels = parts[0][1][1] if parts else np.zeros(0, np.int64)
+        owner = np.zeros(len(keys), np.int64)
+    else:
+        keys = np.concatenate([kl[0] for _, kl in parts]) if parts else np.zeros(0, np.uint64)
+        labels = np.concatenate([kl[1] for _, kl in parts]) if parts else np.zeros(0, np.int64)
+        owner = np.concatenate([np.full(len(kl[0]), i) for i, kl in parts]) if parts else keys
+    if not len(keys):
+        return
+    order = np.lexsort((labels, keys))
+    k, lb, ow = keys[order], labels[order], owner[order]
+    same_key = k[1:] == k[:-1]
+    bad = np.flatnonzero(same_key & (lb[1:] != lb[:-1]))
+    if bad.size:
+        i = int(bad[0])
+        units = sorted({results[int(ow[i])].unit.id, results[int(ow[i + 1])].unit.id})
+        raise StepError(
+            f"{bad.size} identical {noun}(s) carry different labels (e.g. labels "
+            f"{int(lb[i])} and {int(lb[i + 1])} in {' and '.join(units)}); fix the labels in "
+            "the source"
+        )
 
 
 def _data_sha(manifest_path: Path) -> str:

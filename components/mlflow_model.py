@@ -257,7 +257,7 @@ def _requirements() -> list[str]:
 
 
 def _examples(task: Any, data_dir: Path, split: str, count: int) -> tuple[Any, list[int]]:
-    where = dataset.split_path(data_dir, split)
+    where = f"{data_dir}: split {split}"
     try:
         return task.pyfunc_examples(data_dir, split, count, _EXAMPLE_BYTES)
     except ValueError as exc:

@@ -413,8 +413,9 @@ def run(
                 "model.pdparams": train_dir / "model.pdparams",
                 "fp32/model.pdmodel": export_dir / "legacy" / "model.pdmodel",
                 **{
-                    dataset.split_path(data_dir, split).name: dataset.split_path(data_dir, split)
+                    k: v
                     for split in ("train", params.split, params.report_split)
+                    for k, v in dataset.split_inputs(data_dir, split).items()
                 },
             },
             outputs={

@@ -42,7 +42,7 @@ import paddle
 import yaml
 from tqdm import tqdm
 
-from components import dataset, distributed, failpoints
+from components import dataset, distributed, failpoints, snapshot
 from components.artifacts import (
     StepError,
     atomic_path,
@@ -545,7 +545,8 @@ def run(
     )  # a vocabulary, a judge: from the training split only
     x_train, x_val = task.preprocess(x_train_raw), task.preprocess(x_val_raw)
 
-    data_sha = "".join(sha256_file(dataset.split_path(data_dir, s)) for s in ("train", "val"))
+    snap = snapshot.load(data_dir)
+    data_sha = "".join(snap.split_sha256(s) for s in ("train", "val"))
     fingerprint = _fingerprint(params, task_params or {}, data_sha, batching)
     trainer = _Trainer.build(params, task, len(label_names), amp, len(y_train), batching, device)
     found = _load_checkpoint(ckpt_dir, fingerprint)
@@ -605,7 +606,7 @@ def run(
             "best_epoch": result.best_epoch,
             **({"pretrain": pretrained} if pretrained else {}),
         },
-        inputs={s: dataset.split_path(data_dir, s) for s in ("train", "val")},
+        inputs={k: v for s in ("train", "val") for k, v in dataset.split_inputs(data_dir, s).items()},
         task=task,
         parallel={**batching.facts(), "rank_param_sha256": digests},
     )

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import abc
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -20,33 +21,85 @@ from typing import Any, ClassVar
 import numpy as np
 import pandas as pd
 
-from components import dataset
+from components import dataset, snapshot
 from components.artifacts import StepError
 
 
 @dataclass(frozen=True)
 class SplitParams:
+    """``ingest.split``: the split rule (``components.snapshot.SplitRule``)."""
+
+    method: str = "hash"  # hash (stable under growth) | permutation (the old, unstable one)
     val_fraction: float = 0.15
     test_fraction: float = 0.15
-    seed: int = 42
+    seed: int = 42  # permutation only
+    # files (glob patterns relative to the source) whose samples all go to one split, e.g.
+    # {"holdout/*": test}: a per-file split the user declares, which the rule respects
+    files: dict[str, str] = field(default_factory=dict)
 
     def check(self) -> None:
+        if self.method not in ("hash", "permutation"):
+            raise ValueError(f"split.method must be hash or permutation, got {self.method!r}")
         if not (0 < self.val_fraction < 1 and 0 < self.test_fraction < 1):
             raise ValueError("split.val_fraction and split.test_fraction must be in (0, 1)")
         if self.val_fraction + self.test_fraction >= 0.9:
             raise ValueError("split: val_fraction + test_fraction must leave >= 10% for train")
+        for pattern, split in self.files.items():
+            if split not in dataset.SPLITS:
+                raise ValueError(
+                    f"split.files.{pattern} must be one of {list(dataset.SPLITS)}, got {split!r}"
+                )
+
+    def rule(self) -> snapshot.SplitRule:
+        return snapshot.SplitRule(self.method, self.val_fraction, self.test_fraction, self.seed)
 
 
 @dataclass(frozen=True)
-class RawData:
-    """Everything a reader found: samples (one per row), int64 labels, class names, the sha256
-    of every raw input, and how many samples cleaning dropped and why (reported by ingest)."""
+class ShardParams:
+    """``ingest.shards``: how big a Parquet shard and a row group get (docs/data-format.md)."""
 
-    samples: np.ndarray
+    max_mb: float = 64.0
+    row_group_mb: float = 4.0
+    compression: str = "zstd"
+
+    def check(self) -> None:
+        if not 0 < self.row_group_mb <= self.max_mb:
+            raise ValueError(
+                f"need 0 < shards.row_group_mb <= shards.max_mb, got {self.row_group_mb}, "
+                f"{self.max_mb}"
+            )
+        if self.compression not in ("none", "snappy", "zstd", "gzip"):
+            raise ValueError(f"shards.compression must be none|snappy|zstd|gzip, got {self.compression!r}")
+
+    def limits(self) -> snapshot.ShardLimits:
+        return snapshot.ShardLimits(self.max_mb, self.row_group_mb, self.compression)
+
+
+@dataclass(frozen=True)
+class Unit:
+    """A piece of the source ingest reads, hashes and shards on its own: an IDX pair, a table
+    file, a run of image files. Its shards are reused while its files and the decoding
+    parameters stay the same."""
+
+    id: str  # for people: the file(s) it covers
+    files: tuple[str, ...]  # input names (relative to the source) it reads
+    context: tuple[tuple[str, Any], ...] = ()  # more of what decides its rows (a class id)
+
+
+@dataclass
+class UnitBatch:
+    """Rows read from one unit: keys (a sample's identity, 32 bytes), int64 labels, the input
+    file and the row within it of each sample, and the format's own columns."""
+
+    keys: list[bytes]
     labels: np.ndarray
-    label_names: list[str]
-    input_sha256: dict[str, str]
+    sources: list[str]
+    rows: np.ndarray
+    columns: dict[str, Any]
     dropped: dict[str, int] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.keys)
 
 
 @dataclass(frozen=True)
@@ -104,29 +157,56 @@ class DataFormat(abc.ABC):
     # ---------------------------------------------------------------- ingest
 
     @abc.abstractmethod
-    def read_raw(self, params: Any, params_file: str) -> RawData:
-        """Read (and clean) the source that ``params`` (the ingest section) names."""
+    def units(self, params: Any, params_file: str) -> list[Unit]:
+        """The source's units, in a stable order (listing only: nothing is decoded)."""
 
     @abc.abstractmethod
-    def sample_keys(self, samples: np.ndarray) -> list[bytes]:
-        """One key per sample; samples with equal keys are identical and share a split."""
+    def unit_inputs(self, params: Any, unit: Unit) -> dict[str, str]:
+        """sha256 of each input file of ``unit`` (its raw bytes), by name."""
 
-    def describe(self, samples: np.ndarray) -> dict[str, Any]:
-        """Facts about the samples for ingest's manifest (e.g. the image shape)."""
+    @abc.abstractmethod
+    def read_unit(self, params: Any, unit: Unit, params_file: str) -> Iterator[UnitBatch]:
+        """The unit's samples in bounded batches (read, decoded and cleaned)."""
+
+    def decode_params(self, params: Any) -> dict[str, Any]:
+        """The ingest params that decide a unit's stored rows (hashed into its key)."""
         return {}
 
-    # ---------------------------------------------------------------- storage
-
-    def split_file(self, split: str) -> str:
-        return f"{split}{self.suffix}"
-
-    @abc.abstractmethod
-    def write_split(self, path: Path, samples: np.ndarray, labels: np.ndarray) -> None:
-        """Write one split to ``path`` (the caller makes the write atomic)."""
+    def fixed_label_names(self, params: Any, params_file: str) -> list[str] | None:
+        """Class names the source itself fixes (class folders, a built-in corpus), else None
+        (then ``ingest.label_names`` or the label ids found)."""
+        return params.label_names
 
     @abc.abstractmethod
-    def read_split(self, path: Path) -> dataset.Split:
-        """Read one split as stored, without changing types (validation must see them)."""
+    def payload_fields(self) -> list[Any]:
+        """The format's own ``pyarrow`` fields after the base columns of every shard."""
+
+    def arrow_schema(self) -> Any:
+        import pyarrow as pa
+
+        base = [
+            pa.field("key", pa.binary(snapshot.KEY_BYTES), nullable=False),
+            pa.field("label", pa.int64(), nullable=False),
+            pa.field("source", pa.string(), nullable=False),
+            pa.field("row", pa.int64(), nullable=False),
+        ]
+        return pa.schema(base + self.payload_fields(), metadata={"format": self.name})
+
+    @abc.abstractmethod
+    def to_samples(self, batch: Any) -> np.ndarray:
+        """The samples of an Arrow record batch read from a shard, as the task reads them
+        (images ``uint8 [N, H, W, C]``, texts an object array of ``str``)."""
+
+    def batch_facts(self, batch: UnitBatch) -> dict[str, Any]:
+        """Partial facts about a batch (JSON: counts as dicts, character sets as strings)
+        that :func:`sum_facts` adds up per unit (e.g. image shapes)."""
+        return {}
+
+    def merge_facts(self, parts: list[dict[str, Any]]) -> dict[str, Any]:
+        """Facts about the whole source from the units' partial facts, for ingest's
+        manifest; ``StepError`` where the units disagree in a way the data set cannot hold
+        (images of several sizes)."""
+        return {}
 
     # ---------------------------------------------------------------- serving (MLflow pyfunc)
 
@@ -157,6 +237,22 @@ class DataFormat(abc.ABC):
         """The Great Expectations of the per-sample tables, and facts for ``summary.json``."""
 
 
+def sum_facts(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """Partial facts summed: counts (dicts of numbers) add up, strings of characters unite."""
+    out: dict[str, Any] = {}
+    for part in parts:
+        for key, value in part.items():
+            if isinstance(value, dict):
+                into = out.setdefault(key, {})
+                for k, v in value.items():
+                    into[k] = into.get(k, 0) + v
+            elif isinstance(value, str):
+                out[key] = "".join(sorted(set(out.get(key, "")) | set(value)))
+            else:
+                raise TypeError(f"fact {key}: counts (dict) or characters (str), got {value!r}")
+    return out
+
+
 def check_format(data_dir: str | Path, fmt: DataFormat, task_name: str) -> None:
     """Refuse a data set stored in another format than the task reads."""
     stored = dataset.read_format(data_dir)
@@ -168,8 +264,23 @@ def check_format(data_dir: str | Path, fmt: DataFormat, task_name: str) -> None:
 
 
 def read_split(fmt: DataFormat, data_dir: str | Path, split: str) -> dataset.Split:
-    """One stored split of a data set in format ``fmt``."""
-    return fmt.read_split(dataset.split_path(data_dir, split))
+    """One stored split of a data set in format ``fmt``, whole (for what still needs it in
+    memory; streaming readers use :func:`iter_split`)."""
+    samples, labels = [], []
+    for samp, lbl in iter_split(fmt, data_dir, split):
+        samples.append(samp)
+        labels.append(lbl)
+    if not samples:
+        return dataset.Split(fmt.to_samples(None), np.zeros(0, dtype=np.int64))
+    return dataset.Split(np.concatenate(samples), np.concatenate(labels))
+
+
+def iter_split(
+    fmt: DataFormat, data_dir: str | Path, split: str, batch_rows: int = 1024
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """(samples, int64 labels) of ``split`` in bounded batches, shard by shard."""
+    for batch in snapshot.iter_batches(data_dir, split, batch_rows=batch_rows):
+        yield fmt.to_samples(batch), batch.column("label").to_numpy().astype(np.int64)
 
 
 # --------------------------------------------------------------------------- label sets

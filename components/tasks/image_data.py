@@ -22,14 +22,13 @@ import math
 import struct
 import zlib
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
-from tqdm import tqdm
 
 from components import dataset
 from components.artifacts import StepError, atomic_path, sha256_bytes
@@ -39,9 +38,12 @@ from components.tasks.data import (
     HASH_COLUMN,
     CommonValidateParams,
     DataFormat,
-    RawData,
+    ShardParams,
     SplitParams,
+    Unit,
+    UnitBatch,
     check_sha256,
+    sum_facts,
     label_names,
 )
 
@@ -65,6 +67,9 @@ class IngestParams:
     image_size: list[int] | None = None
     image_mode: Literal["L", "RGB"] = "L"
     split: SplitParams = field(default_factory=SplitParams)
+    shards: ShardParams = field(default_factory=ShardParams)
+    unit_files: int = 256  # image folders: about this many files per unit (shards reuse)
+    workers: int = 1  # processes reading units at once (1: in this process)
 
     def check(self) -> None:
         if self.kind == "mnist_idx":
@@ -76,6 +81,10 @@ class IngestParams:
         if self.image_size is not None and (len(self.image_size) != 2 or min(self.image_size) < 1):
             raise ValueError(f"image_size must be [H, W] with H, W >= 1, got {self.image_size}")
         check_sha256(self.sha256)
+        self.split.check()
+        self.shards.check()
+        if self.unit_files < 1 or self.workers < 1:
+            raise ValueError("unit_files and workers must be >= 1")
         if self.label_names is not None and not self.label_names:
             raise ValueError("label_names must list at least one name (or be left out)")
 
@@ -200,33 +209,51 @@ def _describe_truncated_gzip(data: bytes) -> str:
     return text
 
 
-def read_mnist_idx(params: IngestParams, params_file: str) -> RawData:
-    images, labels, hashes = [], [], {}
-    label_files: list[tuple[str, np.ndarray]] = []
-    for img_name, lbl_name in params.idx_files:
-        img_uri, lbl_uri = join_uri(params.source, img_name), join_uri(params.source, lbl_name)
-        blob = read_bytes(img_uri)
-        hashes[img_name] = sha256_bytes(blob)
-        imgs = parse_idx(blob, img_uri, IDX_IMAGES_NDIM)
-        blob = read_bytes(lbl_uri)
-        hashes[lbl_name] = sha256_bytes(blob)
-        lbls = parse_idx(blob, lbl_uri, IDX_LABELS_NDIM)
-        if imgs.shape[0] != lbls.shape[0]:
-            raise StepError(
-                f"{img_uri}: {imgs.shape[0]} images but {lbl_name} has {lbls.shape[0]} labels"
-            )
-        images.append(_as_pixels(imgs, img_uri)[..., None])
-        labels.append(_as_labels(lbls, lbl_uri))
-        label_files.append((lbl_uri, labels[-1]))
-    shapes = {im.shape[1:] for im in images}
-    if len(shapes) != 1:
-        raise StepError(f"{params.source}: IDX image files have different shapes {sorted(shapes)}")
-    return RawData(
-        samples=np.concatenate(images),
-        labels=np.concatenate(labels),
-        label_names=label_names(params.label_names, label_files, params_file),
-        input_sha256=hashes,
+IDX_BATCH = 4096  # images per batch read from an IDX pair
+
+
+def _image_batch(
+    images: np.ndarray, labels: np.ndarray, keys: list[bytes], source: str, first: int
+) -> UnitBatch:
+    """Rows of uint8 ``[n, H, W, C]`` images (one shape) read from ``source``."""
+    n = int(images.shape[0])
+    h, w, c = (int(d) for d in images.shape[1:4])
+    return UnitBatch(
+        keys=keys,
+        labels=np.asarray(labels, dtype=np.int64),
+        sources=[source] * n,
+        rows=np.arange(first, first + n, dtype=np.int64),
+        columns={
+            "image": [bytes(im) for im in np.ascontiguousarray(images).reshape(n, -1)],
+            "height": np.full(n, h, np.int32),
+            "width": np.full(n, w, np.int32),
+            "channels": np.full(n, c, np.int32),
+        },
     )
+
+
+def _pixel_keys(images: np.ndarray) -> list[bytes]:
+    """A decoded image's identity: the sha256 of its pixels as stored."""
+    return [hashlib.sha256(np.ascontiguousarray(im).tobytes()).digest() for im in images]
+
+
+def idx_units(params: IngestParams) -> list[Unit]:
+    return [Unit(f"{img}+{lbl}", (img, lbl)) for img, lbl in params.idx_files]
+
+
+def read_idx_unit(params: IngestParams, unit: Unit) -> Iterator[UnitBatch]:
+    img_name, lbl_name = unit.files
+    img_uri, lbl_uri = join_uri(params.source, img_name), join_uri(params.source, lbl_name)
+    imgs = parse_idx(read_bytes(img_uri), img_uri, IDX_IMAGES_NDIM)
+    lbls = parse_idx(read_bytes(lbl_uri), lbl_uri, IDX_LABELS_NDIM)
+    if imgs.shape[0] != lbls.shape[0]:
+        raise StepError(
+            f"{img_uri}: {imgs.shape[0]} images but {lbl_name} has {lbls.shape[0]} labels"
+        )
+    images, labels = _as_pixels(imgs, img_uri)[..., None], _as_labels(lbls, lbl_uri)
+    for start in range(0, images.shape[0], IDX_BATCH):
+        part = images[start : start + IDX_BATCH]
+        yield _image_batch(part, labels[start : start + IDX_BATCH], _pixel_keys(part), img_name, start)
 
 
 def builtin_digits() -> tuple[np.ndarray, np.ndarray]:
@@ -238,44 +265,82 @@ def builtin_digits() -> tuple[np.ndarray, np.ndarray]:
     return images, bunch.target.astype(np.int64)
 
 
-def read_builtin(params: IngestParams, params_file: str) -> RawData:
+def _check_builtin(params: IngestParams, params_file: str) -> None:
     if params.source != "builtin:digits":
         raise StepError(
             f"{params_file}: ingest.source '{params.source}': only builtin:digits exists"
         )
+
+
+def read_builtin_unit(params: IngestParams) -> Iterator[UnitBatch]:
     images, labels = builtin_digits()
-    return RawData(
-        samples=images[..., None],
-        labels=labels,
-        label_names=label_names(params.label_names, [(params.source, labels)], params_file),
-        input_sha256={"builtin:digits": sha256_bytes(images.tobytes() + labels.tobytes())},
-    )
+    images = images[..., None]
+    yield _image_batch(images, labels, _pixel_keys(images), params.source, 0)
 
 
-def read_image_folder(params: IngestParams, params_file: str) -> RawData:
-    from PIL import Image, UnidentifiedImageError
+def _builtin_sha() -> str:
+    images, labels = builtin_digits()
+    return sha256_bytes(images.tobytes() + labels.tobytes())
 
+
+def _class_folders(params: IngestParams) -> list[str]:
     root = Path(params.source)
     if not root.is_dir():
         raise StepError(f"{root}: image folder not found")
     classes = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
     if len(classes) < 2:
         raise StepError(f"{root}: need at least two class sub-folders, found {classes}")
-    files = [
-        (f, idx)
-        for idx, cls in enumerate(classes)
-        for f in sorted((root / cls).rglob("*"))
-        if f.suffix.lower() in IMAGE_SUFFIXES
-    ]
-    if not files:
+    return classes
+
+
+def folder_units(params: IngestParams) -> list[Unit]:
+    """Runs of image files per class folder, in path order. A run ends where the directory
+    changes (a new dated sub-folder is new units) or at a file whose path hashes to a
+    boundary (about ``unit_files`` files a run, at most 4x that): adding files touches only
+    the runs they fall into, so every other run keeps its shards."""
+    root = Path(params.source)
+    classes = _class_folders(params)
+    units: list[Unit] = []
+    every = max(1, int(params.unit_files))
+    for idx, cls in enumerate(classes):
+        files = sorted(f for f in (root / cls).rglob("*") if f.suffix.lower() in IMAGE_SUFFIXES)
+        for path in files:  # before reading any: fail fast on entries that are not files
+            _check_image_file(path)
+        run: list[str] = []
+        for path in files:
+            rel = path.relative_to(root).as_posix()
+            boundary = int(hashlib.sha256(rel.encode()).hexdigest()[:8], 16) % every == 0
+            if run and (
+                boundary
+                or len(run) >= 4 * every
+                or Path(run[-1]).parent != Path(rel).parent
+            ):
+                units.append(_folder_unit(run, idx))
+                run = []
+            run.append(rel)
+        if run:
+            units.append(_folder_unit(run, idx))
+    if not units:
         raise StepError(f"{root}: no {sorted(IMAGE_SUFFIXES)} files in the class folders")
-    for path, _ in files:  # before reading any: fail fast on entries that are not files
-        _check_image_file(path)
+    return units
+
+
+def _folder_unit(files: list[str], label: int) -> Unit:
+    name = files[0] if len(files) == 1 else f"{files[0]} .. {files[-1]} ({len(files)} files)"
+    return Unit(name, tuple(files), (("label", label),))
+
+
+def read_folder_unit(params: IngestParams, unit: Unit) -> Iterator[UnitBatch]:
+    from PIL import Image, UnidentifiedImageError
+
+    root = Path(params.source)
+    label = dict(unit.context)["label"]
     size = tuple(params.image_size) if params.image_size else None
-    images, labels, hashes = [], [], {}
-    for path, idx in tqdm(files, desc="read images", unit="img", leave=False):
+    keys, images, shapes = [], [], set()
+    for rel in unit.files:
+        path = root / rel
         blob = _read_image_file(path)
-        hashes[path.relative_to(root).as_posix()] = sha256_bytes(blob)
+        keys.append(hashlib.sha256(blob).digest())
         try:
             img = Image.open(io.BytesIO(blob)).convert(params.image_mode)
         except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as exc:
@@ -284,19 +349,20 @@ def read_image_folder(params: IngestParams, params_file: str) -> RawData:
             img = img.resize((size[1], size[0]), Image.BILINEAR)
         arr = np.asarray(img, dtype=np.uint8)
         images.append(arr[..., None] if arr.ndim == 2 else arr)
-        labels.append(idx)
-    shapes = Counter(im.shape for im in images)
-    if len(shapes) != 1:
-        raise StepError(
-            f"{root}: images have different sizes {dict(shapes)}; set ingest.image_size: [H, W]"
-        )
-    names = list(params.label_names) if params.label_names else classes
-    if len(names) != len(classes):
-        raise StepError(
-            f"{params_file}: ingest.label_names has {len(names)} names, {root} "
-            f"has {len(classes)} class folders"
-        )
-    return RawData(np.stack(images), np.asarray(labels, np.int64), names, hashes)
+        shapes.add(images[-1].shape)
+    n = len(images)
+    yield UnitBatch(
+        keys=keys,
+        labels=np.full(n, label, dtype=np.int64),
+        sources=list(unit.files),
+        rows=np.zeros(n, dtype=np.int64),
+        columns={
+            "image": [im.tobytes() for im in images],
+            "height": np.asarray([im.shape[0] for im in images], np.int32),
+            "width": np.asarray([im.shape[1] for im in images], np.int32),
+            "channels": np.asarray([im.shape[2] for im in images], np.int32),
+        },
+    )
 
 
 def _check_image_file(path: Path) -> None:
@@ -318,9 +384,6 @@ def _read_image_file(path: Path) -> bytes:
         return path.read_bytes()
     except OSError as exc:
         raise StepError(f"{path}: cannot read ({exc.strerror or exc})") from exc
-
-
-READERS = {"builtin": read_builtin, "mnist_idx": read_mnist_idx, "image_folder": read_image_folder}
 
 
 # --------------------------------------------------------------------------- materialise
@@ -503,20 +566,86 @@ class ImageData(DataFormat):
     sample_noun = "image"
     duplicate_rule = "same image bytes and label"
 
-    def read_raw(self, params: IngestParams, params_file: str) -> RawData:
-        return READERS[params.kind](params, params_file)
+    def units(self, params: IngestParams, params_file: str) -> list[Unit]:
+        if params.kind == "builtin":
+            _check_builtin(params, params_file)
+            return [Unit(params.source, (params.source,))]
+        if params.kind == "mnist_idx":
+            return idx_units(params)
+        return folder_units(params)
 
-    def sample_keys(self, samples: np.ndarray) -> list[bytes]:
-        return [hashlib.sha256(s.tobytes()).digest() for s in samples]
+    def unit_inputs(self, params: IngestParams, unit: Unit) -> dict[str, str]:
+        if params.kind == "builtin":
+            return {params.source: _builtin_sha()}
+        if params.kind == "mnist_idx":
+            return {f: sha256_bytes(read_bytes(join_uri(params.source, f))) for f in unit.files}
+        root = Path(params.source)
+        return {f: sha256_bytes(_read_image_file(root / f)) for f in unit.files}
 
-    def describe(self, samples: np.ndarray) -> dict[str, Any]:
-        return {"image_shape": list(samples.shape[1:])}
+    def read_unit(self, params: IngestParams, unit: Unit, params_file: str) -> Iterator[UnitBatch]:
+        if params.kind == "builtin":
+            return read_builtin_unit(params)
+        if params.kind == "mnist_idx":
+            return read_idx_unit(params, unit)
+        return read_folder_unit(params, unit)
 
-    def write_split(self, path: Path, samples: np.ndarray, labels: np.ndarray) -> None:
-        dataset.write_npz(path, dataset.Split(samples, labels))
+    def decode_params(self, params: IngestParams) -> dict[str, Any]:
+        return {"image_size": params.image_size, "image_mode": params.image_mode}
 
-    def read_split(self, path: Path) -> dataset.Split:
-        return dataset.read_npz(path)
+    def fixed_label_names(self, params: IngestParams, params_file: str) -> list[str] | None:
+        if params.kind != "image_folder":
+            return params.label_names
+        classes = _class_folders(params)
+        names = list(params.label_names) if params.label_names else classes
+        if len(names) != len(classes):
+            raise StepError(
+                f"{params_file}: ingest.label_names has {len(names)} names, {params.source} "
+                f"has {len(classes)} class folders"
+            )
+        return names
+
+    def payload_fields(self) -> list[Any]:
+        import pyarrow as pa
+
+        return [
+            pa.field("image", pa.binary(), nullable=False),  # raw uint8 pixels, H x W x C
+            pa.field("height", pa.int32(), nullable=False),
+            pa.field("width", pa.int32(), nullable=False),
+            pa.field("channels", pa.int32(), nullable=False),
+        ]
+
+    def to_samples(self, batch: Any) -> np.ndarray:
+        if batch is None or batch.num_rows == 0:
+            return np.zeros((0, 0, 0, 0), dtype=np.uint8)
+        dims = [batch.column(c).to_numpy() for c in ("height", "width", "channels")]
+        shapes = set(zip(*(d.tolist() for d in dims), strict=True))
+        if len(shapes) != 1:
+            raise StepError(
+                f"a shard holds images of several shapes {sorted(shapes)[:4]}; ingest with "
+                "ingest.image_size: [H, W]"
+            )
+        h, w, c = shapes.pop()
+        col = batch.column("image")
+        flat = np.frombuffer(b"".join(col.to_pylist()), dtype=np.uint8)
+        return flat.reshape(batch.num_rows, h, w, c)
+
+    def batch_facts(self, batch: UnitBatch) -> dict[str, Any]:
+        dims = zip(
+            batch.columns["height"].tolist(),
+            batch.columns["width"].tolist(),
+            batch.columns["channels"].tolist(),
+            strict=True,
+        )
+        return {"shapes": dict(Counter(f"{h}x{w}x{c}" for h, w, c in dims))}
+
+    def merge_facts(self, parts: list[dict[str, Any]]) -> dict[str, Any]:
+        shapes = sum_facts(parts).get("shapes", {})
+        if len(shapes) > 1:
+            shown = dict(sorted(shapes.items(), key=lambda kv: -kv[1]))
+            raise StepError(
+                f"images have different sizes {shown}; set ingest.image_size: [H, W]"
+            )
+        return {"image_shape": [int(d) for d in next(iter(shapes)).split("x")] if shapes else []}
 
     def sample_table(self, split: str, file: str, data: dataset.Split) -> pd.DataFrame:
         return sample_table(split, file, data)

