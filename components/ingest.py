@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
-import json
 import logging
 import multiprocessing
 import sys
@@ -36,7 +35,6 @@ from components.artifacts import (
     StepError,
     atomic_path,
     combined_sha256,
-    sha256_bytes,
     write_manifest,
 )
 from components.cli import output_dir, run_cli
@@ -146,7 +144,8 @@ class _UnitResult:
     rows: int = 0
     dropped: dict[str, int] = field(default_factory=dict)
     facts: dict[str, Any] = field(default_factory=dict)  # the format's, summed (JSON)
-    key_labels: tuple[np.ndarray, np.ndarray] | None = None  # uint64 key prefixes, labels
+    # uint64 key prefixes, labels and rows in their input files (finding conflicting labels)
+    key_labels: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
     labels_found: np.ndarray | None = None
 
 
@@ -191,7 +190,7 @@ def _ingest_unit(job: _Job) -> _UnitResult:
     }
     rule = job.params.split.rule()
     dropped: Counter = Counter()
-    facts, prefixes, labels_all = [], [], []
+    facts, prefixes, labels_all, rows_all = [], [], [], []
     for batch in fmt.read_unit(job.params, unit, job.params_file):
         dropped.update(batch.dropped)
         if not len(batch):
@@ -207,6 +206,7 @@ def _ingest_unit(job: _Job) -> _UnitResult:
                 where[i] = SPLITS.index(forced)
         prefixes.append(_prefixes(batch.keys))
         labels_all.append(batch.labels)
+        rows_all.append(np.asarray(batch.rows, dtype=np.int64))
         table = _record_batch(schema, batch)
         for index, split in enumerate(SPLITS):
             mask = np.flatnonzero(where == index)
@@ -223,9 +223,13 @@ def _ingest_unit(job: _Job) -> _UnitResult:
         rows=int(labels.size),
         dropped={k: int(v) for k, v in dropped.items()},
         facts=sum_facts(facts),
-        key_labels=(np.concatenate(prefixes) if prefixes else np.zeros(0, np.uint64), labels),
+        key_labels=(_cat(prefixes, np.uint64), labels, _cat(rows_all, np.int64)),
         labels_found=np.unique(labels),
     )
+
+
+def _cat(parts: list[np.ndarray], dtype: Any) -> np.ndarray:
+    return np.concatenate(parts) if parts else np.zeros(0, dtype)
 
 
 def _prefixes(keys: Sequence[bytes]) -> np.ndarray:
@@ -233,25 +237,27 @@ def _prefixes(keys: Sequence[bytes]) -> np.ndarray:
     return np.frombuffer(b"".join(k[:8] for k in keys), dtype=">u8").astype(np.uint64)
 
 
-def _reuse(
-    job: _Job, key: str, inputs: dict[str, str], old: dict[str, Any]
-) -> _UnitResult | None:
+def _reuse(job: _Job, key: str, inputs: dict[str, str], old: dict[str, Any]) -> _UnitResult | None:
     """Link the unit's shards from the last snapshot (None when one is gone or changed)."""
     assert job.previous_root is not None
     records = old["shards"]
     sources = [job.previous_root / s["path"] for s in records]
-    if not all(p.is_file() and p.stat().st_size == s["bytes"] for p, s in zip(sources, records)):
+    if not all(
+        p.is_file() and p.stat().st_size == s["bytes"]
+        for p, s in zip(sources, records, strict=True)
+    ):
         return None
-    prefixes, labels = [], []
+    import pyarrow.parquet as pq
+
+    prefixes, labels, rows = [], [], []
     for src, shard in zip(sources, records, strict=True):
         dest = job.shard_dir.parent / shard["path"]
         snapshot.link_or_copy(src, dest)
-        import pyarrow.parquet as pq
-
-        table = pq.read_table(dest, columns=["key", "label"])
+        table = pq.read_table(dest, columns=["key", "label", "row"])
         prefixes.append(_prefixes(table.column("key").to_pylist()))
         labels.append(table.column("label").to_numpy())
-    lbl = np.concatenate(labels) if labels else np.zeros(0, np.int64)
+        rows.append(table.column("row").to_numpy())
+    lbl = _cat(labels, np.int64)
     return _UnitResult(
         job.unit,
         key,
@@ -261,7 +267,7 @@ def _reuse(
         rows=int(lbl.size),
         dropped=dict(old.get("dropped", {})),
         facts=dict(old.get("facts", {})),
-        key_labels=(np.concatenate(prefixes) if prefixes else np.zeros(0, np.uint64), lbl),
+        key_labels=(_cat(prefixes, np.uint64), lbl, _cat(rows, np.int64)),
         labels_found=np.unique(lbl),
     )
 
@@ -400,7 +406,10 @@ def run(
             params_file,
         )
         _check_conflicts(results, fmt.sample_noun)
-        facts = fmt.merge_facts([r.facts for r in results])
+        try:
+            facts = fmt.merge_facts([r.facts for r in results])
+        except StepError as exc:
+            raise StepError(f"{params.source}: {exc}") from exc
         dropped: Counter = Counter()
         for r in results:
             dropped.update(r.dropped)
@@ -408,9 +417,7 @@ def run(
         for r in results:
             for shard in r.shards:
                 shards.append({**shard, "unit_key": r.key})
-        counts = {
-            split: {name: 0 for name in names} for split in SPLITS
-        }
+        counts = {split: {name: 0 for name in names} for split in SPLITS}
         for shard in shards:
             for label, n in shard["counts"].items():
                 counts[shard["split"]][names[int(label)]] += n
@@ -451,7 +458,7 @@ def run(
             },
         )
         dataset.write_label_names(tmp, names, fmt.name)
-        manifest = write_manifest(
+        write_manifest(
             tmp,
             "ingest",
             inputs={},
@@ -474,7 +481,7 @@ def run(
                 **facts,
             },
         )
-        data_sha = _data_sha(manifest)
+        data_sha = combined_sha256({s["path"]: s["sha256"] for s in shards})
     return IngestResult(
         out_dir=out_dir,
         counts=counts,
@@ -496,45 +503,36 @@ def split_deviation(counts: dict[str, dict[str, int]], split: SplitParams) -> di
         n = sum(counts[s][name] for s in SPLITS)
         if not n:
             continue
-        per_class[name] = {
-            s: round(100 * (counts[s][name] / n - want[s]), 3) for s in SPLITS
-        }
+        per_class[name] = {s: round(100 * (counts[s][name] / n - want[s]), 3) for s in SPLITS}
         worst = max(worst, *(abs(v) for v in per_class[name].values()))
     return {"points": per_class, "max_abs_points": round(worst, 3)}
 
 
 def _check_conflicts(results: list[_UnitResult], noun: str) -> None:
-    """Identical samples (equal keys) under different labels, across units (a unit's reader
-    drops or refuses them within it): one line naming the units."""
+    """Identical samples (equal keys) under different labels: one line naming where."""
     parts = [(i, r.key_labels) for i, r in enumerate(results) if r.key_labels is not None]
-    if len(parts) < 2 and not any(r.reused for r in results):
-        keys = parts[0][1][0] if parts else np.zeros(0, np.uint64)
-        labels = parts[0][1][1] if parts else np.zeros(0, np.int64)
-        owner = np.zeros(len(keys), np.int64)
-    else:
-        keys = np.concatenate([kl[0] for _, kl in parts]) if parts else np.zeros(0, np.uint64)
-        labels = np.concatenate([kl[1] for _, kl in parts]) if parts else np.zeros(0, np.int64)
-        owner = np.concatenate([np.full(len(kl[0]), i) for i, kl in parts]) if parts else keys
-    if not len(keys):
+    if not parts:
         return
-    order = np.lexsort((labels, keys))
-    k, lb, ow = keys[order], labels[order], owner[order]
-    same_key = k[1:] == k[:-1]
-    bad = np.flatnonzero(same_key & (lb[1:] != lb[:-1]))
-    if bad.size:
-        i = int(bad[0])
-        units = sorted({results[int(ow[i])].unit.id, results[int(ow[i + 1])].unit.id})
-        raise StepError(
-            f"{bad.size} identical {noun}(s) carry different labels (e.g. labels "
-            f"{int(lb[i])} and {int(lb[i + 1])} in {' and '.join(units)}); fix the labels in "
-            "the source"
-        )
-
-
-def _data_sha(manifest_path: Path) -> str:
-    outputs = json.loads(manifest_path.read_text())["outputs"]
-    joined = "".join(f"{k}:{v['sha256']}" for k, v in sorted(outputs.items()))
-    return sha256_bytes(joined.encode())
+    keys = np.concatenate([kl[0] for _, kl in parts])
+    labels = np.concatenate([kl[1] for _, kl in parts])
+    rows = np.concatenate([kl[2] for _, kl in parts])
+    owner = np.concatenate([np.full(len(kl[0]), i) for i, kl in parts])
+    order = np.lexsort((rows, owner, keys))
+    k, lb = keys[order], labels[order]
+    bad_pairs = (k[1:] == k[:-1]) & (lb[1:] != lb[:-1])
+    if not bad_pairs.any():
+        return
+    first = int(np.flatnonzero(bad_pairs)[0])
+    same = order[np.flatnonzero(keys[order] == k[first])]
+    where: dict[str, list[int]] = {}
+    for i in same.tolist():
+        where.setdefault(results[int(owner[i])].unit.id, []).append(int(rows[i]))
+    shown = "; ".join(f"{unit} rows {sorted(r)[:5]}" for unit, r in where.items())
+    groups = int(np.unique(k[1:][bad_pairs]).size)
+    raise StepError(
+        f"{groups} identical {noun}(s) carry different labels, e.g. {shown} (labels "
+        f"{sorted(set(labels[same].tolist()))}); fix the labels in the source"
+    )
 
 
 # --------------------------------------------------------------------------- CLI
@@ -547,7 +545,16 @@ STEP = Step(
     params_of_task=lambda task: task.data.ingest_params,
     sections=("task", "ingest"),
     run=run,
-    outputs=(Out("data", "outputs/ingest", "out_dir", kfp="Dataset", help="the data set"),),
+    outputs=(
+        Out(
+            "data",
+            "outputs/ingest",
+            "out_dir",
+            kfp="Dataset",
+            dvc="snapshot",
+            help="the data set (a snapshot; unchanged inputs keep their shards)",
+        ),
+    ),
     values=(
         Value(
             "source_sha256",

@@ -226,7 +226,8 @@ class ShardWriter:
         self._writer.write_table(table, row_group_size=table.num_rows)
         self._rows += table.num_rows
         self._file_bytes += table.nbytes
-        for label, count in zip(*np.unique(table["label"].to_numpy(), return_counts=True)):
+        labels, counts = np.unique(table["label"].to_numpy(), return_counts=True)
+        for label, count in zip(labels, counts, strict=True):
             self._counts[str(int(label))] = self._counts.get(str(int(label)), 0) + int(count)
         if self._file_bytes >= self.limits.shard_max_mb * 2**20:
             self._close()

@@ -78,7 +78,9 @@ class Out:
     arg: str
     kfp: KfpType = "Artifact"
     # figures: a directory of images for `dvc plots show`, kept in git like metrics and plots
-    dvc: Literal["outs", "metrics", "plots", "figures", "persist", "uncached"] = "outs"
+    # snapshot: cached like outs, but not removed before the stage runs, so the step can reuse
+    # what it wrote last time (ingest links the shards of unchanged inputs)
+    dvc: Literal["outs", "metrics", "plots", "figures", "persist", "snapshot", "uncached"] = "outs"
     derived_from: tuple[str, str] | None = None  # KFP only: a copy of (output, relative file)
     help: str = ""
 
@@ -454,6 +456,8 @@ def dvc_stage(step: Step, task: str | None = None) -> dict[str, Any]:
             entry = {path: {"cache": False}}
         elif port.dvc == "persist":
             entry = {path: {"persist": True, "cache": False}}
+        elif port.dvc == "snapshot":
+            entry = {path: {"persist": True}}
         stage.setdefault(key, []).append(entry)
     return stage
 

@@ -69,7 +69,9 @@ class ShardParams:
                 f"{self.max_mb}"
             )
         if self.compression not in ("none", "snappy", "zstd", "gzip"):
-            raise ValueError(f"shards.compression must be none|snappy|zstd|gzip, got {self.compression!r}")
+            raise ValueError(
+                f"shards.compression must be none|snappy|zstd|gzip, got {self.compression!r}"
+            )
 
     def limits(self) -> snapshot.ShardLimits:
         return snapshot.ShardLimits(self.max_mb, self.row_group_mb, self.compression)

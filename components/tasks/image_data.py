@@ -44,7 +44,6 @@ from components.tasks.data import (
     UnitBatch,
     check_sha256,
     sum_facts,
-    label_names,
 )
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp"}
@@ -253,7 +252,9 @@ def read_idx_unit(params: IngestParams, unit: Unit) -> Iterator[UnitBatch]:
     images, labels = _as_pixels(imgs, img_uri)[..., None], _as_labels(lbls, lbl_uri)
     for start in range(0, images.shape[0], IDX_BATCH):
         part = images[start : start + IDX_BATCH]
-        yield _image_batch(part, labels[start : start + IDX_BATCH], _pixel_keys(part), img_name, start)
+        yield _image_batch(
+            part, labels[start : start + IDX_BATCH], _pixel_keys(part), img_name, start
+        )
 
 
 def builtin_digits() -> tuple[np.ndarray, np.ndarray]:
@@ -311,9 +312,7 @@ def folder_units(params: IngestParams) -> list[Unit]:
             rel = path.relative_to(root).as_posix()
             boundary = int(hashlib.sha256(rel.encode()).hexdigest()[:8], 16) % every == 0
             if run and (
-                boundary
-                or len(run) >= 4 * every
-                or Path(run[-1]).parent != Path(rel).parent
+                boundary or len(run) >= 4 * every or Path(run[-1]).parent != Path(rel).parent
             ):
                 units.append(_folder_unit(run, idx))
                 run = []
@@ -642,9 +641,7 @@ class ImageData(DataFormat):
         shapes = sum_facts(parts).get("shapes", {})
         if len(shapes) > 1:
             shown = dict(sorted(shapes.items(), key=lambda kv: -kv[1]))
-            raise StepError(
-                f"images have different sizes {shown}; set ingest.image_size: [H, W]"
-            )
+            raise StepError(f"images have different sizes {shown}; set ingest.image_size: [H, W]")
         return {"image_shape": [int(d) for d in next(iter(shapes)).split("x")] if shapes else []}
 
     def sample_table(self, split: str, file: str, data: dataset.Split) -> pd.DataFrame:

