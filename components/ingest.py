@@ -402,7 +402,11 @@ def run(
             raise StepError(f"{params.source}: no samples")
         names = label_names(
             fixed_names,
-            [(", ".join(r.unit.files[:2]), r.labels_found) for r in results],
+            [
+                (fmt.label_source(params, r.unit), r.key_labels[1])
+                for r in results
+                if r.key_labels is not None
+            ],
             params_file,
         )
         _check_conflicts(results, fmt.sample_noun)
@@ -526,8 +530,14 @@ def _check_conflicts(results: list[_UnitResult], noun: str) -> None:
     same = order[np.flatnonzero(keys[order] == k[first])]
     where: dict[str, list[int]] = {}
     for i in same.tolist():
-        where.setdefault(results[int(owner[i])].unit.id, []).append(int(rows[i]))
-    shown = "; ".join(f"{unit} rows {sorted(r)[:5]}" for unit, r in where.items())
+        unit = results[int(owner[i])].unit
+        if unit.rows_are_files:
+            where.setdefault(unit.where(int(rows[i])), [])
+        else:
+            where.setdefault(unit.id, []).append(int(rows[i]))
+    shown = "; ".join(
+        f"{name} rows {sorted(r)[:5]}" if r else name for name, r in list(where.items())[:4]
+    )
     groups = int(np.unique(k[1:][bad_pairs]).size)
     raise StepError(
         f"{groups} identical {noun}(s) carry different labels, e.g. {shown} (labels "

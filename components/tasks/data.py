@@ -86,6 +86,13 @@ class Unit:
     id: str  # for people: the file(s) it covers
     files: tuple[str, ...]  # input names (relative to the source) it reads
     context: tuple[tuple[str, Any], ...] = ()  # more of what decides its rows (a class id)
+    rows_are_files: bool = False  # row i is the sample of files[i] (else: rows of one file)
+
+    def where(self, row: int) -> str:
+        """A sample of the unit, for messages: its file, or the unit and row."""
+        if self.rows_are_files and 0 <= row < len(self.files):
+            return self.files[row]
+        return f"{self.id} row {row}"
 
 
 @dataclass
@@ -169,6 +176,10 @@ class DataFormat(abc.ABC):
     @abc.abstractmethod
     def read_unit(self, params: Any, unit: Unit, params_file: str) -> Iterator[UnitBatch]:
         """The unit's samples in bounded batches (read, decoded and cleaned)."""
+
+    def label_source(self, params: Any, unit: Unit) -> str:
+        """Where a unit's labels are read from, for messages about a bad label."""
+        return f"{params.source}: {unit.id}"
 
     def decode_params(self, params: Any) -> dict[str, Any]:
         """The ingest params that decide a unit's stored rows (hashed into its key)."""

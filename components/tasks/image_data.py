@@ -326,7 +326,7 @@ def folder_units(params: IngestParams) -> list[Unit]:
 
 def _folder_unit(files: list[str], label: int) -> Unit:
     name = files[0] if len(files) == 1 else f"{files[0]} .. {files[-1]} ({len(files)} files)"
-    return Unit(name, tuple(files), (("label", label),))
+    return Unit(name, tuple(files), (("label", label),), rows_are_files=True)
 
 
 def read_folder_unit(params: IngestParams, unit: Unit) -> Iterator[UnitBatch]:
@@ -354,7 +354,7 @@ def read_folder_unit(params: IngestParams, unit: Unit) -> Iterator[UnitBatch]:
         keys=keys,
         labels=np.full(n, label, dtype=np.int64),
         sources=list(unit.files),
-        rows=np.zeros(n, dtype=np.int64),
+        rows=np.arange(n, dtype=np.int64),  # the file's place in the unit
         columns={
             "image": [im.tobytes() for im in images],
             "height": np.asarray([im.shape[0] for im in images], np.int32),
@@ -587,6 +587,11 @@ class ImageData(DataFormat):
         if params.kind == "mnist_idx":
             return read_idx_unit(params, unit)
         return read_folder_unit(params, unit)
+
+    def label_source(self, params: IngestParams, unit: Unit) -> str:
+        if params.kind == "mnist_idx":
+            return join_uri(params.source, unit.files[1])
+        return params.source if params.kind == "builtin" else f"{params.source}/{unit.id}"
 
     def decode_params(self, params: IngestParams) -> dict[str, Any]:
         return {"image_size": params.image_size, "image_mode": params.image_mode}
