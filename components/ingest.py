@@ -35,6 +35,8 @@ from components.artifacts import (
     StepError,
     atomic_path,
     combined_sha256,
+    read_json,
+    write_json,
     write_manifest,
 )
 from components.cli import output_dir, run_cli
@@ -347,26 +349,18 @@ def source_fingerprint(task: Task, params: Any, params_file: str = DEFAULT_PARAM
     return combined_sha256(hashes)
 
 
-def run(
+def _jobs(
     params: Any,
     task: Task,
-    out_dir: str | Path,
-    *,
-    params_file: str = DEFAULT_PARAMS_FILE,
-    expected_source_sha256: str = "",
-) -> IngestResult:
-    """Read, verify and split the source into a snapshot of Parquet shards.
-
-    ``params`` is the ingest section as the task's data format reads it; ``params_file`` is
-    only named in error messages about the params. Units whose inputs did not change since
-    the snapshot already in ``out_dir`` keep their shards (linked, not rewritten). With
-    ``expected_source_sha256`` (the orchestrator's fingerprint, its cache key) the source
-    must still hold those bytes, or nothing is written."""
-    out_dir = Path(out_dir)
+    shard_dir: Path,
+    params_file: str,
+    previous: dict[str, dict[str, Any]],
+    previous_root: Path | None,
+) -> list[_Job]:
+    """One job per unit of the source, in unit order."""
     fmt = task.data
     units = fmt.units(params, params_file)
     fixed_names = fmt.fixed_label_names(params, params_file)
-    previous, previous_root = _previous(out_dir)
     assignment = (
         _permutation(fmt, params, units, params_file)
         if params.split.method == "permutation"
@@ -378,17 +372,154 @@ def run(
         "split": params.split.rule().doc(),
         "split_files": params.split.files,
         "shards": asdict(params.shards),
+        # a class folder's label id is its place among the classes: part of its rows
         "names": fixed_names if fmt.name == "image" and params.kind == "image_folder" else None,
     }
+    return [
+        _Job(fmt, params, params_file, unit, "", extra_key, shard_dir, previous, previous_root,
+             assignment, dict(params.split.files))
+        for unit in units
+    ]  # fmt: skip
+
+
+# --------------------------------------------------------------------------- map / reduce
+# On one machine ``run`` maps the units on a process pool (``ingest.workers``) and reduces.
+# An orchestrator spreads the map over nodes instead: ``plan_groups`` names the groups,
+# ``run_map`` ingests one group's units into a part (shards + what the reduce needs), and
+# ``run`` with ``parts`` reduces the parts into the snapshot (the KFP DAG: a ParallelFor).
+
+PART_FILE = "part.json"
+PART_ARRAYS = "part.npz"
+
+
+def plan_groups(params: Any, task: Task, *, params_file: str = DEFAULT_PARAMS_FILE) -> list[str]:
+    """``"i/n"`` for each of the ``n`` unit groups (``ingest.workers``, at most one per unit)."""
+    n = max(1, min(int(params.workers), len(task.data.units(params, params_file))))
+    return [f"{i}/{n}" for i in range(n)]
+
+
+def _group(group: str) -> tuple[int, int]:
+    try:
+        index, count = (int(x) for x in group.split("/"))
+    except ValueError:
+        index, count = -1, 0
+    if not 0 <= index < count:
+        raise StepError(f"ingest group {group!r}: expected i/n with 0 <= i < n")
+    return index, count
+
+
+def run_map(
+    params: Any,
+    task: Task,
+    group: str,
+    out_dir: str | Path,
+    *,
+    params_file: str = DEFAULT_PARAMS_FILE,
+) -> int:
+    """Ingest the units of ``group`` (every n-th unit, from the i-th) into ``out_dir``: their
+    shards and a part file the reduce reads. Returns how many units it ingested."""
+    index, count = _group(group)
+    out_dir = Path(out_dir)
     with atomic_path(out_dir) as tmp:
         shard_dir = tmp / snapshot.SHARD_DIR
         shard_dir.mkdir(parents=True)
-        jobs = [
-            _Job(fmt, params, params_file, unit, "", extra_key, shard_dir, previous,
-                 previous_root, assignment, dict(params.split.files))
-            for unit in units
-        ]  # fmt: skip
-        results = list(_map(jobs, params.workers))
+        jobs = _jobs(params, task, shard_dir, params_file, {}, None)
+        mine = [(i, job) for i, job in enumerate(jobs) if i % count == index]
+        results = list(_map([job for _, job in mine], 1))
+        _write_part(tmp, [i for i, _ in mine], results)
+    log.info("ingest group %s: %d of %d units", group, len(mine), len(jobs))
+    return len(mine)
+
+
+def _write_part(dest: Path, order: list[int], results: list[_UnitResult]) -> None:
+    docs, arrays = [], {}
+    for position, r in zip(order, results, strict=True):
+        docs.append(
+            {
+                "position": position,
+                "unit": asdict(r.unit),
+                "key": r.key,
+                "inputs": r.inputs,
+                "shards": r.shards,
+                "reused": r.reused,
+                "rows": r.rows,
+                "dropped": r.dropped,
+                "facts": r.facts,
+            }
+        )
+        if r.key_labels is not None:
+            for name, arr in zip(("keys", "labels", "rows"), r.key_labels, strict=True):
+                arrays[f"{position}_{name}"] = arr
+    write_json(dest / PART_FILE, {"units": docs})
+    with open(dest / PART_ARRAYS, "wb") as fh:
+        np.savez(fh, **arrays)
+
+
+def _read_parts(parts: Sequence[Path], shard_dir: Path) -> list[_UnitResult]:
+    """The units of every part, in unit order, their shards linked into ``shard_dir``."""
+    found: dict[int, _UnitResult] = {}
+    for part in parts:
+        part = Path(part)
+        if not (part / PART_FILE).is_file():
+            raise StepError(f"{part}: not an ingest part (no {PART_FILE}); run the map first")
+        doc = read_json(part / PART_FILE)
+        with np.load(part / PART_ARRAYS, allow_pickle=False) as arrays:
+            for entry in doc["units"]:
+                pos = int(entry["position"])
+                unit_doc = dict(entry["unit"])
+                unit_doc["files"] = tuple(unit_doc["files"])
+                unit_doc["context"] = tuple(tuple(c) for c in unit_doc["context"])
+                names = [f"{pos}_{n}" for n in ("keys", "labels", "rows")]
+                key_labels = tuple(arrays[n] for n in names) if names[0] in arrays.files else None
+                for shard in entry["shards"]:
+                    snapshot.link_or_copy(part / shard["path"], shard_dir.parent / shard["path"])
+                found[pos] = _UnitResult(
+                    Unit(**unit_doc),
+                    entry["key"],
+                    entry["inputs"],
+                    entry["shards"],
+                    entry["reused"],
+                    rows=int(entry["rows"]),
+                    dropped=entry["dropped"],
+                    facts=entry["facts"],
+                    key_labels=key_labels,  # type: ignore[arg-type]
+                    labels_found=np.unique(key_labels[1]) if key_labels else None,
+                )
+    missing = sorted(set(range(max(found) + 1 if found else 0)) - set(found))
+    if missing or not found:
+        raise StepError(f"ingest parts {[str(p) for p in parts]}: units {missing} missing")
+    return [found[i] for i in sorted(found)]
+
+
+def run(
+    params: Any,
+    task: Task,
+    out_dir: str | Path,
+    *,
+    params_file: str = DEFAULT_PARAMS_FILE,
+    expected_source_sha256: str = "",
+    parts: Sequence[str | Path] | None = None,
+) -> IngestResult:
+    """Read, verify and split the source into a snapshot of Parquet shards.
+
+    ``params`` is the ingest section as the task's data format reads it; ``params_file`` is
+    only named in error messages about the params. Units whose inputs did not change since
+    the snapshot already in ``out_dir`` keep their shards (linked, not rewritten). With
+    ``parts`` (what :func:`run_map` wrote for every group) the units are not read here, only
+    reduced. With ``expected_source_sha256`` (the orchestrator's fingerprint, its cache key)
+    the source must still hold those bytes, or nothing is written."""
+    out_dir = Path(out_dir)
+    fmt = task.data
+    fixed_names = fmt.fixed_label_names(params, params_file)
+    previous, previous_root = _previous(out_dir)
+    with atomic_path(out_dir) as tmp:
+        shard_dir = tmp / snapshot.SHARD_DIR
+        shard_dir.mkdir(parents=True)
+        if parts is not None:
+            results = _read_parts([Path(p) for p in parts], shard_dir)
+        else:
+            jobs = _jobs(params, task, shard_dir, params_file, previous, previous_root)
+            results = list(_map(jobs, params.workers))
         inputs = {k: v for r in results for k, v in r.inputs.items()}
         verify_sha256(params.sha256, inputs, params.source, params_file)
         if expected_source_sha256 and combined_sha256(inputs) != expected_source_sha256:

@@ -21,6 +21,11 @@ other backend keeps the train task, which trains in its own pod (``nproc`` ranks
 run time the launcher refuses a run whose params say another backend or volume than the
 pipeline was compiled with. Not a run-time ``dsl.If``: the PVC mount, the task's image and
 environment are compile-time properties of a task, and the choice stays visible in the DAG.
+
+Ingest is a map over the source's units followed by a reduce (``components.ingest``): the
+plan task names ``ingest.workers`` unit groups, a ``dsl.ParallelFor`` ingests each group in
+its own pod (its shards and a part file), and the ``ingest-op`` task reduces the collected
+parts into the snapshot every later step reads, so a large ingest spreads over the nodes.
 """
 
 import argparse
@@ -33,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from kfp import compiler, dsl, kubernetes
-from kfp.dsl import Artifact, Input
+from kfp.dsl import Artifact, Dataset, Input, Output
 
 from components.step import Step, all_steps, kfp_component
 from pipelines import paddlejob as pj
@@ -59,6 +64,82 @@ def fingerprint_op(task: dict, ingest: dict) -> str:
     task_obj = task_from_params(sections)
     params = section(sections, "ingest", task_obj.data.ingest_params)
     return source_fingerprint(task_obj, params)
+
+
+def ingest_plan_op(task: dict, ingest: dict) -> list:
+    """The unit groups the ingest map runs over (``i/n``; ``ingest.workers`` of them)."""
+    from components.cli import setup_logging, task_from_params
+    from components.config import section
+    from components.ingest import plan_groups
+
+    setup_logging()
+    sections = {"task": task, "ingest": ingest}
+    task_obj = task_from_params(sections)
+    return plan_groups(section(sections, "ingest", task_obj.data.ingest_params), task_obj)
+
+
+def ingest_map_op(task: dict, ingest: dict, group: str, source_sha256: str, part: Output[Dataset]):
+    """Ingest one group of units into a part (``source_sha256``, the source's fingerprint, is
+    this task's cache key: a moving source maps again)."""
+    from components import failpoints
+    from components.cli import setup_logging, task_from_params
+    from components.config import section
+    from components.ingest import run_map
+
+    setup_logging()
+    failpoints.set_step("ingest")
+    sections = {"task": task, "ingest": ingest}
+    task_obj = task_from_params(sections)
+    params = section(sections, "ingest", task_obj.data.ingest_params)
+    run_map(params, task_obj, group, part.path)
+
+
+def ingest_op(
+    task: dict,
+    ingest: dict,
+    parts: Input[list[Dataset]],
+    source_sha256: str,
+    data: Output[Dataset],
+):
+    """Reduce the collected parts into the snapshot (``components.ingest.run`` with
+    ``parts``): what the ``ingest`` step writes, so every later task reads it unchanged."""
+    from components import failpoints
+    from components.cli import setup_logging, task_from_params
+    from components.config import section
+    from components.ingest import run
+
+    setup_logging()
+    failpoints.set_step("ingest")
+    sections = {"task": task, "ingest": ingest}
+    task_obj = task_from_params(sections)
+    params = section(sections, "ingest", task_obj.data.ingest_params)
+    run(
+        params,
+        task_obj,
+        data.path,
+        parts=[p.path for p in parts],
+        expected_source_sha256=source_sha256,
+    )
+
+
+def ingest_fanout(
+    made: Mapping[str, Any], sections: Mapping[str, Any], source_sha256: Any
+) -> tuple[dsl.PipelineTask, list[dsl.PipelineTask]]:
+    """Plan, map (a ParallelFor over the unit groups) and reduce: the reduce task stands
+    where the ingest step's task would (its output ``data``); also returns the others."""
+    task, ingest = sections["task"], sections["ingest"]
+    plan = made["ingest_plan_op"](task=task, ingest=ingest)
+    with dsl.ParallelFor(plan.output, name="ingest-groups") as group:
+        mapped = made["ingest_map_op"](
+            task=task, ingest=ingest, group=group, source_sha256=source_sha256
+        )
+    reduce = made["ingest_op"](
+        task=task,
+        ingest=ingest,
+        parts=dsl.Collected(mapped.outputs["part"]),
+        source_sha256=source_sha256,
+    )
+    return reduce, [plan, mapped]
 
 
 def wire(
@@ -235,7 +316,7 @@ def ops(image: str) -> dict[str, Any]:
     """Every component in ``image``: the steps (from their declarations) and the pipeline's
     own two (the source fingerprint, the exit handler)."""
     made = {name: kfp_component(step, image) for name, step in STEPS.items()}
-    for fn in (fingerprint_op, record_failure_op):
+    for fn in (fingerprint_op, record_failure_op, ingest_plan_op, ingest_map_op, ingest_op):
         made[fn.__name__] = dsl.component(base_image=image, install_kfp_package=False)(fn)
     made["paddlejob_train_op"] = pj.paddlejob_component(image)
     return made
@@ -339,11 +420,19 @@ def make_pipeline(
                 if name == "train" and backend == "paddlejob":
                     tasks[name] = launcher_task(sections, tasks)  # later steps: unchanged
                     continue
-                values = {"source_sha256": fingerprint_t.output} if name == "ingest" else {}
+                if name == "ingest":  # map over unit groups, reduce into the snapshot
+                    tasks[name], fanout = ingest_fanout(cpu_ops, sections, fingerprint_t.output)
+                    for t in fanout:
+                        with_resources(t, resources, "ingest")
+                        t.set_env_variable("PADDLE_MLOPS_IMAGE", image)
+                    with_resources(tasks[name], resources, "ingest")
+                    tasks[name].set_env_variable("PADDLE_MLOPS_IMAGE", image)
+                    continue
+                values = {}
                 if name == "track":
                     values = {"pipeline_run": PIPELINE_RUN}
                 tasks[name] = step_task(name, sections, tasks, **values)
-            for t in (fingerprint_t, tasks["ingest"]):
+            for t in (fingerprint_t, tasks["ingest"], *fanout):
                 t.set_retry(**retry)  # http(s) and s3 sources
                 _with_cluster_env(t, s3=True)
             if gpus:  # train and qat on GPU nodes (compile --gpus N); a PaddleJob's

@@ -356,3 +356,57 @@ def test_kaniko_pushes_with_the_registry_secret_mounted_as_its_docker_config(tmp
     # (inside the condition's sub-DAG: the serving_image task's output, passed down)
     source = task["inputs"]["parameters"]["destination"]["componentInputParameter"]
     assert source == "pipelinechannel--serving-image-op-Output"
+
+
+def test_ingest_fans_out_over_unit_groups_under_kfp_local(tmp_path):
+    """The KFP ingest: a ParallelFor of map tasks over unit groups, then the reduce, writes
+    the snapshot a local ingest writes (same shards, byte for byte)."""
+    import numpy as np
+    from kfp import dsl, local
+    from PIL import Image
+
+    from components import snapshot
+    from components.cli import task_from_params
+    from components.config import section
+    from components.ingest import run as ingest
+    from pipelines.training import IMAGE, ingest_fanout, ops
+
+    root = tmp_path / "folder"
+    rng = np.random.default_rng(3)
+    for cls in ("a", "b", "c"):
+        (root / cls).mkdir(parents=True)
+        for i in range(24):
+            Image.fromarray(rng.integers(0, 256, (8, 8), dtype=np.uint8)).save(
+                root / cls / f"{i:02d}.png"
+            )
+    sections = {
+        "task": {"name": "digits"},
+        "ingest": {"source": str(root), "kind": "image_folder", "unit_files": 6, "workers": 2},
+    }
+
+    def body(task, ingest):
+        reduce, _ = ingest_fanout(ops(IMAGE), {"task": task, "ingest": ingest}, "")
+        return reduce.outputs["data"]
+
+    # real types for KFP (this module's annotations are strings)
+    body.__annotations__ = {"task": dict, "ingest": dict, "return": dsl.Dataset}
+    fanout = dsl.pipeline(name="ingest-fanout")(body)
+
+    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path / "kfp"))
+    result = fanout(**sections)
+    kfp_dir = Path(result.outputs["Output"].path)
+    maps = sorted((tmp_path / "kfp").glob("*/for-loop-*-iteration-*/ingest-map-op"))
+    assert len(maps) == 2, maps  # ingest.workers groups, one task each
+
+    task = task_from_params(sections)
+    local_result = ingest(
+        section(sections, "ingest", task.data.ingest_params), task, tmp_path / "o"
+    )
+    kfp_snap, local_snap = snapshot.load(kfp_dir), snapshot.load(tmp_path / "o")
+    assert len(kfp_snap.doc["units"]) > 3  # several units per group
+    assert {s.path: s.sha256 for s in kfp_snap.shards} == {
+        s.path: s.sha256 for s in local_snap.shards
+    }
+    assert kfp_snap.doc["totals"] == local_snap.doc["totals"]
+    assert sum(local_result.counts[s][c] for s in snapshot.SPLITS for c in ("a", "b", "c")) == 72
+    snapshot.verify(kfp_snap)
