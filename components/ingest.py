@@ -372,8 +372,8 @@ def _jobs(
         "split": params.split.rule().doc(),
         "split_files": params.split.files,
         "shards": asdict(params.shards),
-        # a class folder's label id is its place among the classes: part of its rows
-        "names": fixed_names if fmt.name == "image" and params.kind == "image_folder" else None,
+        # the class names the source fixes (a class folder's label id is its place among them)
+        "names": fixed_names,
     }
     return [
         _Job(fmt, params, params_file, unit, "", extra_key, shard_dir, previous, previous_root,

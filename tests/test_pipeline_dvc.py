@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from components import snapshot
 from components.artifacts import sha256_file, sha256_tree
 from components.registry import LINEAGE_TAGS
 from tests.conftest import SERVER_BIN, STAGES, clone_repo, ran, set_params, sh
@@ -88,7 +89,7 @@ def test_repro_leaves_a_champion_with_lineage_in_the_registry(repo):
     assert blessing["blessed"] is True
     # the first champion pins its test split as the holdout of every later blessing
     assert model.tags["holdout_version"] == "1"
-    test_sha = sha256_file(repo / "outputs" / "ingest" / "test.npz")
+    test_sha = snapshot.load(repo / "outputs" / "ingest").split_sha256("test")
     assert model.tags["holdout_sha256"] == tags["test_split_sha256"] == test_sha
 
 
@@ -214,3 +215,58 @@ def test_push_and_pull_raw_data_through_a_remote(repo, tmp_path):
     sh(repo, "dvc", "pull", "data.dvc")
     assert sha256_tree(repo / "data" / "raw") == before
     assert "up to date" in sh(repo, "dvc", "status", "data.dvc").stdout
+
+
+def test_push_and_pull_the_snapshot_through_a_remote(repo, tmp_path):
+    """The ingested snapshot is a DVC output like any other: pushed, pulled, up to date."""
+    remote = tmp_path / "remote"
+    sh(repo, "dvc", "remote", "add", "-f", "-d", "--local", "storage", str(remote))
+    sh(repo, "dvc", "push", "ingest")
+    data = repo / "outputs" / "ingest"
+    before = sha256_tree(data)
+    assert any(name.startswith("shards/") for name in before)
+    shutil.rmtree(data)
+    shutil.rmtree(repo / ".dvc" / "cache")
+    sh(repo, "dvc", "pull", "ingest")
+    assert sha256_tree(data) == before
+    snapshot.verify(snapshot.load(data))
+    assert "up to date" in sh(repo, "dvc", "status", "ingest").stdout
+
+
+def test_a_week_of_new_data_reingests_only_the_new_files(repo):
+    """What the README tells a user: add the week's files, record them, dvc repro. The old
+    IDX pair's shards stay byte for byte, only the new pair is read, no sample moves."""
+    import numpy as np
+    import yaml
+
+    from components.ingest import write_idx
+    from components.tasks.image_data import builtin_digits
+
+    data = repo / "outputs" / "ingest"
+    old = snapshot.load(data)
+    old_shards = {s.path: s.sha256 for s in old.shards}
+    old_split = {k: s for s in snapshot.SPLITS for k in snapshot.split_keys(data, [s]).tolist()}
+
+    images, labels = builtin_digits()
+    raw = repo / "data" / "raw" / "digits"
+    week = {"w49-images-idx3-ubyte": np.flip(images[:180], axis=2)}
+    write_idx(raw / "w49-images-idx3-ubyte", week["w49-images-idx3-ubyte"])
+    write_idx(raw / "w49-labels-idx1-ubyte", labels[:180].astype(np.uint8))
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["ingest"]["idx_files"].append(["w49-images-idx3-ubyte", "w49-labels-idx1-ubyte"])
+    for name in ("w49-images-idx3-ubyte", "w49-labels-idx1-ubyte"):
+        params["ingest"]["sha256"][name] = sha256_file(raw / name)
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    sh(repo, "dvc", "commit", "-f", "-q", "data.dvc")
+    proc = sh(repo, "dvc", "repro", "ingest")
+    assert ran(proc) == ["ingest"]
+
+    new = snapshot.load(data)
+    units = {u["id"]: u for u in new.doc["units"]}
+    assert units["digits-images-idx3-ubyte+digits-labels-idx1-ubyte"]["reused"] is True
+    assert units["w49-images-idx3-ubyte+w49-labels-idx1-ubyte"]["reused"] is False
+    for path, sha in old_shards.items():  # the old unit's shards, byte for byte
+        assert sha256_file(data / path) == sha, path
+    new_split = {k: s for s in snapshot.SPLITS for k in snapshot.split_keys(data, [s]).tolist()}
+    assert not [k for k, s in old_split.items() if new_split[k] != s]
+    assert len(new_split) > len(old_split)
