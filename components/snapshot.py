@@ -384,8 +384,11 @@ def subset(
     for shard in kept:
         (shutil.copyfile if copy else link_or_copy)(snap.path(shard), dest / shard.path)
     shutil.copyfile(snap.root / "labels.json", dest / "labels.json")
-    doc = {k: v for k, v in snap.doc.items() if k not in ("shards", "format_version")}
+    skip = ("shards", "format_version", "counts", "totals", "split_deviation", "units")
+    doc = {k: v for k, v in snap.doc.items() if k not in skip}
     doc["shards"] = [asdict(s) for s in kept]
+    doc["counts"] = {k: v for k, v in snap.doc.get("counts", {}).items() if k in splits}
+    doc["totals"] = {k: v for k, v in snap.doc.get("totals", {}).items() if k in splits}
     doc["subset_of"] = {"sha256": snap.sha256, "splits": list(splits)}
     write_manifest(dest, doc)
     return load(dest)
