@@ -8,14 +8,21 @@
    its download URI the LoggedModel's artifact location, so ``models:/<name>/<version>``
    downloads (and ``mlflow.pyfunc.load_model`` loads) the MLflow model root: MLmodel + the
    bundle. It copies the lineage tags of the run onto the version
-   (``git_sha``, ``data_sha256``, ``params_sha256``, ``ge_success``, ``qat_gate_passed``, the
-   serving image and its infra validation, ``bundle_sha256``) plus key metrics, and points
-   alias ``challenger`` at it.
+   (``git_sha``, ``data_sha256``, ``snapshot_sha256``, ``params_sha256``, ``ge_success``,
+   ``qat_gate_passed``, the serving image and its infra validation, ``bundle_sha256``) plus
+   key metrics, and points alias ``challenger`` at it. With the version's run it stores the
+   split it is blessed on (``holdout/``: a mini snapshot, tag ``test_split_sha256``) and the
+   keys of the samples it was made from (``training_keys/keys.npy``: train + val, tag
+   ``training_keys_sha256``).
 2. Blesses it: the registered challenger and, if one exists, the registered champion are both
    downloaded (each bundle re-hashed against its ``bundle_sha256`` tag) and scored by the same
    code as ``evaluate``, sample by sample, on the current test split and on the pinned holdout
    (docs/gates.md). Blessed means: lineage complete, accuracy at least
-   ``register.min_accuracy``, and no significant regression against the champion.
+   ``register.min_accuracy``, no sample of the pinned holdout in the challenger's training
+   snapshot (tag ``holdout_leak_check``), and no significant regression against the champion,
+   which is scored only on samples outside its own training snapshot (tag
+   ``champion_exclusions``; a champion without recorded keys, or fewer than
+   ``register.min_clean_samples`` left, is not compared and the blessing refused).
    ``blessing.json`` records the decision, every reason, and both models' metrics.
 
 Promotion (pushing the image, moving ``champion``) is the next step, ``promote``; the
@@ -28,6 +35,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -35,7 +43,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from components import dataset, failpoints, gates
+import numpy as np
+
+from components import dataset, failpoints, gates, snapshot
 from components.artifacts import StepError, read_json, write_json
 from components.liveness import (
     FAILURE_TAG,
@@ -49,15 +59,24 @@ from components.liveness import (
 from components.registry import (
     CHALLENGER,
     CHAMPION,
+    HOLDOUT_FORMAT,
+    HOLDOUT_FORMAT_TAG,
     HOLDOUT_TAGS,
+    KEYS_COUNT_TAG,
+    KEYS_SHA_TAG,
     LINEAGE_TAGS,
+    SNAPSHOT_TAG,
+    SPLIT_FORMAT_TAG,
     TAG_LIMIT,
+    TRAINING_SPLITS,
     Registry,
     RegistryParams,
     download_version,
     fetch_holdout,
+    fetch_training_keys,
     global_tracking_uri,
     log_test_split,
+    log_training_keys,
     model_name,
     redact_uri,
 )
@@ -70,7 +89,13 @@ log = logging.getLogger(__name__)
 
 # copied when present: the local image id, the component image the steps ran in, and what
 # the served files compute (components.mlflow_model.SERVED_TAG)
-_EXTRA_TAGS = ("serving_image_id", "serving_image_built", "component_image", "served_sha256")
+_EXTRA_TAGS = (
+    "serving_image_id",
+    "serving_image_built",
+    "component_image",
+    "served_sha256",
+    SNAPSHOT_TAG,  # the training snapshot (track's; register's data set for older runs)
+)
 # the idempotency key of a version across pipeline runs: same code, data, params and model
 CONTENT_KEY_TAG = "content_key"
 ORPHAN_TAG = "orphaned"  # a version a dead pipeline run left, superseded: why
@@ -87,10 +112,15 @@ class RegisterParams:
     split: str = "test"
     # the task's baseline (evaluate's baseline_accuracy, same split) must be beaten to bless
     require_beats_baseline: bool = False
+    # the champion is scored only on samples outside its own training snapshot; fewer left
+    # than this (of the split or of the pinned holdout) and the blessing is refused
+    min_clean_samples: int = 100
 
     def check(self) -> None:
         if not 0.0 <= self.min_accuracy <= 1.0:
             raise ValueError("min_accuracy must be within [0, 1]")
+        if self.min_clean_samples < 1:
+            raise ValueError("min_clean_samples must be >= 1")
         if self.max_regression < 0:
             raise ValueError("max_regression must be >= 0 (points of accuracy)")
         self.limits().check("")
@@ -114,6 +144,30 @@ class Blessing:
     comparisons: dict[str, Any] = field(default_factory=dict)
     # the task's own rules vs the champion (Task.blessing_checks): failures and facts
     task_rules: dict[str, Any] = field(default_factory=dict)
+    # the holdout leak check and the samples left out of the champion's scores (Integrity)
+    integrity: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Integrity:
+    """What the data allow to compare: ``failures`` refuse the blessing (one line each);
+    ``leak`` is the holdout leak check (also the version tag ``holdout_leak_check``);
+    ``exclusions`` the samples left out of the champion's scores, per data set (also the
+    version tag ``champion_exclusions``)."""
+
+    failures: list[str] = field(default_factory=list)
+    leak: dict[str, Any] = field(default_factory=dict)
+    exclusions: dict[str, Any] = field(default_factory=dict)
+
+    def leak_tag(self) -> str:
+        leak = self.leak
+        if not leak.get("checked"):
+            return f"not checked: {leak.get('why', 'no pinned holdout')}"
+        verdict = "failed" if leak["leaked"] else "passed"
+        return (
+            f"{verdict}: {leak['leaked']} of {leak['holdout_samples']} samples of the pinned "
+            f"holdout (v{leak['pinned_from_version']}) in the training snapshot (train/val)"
+        )
 
 
 @dataclass(frozen=True)
@@ -157,14 +211,18 @@ def bless(
     paired: dict[str, dict[str, Any]] | None = None,
     task_rules: dict[str, Any] | None = None,
     outcome: str = "accuracy",
+    integrity: Integrity | None = None,
 ) -> Blessing:
     """Every rule the challenger must meet; all failures are reported, not just the first.
 
     ``paired`` holds, per data set (``test``, ``holdout``), the :func:`gates.compare` counts
     of the champion (reference) vs the challenger (candidate) on the same samples;
     ``task_rules`` the task's own verdict vs the champion (``failures``, ``facts``);
-    ``outcome`` what ``accuracy`` measures for this task (e.g. a generator's class agreement).
+    ``outcome`` what ``accuracy`` measures for this task (e.g. a generator's class agreement);
+    ``integrity`` what the data allow (:class:`Integrity`: a holdout leak, a champion that
+    cannot be scored on samples it did not train on).
     """
+    integrity = integrity or Integrity()
     reasons = []
     missing = [t for t in LINEAGE_TAGS if not lineage.get(t)]
     if missing:
@@ -184,6 +242,7 @@ def bless(
                 f"accuracy {acc:.4f} does not beat the baseline's {baseline:.4f} on the same "
                 "samples (register.require_beats_baseline)"
             )
+    reasons += integrity.failures
     comparisons: dict[str, Any] = {}
     if champion is not None:
         if champion.get("inputs") != challenger.get("inputs"):
@@ -195,6 +254,11 @@ def bless(
         else:
             for data, comparison in (paired or {}).items():
                 where = f"the {params.split} split" if data == "test" else "the pinned holdout"
+                if comparison.get("excluded"):
+                    where += (
+                        f" ({comparison['excluded']} samples champion v{champion['version']} "
+                        "trained on left out)"
+                    )
                 verdict = gates.decide(
                     comparison,
                     params.limits(),
@@ -207,7 +271,15 @@ def bless(
                 reasons += verdict.failures
                 comparisons[data] = {**comparison, "rules": verdict.rules, "passed": verdict.passed}
             reasons += list((task_rules or {}).get("failures", []))
-    return Blessing(not reasons, reasons, challenger, champion, comparisons, dict(task_rules or {}))
+    return Blessing(
+        not reasons,
+        reasons,
+        challenger,
+        champion,
+        comparisons,
+        dict(task_rules or {}),
+        asdict(integrity),
+    )
 
 
 # --------------------------------------------------------------------------- step
@@ -442,6 +514,135 @@ def key_metrics(metrics: dict[str, float]) -> dict[str, str]:
     }
 
 
+def in_key_set(keys: np.ndarray, key_set: np.ndarray) -> np.ndarray:
+    """Which of ``keys`` are in ``key_set`` (sorted ``|S32``, as key files store them): a
+    binary search per key, so a batch costs O(batch * log(set)), not a sort of the set."""
+    if not key_set.size or not keys.size:
+        return np.zeros(keys.shape, dtype=bool)
+    at = np.minimum(np.searchsorted(key_set, keys), key_set.size - 1)
+    return key_set[at] == keys
+
+
+def clean_split(
+    data_dir: Path, split: str, exclude: np.ndarray, dest: Path, batch_rows: int = 1024
+) -> tuple[Path, int, int]:
+    """``split`` of ``data_dir`` without the samples whose key is in ``exclude`` (a sorted
+    ``|S32`` key set): ``data_dir`` itself when none is, else a mini snapshot in ``dest`` (the
+    kept rows' shards in the snapshot format, written batch by batch, never the whole split
+    in memory; ``labels.json``; a manifest saying what was left out). Returns (the directory,
+    the split's samples, how many were left out)."""
+    import pyarrow as pa
+
+    snap = snapshot.load(data_dir)
+    keys = snapshot.split_keys(snap, [split])
+    excluded = int(np.count_nonzero(in_key_set(keys, exclude)))
+    if not excluded:
+        return data_dir, int(keys.size), 0
+    (dest / snapshot.SHARD_DIR).mkdir(parents=True, exist_ok=True)
+    shards: list[snapshot.Shard] = []
+    for shard in snap.split_shards(split):
+        writer = None
+        for batch in snapshot.iter_batches(snap, split, batch_rows=batch_rows, shards=[shard]):
+            if writer is None:
+                writer = snapshot.ShardWriter(
+                    dest / snapshot.SHARD_DIR,
+                    Path(shard.path).stem,
+                    batch.schema,
+                    snapshot.ShardLimits(),
+                    split,
+                    shard.unit,
+                )
+            batch_keys = np.asarray(batch.column("key").to_pylist(), dtype=keys.dtype)
+            writer.add(batch.filter(pa.array(~in_key_set(batch_keys, exclude))))
+        if writer is not None:
+            shards += writer.close()
+    shutil.copyfile(snap.root / "labels.json", dest / "labels.json")
+    counts: dict[str, int] = {}
+    for shard in shards:
+        for label, n in shard.counts.items():
+            counts[label] = counts.get(label, 0) + n
+    doc = {
+        k: v
+        for k, v in snap.doc.items()
+        if k not in ("shards", "format_version", "counts", "totals", "split_deviation")
+    }
+    doc.update(
+        shards=[asdict(s) for s in shards],
+        counts={split: dict(sorted(counts.items(), key=lambda kv: int(kv[0])))},
+        totals={split: sum(s.rows for s in shards)},
+        filtered_from={"sha256": snap.sha256, "split": split, "excluded": excluded},
+    )
+    snapshot.write_manifest(dest, doc)
+    return dest, int(keys.size), excluded
+
+
+def _describe_rule(rule: dict[str, Any]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in rule.items()) or "an unrecorded rule"
+
+
+def check_holdout(
+    client: Any,
+    uri: str,
+    model_tags: dict[str, str],
+    data_dir: Path,
+    split: str,
+    split_sha: str,
+    training_keys: np.ndarray,
+    dest: Path,
+    integrity: Integrity,
+) -> Path | None:
+    """The pinned holdout (``data_dir`` itself when its split is the pinned bytes), after the
+    leak check: any of its samples among ``training_keys`` (the challenger's train + val) is a
+    failure. None when nothing is pinned yet or the pin predates snapshots."""
+    holdout = {t: model_tags[t] for t in HOLDOUT_TAGS if model_tags.get(t)}
+    if len(holdout) != len(HOLDOUT_TAGS):
+        integrity.leak = {"checked": False, "why": "no pinned holdout yet"}
+        return None
+    pinned_from = int(holdout["holdout_version"])
+    if model_tags.get(HOLDOUT_FORMAT_TAG) != HOLDOUT_FORMAT:
+        why = f"the pinned holdout (v{pinned_from}) was stored before data snapshots"
+        integrity.leak = {"checked": False, "why": why, "pinned_from_version": pinned_from}
+        integrity.failures.append(
+            f"holdout leak check impossible: {why} and cannot be read; after review, promote "
+            "with `paddle-mlops registry promote --force --reason TEXT`, which pins the new "
+            "champion's test split"
+        )
+        return None
+    if holdout["holdout_sha256"] == split_sha:  # the same shards: no download, their bytes
+        h_dir = data_dir
+        local = snapshot.load(data_dir)
+        snapshot.verify(local, local.split_shards(split))
+    else:
+        h_dir = fetch_holdout(client, uri, holdout, dest, split)
+    h_snap = snapshot.load(h_dir)
+    h_keys = snapshot.split_keys(h_snap, [split])
+    leaked = int(np.count_nonzero(in_key_set(h_keys, training_keys)))
+    integrity.leak = {
+        "checked": True,
+        "pinned_from_version": pinned_from,
+        "holdout_samples": int(h_keys.size),
+        "leaked": leaked,
+    }
+    if leaked:
+        integrity.failures.append(
+            f"holdout leak: {leaked} of {h_keys.size} samples of the pinned holdout "
+            f"(v{pinned_from}) are in the challenger's training snapshot (train/val of "
+            f"{data_dir}); re-ingest with a split rule that keeps them out (the holdout was "
+            f"split by {_describe_rule(dict(h_snap.doc.get('split_rule') or {}))})"
+        )
+    return h_dir
+
+
+def _too_few(where: str, samples: int, excluded: int, champion: int, params: Any) -> str:
+    return (
+        f"only {samples - excluded} of {samples} samples of {where} are outside champion "
+        f"v{champion}'s training snapshot ({excluded} it trained on left out), fewer than "
+        f"register.min_clean_samples {params.min_clean_samples}: not compared on contaminated "
+        "numbers; re-ingest so that its training samples stay out of the split, or promote "
+        "with `paddle-mlops registry promote --force --reason TEXT` after review"
+    )
+
+
 def compare_with_champion(
     client: Any,
     uri: str,
@@ -451,50 +652,136 @@ def compare_with_champion(
     task: Task,
     data_dir: Path,
     split_sha: str,
-) -> tuple[dict[str, Any], dict[str, Any] | None, dict[str, dict[str, Any]], dict[str, Any]]:
+    training_keys: np.ndarray,
+) -> tuple[
+    dict[str, Any], dict[str, Any] | None, dict[str, dict[str, Any]], dict[str, Any], Integrity
+]:
     """Score the challenger and the champion (if any) as registered, sample by sample, on
     ``data_dir``'s split and on the pinned holdout: (challenger, champion, paired counts, the
-    task's own rules on the split: ``failures`` and ``facts``)."""
+    task's own rules on the split: ``failures`` and ``facts``, :class:`Integrity`).
+
+    The challenger is refused if its training snapshot (``training_keys``) holds a sample of
+    the pinned holdout. The champion is scored only on samples outside its own training
+    snapshot (its recorded training keys): those are left out of both models' paired scores
+    (:func:`clean_split`); a champion without recorded keys, or fewer than
+    ``register.min_clean_samples`` left, is not compared and the blessing refused."""
     name = registry.name
     model_tags = client.get_registered_model(name).tags
-    holdout = {t: model_tags[t] for t in HOLDOUT_TAGS if model_tags.get(t)}
+    integrity = Integrity()
     paired: dict[str, dict[str, Any]] = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        challenger_dir = download_version(client, uri, name, version, Path(tmp) / "c")
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        challenger_dir = download_version(client, uri, name, version, tmp / "c")
         challenger, c_scores = score_registered(challenger_dir, task, data_dir, params.split)
         challenger["version"] = version
+        h_dir = check_holdout(
+            client,
+            uri,
+            model_tags,
+            data_dir,
+            params.split,
+            split_sha,
+            training_keys,
+            tmp / "h",
+            integrity,
+        )
+        if integrity.leak.get("why") == "no pinned holdout yet":
+            log.warning("%s has no pinned holdout yet: blessing on %s only", name, params.split)
         champion_version = registry.aliases().get(CHAMPION)
         if champion_version is None:
-            return challenger, None, paired, {}
-        champion_dir = download_version(client, uri, name, champion_version, Path(tmp) / "p")
-        champion, p_scores = score_registered(champion_dir, task, data_dir, params.split)
-        champion["version"] = champion_version
-        failures, facts = task.blessing_checks(c_scores, p_scores)
-        task_rules = {"failures": failures, "facts": facts}
+            return challenger, None, paired, {}, integrity
+        champion_dir = download_version(client, uri, name, champion_version, tmp / "p")
+        sig_file = champion_dir / "signature.json"
+        champion = {
+            "version": champion_version,
+            "inputs": (read_json(sig_file) if sig_file.exists() else {}).get("inputs"),
+        }
+        seen = fetch_training_keys(client, uri, name, champion_version, tmp / "pk")
+        if seen is None:
+            integrity.exclusions = {
+                "vs_champion": champion_version,
+                "skipped": "no recorded training keys",
+            }
+            integrity.failures.append(
+                f"champion v{champion_version} has no recorded training keys (registered "
+                "before versions recorded their training snapshot): it cannot be scored only "
+                "on samples it did not train on, so it is not compared; after review, promote "
+                f"the challenger with `paddle-mlops registry promote --version {version} "
+                "--force --reason TEXT` (champions registered from now on carry their keys)"
+            )
+            return challenger, champion, paired, {}, integrity
+        integrity.exclusions = {"vs_champion": champion_version}
         names = dataset.read_label_names(data_dir)
-        paired["test"] = gates.compare(c_scores.y_true, p_scores.y_pred, c_scores.y_pred, names)
-        pinned = len(holdout) == len(HOLDOUT_TAGS)
-        if pinned and holdout["holdout_sha256"] == split_sha:  # the same bytes: same counts
-            paired["holdout"] = {
-                **paired["test"],
-                "pinned_from_version": int(holdout["holdout_version"]),
-                "sha256": split_sha,
+        task_rules: dict[str, Any] = {}
+        t_dir, samples, excluded = clean_split(data_dir, params.split, seen, tmp / "clean-test")
+        integrity.exclusions["test"] = {
+            "samples": samples,
+            "excluded": excluded,
+            "scored": samples - excluded,
+        }
+        if samples - excluded < params.min_clean_samples:
+            integrity.failures.append(
+                _too_few(f"the {params.split} split", samples, excluded, champion_version, params)
+            )
+        else:
+            if excluded:
+                log.info(
+                    "%s: %d of %d %s samples are in champion v%d's training snapshot: both "
+                    "models are compared on the other %d",
+                    name,
+                    excluded,
+                    samples,
+                    params.split,
+                    champion_version,
+                    samples - excluded,
+                )
+                _, c_clean = score_registered(challenger_dir, task, t_dir, params.split)
+            else:
+                c_clean = c_scores
+            summary, p_scores = score_registered(champion_dir, task, t_dir, params.split)
+            champion = {**summary, "version": champion_version}
+            failures, facts = task.blessing_checks(c_clean, p_scores)
+            task_rules = {"failures": failures, "facts": facts}
+            paired["test"] = {
+                **gates.compare(c_clean.y_true, p_scores.y_pred, c_clean.y_pred, names),
+                "excluded": excluded,
             }
-        elif pinned and champion["inputs"] == challenger["inputs"]:
-            h_dir = fetch_holdout(client, uri, holdout, Path(tmp) / "h", params.split)
-            h_names = dataset.read_label_names(h_dir)
-            _, h_champion = score_registered(champion_dir, task, h_dir, params.split)
-            _, h_challenger = score_registered(challenger_dir, task, h_dir, params.split)
-            paired["holdout"] = {
-                **gates.compare(
-                    h_challenger.y_true, h_champion.y_pred, h_challenger.y_pred, h_names
-                ),
-                "pinned_from_version": int(holdout["holdout_version"]),
-                "sha256": holdout["holdout_sha256"],
+        pin = {
+            "pinned_from_version": int(model_tags.get("holdout_version") or 0),
+            "sha256": model_tags.get("holdout_sha256", ""),
+        }
+        if h_dir is None or champion["inputs"] != challenger["inputs"]:
+            pass
+        elif h_dir == data_dir:  # the same shards as the split: the same counts
+            integrity.exclusions["holdout"] = integrity.exclusions["test"]
+            if "test" in paired:
+                paired["holdout"] = {**paired["test"], **pin}
+        else:
+            hc_dir, h_samples, h_excluded = clean_split(
+                h_dir, params.split, seen, tmp / "clean-holdout"
+            )
+            integrity.exclusions["holdout"] = {
+                "samples": h_samples,
+                "excluded": h_excluded,
+                "scored": h_samples - h_excluded,
             }
-        elif not pinned:
-            log.warning("%s has no pinned holdout yet: blessing on %s only", name, params.split)
-    return challenger, champion, paired, task_rules
+            if h_samples - h_excluded < params.min_clean_samples:
+                where = f"the pinned holdout (v{pin['pinned_from_version']})"
+                integrity.failures.append(
+                    _too_few(where, h_samples, h_excluded, champion_version, params)
+                )
+            else:
+                h_names = dataset.read_label_names(hc_dir)
+                _, h_champion = score_registered(champion_dir, task, hc_dir, params.split)
+                _, h_challenger = score_registered(challenger_dir, task, hc_dir, params.split)
+                paired["holdout"] = {
+                    **gates.compare(
+                        h_challenger.y_true, h_champion.y_pred, h_challenger.y_pred, h_names
+                    ),
+                    "excluded": h_excluded,
+                    **pin,
+                }
+    return challenger, champion, paired, task_rules, integrity
 
 
 def record_blessing(client: Any, name: str, version: int, run_id: str, blessing: Blessing) -> None:
@@ -503,12 +790,24 @@ def record_blessing(client: Any, name: str, version: int, run_id: str, blessing:
     client.set_model_version_tag(
         name, str(version), "blessing_reasons", "; ".join(blessing.reasons)[:TAG_LIMIT]
     )
+    integrity = Integrity(**blessing.integrity) if blessing.integrity else Integrity()
+    client.set_model_version_tag(name, str(version), "holdout_leak_check", integrity.leak_tag())
+    if integrity.exclusions:
+        client.set_model_version_tag(
+            name,
+            str(version),
+            "champion_exclusions",
+            json.dumps(integrity.exclusions, separators=(",", ":"))[:TAG_LIMIT],
+        )
+    if integrity.leak.get("checked"):
+        client.log_metric(run_id, "blessing.holdout_leaked", float(integrity.leak["leaked"]))
     champion = blessing.champion
     for data, comparison in blessing.comparisons.items():
         o = comparison["overall"]
         summary = {
             "vs_champion": champion["version"] if champion else None,
             "samples": o["samples"],
+            "excluded": comparison.get("excluded", 0),
             "worse": o["worse"],
             "better": o["better"],
             "p_value": round(o["p_value"], 6),
@@ -560,6 +859,24 @@ def run(
     run_id = mlrun.info.run_id
     model = logged_model(client, run_info, run_file)
     lineage = {t: mlrun.data.tags.get(t, "") for t in LINEAGE_TAGS + _EXTRA_TAGS}
+    data_snapshot = snapshot.load(data_dir).sha256
+    trained_on_other_data = ""
+    if not lineage[SNAPSHOT_TAG]:
+        log.info(
+            "run %s has no %s tag (tracked before snapshots): recording %s's (%s)",
+            run_id,
+            SNAPSHOT_TAG,
+            data_dir,
+            data_snapshot[:12],
+        )
+        lineage[SNAPSHOT_TAG] = data_snapshot
+    elif lineage[SNAPSHOT_TAG] != data_snapshot:
+        trained_on_other_data = (
+            f"the run was tracked with snapshot {lineage[SNAPSHOT_TAG][:12]} (tag "
+            f"{SNAPSHOT_TAG}) but register was given {data_dir} (snapshot {data_snapshot[:12]}): "
+            "the training keys and the holdout leak check would be of other data; run register "
+            "on the ingest output the run was tracked with"
+        )
     logged_sha = model.tags.get(BUNDLE_TAG, "")
     if lineage[BUNDLE_TAG] and lineage[BUNDLE_TAG] != logged_sha:
         raise StepError(
@@ -595,18 +912,35 @@ def run(
         (lineage[BUNDLE_TAG] or "none")[:12],
     )
 
-    # with the version's run: the holdout a promotion pins is read from there
+    # with the version's run: the holdout a promotion pins is read from there, and the
+    # samples it was made from, which later blessings keep out of its scores
     split_sha = log_test_split(client, registered.run_id, data_dir, params.split)
     client.set_model_version_tag(name, str(version), "test_split_sha256", split_sha)
-    challenger, champion, paired, task_rules = compare_with_champion(
-        client, uri, registry, version, params, task, data_dir, split_sha
+    client.set_model_version_tag(name, str(version), SPLIT_FORMAT_TAG, HOLDOUT_FORMAT)
+    training_keys = snapshot.split_keys(data_dir, TRAINING_SPLITS)
+    keys_sha = log_training_keys(client, registered.run_id, training_keys)
+    client.set_model_version_tag(name, str(version), KEYS_COUNT_TAG, str(training_keys.size))
+    client.set_model_version_tag(name, str(version), KEYS_SHA_TAG, keys_sha)
+    if not registered.tags.get(SNAPSHOT_TAG):  # adopted from a run that did not record it
+        client.set_model_version_tag(name, str(version), SNAPSHOT_TAG, lineage[SNAPSHOT_TAG])
+    challenger, champion, paired, task_rules, integrity = compare_with_champion(
+        client, uri, registry, version, params, task, data_dir, split_sha, training_keys
     )
+    if trained_on_other_data:
+        integrity.failures.insert(0, trained_on_other_data)
     if "test.baseline_accuracy" in mlrun.data.metrics:  # evaluate's, on the same split
         challenger["baseline_accuracy"] = float(mlrun.data.metrics["test.baseline_accuracy"])
         beats = challenger["accuracy"] > challenger["baseline_accuracy"]
         client.set_model_version_tag(name, str(version), "beats_baseline", str(beats).lower())
     blessing = bless(
-        params, lineage, challenger, champion, paired, task_rules, outcome=task.outcome
+        params,
+        lineage,
+        challenger,
+        champion,
+        paired,
+        task_rules,
+        outcome=task.outcome,
+        integrity=integrity,
     )
     record_blessing(client, name, version, run_id, blessing)
     write_json(

@@ -3,7 +3,8 @@
 Runs after evaluate and reads only the files the steps wrote, so the steps stay free of
 MLflow. The parent run carries every parameter of ``params.yaml`` (flattened), the headline
 metrics, the per-epoch training curves (``step`` = epoch), the tags ``git_sha``,
-``data_sha256`` (of the raw inputs), ``params_sha256``, ``task`` and ``bundle_sha256``, and
+``data_sha256`` (of the raw inputs), ``snapshot_sha256`` (of the ingested snapshot's
+``snapshot.json``), ``params_sha256``, ``task`` and ``bundle_sha256``, and
 the packaged serving bundle as an MLflow model (an MLflow 3 LoggedModel named ``model``, a
 ``pyfunc`` with a signature and an input example from the test split:
 :mod:`components.mlflow_model`); the headline test metrics are linked to that model. Each
@@ -27,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from components import failpoints
+from components import failpoints, snapshot
 from components.artifacts import (
     StepError,
     combined_sha256,
@@ -175,6 +176,9 @@ def lineage_tags(
     return {
         "git_sha": "" if (sha := git_sha()) == "unknown" else sha,  # unknown is no lineage
         "data_sha256": combined_sha256(manifests["ingest"].get("input_sha256", {})),
+        # the ingested snapshot the model was made from: its manifest's sha256 (the shards,
+        # their splits and sha256s); register records the version's training keys from it
+        "snapshot_sha256": snapshot.load(outputs.data).sha256,
         "params_sha256": params_sha256(dict(all_params)),
         "task": str(all_params.get("task", {}).get("name", "unknown")),
         "amp_effective": str(metrics["train"].get("amp_effective")),

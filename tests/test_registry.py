@@ -17,6 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from components import snapshot
 from components.artifacts import StepError, read_json, write_json
 from components.promote import PromoteParams
 from components.promote import run as promote_run
@@ -156,6 +157,12 @@ def test_first_model_is_blessed_and_becomes_champion(
     for key, value in LINEAGE.items():
         assert tags[key] == value
     assert tags["blessed"] == "true" and tags["task"] == "digits"
+    # lineage of the data: the snapshot (run.json has none here: register records its data
+    # set's) and the keys of the samples the version was made from
+    data = snapshot.load(digits_data)
+    assert tags["snapshot_sha256"] == data.sha256
+    assert tags["training_keys_count"] == str(data.rows("train") + data.rows("val"))
+    assert tags["holdout_leak_check"] == "not checked: no pinned holdout yet"
     blessing = read_json(tmp_path / "out" / "blessing.json")
     assert blessing["blessed"] and blessing["champion"] is None
     assert blessing["challenger"]["accuracy"] > 0.5
@@ -190,7 +197,13 @@ def test_worse_challenger_is_not_promoted_and_says_why(
     assert "points below champion v1" in reasons and "register.max_regression 0.0" in reasons
     reg = registry(server)
     assert reg.aliases()[CHAMPION] == 1 and reg.aliases()[CHALLENGER] == result.version
-    assert reg.version(result.version).tags["blessed"] == "false"
+    tags = reg.version(result.version).tags
+    assert tags["blessed"] == "false"
+    # the same data set: nothing of the holdout in its training snapshot, nothing of the
+    # test split in the champion's
+    test_rows = snapshot.load(digits_data).rows("test")
+    assert tags["holdout_leak_check"].startswith(f"passed: 0 of {test_rows} samples")
+    assert json.loads(tags["champion_exclusions"])["test"]["excluded"] == 0
 
     proc = cli(server, "promote")  # the challenger, without --force
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
@@ -327,15 +340,45 @@ def test_rollback_without_previous_champion_is_a_readable_error(
         registry(server, name).rollback()
 
 
+def relabel_split(data_dir: Path, dest: Path, split: str, labels) -> Path:
+    """A copy of ``data_dir`` whose ``split`` carries ``labels`` (in stream order): its shards
+    rewritten, their sha256, sizes and counts in the manifest updated."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from components.artifacts import sha256_file
+
+    shutil.copytree(data_dir, dest)
+    snap = snapshot.load(dest)
+    doc = {k: v for k, v in snap.doc.items() if k != "format_version"}
+    at = 0
+    for entry in doc["shards"]:
+        if entry["split"] != split:
+            continue
+        path = dest / entry["path"]
+        table = pq.read_table(path)
+        new = np.asarray(labels[at : at + table.num_rows], dtype=np.int64)
+        at += table.num_rows
+        table = table.set_column(table.schema.get_field_index("label"), "label", pa.array(new))
+        path.unlink()  # never write through a link into the original
+        pq.write_table(table, path)
+        values, counts = np.unique(new, return_counts=True)
+        entry.update(
+            sha256=sha256_file(path),
+            bytes=path.stat().st_size,
+            counts={str(int(v)): int(c) for v, c in zip(values, counts, strict=True)},
+        )
+    assert at == len(labels)
+    snapshot.write_manifest(dest, doc)
+    return dest
+
+
 def test_pinned_holdout_catches_a_bad_challenger_that_corrupted_labels_hide(
     server, tmp_path, exported, bad_export, digits_task, digits_data
 ):
     """New data whose test labels are corrupted makes a bad model look *better* than the
     champion on that split; the first champion's pinned test split still tells them apart."""
-    import numpy as np
-
-    from components.artifacts import sha256_file
-    from components.dataset import Split, read_split, write_split
     from components.scoring import score_model
 
     name = "holdout-classifier"
@@ -347,15 +390,13 @@ def test_pinned_holdout_catches_a_bad_challenger_that_corrupted_labels_hide(
     reg = registry(server, name)
     model_tags = reg.client.get_registered_model(name).tags
     assert model_tags["holdout_version"] == str(first.version)
-    assert model_tags["holdout_sha256"] == sha256_file(digits_data / "test.npz")
+    assert model_tags["holdout_sha256"] == snapshot.load(digits_data).split_sha256("test")
+    assert model_tags["holdout_format"] == "snapshot"
     assert reg.status()["holdout"]["holdout_version"] == str(first.version)
 
     # a new batch whose test labels were corrupted: they agree with the bad model
-    corrupted = tmp_path / "corrupted"
-    shutil.copytree(digits_data, corrupted)
     bad_predictions = score_model(bad_export, digits_task, digits_data, "test")[0].y_pred
-    test = read_split(digits_data, "test")
-    write_split(corrupted, "test", Split(test.images, bad_predictions.astype(np.int64)))
+    corrupted = relabel_split(digits_data, tmp_path / "corrupted", "test", bad_predictions)
 
     second = register(
         server, tmp_path / "2", bad_export, digits_task, corrupted, params=params, name=name
@@ -383,7 +424,7 @@ def test_a_holdout_changed_after_pinning_is_refused(
     pinned = reg.client.get_registered_model(name).tags["holdout_sha256"]
     reg.client.set_registered_model_tag(name, "holdout_sha256", "0" * 64)
     try:
-        with pytest.raises(StepError, match="does not match the pinned 000000000000"):
+        with pytest.raises(StepError, match="not the pinned 000000000000"):
             register(
                 server,
                 tmp_path,
