@@ -14,6 +14,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -289,6 +290,59 @@ def validate_bad_duplicate_bound(tmp: Path) -> Run:
     return Run("components.validate", args, expect, out=out)
 
 
+def validate_workers_zero(tmp: Path) -> Run:
+    _params(tmp, validate={"workers": 0})
+    out = tmp / "outputs" / "validate"
+    args = ["--params", PARAMS, "--data", str(tmp), "--report", str(out)]
+    return Run("components.validate", args, [f"{PARAMS}: validate: workers must be >= 1, got 0"])
+
+
+def validate_not_a_snapshot(tmp: Path) -> Run:
+    _params(tmp, validate={"min_rows": 1})
+    (tmp / "data").mkdir()
+    out = tmp / "outputs" / "validate"
+    args = ["--params", PARAMS, "--data", str(tmp / "data"), "--report", str(out)]
+    expect = [f"{tmp / 'data' / 'snapshot.json'}: no snapshot manifest (run ingest"]
+    return Run("components.validate", args, expect, out=out)
+
+
+def _ingested_shard(tmp: Path) -> tuple[Path, Any]:
+    """A real snapshot of the tiny IDX files (ingested in this process) and its first shard."""
+    from components import snapshot
+    from components.ingest import IngestParams
+    from components.ingest import run as ingest_run
+    from components.tasks import get_task
+
+    raw = str(_idx_dir(tmp / "raw"))
+    params = IngestParams(source=raw, kind="mnist_idx", idx_files=[[IMAGES, LABELS]])
+    ingest_run(params, get_task("digits"), tmp / "data")
+    _params(tmp, validate={"min_rows": 1})
+    return tmp / "data", snapshot.load(tmp / "data").shards[0]
+
+
+def _validate(tmp: Path, expect: list[str]) -> Run:
+    out = tmp / "outputs" / "validate"
+    args = ["--params", PARAMS, "--data", str(tmp / "data"), "--report", str(out)]
+    return Run("components.validate", args, expect, out=out)
+
+
+def validate_corrupt_shard(tmp: Path) -> Run:
+    data, shard = _ingested_shard(tmp)
+    path = data / shard.path
+    blob = bytearray(path.read_bytes())
+    blob[len(blob) // 2] ^= 0xFF  # same size: only its sha256 tells
+    path.write_bytes(bytes(blob))
+    pinned = f"snapshot.json pins {shard.sha256}: it is corrupt"
+    return _validate(tmp, [f"{path}: shard sha256 is ", pinned])
+
+
+def validate_missing_shard(tmp: Path) -> Run:
+    data, shard = _ingested_shard(tmp)
+    (data / shard.path).unlink()
+    pinned = f"{data / shard.path}: shard missing (snapshot.json pins sha256 {shard.sha256})"
+    return _validate(tmp, [pinned])
+
+
 def _train(tmp: Path, options: dict, expect: list[str]) -> Run:
     _params(tmp, task={"name": "digits", "options": options}, train={"epochs": 1})
     out = tmp / "outputs" / "train"
@@ -369,6 +423,10 @@ CASES: list[Callable[[Path], Run]] = [
     validate_out_is_an_existing_file,
     validate_data_is_a_file,
     validate_bad_duplicate_bound,
+    validate_workers_zero,
+    validate_not_a_snapshot,
+    validate_corrupt_shard,
+    validate_missing_shard,
     task_image_size_zero,
     task_mean_std_mismatch,
     task_unknown,
