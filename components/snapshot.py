@@ -201,13 +201,19 @@ class ShardWriter:
         self._counts: dict[str, int] = {}
 
     def add(self, batch: Any) -> None:
-        """Append a ``pyarrow.RecordBatch`` of this split's rows."""
+        """Append a ``pyarrow.RecordBatch`` of this split's rows; a row group never holds
+        more than about ``row_group_mb`` MB, however large the batch."""
         if batch.num_rows == 0:
             return
-        self._pending.append(batch)
-        self._pending_bytes += batch.nbytes
-        if self._pending_bytes >= self.limits.row_group_mb * 2**20:
-            self._flush()
+        limit = self.limits.row_group_mb * 2**20
+        per_row = max(1, batch.nbytes // batch.num_rows)
+        step = max(1, int(limit // per_row))
+        for start in range(0, batch.num_rows, step):
+            part = batch.slice(start, step)
+            self._pending.append(part)
+            self._pending_bytes += part.num_rows * per_row
+            if self._pending_bytes >= limit:
+                self._flush()
 
     def _flush(self) -> None:
         import pyarrow as pa
@@ -272,7 +278,7 @@ def link_or_copy(src: Path, dest: Path) -> None:
 # --------------------------------------------------------------------------- reading
 
 
-def _open(snap: Snapshot, shard: Shard) -> Any:
+def open_shard(snap: Snapshot, shard: Shard) -> Any:
     """A ``ParquetFile`` for ``shard``: missing, truncated or unreadable shards are one line
     naming the shard and the sha256 the manifest pins."""
     import pyarrow as pa
@@ -304,7 +310,7 @@ def verify(snap: Snapshot, shards: Iterable[Shard] | None = None) -> None:
     for shard in snap.shards if shards is None else shards:
         path = snap.path(shard)
         if not path.is_file():
-            _open(snap, shard)
+            open_shard(snap, shard)
         got = sha256_file(path)
         if got != shard.sha256:
             raise StepError(
@@ -327,7 +333,7 @@ def iter_batches(
 
     snap = data_dir if isinstance(data_dir, Snapshot) else load(data_dir)
     for shard in snap.split_shards(split) if shards is None else shards:
-        pf = _open(snap, shard)
+        pf = open_shard(snap, shard)
         try:
             yield from pf.iter_batches(
                 batch_size=batch_rows, columns=list(columns) if columns else None

@@ -235,7 +235,7 @@ def shard_stats(job: ShardJob) -> ShardResult:
     snap = snapshot.Snapshot(Path(job.root), {})
     shard = job.shard
     snapshot.verify(snap, [shard])
-    schema = snapshot._open(snap, shard).schema_arrow
+    schema = snapshot.open_shard(snap, shard).schema_arrow
     labels = _Labels(job.num_classes)
     own = job.fmt.shard_stats(job.params)
     nulls: Counter[str] = Counter()
@@ -356,7 +356,7 @@ def _locate(snap: snapshot.Snapshot, wanted: set[bytes]) -> dict[bytes, list[tup
         return found
     want = np.asarray(sorted(wanted), dtype=f"S{snapshot.KEY_BYTES}")
     for shard in snap.shards:
-        names = snapshot._open(snap, shard).schema_arrow.names
+        names = snapshot.open_shard(snap, shard).schema_arrow.names
         if "key" not in names:
             continue
         columns = [c for c in ("key", "label", "source", "row") if c in names]

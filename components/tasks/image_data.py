@@ -8,9 +8,11 @@ Ingest sources (``params.yaml: ingest.source`` + ``ingest.kind``):
   ``s3://`` prefix (read through fsspec). ``ingest.idx_files`` lists ``[images, labels]`` pairs.
 - ``image_folder``: a directory with one sub-directory per class holding PNG/JPEG files.
 
-Stored as ``<split>.npz`` (``images`` uint8 ``[N, H, W, C]``, ``labels`` int64). Validation:
-one row per image (label, shape, dtype, pixel range, NaNs, sha256 of its bytes) with rules on
-the shape (``validate.image_shape`` or the train split's), pixel range, dtypes and label set.
+Stored in Parquet shards (``components.snapshot``: ``image`` raw uint8 bytes with ``height``,
+``width``, ``channels``; ``label`` int64). Validation (:class:`ImageShardStats`, streamed per
+shard): the pixels' dtype and the shapes as stored, that every image holds H x W x C values,
+the pixel range and NaNs, with rules on the shape (``validate.image_shape`` or the train
+split's), the dtype and the pixel range.
 """
 
 from __future__ import annotations
@@ -28,21 +30,20 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-import pandas as pd
 
-from components import dataset
 from components.artifacts import StepError, atomic_path, sha256_bytes
 from components.sources import join_uri, read_bytes
 from components.tasks.data import (
-    BASE_COLUMNS,
-    HASH_COLUMN,
     CommonValidateParams,
     DataFormat,
+    Examples,
     ShardParams,
+    ShardStats,
     SplitParams,
     Unit,
     UnitBatch,
     check_sha256,
+    show,
     sum_facts,
 )
 
@@ -50,10 +51,6 @@ IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp"}
 _IDX_DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
 IDX_IMAGES_NDIM, IDX_LABELS_NDIM = 3, 1  # [N, H, W] images, [N] labels
 LABEL_DTYPE = "int64"  # the documented on-disk label dtype (components.dataset)
-SAMPLE_COLUMNS = [
-    *BASE_COLUMNS, "label_dtype", "ndim", "height", "width", "channels", "dtype",
-    "pixel_min", "pixel_max", "has_nan", HASH_COLUMN,
-]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -209,6 +206,7 @@ def _describe_truncated_gzip(data: bytes) -> str:
 
 
 IDX_BATCH = 4096  # images per batch read from an IDX pair
+FOLDER_BATCH = 64  # image files decoded per batch of a folder unit
 
 
 def _image_batch(
@@ -330,13 +328,21 @@ def _folder_unit(files: list[str], label: int) -> Unit:
 
 
 def read_folder_unit(params: IngestParams, unit: Unit) -> Iterator[UnitBatch]:
-    from PIL import Image, UnidentifiedImageError
-
     root = Path(params.source)
     label = dict(unit.context)["label"]
     size = tuple(params.image_size) if params.image_size else None
-    keys, images, shapes = [], [], set()
-    for rel in unit.files:
+    for start in range(0, len(unit.files), FOLDER_BATCH):
+        yield _folder_batch(params, unit, root, label, size, start)
+
+
+def _folder_batch(
+    params: IngestParams, unit: Unit, root: Path, label: int, size: tuple | None, start: int
+) -> UnitBatch:
+    """Files ``start`` .. ``start + FOLDER_BATCH`` of a unit, decoded."""
+    from PIL import Image, UnidentifiedImageError
+
+    keys, images = [], []
+    for rel in unit.files[start : start + FOLDER_BATCH]:
         path = root / rel
         blob = _read_image_file(path)
         keys.append(hashlib.sha256(blob).digest())
@@ -348,13 +354,12 @@ def read_folder_unit(params: IngestParams, unit: Unit) -> Iterator[UnitBatch]:
             img = img.resize((size[1], size[0]), Image.BILINEAR)
         arr = np.asarray(img, dtype=np.uint8)
         images.append(arr[..., None] if arr.ndim == 2 else arr)
-        shapes.add(images[-1].shape)
     n = len(images)
-    yield UnitBatch(
+    return UnitBatch(
         keys=keys,
         labels=np.full(n, label, dtype=np.int64),
-        sources=list(unit.files),
-        rows=np.arange(n, dtype=np.int64),  # the file's place in the unit
+        sources=list(unit.files[start : start + n]),
+        rows=np.arange(start, start + n, dtype=np.int64),  # the file's place in the unit
         columns={
             "image": [im.tobytes() for im in images],
             "height": np.asarray([im.shape[0] for im in images], np.int32),
@@ -409,101 +414,211 @@ def materialize_builtin_digits(out_dir: str | Path) -> dict[str, str]:
 
 # --------------------------------------------------------------------------- validation
 
+DIMS = ("height", "width", "channels")
+SHARD_COLUMNS = (
+    "dtype", "dtype_found", "shape", "shape_found", "size_mismatch", "size_found",
+    "pixel_min", "pixel_max", "pixel_low_found", "pixel_high_found", "nan_rows", "nan_found",
+)  # fmt: skip
 
-def image_dims(images: np.ndarray) -> list[int]:
-    """[H, W, C] of an [N, H, W, C] array; missing axes are 0 (the ``ndim`` rule reports them)."""
-    return [int(d) for d in (*images.shape[1:4], *([0] * max(0, 4 - images.ndim)))]
 
+def _pixels(column: Any) -> tuple[str, np.ndarray | None, np.ndarray, np.ndarray]:
+    """The pixels of an Arrow ``image`` column without copying them: (element dtype as
+    stored, every row's values one after another, each row's start and length in values).
 
-def sample_table(split: str, file: str, data: dataset.Split) -> pd.DataFrame:
-    """One row per sample, computed on the raw arrays (no casting of the stored data)."""
-    images, labels = data.images, data.labels
-    if images.ndim < 1 or labels.ndim != 1:
-        raise StepError(
-            f"{file}: 'images' must be [N, H, W, C] and 'labels' [N]; got shapes "
-            f"{list(images.shape)} and {list(labels.shape)}"
+    Raw bytes (``binary``, as ingest writes them) are uint8; a list column holds its
+    element type (a hand-written shard of int16 or float32 pixels); any other type has no
+    pixels to read (values ``None``; the dtype rule reports it)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    n, t = len(column), column.type
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        buffers = column.buffers()
+        kind = np.int64 if pa.types.is_large_binary(t) else np.int32
+        offsets = np.frombuffer(buffers[1], kind)[column.offset : column.offset + n + 1]
+        data = buffers[2]
+        values = (
+            np.frombuffer(data, np.uint8)[int(offsets[0]) : int(offsets[-1])]
+            if data is not None
+            else np.zeros(0, np.uint8)
         )
-    n_img, n_lbl = int(images.shape[0]), int(labels.shape[0])
-    n = max(n_img, n_lbl)
-    flat = images.reshape(n_img, int(np.prod(images.shape[1:], dtype=np.int64)))
-    if np.issubdtype(images.dtype, np.integer) or images.dtype == np.bool_:
-        wide: type = np.int64
-        has_nan = np.zeros(n_img, dtype=bool)
-    else:
-        wide = np.float64
-        has_nan = np.isnan(flat).any(axis=1) if flat.shape[1] else np.zeros(n_img, dtype=bool)
-    if flat.shape[1]:
-        pmin = flat.min(axis=1).astype(wide)
-        pmax = flat.max(axis=1).astype(wide)
-    else:
-        pmin = pmax = np.full(n_img, np.nan)
-    dims = image_dims(images)
-    cols: dict[str, Any] = {
-        "ndim": np.full(n_img, images.ndim - 1, dtype=np.int64),
-        "height": np.full(n_img, dims[0], dtype=np.int64),
-        "width": np.full(n_img, dims[1], dtype=np.int64),
-        "channels": np.full(n_img, dims[2], dtype=np.int64),
-        "dtype": [str(images.dtype)] * n_img,
-        "pixel_min": pmin,
-        "pixel_max": pmax,
-        "has_nan": has_nan,
-        "sample_sha": [hashlib.sha256(img.tobytes()).hexdigest() for img in images],
-    }
-    frame = pd.DataFrame(cols, index=pd.RangeIndex(n_img)).reindex(pd.RangeIndex(n))
-    frame.insert(0, "file", file)
-    frame.insert(1, "index", np.arange(n, dtype=np.int64))
-    frame.insert(2, "split", split)
-    label_col = pd.Series(labels, index=pd.RangeIndex(n_lbl)).reindex(pd.RangeIndex(n))
-    frame.insert(3, "label", label_col)
-    frame.insert(4, "label_dtype", str(labels.dtype))
-    return frame[SAMPLE_COLUMNS]
+        starts = (offsets[:-1] - offsets[0]).astype(np.int64)
+        return "uint8", values, starts, np.diff(offsets).astype(np.int64)
+    if pa.types.is_fixed_size_binary(t):
+        width = t.byte_width
+        data = np.frombuffer(column.buffers()[1], np.uint8)
+        values = data[column.offset * width : (column.offset + n) * width]
+        return "uint8", values, np.arange(n, dtype=np.int64) * width, np.full(n, width, np.int64)
+    is_list = pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
+    if is_list and (pa.types.is_integer(t.value_type) or pa.types.is_floating(t.value_type)):
+        values = column.flatten().to_numpy(zero_copy_only=False)
+        lengths = pc.list_value_length(column).fill_null(0).to_numpy().astype(np.int64)
+        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+        return str(values.dtype), values, starts, lengths
+    return str(t), None, np.zeros(n, np.int64), np.zeros(n, np.int64)
 
 
-def sample_expectations(
-    params: ValidateParams, num_classes: int, shape: Sequence[int]
-) -> list[Any]:
+class ImageShardStats(ShardStats):
+    """One shard's images: the dtype and shapes as stored (schema and the ``height``,
+    ``width``, ``channels`` columns), whether every image holds H x W x C values, and the
+    pixel range and NaNs, computed with numpy per batch on the raw bytes."""
+
+    def __init__(self, params: ValidateParams) -> None:
+        self.lo, self.hi = params.pixel_min, params.pixel_max
+        self.rows = 0
+        self.dtypes: Counter[str] = Counter()
+        self.shapes: Counter[str] = Counter()
+        self.pixel_min: float | None = None
+        self.pixel_max: float | None = None
+        self.low, self.high, self.nan, self.size = Examples(), Examples(), Examples(), Examples()
+
+    def add(self, batch: Any, first: int) -> None:
+        n = batch.num_rows
+        self.rows += n
+        names = set(batch.schema.names)
+        dims = None
+        if {"height", "width", "channels"} <= names:
+            dims = np.stack(
+                [batch.column(c).fill_null(0).to_numpy().astype(np.int64) for c in DIMS], axis=1
+            )
+            found, counts = np.unique(dims, axis=0, return_counts=True)
+            for (h, w, c), count in zip(found.tolist(), counts.tolist(), strict=True):
+                self.shapes[f"{h}x{w}x{c}"] += count
+        if "image" not in names:
+            return
+        dtype, values, starts, lengths = _pixels(batch.column("image"))
+        self.dtypes[dtype] += n
+        if dims is not None:
+            wrong = np.flatnonzero(lengths != dims.prod(axis=1))
+            self.size.add(batch, first, wrong, lengths[wrong])
+        if values is None or not values.size:
+            return
+        rows = np.flatnonzero(lengths > 0)
+        at = starts[rows]
+        row_min = np.minimum.reduceat(values, at)
+        row_max = np.maximum.reduceat(values, at)
+        if values.dtype.kind == "f":
+            has_nan = np.logical_or.reduceat(np.isnan(values), at)
+            self.nan.add(batch, first, rows[has_nan])
+            if has_nan.all():
+                return
+            lo, hi = float(np.nanmin(row_min)), float(np.nanmax(row_max))
+        else:
+            lo, hi = float(row_min.min()), float(row_max.max())
+        self.pixel_min = lo if self.pixel_min is None else min(self.pixel_min, lo)
+        self.pixel_max = hi if self.pixel_max is None else max(self.pixel_max, hi)
+        below, above = np.flatnonzero(row_min < self.lo), np.flatnonzero(row_max > self.hi)
+        self.low.add(batch, first, rows[below], row_min[below])
+        self.high.add(batch, first, rows[above], row_max[above])
+
+    def result(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        dtype = ", ".join(sorted(self.dtypes)) or None
+        shape = None
+        if len(self.shapes) == 1:
+            shape = next(iter(self.shapes))
+        elif self.shapes:
+            shape = ", ".join(f"{s} ({n} rows)" for s, n in sorted(self.shapes.items()))
+        every = f"all {self.rows} rows" if len(self.shapes) == 1 else "a shard of several shapes"
+        columns = {
+            "dtype": dtype,
+            "dtype_found": f"found {dtype}",
+            "shape": shape,
+            "shape_found": f"found {shape} in {every}",
+            "size_mismatch": self.size.count,
+            "size_found": self.size.found(self.rows, "with another number of values"),
+            "pixel_min": self.pixel_min,
+            "pixel_max": self.pixel_max,
+            "pixel_low_found": _extreme(
+                self.pixel_min, self.low.found(self.rows, f"with a pixel below {show(self.lo)}")
+            ),
+            "pixel_high_found": _extreme(
+                self.pixel_max, self.high.found(self.rows, f"with a pixel above {show(self.hi)}")
+            ),
+            "nan_rows": self.nan.count,
+            "nan_found": self.nan.found(self.rows, "with NaN pixels"),
+        }
+        return columns, {"shapes": dict(self.shapes)}
+
+
+def _extreme(value: float | None, found: str) -> str:
+    """``found 300: 1 of 271 rows with a pixel above 255 (e.g. ...)``."""
+    return f"found {show(value)}" + (f": {found.removeprefix('found ')}" if found else "")
+
+
+def expected_shape(params: ValidateParams, facts: dict[str, dict[str, Any]]) -> list[int]:
+    """``validate.image_shape``, else the train split's shape (its most common, by rows;
+    the whole data set's when train holds no images)."""
+    if params.image_shape is not None:
+        return [int(d) for d in params.image_shape]
+    shapes = facts.get("train", {}).get("shapes") or sum_facts(list(facts.values())).get(
+        "shapes", {}
+    )
+    if not shapes:
+        return []
+    common = max(sorted(shapes), key=lambda s: shapes[s])
+    return [int(d) for d in common.split("x")]
+
+
+def shard_expectations(params: ValidateParams, shape: Sequence[int]) -> list[Any]:
+    """Rules on the image columns of validate's shard tables (one row per shard)."""
     import great_expectations.expectations as gxe
 
-    classes = list(range(num_classes))
     lo, hi = params.pixel_min, params.pixel_max
-    out: list[Any] = [
-        gxe.ExpectTableColumnsToMatchSet(
-            column_set=SAMPLE_COLUMNS, exact_match=True, description="schema"
-        ),
-        gxe.ExpectTableRowCountToBeBetween(
-            min_value=params.min_rows, max_value=params.max_rows, description="row count per split"
-        ),
-    ]
-    out += [
-        gxe.ExpectColumnValuesToNotBeNull(column=c, description="no nulls") for c in SAMPLE_COLUMNS
-    ]
-    out += [
+    where = "validate.image_shape" if params.image_shape is not None else "the train split's"
+    text = "x".join(str(int(d)) for d in shape)
+    return [
         gxe.ExpectColumnValuesToBeInSet(
-            column="dtype", value_set=[params.expected_dtype], description="image dtype"
+            column="dtype",
+            value_set=[params.expected_dtype],
+            description="image dtype",
+            meta={
+                "column": "image",
+                "rule": f"pixels must be stored as {params.expected_dtype} "
+                "(validate.expected_dtype)",
+                "found": "dtype_found",
+            },
         ),
         gxe.ExpectColumnValuesToBeInSet(
-            column="label_dtype", value_set=[LABEL_DTYPE], description="label dtype"
+            column="shape",
+            value_set=[text],
+            description="image shape",
+            meta={
+                "column": "shape",
+                "rule": f"images must be {text} (H x W x C: {where})",
+                "found": "shape_found",
+            },
         ),
-        gxe.ExpectColumnValuesToBeInSet(column="ndim", value_set=[3], description="image rank"),
-    ]
-    out += [
-        gxe.ExpectColumnValuesToBeInSet(column=c, value_set=[int(d)], description="image shape")
-        for c, d in zip(("height", "width", "channels"), shape, strict=True)
-    ]
-    out += [
         gxe.ExpectColumnValuesToBeBetween(
-            column=c, min_value=lo, max_value=hi, description="pixel range"
-        )
-        for c in ("pixel_min", "pixel_max")
-    ]
-    out += [
-        gxe.ExpectColumnValuesToBeInSet(column="has_nan", value_set=[False], description="no NaN"),
-        gxe.ExpectColumnValuesToBeInSet(column="label", value_set=classes, description="label set"),
-        gxe.ExpectColumnDistinctValuesToContainSet(
-            column="label", value_set=classes, description="every class present"
+            column="size_mismatch",
+            max_value=0,
+            description="image size",
+            meta={
+                "column": "image",
+                "rule": "an image must hold height x width x channels values",
+                "found": "size_found",
+            },
+        ),
+        gxe.ExpectColumnValuesToBeBetween(
+            column="pixel_min",
+            min_value=lo,
+            max_value=hi,
+            description="pixel range",
+            meta={"found": "pixel_low_found"},
+        ),
+        gxe.ExpectColumnValuesToBeBetween(
+            column="pixel_max",
+            min_value=lo,
+            max_value=hi,
+            description="pixel range",
+            meta={"found": "pixel_high_found"},
+        ),
+        gxe.ExpectColumnValuesToBeBetween(
+            column="nan_rows",
+            max_value=0,
+            description="no NaN",
+            meta={"column": "image", "rule": "pixels must not be NaN", "found": "nan_found"},
         ),
     ]
-    return out
 
 
 # --------------------------------------------------------------------------- serving
@@ -564,6 +679,7 @@ class ImageData(DataFormat):
     validate_params = ValidateParams
     sample_noun = "image"
     duplicate_rule = "same image bytes and label"
+    shard_columns = SHARD_COLUMNS
 
     def units(self, params: IngestParams, params_file: str) -> list[Unit]:
         if params.kind == "builtin":
@@ -649,9 +765,6 @@ class ImageData(DataFormat):
             raise StepError(f"images have different sizes {shown}; set ingest.image_size: [H, W]")
         return {"image_shape": [int(d) for d in next(iter(shapes)).split("x")] if shapes else []}
 
-    def sample_table(self, split: str, file: str, data: dataset.Split) -> pd.DataFrame:
-        return sample_table(split, file, data)
-
     def input_examples(
         self, samples: np.ndarray, count: int, max_bytes: int
     ) -> tuple[np.ndarray, list[int]]:
@@ -667,11 +780,11 @@ class ImageData(DataFormat):
     def model_input(self, value: Any, shape: list[int]) -> np.ndarray:
         return to_images(value, shape)
 
-    def sample_expectations(
-        self, params: ValidateParams, num_classes: int, splits: dict[str, dataset.Split]
+    def shard_stats(self, params: ValidateParams) -> ImageShardStats:
+        return ImageShardStats(params)
+
+    def shard_expectations(
+        self, params: ValidateParams, facts: dict[str, dict[str, Any]]
     ) -> tuple[list[Any], dict[str, Any]]:
-        if params.image_shape is not None:
-            shape = [int(d) for d in params.image_shape]
-        else:
-            shape = image_dims(splits["train"].samples)
-        return sample_expectations(params, num_classes, shape), {"image_shape": shape}
+        shape = expected_shape(params, facts)
+        return shard_expectations(params, shape), {"image_shape": shape}
