@@ -394,18 +394,7 @@ PART_ARRAYS = "part.npz"
 
 def plan_groups(params: Any, task: Task, *, params_file: str = DEFAULT_PARAMS_FILE) -> list[str]:
     """``"i/n"`` for each of the ``n`` unit groups (``ingest.workers``, at most one per unit)."""
-    n = max(1, min(int(params.workers), len(task.data.units(params, params_file))))
-    return [f"{i}/{n}" for i in range(n)]
-
-
-def _group(group: str) -> tuple[int, int]:
-    try:
-        index, count = (int(x) for x in group.split("/"))
-    except ValueError:
-        index, count = -1, 0
-    if not 0 <= index < count:
-        raise StepError(f"ingest group {group!r}: expected i/n with 0 <= i < n")
-    return index, count
+    return snapshot.groups(min(int(params.workers), len(task.data.units(params, params_file))))
 
 
 def run_map(
@@ -418,7 +407,7 @@ def run_map(
 ) -> int:
     """Ingest the units of ``group`` (every n-th unit, from the i-th) into ``out_dir``: their
     shards and a part file the reduce reads. Returns how many units it ingested."""
-    index, count = _group(group)
+    index, count = snapshot.parse_group(group, "ingest")
     out_dir = Path(out_dir)
     with atomic_path(out_dir) as tmp:
         shard_dir = tmp / snapshot.SHARD_DIR

@@ -400,6 +400,23 @@ def subset(
     return load(dest)
 
 
+def groups(count: int) -> list[str]:
+    """``"i/n"`` names of ``count`` map groups (an orchestrator's fan-out over units or
+    shards: group ``i`` takes every n-th item from the i-th)."""
+    return [f"{i}/{count}" for i in range(max(1, count))]
+
+
+def parse_group(group: str, what: str) -> tuple[int, int]:
+    """``(i, n)`` of a :func:`groups` name; anything else is one line naming ``what``."""
+    try:
+        index, count = (int(x) for x in group.split("/"))
+    except ValueError:
+        index, count = -1, 0
+    if not 0 <= index < count:
+        raise StepError(f"{what} group {group!r}: expected i/n with 0 <= i < n")
+    return index, count
+
+
 def manifest_json(doc: dict[str, Any]) -> str:
     return json.dumps(doc, sort_keys=True)
 

@@ -871,18 +871,7 @@ PART_ARRAYS = "part.npz"
 def plan_groups(params: CommonValidateParams, data_dir: str | Path) -> list[str]:
     """``"i/n"`` for each of the ``n`` shard groups (``validate.workers``, at most one per
     shard)."""
-    n = max(1, min(int(params.workers), len(snapshot.load(data_dir).shards)))
-    return [f"{i}/{n}" for i in range(n)]
-
-
-def _group(group: str) -> tuple[int, int]:
-    try:
-        index, count = (int(x) for x in group.split("/"))
-    except ValueError:
-        index, count = -1, 0
-    if not 0 <= index < count:
-        raise StepError(f"validate group {group!r}: expected i/n with 0 <= i < n")
-    return index, count
+    return snapshot.groups(min(int(params.workers), len(snapshot.load(data_dir).shards)))
 
 
 def run_map(
@@ -894,7 +883,7 @@ def run_map(
 ) -> int:
     """Add up the shards of ``group`` (every n-th shard, from the i-th) of the snapshot in
     ``data_dir`` into a part in ``out_dir``. Returns how many shards it read."""
-    index, count = _group(group)
+    index, count = snapshot.parse_group(group, "validate")
     fmt = task.data
     snap = snapshot.load(data_dir)
     check_format(data_dir, fmt, task.name)

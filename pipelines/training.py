@@ -26,6 +26,8 @@ Ingest is a map over the source's units followed by a reduce (``components.inges
 plan task names ``ingest.workers`` unit groups, a ``dsl.ParallelFor`` ingests each group in
 its own pod (its shards and a part file), and the ``ingest-op`` task reduces the collected
 parts into the snapshot every later step reads, so a large ingest spreads over the nodes.
+Validate does the same over the snapshot's shards (``validate.workers`` shard groups, then the
+``validate-op`` reduce that runs the Great Expectations suites).
 """
 
 import argparse
@@ -38,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from kfp import compiler, dsl, kubernetes
-from kfp.dsl import Artifact, Dataset, Input, Output
+from kfp.dsl import HTML, Artifact, Dataset, Input, Output
 
 from components.step import Step, all_steps, kfp_component
 from pipelines import paddlejob as pj
@@ -138,6 +140,78 @@ def ingest_fanout(
         ingest=ingest,
         parts=dsl.Collected(mapped.outputs["part"]),
         source_sha256=source_sha256,
+    )
+    return reduce, [plan, mapped]
+
+
+def validate_plan_op(task: dict, validate: dict, data: Input[Dataset]) -> list:
+    """The shard groups the validate map runs over (``validate.workers`` of them)."""
+    from components.cli import setup_logging, task_from_params
+    from components.config import section
+    from components.validate import plan_groups
+
+    setup_logging()
+    sections = {"task": task, "validate": validate}
+    task_obj = task_from_params(sections)
+    params = section(sections, "validate", task_obj.data.validate_params)
+    return plan_groups(params, data.path)
+
+
+def validate_map_op(
+    task: dict, validate: dict, data: Input[Dataset], group: str, part: Output[Artifact]
+):
+    """The statistics of one group of shards (verified against their sha256)."""
+    from components import failpoints
+    from components.cli import setup_logging, task_from_params
+    from components.config import section
+    from components.validate import run_map
+
+    setup_logging()
+    failpoints.set_step("validate")
+    sections = {"task": task, "validate": validate}
+    task_obj = task_from_params(sections)
+    params = section(sections, "validate", task_obj.data.validate_params)
+    run_map(params, task_obj, data.path, group, part.path)
+
+
+def validate_op(
+    task: dict,
+    validate: dict,
+    data: Input[Dataset],
+    parts: Input[list[Artifact]],
+    report: Output[Artifact],
+    data_docs: Output[HTML],
+):
+    """Reduce the parts and run the suites (``components.validate.run`` with ``parts``):
+    the validate step's outputs, so later tasks read them unchanged."""
+    import shutil
+    from pathlib import Path
+
+    from components import failpoints
+    from components.cli import setup_logging, task_from_params
+    from components.config import section
+    from components.validate import run
+
+    setup_logging()
+    failpoints.set_step("validate")
+    sections = {"task": task, "validate": validate}
+    task_obj = task_from_params(sections)
+    params = section(sections, "validate", task_obj.data.validate_params)
+    run(params, task_obj, data.path, report.path, parts=[p.path for p in parts])
+    shutil.copy(Path(report.path) / "data_docs" / "index.html", data_docs.path)
+
+
+def shard_fanout(
+    made: Mapping[str, Any], sections: Mapping[str, Any], data: Any
+) -> tuple[dsl.PipelineTask, list[dsl.PipelineTask]]:
+    """Validate as plan, map (a ParallelFor over shard groups) and reduce: the reduce task
+    stands where the validate step's task would (outputs ``report``, ``data_docs``)."""
+    task, validate = sections["task"], sections["validate"]
+    plan = made["validate_plan_op"](task=task, validate=validate, data=data)
+    with dsl.ParallelFor(plan.output, name="validate-groups") as group:
+        mapped = made["validate_map_op"](task=task, validate=validate, data=data, group=group)
+    reduce = made["validate_op"](
+        task=task, validate=validate, data=data, parts=dsl.Collected(mapped.outputs["part"])
     )
     return reduce, [plan, mapped]
 
@@ -316,7 +390,16 @@ def ops(image: str) -> dict[str, Any]:
     """Every component in ``image``: the steps (from their declarations) and the pipeline's
     own two (the source fingerprint, the exit handler)."""
     made = {name: kfp_component(step, image) for name, step in STEPS.items()}
-    for fn in (fingerprint_op, record_failure_op, ingest_plan_op, ingest_map_op, ingest_op):
+    for fn in (
+        fingerprint_op,
+        record_failure_op,
+        ingest_plan_op,
+        ingest_map_op,
+        ingest_op,
+        validate_plan_op,
+        validate_map_op,
+        validate_op,
+    ):
         made[fn.__name__] = dsl.component(base_image=image, install_kfp_package=False)(fn)
     made["paddlejob_train_op"] = pj.paddlejob_component(image)
     return made
@@ -427,6 +510,14 @@ def make_pipeline(
                         t.set_env_variable("PADDLE_MLOPS_IMAGE", image)
                     with_resources(tasks[name], resources, "ingest")
                     tasks[name].set_env_variable("PADDLE_MLOPS_IMAGE", image)
+                    continue
+                if name == "validate":  # map over shard groups, reduce and run the suites
+                    tasks[name], shards = shard_fanout(
+                        cpu_ops, sections, tasks["ingest"].outputs["data"]
+                    )
+                    for t in (*shards, tasks[name]):
+                        with_resources(t, resources, "validate")
+                        t.set_env_variable("PADDLE_MLOPS_IMAGE", image)
                     continue
                 values = {}
                 if name == "track":

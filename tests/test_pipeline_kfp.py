@@ -55,7 +55,16 @@ def test_every_step_is_in_the_dag_with_its_dependencies(compiled):
     tasks = all_tasks(compiled)
     assert set(STEPS) <= set(tasks)
     deps = {name: set(t.get("dependentTasks", [])) for name, t in tasks.items()}
-    assert deps["validate-op"] == {"ingest-op"}
+    # ingest and validate are map (a ParallelFor over unit / shard groups) + reduce
+    loops = {
+        name: set(_sub_dag(compiled, t)) for name, t in tasks.items() if name.startswith("for-loop")
+    }
+    ingest_loop = next(n for n, inner in loops.items() if inner == {"ingest-map-op"})
+    validate_loop = next(n for n, inner in loops.items() if inner == {"validate-map-op"})
+    assert deps["ingest-op"] == {ingest_loop, "fingerprint-op"}
+    assert deps[ingest_loop] == {"ingest-plan-op", "fingerprint-op"}
+    assert deps["validate-op"] == {"ingest-op", validate_loop}
+    assert deps[validate_loop] == {"validate-plan-op", "ingest-op"}
     assert "validate-op" in deps["train-op"]  # no training on data that failed validation
     assert deps["export-op"] == {"ingest-op", "train-op"}
     assert {"train-op", "export-op"} <= deps["qat-op"]  # qat starts from the one fp32 export
