@@ -5,18 +5,22 @@ The task judges the outputs (``Task.score``) and names the metrics: a classifier
 with its floor and ceiling (``components.tasks.gan``). ``metrics/evaluate.json`` adds
 ``latency_ms_b1``, ``latency_ms_b64``; for a task with a baseline (``Task.baseline``, e.g.
 TF-IDF + logistic regression for sentiment) also ``baseline_accuracy``, ``baseline_macro_f1``
-and ``accuracy_minus_baseline``: the baseline trained on the training split and scored on the
-same samples as the model. The per-sample outcomes give a confusion matrix as PNG and as a DVC
-plot (one row per sample: ``actual``, ``predicted``; for a conditional generator the requested
-class and the judge's), the task's own figures (a generator's sample grid) and ``report.json``
-beside them. The same function re-scores any exported model on any data set, which is how a
-challenger is later compared with the champion."""
+and ``accuracy_minus_baseline``: the baseline trained on the training split (all of it up to
+``evaluate.baseline_max_samples``, else a seeded uniform sample of that many, drawn as the
+split streams by) and scored on the same samples as the model. The split is scored as a
+stream, batch by batch (``components.scoring``): memory stays flat as the data grows. The
+per-sample outcomes give a confusion matrix as PNG and as a DVC plot (one row per sample:
+``actual``, ``predicted``; for a conditional generator the requested class and the judge's),
+the task's own figures (a generator's sample grid) and ``report.json`` beside them. The same
+function re-scores any exported model on any data set, which is how a challenger is later
+compared with the champion."""
 
 from __future__ import annotations
 
 import logging
 import shutil
 import sys
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +32,7 @@ from components.artifacts import StepError, atomic_path, write_json, write_manif
 from components.scoring import score_model
 from components.step import BUNDLE, DATA, Out, Step
 from components.tasks import Task
+from components.tasks.data import check_format, iter_split
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +50,18 @@ class EvaluateParams:
     split: str = "test"
     batch_size: int = 256
     latency: LatencyParams = field(default_factory=LatencyParams)
+    # the task baseline (Task.baseline) is fitted on at most this many training samples: a
+    # seeded uniform sample (reservoir) of the training split when it is larger
+    baseline_max_samples: int = 50000
+    # > 0: score only the split's first max_samples samples (a smoke run or a memory
+    # benchmark on a huge split; the metrics are then of those, "samples" says how many)
+    max_samples: int = 0
+
+    def check(self) -> None:
+        if self.batch_size < 1 or self.baseline_max_samples < 1:
+            raise ValueError("batch_size and baseline_max_samples must be >= 1")
+        if self.max_samples < 0:
+            raise ValueError(f"max_samples must be >= 0 (0: all), got {self.max_samples}")
 
 
 @dataclass(frozen=True)
@@ -84,27 +101,86 @@ def _confusion_png(dest: Path, matrix: list[list[int]], names: list[str], title:
     plt.close(fig)
 
 
+BASELINE_SEED = 0  # of the reservoir sample the baseline is fitted on
+
+
+def reservoir_sample(
+    batches: Iterable[tuple[np.ndarray, np.ndarray]], size: int, seed: int = BASELINE_SEED
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """A uniform sample of at most ``size`` samples of a stream of (samples, labels) batches
+    (reservoir sampling, algorithm R, seeded), in stream order; all of them when the stream
+    is no longer. Returns the samples, their labels and how many samples streamed by."""
+    rng = np.random.default_rng(seed)
+    kept: list[Any] = []
+    labels: list[int] = []
+    order: list[int] = []  # each kept sample's position in the stream
+    seen = 0
+    for samples, lbl in batches:
+        n = len(lbl)
+        # own copies of array samples: a view would keep its whole batch alive
+        own = (lambda x: x) if samples.dtype == object else np.array
+        fill = min(max(size - len(kept), 0), n)
+        kept += [own(x) for x in samples[:fill]]
+        labels += lbl[:fill].tolist()
+        order += range(seen, seen + fill)
+        if fill < n:  # the reservoir is full: sample i replaces a kept one with p = size/(i+1)
+            positions = np.arange(seen + fill, seen + n)
+            slots = rng.integers(0, positions + 1)
+            for i in np.flatnonzero(slots < size):
+                slot = int(slots[i])
+                kept[slot], labels[slot] = own(samples[fill + i]), int(lbl[fill + i])
+                order[slot] = int(positions[i])
+        seen += n
+    by_position = np.argsort(order, kind="stable")
+    out = np.empty(len(kept), dtype=object) if kept and isinstance(kept[0], str) else None
+    if out is not None:
+        out[:] = [kept[i] for i in by_position]
+    else:
+        out = np.stack([kept[i] for i in by_position]) if kept else np.zeros(0)
+    return out, np.asarray(labels, dtype=np.int64)[by_position], seen
+
+
 def score_baseline(
-    task: Task, data_dir: Path, split: str, y_true: np.ndarray, names: list[str]
+    task: Task,
+    data_dir: Path,
+    split: str,
+    y_true: np.ndarray,
+    names: list[str],
+    max_samples: int = 50000,
+    batch_rows: int = 1024,
 ) -> dict[str, Any] | None:
-    """The task's baseline (``Task.baseline``) trained on the training split and scored on
-    ``split``, the same samples the model is scored on (None: the task has none)."""
+    """The task's baseline (``Task.baseline``) fitted on the training split (a seeded sample
+    of ``max_samples`` when it is larger, :func:`reservoir_sample`) and scored on ``split``,
+    the same samples the model is scored on, batch by batch (None: the task has none)."""
     from components.tasks.report import classification_report
 
     estimator = task.baseline()
     if estimator is None:
         return None
-    x_train, y_train = task.read_split(data_dir, "train")
-    x_eval, y_eval = task.read_split(data_dir, split)
+    check_format(data_dir, task.data, task.name)
+    x_train, y_train, seen = reservoir_sample(
+        iter_split(task.data, data_dir, "train", batch_rows), max_samples
+    )
+    estimator.fit(x_train.tolist(), y_train)
+    predicted, labels, scored = [], [], 0
+    for x_eval, y_eval in iter_split(task.data, data_dir, split, batch_rows):
+        take = min(len(y_eval), len(y_true) - scored)  # the samples the model was scored on
+        if take <= 0:
+            break
+        predicted.append(np.asarray(estimator.predict(x_eval[:take].tolist())))
+        labels.append(y_eval[:take])
+        scored += take
+    y_eval = np.concatenate(labels) if labels else np.zeros(0, dtype=np.int64)
     if not np.array_equal(y_eval, y_true):
         raise StepError(f"{data_dir}: the {split} split changed while it was scored")
-    estimator.fit(x_train.tolist(), y_train)
-    report = classification_report(y_eval, np.asarray(estimator.predict(x_eval.tolist())), names)
+    report = classification_report(y_eval, np.concatenate(predicted), names)
     return {
         "model": " + ".join(type(s).__name__ for _, s in getattr(estimator, "steps", [])),
         "accuracy": report["accuracy"],
         "macro_f1": report["macro_f1"],
         "per_class": report["per_class"],
+        "train_samples": int(len(y_train)),
+        "train_split_samples": int(seen),
     }
 
 
@@ -122,13 +198,32 @@ def run(
     model_dir, data_dir, out_dir = Path(model_dir), Path(data_dir), Path(out_dir)
     metrics_file = Path(metrics_file) if metrics_file else out_dir / "metrics.json"
     plots_file = Path(plots_file) if plots_file else out_dir / "confusion.csv"
-    scores, predictor, inputs = score_model(
-        model_dir, task, data_dir, params.split, params.batch_size, params.latency.threads
+    try:  # params.yaml was checked when read; params built in Python were not
+        params.check()
+    except ValueError as exc:
+        raise StepError(f"evaluate: {exc}") from exc
+    scores, predictor, inputs = score_model(  # inputs: the split's first batch
+        model_dir,
+        task,
+        data_dir,
+        params.split,
+        params.batch_size,
+        params.latency.threads,
+        params.max_samples,
     )
+    if params.max_samples:
+        log.warning(
+            "evaluate.max_samples: scored the first %d samples of %s only",
+            len(scores.y_true),
+            params.split,
+        )
     report, y_true, y_pred = scores.report, scores.y_true, scores.y_pred
     names = dataset.read_label_names(data_dir)
 
     latency: dict[str, float] = {}
+    largest = max(params.latency.batch_sizes, default=0)
+    if largest > inputs[0].shape[0]:  # the first batch is smaller: read as many as timed
+        inputs, _ = task.eval_head(data_dir, params.split, largest)
     for bs in params.latency.batch_sizes:
         idx = np.arange(bs) % inputs[0].shape[0]  # repeat samples if the split is smaller
         latency[f"latency_ms_b{bs}"] = round(
@@ -146,7 +241,9 @@ def run(
         "samples": int(len(y_true)),
         "latency_threads": params.latency.threads,
     }
-    baseline = score_baseline(task, data_dir, params.split, y_true, names)
+    baseline = score_baseline(
+        task, data_dir, params.split, y_true, names, params.baseline_max_samples
+    )
     if baseline is not None:
         report["baseline"] = baseline
         metrics["baseline_accuracy"] = baseline["accuracy"]

@@ -6,7 +6,8 @@ What is logged (:func:`log_bundle_model`, inside the active run, as an MLflow 3 
 
     MLmodel                      flavor python_function, signature, model_config, metadata
     python_model.pkl             a PaddleBundleModel instance without state (class by reference)
-    input_example.json           real images of the data set (split ``test``), as stored
+    input_example.json           the first images of the data set's split ``test``, as stored
+                                 (only the row group they are in is read)
     serving_input_example.json   the same, as a POST /invocations body
     artifacts/bundle/            the serving bundle of ``package``, byte for byte: fp32 PIR +
                                  legacy programs, int8/paddle, int8/openvino, signature.json,
@@ -24,7 +25,8 @@ program in :class:`components.runtime.PaddlePredictor` (``ModelFiles.in_dir``: t
 
 Input (signature: one unnamed tensor ``uint8 [-1, H, W, C]``, the stored layout of
 ``docs/data-format.md``; ``H, W, C`` are the data set's, e.g. ``[-1, 8, 8, 1]`` for the
-builtin digits): raw images, values 0-255, as ``images`` in ``{train,val,test}.npz``.
+builtin digits): raw images, values 0-255, as the snapshot's shards store them (``image``
+bytes with ``height``, ``width``, ``channels``).
 
 - a NumPy array ``uint8 [N, H, W, C]``;
 - a pandas DataFrame with ONE column (any name), one row per image, each cell a flat list
@@ -90,7 +92,6 @@ import mlflow.pyfunc  # noqa: E402  (after the telemetry default)
 from mlflow.exceptions import MlflowException  # noqa: E402
 from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE  # noqa: E402
 
-from components import dataset  # noqa: E402
 from components.artifacts import StepError, combined_sha256, read_json, sha256_tree  # noqa: E402
 
 log = logging.getLogger(__name__)

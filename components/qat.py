@@ -18,6 +18,14 @@ A task whose model cannot be quantized says why (``Task.int8_blocker``); then, a
 gate fails, the stage stops unless ``qat.allow_fp32_only`` is true, in which case it records the
 reasons in ``gate.json`` (``fp32_only``) and the metrics, and ``package`` ships fp32 only.
 
+Every split is read as a stream (no split is held whole): fine-tuning reads the training
+split as the train step does (``components.tasks.stream``: pieces in an order drawn from
+``(seed, epoch)``, a shuffle buffer of ``qat.shuffle_buffer`` samples), in this process;
+``qat.max_steps_per_epoch`` bounds an epoch on a large data set. The activation scales are
+calibrated during these steps (moving averages), so the calibration reads exactly the batches
+the fine-tuning reads. The comparisons run every model on each split batch by batch and keep
+only the per-sample outcomes.
+
 The gate compares int8 with its fp32 parent sample by sample on the validation split
 (``qat.split``), in both OpenVINO and Paddle Inference: a paired test (counts of samples that
 got worse/better, one-sided exact McNemar) together with the accuracy and per-class recall
@@ -43,13 +51,15 @@ import paddle
 import paddle.nn.functional as F
 from tqdm import tqdm
 
-from components import dataset, gates
+from components import dataset, gates, snapshot
 from components.artifacts import StepError, atomic_path, read_json, write_json, write_manifest
 from components.modelio import load_trained
 from components.ov_runtime import OVPredictor, read_model, save_ir
 from components.runtime import ModelFiles, PaddlePredictor
 from components.step import DATA, In, Out, Step
 from components.tasks import Task
+from components.tasks.data import check_format
+from components.tasks.stream import SnapshotData, StreamSettings
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +91,8 @@ class QatParams:
     alpha: float = 0.1  # one-sided exact McNemar level ("significantly worse")
     min_class_flips: int = 3  # a class limit counts only with this many samples lost net
     latency: QatLatency = field(default_factory=QatLatency)
+    shuffle_buffer: int = 2048  # training samples the shuffled stream draws batches from
+    max_steps_per_epoch: int = 0  # 0: a whole pass over the training split per epoch
     # When no int8 model can be had (the task's model cannot be quantized, or the gate
     # fails): false stops the pipeline here; true records why and the bundle is fp32 only.
     allow_fp32_only: bool = False
@@ -88,6 +100,8 @@ class QatParams:
     def check(self) -> None:
         if self.epochs < 0 or self.batch_size < 1:
             raise ValueError("epochs must be >= 0 and batch_size >= 1")
+        if self.shuffle_buffer < 1 or self.max_steps_per_epoch < 0:
+            raise ValueError("shuffle_buffer must be >= 1 and max_steps_per_epoch >= 0")
         if not 0.0 <= self.distill_weight <= 1.0:
             raise ValueError("distill_weight must be within [0, 1]")
         if self.weight_bits not in (7, 8):
@@ -150,10 +164,14 @@ def finetune(
     data_dir: Path,
     params: QatParams,
 ) -> list[dict[str, float]]:
-    """Fine-tune the fake-quantized ``student`` with labels + distillation from ``teacher``."""
-    x_raw, y = task.read_split(data_dir, "train")
-    x_val_raw, y_val = task.read_split(data_dir, "val")
-    inputs, val_inputs = task.preprocess(x_raw), task.preprocess(x_val_raw)
+    """Fine-tune the fake-quantized ``student`` with labels + distillation from ``teacher``,
+    on shuffled batches streamed from the training split's shards."""
+    check_format(data_dir, task.data, task.name)
+    train = SnapshotData(
+        snapshot.load(data_dir),
+        task,
+        StreamSettings(shuffle_buffer=params.shuffle_buffer, workers=0),
+    )
     opt = paddle.optimizer.Adam(learning_rate=params.learning_rate, parameters=student.parameters())
     t, w = params.distill_temperature, params.distill_weight
     teacher.eval()
@@ -161,28 +179,41 @@ def finetune(
     for epoch in tqdm(range(1, params.epochs + 1), desc="qat", unit="epoch"):
         paddle.seed(params.seed * 1000 + epoch)
         rng = np.random.default_rng([params.seed, epoch, 1])
-        order = rng.permutation(len(y))
         student.train()
         _freeze_batch_norm(student)
-        total = 0.0
-        for start in range(0, len(y), params.batch_size):
-            idx = order[start : start + params.batch_size]
-            batch = [paddle.to_tensor(x) for x in task.augment([x[idx] for x in inputs], rng)]
+        total, samples, steps = 0.0, 0, 0
+        # pieces in an order drawn from (seed, epoch), through the shuffle buffer, read here
+        for piece in train.batches(params.batch_size, (params.seed, epoch)):
+            y = piece.labels
+            batch = [paddle.to_tensor(x) for x in task.augment(piece.inputs, rng)]
             logits = student(*batch)
             with paddle.no_grad():
                 soft = F.softmax(teacher(*batch) / t, axis=1)
             distill = F.kl_div(F.log_softmax(logits / t, axis=1), soft, reduction="batchmean")
-            hard = F.cross_entropy(logits, paddle.to_tensor(y[idx]))
+            hard = F.cross_entropy(logits, paddle.to_tensor(y))
             loss = (1.0 - w) * hard + w * distill * t * t
             loss.backward()
             opt.step()
             opt.clear_grad()
-            total += float(loss) * len(idx)
+            total += float(loss) * len(y)
+            samples += len(y)
+            steps += 1
+            if params.max_steps_per_epoch and steps >= params.max_steps_per_epoch:
+                break
         student.eval()
+        right, seen = 0, 0
         with paddle.no_grad():
-            pred = student(*[paddle.to_tensor(x) for x in val_inputs]).numpy().argmax(1)
+            for inputs, y_val in task.eval_batches(data_dir, "val"):
+                pred = student(*[paddle.to_tensor(x) for x in inputs]).numpy().argmax(1)
+                right += int((pred == y_val).sum())
+                seen += len(y_val)
         history.append(
-            {"epoch": epoch, "loss": total / len(y), "val_accuracy": float((pred == y_val).mean())}
+            {
+                "epoch": epoch,
+                "loss": total / max(samples, 1),
+                "val_accuracy": right / max(seen, 1),
+                "samples": samples,
+            }
         )
         log.info("qat epoch %d: %s", epoch, history[-1])
     student.eval()
@@ -258,21 +289,38 @@ def compare(
         k: PaddlePredictor(ModelFiles.in_dir(d / "paddle"), threads=threads)
         for k, d in (("fp32", fp32_dir), ("int8", int8_dir))
     }
+    runtimes = (("openvino", ov), ("paddle_inference", pi))
     by_split: dict[str, dict[str, Any]] = {}
     for split in dict.fromkeys((params.split, params.report_split)):
-        raw, labels = task.read_split(data_dir, split)
-        inputs = task.preprocess(raw)
+        # each model on each batch as it streams by; only the predicted classes are kept
+        preds: dict[tuple[str, str], list[np.ndarray]] = {
+            (r, k): [] for r, _ in runtimes for k in ("fp32", "int8")
+        }
+        labels_parts = []
+        for inputs, lbl in tqdm(
+            task.eval_batches(data_dir, split), desc=f"compare {split}", leave=False
+        ):
+            labels_parts.append(lbl)
+            for runtime, predictors in runtimes:
+                for k in ("fp32", "int8"):
+                    preds[runtime, k].append(predictors[k].predict(inputs).argmax(axis=1))
+        if not labels_parts:
+            raise StepError(f"{data_dir}: split {split} holds no samples (run ingest)")
+        labels = np.concatenate(labels_parts)
         by_split[split] = {}
-        for runtime, predictors in (("openvino", ov), ("paddle_inference", pi)):
-            fp32, int8 = (predictors[k].predict(inputs).argmax(axis=1) for k in ("fp32", "int8"))
+        for runtime, _ in runtimes:
+            fp32, int8 = (np.concatenate(preds[runtime, k]) for k in ("fp32", "int8"))
             paired = gates.compare(labels, fp32, int8, names)
             by_split[split][runtime] = {**outcomes(paired), "paired": paired}
     comparisons = by_split[params.split]
 
     latency: dict[str, float] = {}
+    # timed on the report split's first samples (only as many as the largest batch are read)
+    largest = max(params.latency.batch_sizes, default=1)
+    timed, _ = task.eval_head(data_dir, params.report_split, largest)
     for bs in params.latency.batch_sizes:
-        idx = np.arange(bs) % len(labels)
-        batch = [x[idx] for x in inputs]
+        idx = np.arange(bs) % len(timed[0])
+        batch = [x[idx] for x in timed]
         for k, p in ov.items():
             latency[f"{k}_ms_b{bs}"] = p.latency_ms(
                 batch, warmup=params.latency.warmup, repeats=params.latency.repeats

@@ -564,11 +564,11 @@ def run(
     model_dir, data_dir, out_dir = Path(model_dir), Path(data_dir), Path(out_dir)
     binary = server_binary(params, Path(serving_src), Path(build_dir))
     base = params.server_image or local_server_image()
-    raw, _ = task.read_split(data_dir, "test")
+    # the first golden_samples of the test split: the stream stops there
+    raw_golden, _ = task.read_head(data_dir, "test", params.golden_samples)
     task.load_assets(model_dir)
-    raw_golden = raw[: params.golden_samples]
-    test_inputs, _ = task.eval_inputs(data_dir, "test")  # a generator's: latents + classes
-    golden = [x[: params.golden_samples] for x in test_inputs]
+    # what the model takes for them (a generator's: latents + classes)
+    golden, _ = task.eval_head(data_dir, "test", params.golden_samples)
 
     with atomic_path(out_dir) as tmp:
         tmp.mkdir(parents=True)

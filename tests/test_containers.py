@@ -246,14 +246,16 @@ def _predict(model_dir, task, data) -> tuple[np.ndarray, np.ndarray, list[str]]:
 
     from components import dataset
 
-    x, y = task.read_split(data, "test")
     model = task.build_model(len(dataset.read_label_names(data)))
     model.set_state_dict(paddle.load(str(model_dir / "model.pdparams")))
     model.eval()
+    labels, predicted = [], []
     with paddle.no_grad():
-        inputs = [paddle.to_tensor(a) for a in task.collate(task.preprocess(x))]
-        predicted = model(*inputs).argmax(axis=1).numpy()
-    return y, predicted, dataset.read_label_names(data)
+        for batch, y in task.eval_batches(data, "test"):  # the split as a stream
+            inputs = [paddle.to_tensor(a) for a in task.collate(batch)]
+            predicted.append(model(*inputs).argmax(axis=1).numpy())
+            labels.append(y)
+    return np.concatenate(labels), np.concatenate(predicted), dataset.read_label_names(data)
 
 
 def test_two_containers_train_as_the_nodes_of_a_paddlejob(images, digits_data, tmp_path):

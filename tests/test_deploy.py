@@ -354,7 +354,7 @@ def test_promote_serve_rollback_with_real_containers(
         local_state_dir=str(tmp_path / "state"),
         rollout_timeout_s=120,
     )
-    golden = digits_task.preprocess(digits_task.read_split(digits_data, "test")[0][:16])[0]
+    golden = digits_task.eval_head(digits_data, "test", 16)[0][0]
     args = (server, oci_registry, images, step_outputs)
     try:
         promoted = release_version(*args, exported, tmp_path / "v1", digits_task, digits_data)

