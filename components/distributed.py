@@ -12,9 +12,10 @@ Library layer (imports no step). One process per rank, started by Paddle's own l
   starts ``nproc`` ranks per node the same way: a local launch and a PaddleJob run identical
   code. ``PADDLE_MASTER``/``PADDLE_NNODES`` set by hand do the same on any set of machines.
 
-Inside a rank (:class:`World`), the train step shards each global batch across ranks,
-averages gradients with ``paddle.DataParallel`` and keeps every side effect (checkpoints,
-outputs, metrics) on global rank 0.
+Inside a rank (:class:`World`), the train step reads its own disjoint run of each epoch's
+samples (:class:`EpochShare`: equal steps on every rank, the remainder rule), averages
+gradients with ``paddle.DataParallel`` and keeps every side effect (checkpoints, outputs,
+metrics) on global rank 0.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -142,6 +143,89 @@ class Batching:
             "per_rank_batch": self.per_rank_batch,
             "learning_rate_effective": self.learning_rate,
             "lr_scaling": self.lr_scaling,
+        }
+
+
+@dataclass(frozen=True)
+class EpochShare:
+    """How the ranks share one epoch of ``rows`` training samples (docs/distributed.md).
+
+    The epoch's samples, in its piece order (the same on every rank), are cut into one
+    contiguous run per rank, so the ranks read disjoint samples. Every optimizer step takes
+    ``global_batch`` samples, ``global_batch // world_size`` from each rank (the first
+    ``global_batch % world_size`` ranks one more). The ``rows % global_batch`` samples left
+    form a last, smaller step shared the same way when there are at least ``world_size`` of
+    them; fewer (a rank would have none) are **not read in that epoch**: at most
+    ``world_size - 1`` samples, the last in that epoch's order, which changes every epoch. One
+    process drops nothing. Every rank therefore runs :attr:`steps` steps, and each weights
+    its mean loss by :meth:`weight` so that the gradient average ``paddle.DataParallel`` takes
+    is the global batch's mean."""
+
+    rows: int
+    global_batch: int
+    world_size: int = 1
+
+    def __post_init__(self) -> None:
+        if self.global_batch < self.world_size:
+            raise ValueError(
+                f"a global batch of {self.global_batch} cannot be shared by {self.world_size} ranks"
+            )
+
+    @property
+    def full_steps(self) -> int:
+        return self.rows // self.global_batch
+
+    @property
+    def last(self) -> int:
+        """Samples of the last, smaller step (0: none)."""
+        rest = self.rows % self.global_batch
+        return rest if rest >= self.world_size else 0
+
+    @property
+    def steps(self) -> int:
+        return self.full_steps + (1 if self.last else 0)
+
+    @property
+    def used(self) -> int:
+        """Samples read in an epoch, all ranks together."""
+        return self.full_steps * self.global_batch + self.last
+
+    @property
+    def dropped(self) -> int:
+        return self.rows - self.used
+
+    @staticmethod
+    def _part(total: int, rank: int, size: int) -> int:
+        return total // size + (1 if rank < total % size else 0)
+
+    def batch(self, rank: int, step: int) -> int:
+        """Samples rank ``rank`` takes in step ``step``."""
+        if step < self.full_steps:
+            return self._part(self.global_batch, rank, self.world_size)
+        return self._part(self.last, rank, self.world_size)
+
+    def rank_rows(self, rank: int) -> int:
+        """Samples rank ``rank`` reads in an epoch."""
+        return self.full_steps * self._part(self.global_batch, rank, self.world_size) + self._part(
+            self.last, rank, self.world_size
+        )
+
+    def weight(self, rank: int, step: int) -> float:
+        """The factor on rank ``rank``'s mean loss in step ``step``: ``world_size`` times
+        its share of the step's samples (1 when the ranks take equal shares)."""
+        total = self.global_batch if step < self.full_steps else self.last
+        return self.world_size * self.batch(rank, step) / total
+
+    def start(self, rank: int) -> int:
+        """Where rank ``rank``'s run begins in the epoch's order."""
+        return sum(self.rank_rows(r) for r in range(rank))
+
+    def facts(self) -> dict[str, Any]:
+        return {
+            "steps_per_epoch": self.steps,
+            "samples_per_epoch": self.used,
+            "dropped_per_epoch": self.dropped,
+            "rank_samples_per_epoch": [self.rank_rows(r) for r in range(self.world_size)],
         }
 
 
@@ -366,36 +450,6 @@ class World:
                     f"rank {self.rank}/{self.size} from the environment, but the process "
                     f"group says {dist.get_rank()}/{dist.get_world_size()}"
                 )
-
-    def shard(self, idx: np.ndarray) -> tuple[np.ndarray, float]:
-        """This rank's part of a global batch (at least one sample per rank: see
-        :meth:`batches`) and the weight of its mean loss such that the average over ranks
-        (what DataParallel applies to gradients) is the global batch's mean."""
-        if len(idx) < self.size:
-            raise ValueError(f"a batch of {len(idx)} cannot be shared by {self.size} ranks")
-        part = idx[self.rank :: self.size]
-        return part, self.size * len(part) / len(idx)
-
-    def batches(self, batches: Iterable[np.ndarray]) -> Iterator[np.ndarray]:
-        """``batches`` with every batch smaller than the world size joined to its neighbour
-        (a rank without samples would still have to join the all-reduce, and a stand-in
-        sample would move BatchNorm statistics). One process: ``batches`` unchanged."""
-        if self.size == 1:
-            yield from batches
-            return
-        held: np.ndarray | None = None
-        for batch in batches:
-            if held is None:
-                held = batch
-            elif len(batch) < self.size or len(held) < self.size:
-                held = np.concatenate([held, batch])
-            else:
-                yield held
-                held = batch
-        if held is not None:
-            if len(held) < self.size:
-                raise ValueError(f"{len(held)} samples cannot be shared by {self.size} ranks")
-            yield held
 
     def all_sum(self, values: Sequence[float]) -> list[float]:
         """Element-wise sum over ranks (float64)."""

@@ -7,18 +7,29 @@
 - Early stopping on the task's validation score (``Objective.score``: accuracy for the
   classifiers, a generator's Frechet distance) with ``patience`` and ``min_delta``. The
   loss, the optimizers and the score are the task's (:mod:`components.tasks.objective`).
+- The data is streamed, never loaded whole (:mod:`components.tasks.stream`): bounded pieces of
+  the snapshot's shards, read and preprocessed by ``train.loader_workers`` processes of a
+  ``paddle.io.DataLoader``, in an order drawn from ``(seed, epoch)``, through a shuffle buffer
+  of ``train.shuffle_buffer`` samples; validation is scored batch by batch. The task's fitting
+  hooks (a vocabulary, a judge, pretraining, soft targets) get the split as streams too
+  (``TrainingData``). Before training, the reader alone is timed over
+  ``train.reader_probe_samples`` samples: ``metrics/train.json`` records its samples/s beside
+  the train step's (``reader_samples_per_second``, ``samples_per_second``, ``reader_vs_train``).
 - A checkpoint is written atomically after every epoch. A killed run restarted with the same
   params and data resumes from it and ends with the same weights as an uninterrupted run:
-  every epoch reseeds from ``(seed, epoch)``. A checkpoint from other params or data is ignored.
+  every epoch's piece order, shuffle, batches, augmentations and dropout reseed from
+  ``(seed, epoch)`` (and the rank), whatever the number of loader workers. A checkpoint from
+  other params or data is ignored.
 - Data parallel (``train.distributed``, :mod:`components.distributed`): with ``nproc`` > 1, or
   in a Kubeflow PaddleJob's pods (``PADDLE_MASTER``/``PADDLE_NNODES``), the step launches
-  itself as ranks with ``paddle.distributed.launch``. Every rank draws the same global batch
-  (same seed), takes its shard of it and weights its loss so that ``paddle.DataParallel``'s
-  gradient average is the global batch's mean: with ``distributed.batch: global`` a run of
-  any world size follows the single-process math. Validation is sharded and summed over
-  ranks, so early stopping decides the same everywhere. Only global rank 0 writes
-  checkpoints, outputs and metrics; at the end the ranks compare parameter digests and the
-  step fails if they differ.
+  itself as ranks with ``paddle.distributed.launch``. Each epoch's samples, in its piece
+  order, are cut into one contiguous run per rank (``EpochShare``): the ranks read disjoint
+  samples and run the same number of steps; the at most ``world_size - 1`` samples that would
+  leave a rank without a sample in the last step are not read in that epoch. Each rank
+  weights its loss so that ``paddle.DataParallel``'s gradient average is the global batch's
+  mean. Validation batches are shared out and the sums added over ranks, so early stopping
+  decides the same everywhere. Only global rank 0 writes checkpoints, outputs and metrics; at
+  the end the ranks compare parameter digests and the step fails if they differ.
 """
 
 from __future__ import annotations
@@ -32,7 +43,7 @@ import math
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -47,21 +58,23 @@ from components.artifacts import (
     StepError,
     atomic_path,
     read_json,
-    sha256_file,
     write_json,
     write_manifest,
     write_text,
 )
 from components.config import params_sha256
-from components.distributed import Batching, DistributedParams, World
+from components.distributed import Batching, DistributedParams, EpochShare, World
 from components.step import DATA, In, Out, Step
-from components.tasks import Task
-from components.tasks.base import ASSETS_DIR, TrainSettings
+from components.tasks import Task, stream
+from components.tasks.base import ASSETS_DIR, SoftTargets, TrainSettings
+from components.tasks.data import check_format
 from components.tasks.objective import Objective, StepContext
+from components.tasks.stream import InputBatch, StreamSettings
 
 log = logging.getLogger(__name__)
 SINGLE = World()  # one process, no launch
-CHECKPOINT_FORMAT = 2  # 2: named optimizers, the best epoch's "score" (older ones are ignored)
+# 2: named optimizers, the best epoch's "score"; 3: streamed epochs (older ones are ignored)
+CHECKPOINT_FORMAT = 3
 RANK_SEED_STRIDE = 7919  # paddle.seed offset per rank (a prime: no rank meets another's epoch)
 
 
@@ -90,12 +103,24 @@ class TrainParams:
     eval_batch_size: int = 256
     early_stopping: EarlyStopping = field(default_factory=EarlyStopping)
     distributed: DistributedParams = field(default_factory=DistributedParams)
+    # the input pipeline (components.tasks.stream; docs/distributed.md)
+    shuffle_buffer: int = 2048  # preprocessed samples held for shuffling
+    piece_rows: int = 256  # rows of a shard read at once (a piece)
+    loader_workers: int = 1  # paddle.io.DataLoader processes reading pieces; 0: this process
+    reader_probe_samples: int = 2048  # timed before training: the reader alone (0: off)
 
     def check(self) -> None:
         if self.epochs < 1 or self.batch_size < 1 or self.eval_batch_size < 1:
             raise ValueError("epochs, batch_size and eval_batch_size must be >= 1")
         if not self.learning_rate > 0:
             raise ValueError("learning_rate must be > 0")
+        if self.shuffle_buffer < 1 or self.piece_rows < 1:
+            raise ValueError("shuffle_buffer and piece_rows must be >= 1")
+        if self.loader_workers < 0 or self.reader_probe_samples < 0:
+            raise ValueError("loader_workers and reader_probe_samples must be >= 0")
+
+    def stream(self) -> StreamSettings:
+        return StreamSettings(self.shuffle_buffer, self.piece_rows, self.loader_workers)
 
 
 @dataclass(frozen=True)
@@ -120,6 +145,7 @@ class TrainResult:
     samples_per_second: float
     amp_effective: str
     resumed_from_epoch: int | None
+    reader_samples_per_second: float | None = None  # the reader alone (all ranks), if timed
 
 
 def resolve_device(requested: str) -> str:
@@ -154,8 +180,10 @@ def _fingerprint(
 ) -> str:
     """What a checkpoint must have been made with to be resumed: the params, the task, the
     data and the global batch and learning rate (not how many ranks computed them: with
-    ``distributed.batch: global`` a run may resume at another world size)."""
-    train = {k: v for k, v in asdict(params).items() if k != "distributed"}
+    ``distributed.batch: global`` a run may resume at another world size; nor how many
+    loader workers read the pieces, which changes nothing)."""
+    ignored = ("distributed", "loader_workers", "reader_probe_samples")
+    train = {k: v for k, v in asdict(params).items() if k not in ignored}
     train["batching"] = {"global": batching.global_batch, "lr": batching.learning_rate}
     return params_sha256(
         {"train": train, "task": task_params, "data": data_sha, "format": CHECKPOINT_FORMAT}
@@ -216,8 +244,30 @@ class _Trainer:
     # what the batches go through: the model, or DataParallel around it (Objective.parallel)
     nets: Any = None
     # distillation: soft targets per training sample [N, K] (Task.soft_targets), their weight
-    # and temperature; None: labels only
-    soft: Any = None
+    # and temperature, looked up by sample key; None: labels only
+    soft: SoftTargets | None = None
+    _soft_index: tuple[np.ndarray, np.ndarray] | None = None
+
+    def set_soft(self, soft: SoftTargets | None, where: str) -> None:
+        self.soft, self._soft_index = soft, None
+        if soft is None:
+            return
+        if soft.keys is None or len(soft.keys) != len(soft.probabilities):
+            raise StepError(f"{where}: soft targets need one sample key per row (keys)")
+        keys = np.asarray(soft.keys, dtype=f"S{stream.KEY_BYTES}")
+        order = np.argsort(keys, kind="stable")
+        self._soft_index = (keys[order], order)
+
+    def soft_rows(self, keys: np.ndarray) -> np.ndarray | None:
+        """The soft targets of the samples with ``keys`` (``uint8 [n, 32]``)."""
+        if self.soft is None or self._soft_index is None:
+            return None
+        sorted_keys, order = self._soft_index
+        want = stream.key_strings(keys)
+        pos = np.minimum(np.searchsorted(sorted_keys, want), len(sorted_keys) - 1)
+        if not np.array_equal(sorted_keys[pos], want):
+            raise StepError("the soft targets have no row for a training sample's key")
+        return self.soft.probabilities[order[pos]]
 
     @property
     def scheduler(self) -> Any:
@@ -231,7 +281,7 @@ class _Trainer:
         task: Task,
         num_classes: int,
         amp: AmpMode,
-        n_train: int,
+        steps_per_epoch: int,
         batching: Batching,
         device: str,
     ) -> _Trainer:
@@ -254,7 +304,7 @@ class _Trainer:
                 learning_rate=batching.learning_rate,
                 weight_decay=params.weight_decay,
                 epochs=params.epochs,
-                steps_per_epoch=math.ceil(n_train / batching.global_batch),
+                steps_per_epoch=steps_per_epoch,
                 lr_step_size=params.lr_step_size,
                 lr_gamma=params.lr_gamma,
             ),
@@ -307,39 +357,40 @@ class _Trainer:
     def epoch(
         self,
         task: Task,
-        x_train: list[np.ndarray],
-        y_train: np.ndarray,
-        batch_size: int,
+        batches: Iterator[InputBatch],
+        share: EpochShare,
         rng: np.random.Generator,
         world: World = SINGLE,
         number: int = 1,
     ) -> dict[str, float]:
-        """One pass over the shuffled training set: the objective's means (over all ranks).
+        """One pass over this rank's run of the epoch: the objective's means (over all ranks).
 
-        Every rank draws the same global batches and augmentations (same ``rng``; a
-        generative task draws its latents there too) and trains on its shard of each."""
-        n = len(y_train)
+        ``batches`` are this rank's (:func:`components.tasks.stream.shuffled_batches`): step
+        ``i`` must hold ``share.batch(rank, i)`` samples, so every rank runs the same steps;
+        each weights its loss by ``share.weight`` (the global batch's mean)."""
         self.model.train()
         ctx = StepContext(autocast=self.autocast, update=self.update)
         sums: dict[str, float] = {}
-        # the task's order (shuffled); with ranks, no batch smaller than the world size
-        for i, idx in enumerate(world.batches(task.batches(x_train, batch_size, rng))):
-            if i == 1 and number == 2:  # a checkpoint exists, the epoch is under way
+        step = -1
+        for step, batch in enumerate(batches):
+            if step == 1 and number == 2:  # a checkpoint exists, the epoch is under way
                 failpoints.hit("train.mid_epoch", f"epoch {number}, rank {world.rank}")
-            inputs = task.augment([x[idx] for x in x_train], rng)
-            part, weight = world.shard(np.arange(len(idx)))
-            arrays = task.collate([x[part] for x in inputs])
-            batch = [paddle.to_tensor(x) for x in arrays]
-            rows = idx[part]
-            soft = self.soft.probabilities[rows] if self.soft is not None else None
+            expected = share.batch(world.rank, step) if step < share.steps else 0
+            if len(batch.labels) != expected:
+                raise StepError(
+                    f"task {task.name}: step {step + 1} of epoch {number} has "
+                    f"{len(batch.labels)} samples on rank {world.rank}, the plan {expected} "
+                    "(Task.batches must cut a block into batches of the batch size)"
+                )
+            arrays = task.collate(task.augment(batch.inputs, rng))
             got = self.objective.step(
                 self.nets,
                 self.opts,
-                batch,
-                paddle.to_tensor(y_train[rows]),
-                weight=weight,
+                [paddle.to_tensor(x) for x in arrays],
+                paddle.to_tensor(batch.labels),
+                weight=share.weight(world.rank, step),
                 ctx=ctx,
-                soft=soft,
+                soft=self.soft_rows(batch.keys),
                 soft_targets=self.soft,
             )
             if self.per_batch:
@@ -347,9 +398,105 @@ class _Trainer:
                     scheduler.step()
             for key, value in got.items():
                 sums[key] = sums.get(key, 0.0) + value
+        if step + 1 != share.steps:
+            raise StepError(
+                f"task {task.name}: epoch {number} ran {step + 1} steps on rank {world.rank}, "
+                f"the plan {share.steps}"
+            )
         keys = list(sums)  # the objective's order (the same on every rank)
         totals = world.all_sum([sums[k] for k in keys])
-        return {k: v / n for k, v in zip(keys, totals, strict=True)}
+        return {k: v / share.used for k, v in zip(keys, totals, strict=True)}
+
+
+@dataclass(frozen=True)
+class _Inputs:
+    """What this rank reads: its run of every epoch's training pieces, its validation
+    pieces, and how (:mod:`components.tasks.stream`)."""
+
+    snap: snapshot.Snapshot
+    task: Task
+    settings: StreamSettings
+    seed: int
+    share: EpochShare
+    rank: int
+    train_pieces: np.ndarray  # the split's, in manifest order
+    val_pieces: np.ndarray  # this rank's
+    val_rows: int  # the whole validation split's
+
+    @classmethod
+    def build(
+        cls,
+        snap: snapshot.Snapshot,
+        task: Task,
+        params: TrainParams,
+        share: EpochShare,
+        world: World,
+        objective: Objective,
+    ) -> _Inputs:
+        val = stream.piece_table(snap, "val", params.eval_batch_size)
+        if objective.sharded_validation:
+            mine = val[world.rank :: world.size]
+        else:  # rank 0 scores the whole split
+            mine = val if world.main else val[:0]
+        return cls(
+            snap,
+            task,
+            params.stream(),
+            params.seed,
+            share,
+            world.rank,
+            stream.piece_table(snap, "train", params.piece_rows),
+            mine,
+            snap.rows("val"),
+        )
+
+    def train(self, epoch: int) -> np.ndarray:
+        """This rank's pieces of ``epoch``: its run of the epoch's order."""
+        order = stream.epoch_order(self.train_pieces, (self.seed, epoch))
+        return stream.cut(order, self.share.start(self.rank), self.share.rank_rows(self.rank))
+
+    def reader(self, epochs: Sequence[int], val: bool = True) -> stream.Reader:
+        plan = stream.Plan(tuple(epochs), self.train, self.val_pieces if val else _NO_PIECES)
+        pieces = stream.PieceStream(self.snap, self.task.data, self.task.preprocess, plan)
+        return stream.Reader(pieces, self.settings.workers, self.settings.prefetch)
+
+    def batches(
+        self, reader: stream.Reader, epoch: int, rng: np.random.Generator
+    ) -> Iterator[InputBatch]:
+        """This rank's training batches of ``epoch`` from ``reader``."""
+        return stream.shuffled_batches(
+            reader.take(len(self.train(epoch))),
+            self.task,
+            self.share.batch(self.rank, 0),
+            self.settings.shuffle_buffer,
+            np.random.default_rng([self.seed, epoch, self.rank, stream.BUFFER]),
+            rng,
+        )
+
+    def probe(self, limit: int) -> float:
+        """samples/s of this rank's reader alone over about ``limit`` samples (the pieces of
+        epoch 0, an order no training epoch uses; start-up excluded where there are pieces
+        enough)."""
+        pieces = self.train(0)
+        rows = (pieces[:, 3] - pieces[:, 2]).tolist()
+        count = max(1, int(np.searchsorted(np.cumsum(rows), limit)) + 1)
+        count = min(count, len(pieces))
+        t0 = time.perf_counter()
+        reader = self.reader([0], val=False)
+        try:
+            items = reader.take(count)
+            if count > 1:
+                next(items)
+                t0, rows = time.perf_counter(), rows[1:]
+            for _ in items:
+                pass
+            seconds = time.perf_counter() - t0
+        finally:
+            reader.close()
+        return sum(rows[: count - (1 if count > 1 else 0)]) / seconds if seconds > 0 else 0.0
+
+
+_NO_PIECES = np.zeros((0, 4), dtype=np.int64)
 
 
 def _resume(trainer: _Trainer, ckpt_dir: Path, state: dict[str, Any] | None) -> dict[str, Any]:
@@ -387,15 +534,34 @@ def _fit(
     state: dict[str, Any],
     params: TrainParams,
     task: Task,
-    data: tuple[list[np.ndarray], np.ndarray, list[np.ndarray], np.ndarray],
+    inputs: _Inputs,
     ckpt_dir: Path,
     fingerprint: str,
-    batching: Batching,
     world: World,
 ) -> None:
     """The epochs from ``state`` on: train, validate, keep the best weights, checkpoint each
-    epoch (rank 0), stop early; ``state`` is updated in place."""
-    x_train, y_train, x_val, y_val = data
+    epoch (rank 0), stop early; ``state`` is updated in place. One reader streams every
+    remaining epoch (its workers live as long as the run)."""
+    todo = range(state["epoch"] + 1, params.epochs + 1)
+    reader = inputs.reader(todo) if todo and not state["stopped"] else None
+    try:
+        _epochs(trainer, state, params, task, inputs, reader, ckpt_dir, fingerprint, world)
+    finally:
+        if reader is not None:
+            reader.close()
+
+
+def _epochs(
+    trainer: _Trainer,
+    state: dict[str, Any],
+    params: TrainParams,
+    task: Task,
+    inputs: _Inputs,
+    reader: stream.Reader | None,
+    ckpt_dir: Path,
+    fingerprint: str,
+    world: World,
+) -> None:
     history, best = state["history"], state["best"]
     epochs = tqdm(
         range(state["epoch"] + 1, params.epochs + 1),
@@ -406,23 +572,28 @@ def _fit(
         disable=not world.main,
     )
     for epoch in epochs:
-        if state["stopped"]:
+        if state["stopped"] or reader is None:
             break
         # dropout: each rank its own masks (rank 0's seed is the single-process one)
         paddle.seed(params.seed * 1000 + epoch + RANK_SEED_STRIDE * world.rank)
         t0 = time.perf_counter()
-        rng = np.random.default_rng([params.seed, epoch])
+        # the task's batches and augmentations (and a generator's latents): this rank's
+        rng = np.random.default_rng([params.seed, epoch, world.rank])
         lr = trainer.scheduler.get_lr()  # at the epoch's start
-        train = trainer.epoch(task, x_train, y_train, batching.global_batch, rng, world, epoch)
+        batches = inputs.batches(reader, epoch, rng)
+        train = trainer.epoch(task, batches, inputs.share, rng, world, epoch)
         state["train_seconds"] += time.perf_counter() - t0
-        state["samples_seen"] += len(y_train)
+        state["samples_seen"] += inputs.share.used
         if not trainer.per_batch:
             for scheduler in trainer.schedulers:
                 scheduler.step()
         world.average_buffers(trainer.model)  # BatchNorm statistics: the same on every rank
 
         objective = trainer.objective
-        val = objective.validate(task, trainer.model, x_val, y_val, params.eval_batch_size, world)
+        val_batches = reader.take(len(inputs.val_pieces))
+        val = objective.validate(task, trainer.model, val_batches, inputs.val_rows, world)
+        for _ in val_batches:  # the reader's sequence goes on with the next epoch
+            pass
         row = {
             "epoch": epoch,
             **{f"train_{k}": v for k, v in train.items()},
@@ -538,40 +709,31 @@ def run(
             "(train.batch_size, train.distributed.batch)"
         )
 
-    x_train_raw, y_train = task.read_split(data_dir, "train")
-    x_val_raw, y_val = task.read_split(data_dir, "val")
-    task.fit_preprocessing(
-        x_train_raw, y_train
-    )  # a vocabulary, a judge: from the training split only
-    x_train, x_val = task.preprocess(x_train_raw), task.preprocess(x_val_raw)
-
+    check_format(data_dir, task.data, task.name)
     snap = snapshot.load(data_dir)
+    share = _share(snap, batching, world, data_dir)
+    # a vocabulary, a judge: fitted on the training split only, streamed
+    training_data = stream.SnapshotData(snap, task, params.stream())
+    task.fit_preprocessing(training_data)
+
     data_sha = "".join(snap.split_sha256(s) for s in ("train", "val"))
     fingerprint = _fingerprint(params, task_params or {}, data_sha, batching)
-    trainer = _Trainer.build(params, task, len(label_names), amp, len(y_train), batching, device)
+    trainer = _Trainer.build(params, task, len(label_names), amp, share.steps, batching, device)
     found = _load_checkpoint(ckpt_dir, fingerprint)
     if world.size > 1:  # before any long work: a rank that resumes must not wait for others
         _same_start(world, found["epoch"] if found else 0, ckpt_dir)
     pretrain_facts: dict[str, Any] = {}
     if found is None:  # resuming: the checkpoint has it
-        pretrain_facts = task.pretrain(trainer.model, x_train)
-    trainer.soft = task.soft_targets(x_train_raw, y_train, len(label_names))
+        pretrain_facts = task.pretrain(trainer.model, training_data)
+    trainer.set_soft(task.soft_targets(training_data, len(label_names)), f"task {task.name}")
     state = _resume(trainer, ckpt_dir, found)
     if state["resumed_from"] is None:
         state["pretrain"] = pretrain_facts
     trainer.nets = trainer.objective.parallel(trainer.model, world.size)
     pretrained = {**state["pretrain"], **(trainer.soft.facts if trainer.soft else {})}
-    _fit(
-        trainer,
-        state,
-        params,
-        task,
-        (x_train, y_train, x_val, y_val),
-        ckpt_dir,
-        fingerprint,
-        batching,
-        world,
-    )
+    inputs = _Inputs.build(snap, task, params, share, world, trainer.objective)
+    reader_rate = _probe(inputs, params.reader_probe_samples, world)
+    _fit(trainer, state, params, task, inputs, ckpt_dir, fingerprint, world)
     history, best = state["history"], state["best"]
     digests = _rank_digests(world, trainer.model, state["best_state"])
     if not world.main:
@@ -588,6 +750,7 @@ def run(
         samples_per_second=state["samples_seen"] / seconds if seconds else 0.0,
         amp_effective=amp.level,
         resumed_from_epoch=state["resumed_from"],
+        reader_samples_per_second=reader_rate,
     )
     _write_outputs(
         out_dir,
@@ -606,17 +769,26 @@ def run(
             "best_epoch": result.best_epoch,
             **({"pretrain": pretrained} if pretrained else {}),
         },
-        inputs={k: v for s in ("train", "val") for k, v in dataset.split_inputs(data_dir, s).items()},
+        inputs={
+            k: v for s in ("train", "val") for k, v in dataset.split_inputs(data_dir, s).items()
+        },
         task=task,
-        parallel={**batching.facts(), "rank_param_sha256": digests},
+        parallel={**batching.facts(), **share.facts(), "rank_param_sha256": digests},
+        input_pipeline={
+            "shuffle_buffer": params.shuffle_buffer,
+            "piece_rows": params.piece_rows,
+            "loader_workers": params.loader_workers,
+            "reader_samples_per_second": reader_rate,
+        },
     )
+    speeds = _speeds(result)
     write_json(
         metrics_file,
         {
             f"best_{result.score_name}": result.best_score,
             "best_epoch": result.best_epoch,
             "epochs_run": result.epochs_run,
-            "samples_per_second": round(result.samples_per_second, 2),
+            **speeds,
             "amp_effective": result.amp_effective,
             "amp_requested": params.amp,
             **batching.facts(),
@@ -633,7 +805,56 @@ def run(
         result.samples_per_second,
         result.amp_effective,
     )
+    if reader_rate is not None:
+        log.info(
+            "input pipeline: reader %.0f samples/s vs train step %.0f samples/s (x%s)",
+            reader_rate,
+            result.samples_per_second,
+            speeds.get("reader_vs_train"),
+        )
     return result
+
+
+def _share(snap: snapshot.Snapshot, batching: Batching, world: World, data_dir: Path) -> EpochShare:
+    """How the ranks share an epoch; a split too small for them is one line."""
+    share = EpochShare(snap.rows("train"), batching.global_batch, world.size)
+    if share.steps == 0:
+        raise StepError(
+            f"{data_dir}: the training split has {share.rows} samples, fewer than the "
+            f"{world.size} ranks that would share it"
+        )
+    if snap.rows("val") == 0:
+        raise StepError(f"{data_dir}: the validation split is empty (early stopping needs it)")
+    if share.dropped:
+        log.info(
+            "%d ranks: each epoch leaves %d of %d training samples unread (the last in its "
+            "order; fewer than the ranks, docs/distributed.md)",
+            world.size,
+            share.dropped,
+            share.rows,
+        )
+    return share
+
+
+def _probe(inputs: _Inputs, limit: int, world: World) -> float | None:
+    """The reader's samples/s alone (every rank's, added up), or None when not timed."""
+    if limit <= 0:
+        return None
+    rates = world.all_gather(inputs.probe(limit))
+    total = float(sum(rates))
+    log.info("reader alone: %.0f samples/s (%d rank(s))", total, world.size)
+    return total
+
+
+def _speeds(result: TrainResult) -> dict[str, float]:
+    """samples/s of the train step and of the reader alone, and their ratio."""
+    out = {"samples_per_second": round(result.samples_per_second, 2)}
+    reader = result.reader_samples_per_second
+    if reader is not None:
+        out["reader_samples_per_second"] = round(reader, 2)
+        if result.samples_per_second > 0:
+            out["reader_vs_train"] = round(reader / result.samples_per_second, 3)
+    return out
 
 
 def _launch_ranks(
@@ -665,6 +886,7 @@ def _written_result(out_dir: Path, metrics_file: Path) -> TrainResult | None:
         samples_per_second=float(metrics["samples_per_second"]),
         amp_effective=str(metrics["amp_effective"]),
         resumed_from_epoch=None,
+        reader_samples_per_second=metrics.get("reader_samples_per_second"),
     )
 
 
@@ -707,6 +929,7 @@ def _write_outputs(
     inputs: dict[str, Path],
     task: Task,
     parallel: dict[str, Any],
+    input_pipeline: dict[str, Any],
 ) -> None:
     """The best weights, their metadata, the task's fitted assets, the history and the
     manifest, atomically."""
@@ -734,6 +957,7 @@ def _write_outputs(
                 "device": device,
                 "fingerprint": fingerprint,
                 "distributed": parallel,
+                "input_pipeline": input_pipeline,
             },
         )
 

@@ -12,16 +12,19 @@ inputs and outputs (``data``, ``validation`` in; ``model``, ``checkpoints``, ``m
    waits in a rendezvous without a timeout: the job would hang until ``timeout_s``);
 2. names the job ``<paddlejob.job_name_prefix>-<12 hex>``, a hash of the KFP run's id
    (the parameter ``run``: ``dsl.PIPELINE_JOB_ID_PLACEHOLDER``, passed by
-   ``pipelines/training.py``), of the ``task`` and ``train`` sections and of the data set's
-   bytes, and records the run in the job's annotation ``paddle-mlops/run``. Every KFP retry of
-   the task within one run has the same name, so a retry finds its job and its checkpoints;
+   ``pipelines/training.py``), of the ``task`` and ``train`` sections and of the data it
+   trains on (the train and val shards' pinned sha256, the class names), and records the run
+   in the job's annotation ``paddle-mlops/run``. Every KFP retry of the task within one run
+   has the same name, so a retry finds its job and its checkpoints;
    another run (a concurrent one, or a rerun) has its own job and its own directory. A job
    whose annotation names another run (or none) is never reused nor deleted: the launch fails
    with an error naming it. (The run in the inputs makes the task's KFP cache key unique to
    the run: it is never a cache hit.);
-3. stages the data set and a ``params.yaml`` (``task`` + ``train``) into that job's directory on
-   the shared ReadWriteMany volume (``paddlejob.pvc`` at ``paddlejob.mount_path``, mounted in
-   this pod by the pipeline and in every worker by the PaddleJob);
+3. stages what the train step reads of the snapshot (``snapshot.json``, ``labels.json``,
+   ``manifest.json`` and the train and val shards, each checked against its pinned sha256; the
+   test split stays behind) and a ``params.yaml`` (``task`` + ``train``) into that job's
+   directory on the shared ReadWriteMany volume (``paddlejob.pvc`` at ``paddlejob.mount_path``,
+   mounted in this pod by the pipeline and in every worker by the PaddleJob);
 4. renders ``k8s/paddlejob/paddlejob.yaml`` (Worker replicas = nnodes, the component image by
    digest from ``$PADDLE_MLOPS_IMAGE`` (``$PADDLE_MLOPS_GPU_IMAGE`` with GPUs) or
    ``paddlejob.image``, resources from ``params.yaml: resources.train`` (compiled in), GPUs per
@@ -98,13 +101,13 @@ from typing import Any, Literal
 from kfp import dsl
 from kfp.dsl import Artifact, Dataset, Input, Metrics, Model, Output
 
+from components import snapshot
 from components.artifacts import (
     StepError,
     atomic_path,
-    combined_sha256,
     read_json,
     sha256_bytes,
-    sha256_tree,
+    sha256_file,
     write_text,
 )
 
@@ -350,15 +353,13 @@ def check_run(run: str) -> str:
 
 def job_key(task: Mapping[str, Any], train: Mapping[str, Any], data_dir: Path, run: str) -> str:
     """12 hex digits of the KFP run and of what the training's result depends on: the
-    ``task`` and ``train`` sections and the data set's bytes (its ``manifest.json``, with a
-    timestamp, left out). The same for every retry of the task within the run."""
-    files = {k: v for k, v in sha256_tree(data_dir).items() if k != "manifest.json"}
-    if not files:
-        raise StepError(f"{data_dir}: the data set is empty (did ingest run?)")
-    blob = json.dumps(
-        {"run": run, "task": task, "train": train, "data": combined_sha256(files)},
-        sort_keys=True,
-    )
+    ``task`` and ``train`` sections and the data it reads: the train and val shards (the
+    sha256 the snapshot's manifest pins for each, no shard is read) and the class names. The
+    same for every retry of the task within the run."""
+    snap = snapshot.load(data_dir)  # not a snapshot: one line (run ingest)
+    data = {split: snap.split_sha256(split) for split in STAGED_SPLITS}
+    data["labels.json"] = sha256_file(_staged_file(data_dir, "labels.json"))
+    blob = json.dumps({"run": run, "task": task, "train": train, "data": data}, sort_keys=True)
     return sha256_bytes(blob.encode())[:12]
 
 
@@ -494,9 +495,24 @@ def spec_sha256(doc: Mapping[str, Any]) -> str:
 # --------------------------------------------------------------------------- the volume
 
 
+# what the train step reads of a snapshot: the test split never goes to the shared volume
+STAGED_SPLITS = ("train", "val")
+STAGED_FILES = (snapshot.SNAPSHOT_FILE, "labels.json", "manifest.json")
+
+
+def _staged_file(data_dir: Path, name: str) -> Path:
+    path = data_dir / name
+    if not path.is_file():
+        raise StepError(f"{path}: missing; the data set is not a complete snapshot (run ingest)")
+    return path
+
+
 def stage(run_dir: Path, data_dir: Path, sections: Mapping[str, Any]) -> None:
-    """The data set and params.yaml in the job's directory (the data copied once: its
-    bytes are part of the job's name, so an existing copy is the same data)."""
+    """The data the train step reads and params.yaml in the job's directory: the snapshot's
+    ``snapshot.json``, ``labels.json`` and ``manifest.json`` and its train and val shards,
+    each checked against the sha256 the manifest pins once copied (the test shards stay
+    behind). Copied once: the shards' hashes are part of the job's name, so an existing copy
+    is the same data."""
     import yaml
 
     data = run_dir / "data"
@@ -505,12 +521,41 @@ def stage(run_dir: Path, data_dir: Path, sections: Mapping[str, Any]) -> None:
         if data.is_dir():
             log.info("data already staged in %s (a retry of the same run)", data)
         else:
+            snap = snapshot.load(data_dir)
+            shards = [s for s in snap.shards if s.split in STAGED_SPLITS]
             with atomic_path(data) as tmp:
-                shutil.copytree(data_dir, tmp)
-            log.info("staged the data set into %s", data)
+                tmp.mkdir()
+                for name in STAGED_FILES:
+                    shutil.copyfile(_staged_file(data_dir, name), tmp / name)
+                for shard in shards:
+                    _stage_shard(snap, shard, tmp)
+            log.info(
+                "staged the snapshot (%d train and val shards, %d bytes) into %s",
+                len(shards),
+                sum(s.bytes for s in shards),
+                data,
+            )
         write_text(run_dir / "params.yaml", yaml.safe_dump(dict(sections), sort_keys=False))
     except OSError as exc:
         raise StepError(f"staging the job's inputs into {run_dir} failed: {exc}") from exc
+
+
+def _stage_shard(snap: snapshot.Snapshot, shard: snapshot.Shard, dest_root: Path) -> None:
+    """Copy one shard below ``dest_root``; a missing or corrupt one is one line naming it."""
+    src, dest = snap.path(shard), dest_root / shard.path
+    if not src.is_file():
+        raise StepError(
+            f"{src}: shard missing (snapshot.json pins sha256 {shard.sha256}); run `dvc pull` "
+            "or ingest again"
+        )
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(src, dest)
+    got = sha256_file(dest)
+    if got != shard.sha256:
+        raise StepError(
+            f"{src}: shard sha256 is {got}, snapshot.json pins {shard.sha256}: it is corrupt; "
+            "run `dvc pull` or ingest again"
+        )
 
 
 def missing_outputs(run_dir: Path) -> list[str]:

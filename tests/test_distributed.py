@@ -22,8 +22,8 @@ from components.artifacts import StepError, read_json
 from components.distributed import (
     Batching,
     DistributedParams,
+    EpochShare,
     LaunchPlan,
-    World,
     launch_command,
     plan,
 )
@@ -120,33 +120,46 @@ def test_global_batch_and_learning_rate_scaling_are_explicit():
 
 
 @pytest.mark.parametrize("size", [1, 2, 3, 8])
-def test_shards_partition_a_batch_and_their_weighted_means_average_to_its_mean(size):
+def test_an_epoch_is_shared_in_equal_steps_and_weighted_to_the_global_mean(size):
+    """Every rank runs the same steps; each step's samples add up to the global batch (the
+    last step to what is left), the weighted means average to the step's mean, and at most
+    ``size - 1`` samples are left unread (none in one process)."""
     rng = np.random.default_rng(size)
-    for n in (8, 9, 31, 32, 33):
-        idx = rng.permutation(100)[:n]
-        losses = rng.random(100)
-        shards = [World(rank, size).shard(np.arange(n)) for rank in range(size)]
-        parts = [part for part, _ in shards]
-        assert sorted(np.concatenate(parts).tolist()) == list(range(n))  # each sample once
-        assert all(len(p) >= 1 for p in parts)
-        # what DataParallel applies: the mean over ranks of each rank's weighted mean loss
-        averaged = np.mean([w * losses[idx[p]].mean() for p, w in shards])
-        assert averaged == pytest.approx(losses[idx].mean())
+    for rows, batch in [(1206, 32), (1206, 30), (100, 7), (64, 32), (9, 8), (size, size)]:
+        if batch < size:
+            continue
+        share = EpochShare(rows, batch, size)
+        runs = [share.rank_rows(r) for r in range(size)]
+        assert sum(runs) == share.used == rows - share.dropped
+        assert 0 <= share.dropped < size and (size > 1 or share.dropped == 0)
+        assert [share.start(r) for r in range(size)] == np.cumsum([0, *runs[:-1]]).tolist()
+        for step in range(share.steps):
+            sizes = [share.batch(r, step) for r in range(size)]
+            assert min(sizes) >= 1 and max(sizes) - min(sizes) <= 1
+            assert sum(sizes) == (batch if step < share.steps - 1 or not share.last else share.last)
+            losses = [rng.random(n) for n in sizes]  # per-sample losses of each rank
+            averaged = np.mean([share.weight(r, step) * losses[r].mean() for r in range(size)])
+            assert averaged == pytest.approx(np.concatenate(losses).mean())
+        assert runs == [sum(share.batch(r, s) for s in range(share.steps)) for r in range(size)]
+    with pytest.raises(ValueError, match="cannot be shared by"):
+        EpochShare(100, 4, 8)
 
 
-@pytest.mark.parametrize("size", [1, 2, 3, 8])
-def test_no_batch_is_smaller_than_the_world_and_none_is_lost(size):
-    rng = np.random.default_rng(size)
-    for sizes in ([32, 32, 1], [1, 32, 32], [5, 2, 32, 7, 1], [32] * 4, [9]):
-        cut = np.cumsum(sizes)[:-1]
-        batches = np.split(rng.permutation(sum(sizes)), cut)
-        got = list(World(0, size).batches(iter(batches)))
-        assert np.concatenate(got).tolist() == np.concatenate(batches).tolist()
-        assert all(len(b) >= size for b in got)
-        if size == 1:
-            assert [len(b) for b in got] == sizes  # one process: the task's batches as they are
-    with pytest.raises(ValueError, match="cannot be shared by 8 ranks"):
-        list(World(0, 8).batches(iter([np.arange(5)])))
+@pytest.mark.parametrize("size", [2, 3])
+def test_ranks_read_disjoint_samples_of_each_epoch(digits_data, digits_task, size):
+    """What each rank's training batches hold in an epoch, read by the train step's own
+    pipeline (pieces, loader, shuffle buffer): no sample on two ranks, and together the
+    whole split but the at most ``size - 1`` samples the remainder rule leaves unread."""
+    from components import snapshot
+    from tests.test_train import _keys_read
+
+    train = snapshot.split_keys(digits_data, ["train"]).tolist()
+    per_rank = [_keys_read(digits_data, digits_task, 1, rank, size) for rank in range(size)]
+    seen = [k for keys in per_rank for k in keys]
+    assert len(seen) == len(set(seen)), "a sample was read by two ranks"
+    assert set(seen) <= set(train) and len(train) - len(seen) < size
+    share = EpochShare(len(train), 32, size)
+    assert [len(keys) for keys in per_rank] == [share.rank_rows(r) for r in range(size)]
 
 
 # --------------------------------------------------------------------------- 2 ranks, for real
@@ -248,21 +261,22 @@ def test_only_rank_0_writes_checkpoints_and_outputs(two_ranks):
     assert len((two_ranks / "model.csv").read_text().splitlines()) == EPOCHS + 1
 
 
-def test_two_ranks_follow_the_single_process_math(two_ranks, single):
-    """``batch: global``: shards weighted to the global mean give the single-process
-    gradients up to float summation order. The first epoch's loss agrees to 5 digits;
-    Adam then amplifies rounding in near-zero gradients, so later epochs agree within a
-    couple of validation samples and the weights within a few percent."""
+def test_two_ranks_train_like_one_process(two_ranks, single):
+    """``batch: global``: the same steps per epoch of the same global batch at the same
+    learning rate, each a gradient of the global batch's mean; the batches differ (each rank
+    draws from its own run of the epoch), so the runs agree statistically, not sample for
+    sample: the first epoch's loss within 15 %, the last epoch's validation accuracy within
+    3 points (measured: 6 % and 0.7 points)."""
+    recorded = read_json(two_ranks / "model" / "manifest.json")["distributed"]
+    alone = read_json(single / "model" / "manifest.json")["distributed"]
+    assert recorded["steps_per_epoch"] == alone["steps_per_epoch"]
+    assert recorded["samples_per_epoch"] == alone["samples_per_epoch"]
+    assert recorded["rank_samples_per_epoch"] == [alone["samples_per_epoch"] // 2] * 2
     h2 = read_json(two_ranks / "model" / "history.json")
     h1 = read_json(single / "model" / "history.json")
-    assert h2[0]["train_loss"] == pytest.approx(h1[0]["train_loss"], rel=1e-5)
-    for a, b in zip(h1, h2, strict=True):
-        assert abs(a["val_accuracy"] - b["val_accuracy"]) <= 0.01, (a, b)
-        assert a["train_loss"] == pytest.approx(b["train_loss"], rel=0.02)
-    ranks, one = _weights(two_ranks / "model"), _weights(single / "model")
-    assert ranks.keys() == one.keys()
-    flat = [np.concatenate([w[k].ravel() for k in sorted(one)]) for w in (ranks, one)]
-    assert np.linalg.norm(flat[0] - flat[1]) <= 0.05 * np.linalg.norm(flat[1])
+    assert h2[0]["train_loss"] == pytest.approx(h1[0]["train_loss"], rel=0.15)
+    assert len(h1) == len(h2) == EPOCHS
+    assert abs(h1[-1]["val_accuracy"] - h2[-1]["val_accuracy"]) <= 0.03, (h1[-1], h2[-1])
 
 
 @pytest.mark.parametrize("resume_nproc", [2, 1])
@@ -270,7 +284,8 @@ def test_killed_data_parallel_training_resumes_to_the_same_result(
     tmp_path, digits_data, two_ranks, resume_nproc
 ):
     """Killed at 2 ranks; resumed at 2 ranks: bit-identical to the uninterrupted run; at 1
-    (``batch: global`` keeps the checkpoint valid): the same run up to float rounding."""
+    (``batch: global`` keeps the checkpoint valid): the remaining epochs are one process's
+    (its own order of the samples), so the result agrees statistically."""
     params = _params_file(tmp_path, nproc=2, log_dir=tmp_path / "logs")
     ckpt = tmp_path / "ckpt"
     proc = _train_cli(params, digits_data, tmp_path / "model", ckpt)
@@ -305,12 +320,15 @@ def test_killed_data_parallel_training_resumes_to_the_same_result(
         assert f"resuming from checkpoint after epoch {killed_after}" in log
     assert read_json(state)["epoch"] == EPOCHS
     ref, got = _weights(two_ranks / "model"), _weights(tmp_path / "model")
+    history = read_json(tmp_path / "model" / "history.json")
+    reference = read_json(two_ranks / "model" / "history.json")
     if resume_nproc == 2:
         for key in ref:
             np.testing.assert_array_equal(got[key], ref[key], err_msg=key)
+        assert history == reference
     else:
-        flat = [np.concatenate([w[k].ravel() for k in sorted(ref)]) for w in (got, ref)]
-        assert np.linalg.norm(flat[0] - flat[1]) <= 0.05 * np.linalg.norm(flat[1])
+        assert history[:killed_after] == reference[:killed_after]  # from the checkpoint
+        assert abs(history[-1]["val_accuracy"] - reference[-1]["val_accuracy"]) <= 0.03
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
@@ -329,7 +347,8 @@ def test_a_signal_to_the_step_alone_stops_every_rank(tmp_path, digits_data, sig)
     assert state.exists() and proc.poll() is None, "training did not start"
     marker = str(tmp_path / "ckpt")  # in the command line of the step, launcher and ranks
     pids = _processes_with(marker)
-    assert len(pids) == 4  # the step, paddle's launcher, two ranks
+    # the step, paddle's launcher, two ranks and each rank's loader workers (forked)
+    assert len(pids) == 4 + 2 * data["train"]["loader_workers"]
     environs = {pid: Path(f"/proc/{pid}/environ").read_bytes() for pid in pids}
     assert sum(b"hunter2" in e for e in environs.values()) == 1, "only the step has them"
     assert b"hunter2" in environs[proc.pid]
@@ -344,18 +363,23 @@ def test_a_signal_to_the_step_alone_stops_every_rank(tmp_path, digits_data, sig)
 
 
 def test_a_failing_rank_fails_the_step_with_its_error(tmp_path, digits_data):
-    """A rank that cannot read its data: the step exits 1 with the rank's own message."""
+    """A rank that cannot read its data (a truncated training shard): the step exits 1 with
+    the rank's own message, which names the shard and its pinned sha256."""
+    import shutil
+
+    from components import snapshot
+
     data = tmp_path / "data"
-    data.mkdir()
-    for f in digits_data.iterdir():
-        (data / f.name).write_bytes(f.read_bytes())
-    (data / "train.npz").write_bytes(b"not an npz archive")
+    shutil.copytree(digits_data, data)
+    (shard,) = snapshot.load(data).split_shards("train")
+    path = data / shard.path
+    path.write_bytes(path.read_bytes()[: shard.bytes // 2])
     params = _params_file(tmp_path, nproc=2)
     proc = _train_cli(params, data, tmp_path / "model", tmp_path / "ckpt")
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 1
     assert "data-parallel training failed" in err and "rank logs in" in err
-    assert "train.npz" in err, err[-2000:]
+    assert f"{path}: shard is" in err and shard.sha256 in err, err[-2000:]
     assert not (tmp_path / "model").exists()
 
 

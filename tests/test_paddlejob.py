@@ -43,7 +43,8 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 import yaml
 
-from components.artifacts import StepError
+from components import snapshot
+from components.artifacts import StepError, sha256_file
 from components.k8s_check import (
     PLACEHOLDER_DIGEST,
     check_manifests,
@@ -412,15 +413,28 @@ def server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeApiS
         fake.thread.join(timeout=5)
 
 
-@pytest.fixture
-def data_dir(tmp_path: Path) -> Path:
-    """An ingested data set, as bytes (the launcher only copies and hashes it)."""
-    data = tmp_path / "artifacts" / "data"
-    data.mkdir(parents=True)
-    (data / "train.npz").write_bytes(b"train" * 100)
-    (data / "val.npz").write_bytes(b"val" * 100)
+def write_snapshot(data: Path, splits: tuple[str, ...] = ("train", "val", "test")) -> Path:
+    """A snapshot's files as bytes (the launcher only copies them and checks their sha256):
+    ``snapshot.json`` pinning one shard per split, ``labels.json``, ``manifest.json``."""
+    (data / "shards").mkdir(parents=True, exist_ok=True)
+    shards = []
+    for split in splits:
+        path = data / "shards" / f"u1-{split}-0000.parquet"
+        path.write_bytes(split.encode() * 100)
+        shards.append(
+            {"path": f"shards/{path.name}", "sha256": sha256_file(path), "rows": 100,
+             "bytes": path.stat().st_size, "split": split, "unit": "u1"}
+        )  # fmt: skip
+    snapshot.write_manifest(data, {"shards": shards})
+    (data / "labels.json").write_text('{"names": ["a", "b"], "format": "image"}')
     (data / "manifest.json").write_text('{"created_at": "now"}')
     return data
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path) -> Path:
+    """An ingested data set (a snapshot), as bytes."""
+    return write_snapshot(tmp_path / "artifacts" / "data")
 
 
 def settings(server: FakeApiServer, **overrides: Any) -> dict[str, Any]:
@@ -563,7 +577,7 @@ def test_a_succeeded_job_is_created_followed_logged_copied_and_deleted(
     # the data and params were on the volume before the job existed
     seen = server.seen_at_create[name]
     assert seen["params"] == {"task": TASK, "train": train_section()}
-    assert seen["data"] == ["manifest.json", "train.npz", "val.npz"]
+    assert seen["data"] == ["labels.json", "manifest.json", "shards", "snapshot.json"]
 
     # status read at the job's URL until it ended; pods by the operator's label; logs
     assert len(server.calls("GET", f"{JOBS_PATH}/{name}")) == len(SUCCESS) - 1
@@ -730,14 +744,71 @@ def test_a_retry_replaces_a_running_job_of_another_spec(server, data_dir, tmp_pa
 # --------------------------------------------------------------------------- runs and owners
 
 
-def test_the_job_name_is_the_same_within_a_run_and_another_in_another_run(data_dir):
+def test_the_job_name_is_the_same_within_a_run_and_another_in_another_run(data_dir, tmp_path):
     key = pj.job_key(TASK, train_section(), data_dir, "run-a")
     assert key == pj.job_key(TASK, train_section(), data_dir, "run-a")  # KFP's retries
     assert key != pj.job_key(TASK, train_section(), data_dir, "run-b")  # another run
     assert key != pj.job_key(TASK, train_section(nnodes=3), data_dir, "run-a")
+    # the data it trains on: another train shard is another job; the test split is not read
+    other = write_snapshot(tmp_path / "other")
+    assert pj.job_key(TASK, train_section(), other, "run-a") == key
+    (other / "shards" / "u1-test-0000.parquet").write_bytes(b"more test data")
+    write_snapshot_pins(other)
+    assert pj.job_key(TASK, train_section(), other, "run-a") == key
+    (other / "shards" / "u1-train-0000.parquet").write_bytes(b"more training data")
+    write_snapshot_pins(other)
+    assert pj.job_key(TASK, train_section(), other, "run-a") != key
     # the longest prefix still makes DNS-1035 names of at most 63 for the pods and Services
     longest = f"{'p' * pj.MAX_PREFIX}-{key}-worker-9999"
     assert len(longest) <= 63 and re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", longest)
+
+
+def write_snapshot_pins(data: Path) -> None:
+    """Pin the shards' current bytes in ``snapshot.json`` (as ingest would)."""
+    doc = json.loads((data / "snapshot.json").read_text())
+    for shard in doc["shards"]:
+        path = data / shard["path"]
+        shard.update(sha256=sha256_file(path), bytes=path.stat().st_size)
+    (data / "snapshot.json").write_text(json.dumps(doc))
+
+
+def test_staging_copies_what_the_train_step_reads_and_checks_every_shard(data_dir, tmp_path):
+    """snapshot.json, labels.json, manifest.json and the train and val shards go to the
+    volume, each shard checked against its pinned sha256; the test split stays behind."""
+    run_dir = tmp_path / "volume" / "run"
+    pj.stage(run_dir, data_dir, {"task": TASK, "train": train_section()})
+    staged = sorted(p.relative_to(run_dir).as_posix() for p in run_dir.rglob("*") if p.is_file())
+    assert staged == [
+        "data/labels.json",
+        "data/manifest.json",
+        "data/shards/u1-train-0000.parquet",
+        "data/shards/u1-val-0000.parquet",
+        "data/snapshot.json",
+        "params.yaml",
+    ]
+    for name in ("snapshot.json", "shards/u1-train-0000.parquet"):
+        assert (run_dir / "data" / name).read_bytes() == (data_dir / name).read_bytes()
+
+    # a train shard that is not the one snapshot.json pins: one line naming it, nothing staged
+    (data_dir / "shards" / "u1-train-0000.parquet").write_bytes(b"flipped bits" * 40)
+    bad = tmp_path / "volume" / "bad"
+    with pytest.raises(StepError) as info:
+        pj.stage(bad, data_dir, {"task": TASK, "train": train_section()})
+    message = str(info.value)
+    assert "u1-train-0000.parquet: shard sha256 is" in message and "\n" not in message
+    assert not (bad / "data").exists()
+    (data_dir / "shards" / "u1-train-0000.parquet").write_bytes(b"train" * 100)  # as pinned
+    (data_dir / "shards" / "u1-val-0000.parquet").unlink()
+    with pytest.raises(StepError, match="u1-val-0000.parquet: shard missing"):
+        pj.stage(bad, data_dir, {"task": TASK, "train": train_section()})
+
+
+def test_a_data_set_that_is_not_a_snapshot_is_refused_in_one_line(tmp_path):
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "train.npz").write_bytes(b"train" * 100)
+    with pytest.raises(StepError, match="no snapshot manifest"):
+        pj.job_key(TASK, train_section(), old, "run-a")
 
 
 def test_concurrent_runs_of_the_same_training_get_their_own_jobs_and_directories(
@@ -754,7 +825,7 @@ def test_concurrent_runs_of_the_same_training_get_their_own_jobs_and_directories
     assert result.job == b != a and result.created is True
     assert list(server.jobs) == [a] and not server.calls("DELETE", f"{JOBS_PATH}/{a}")
     assert server.jobs[a]["metadata"]["annotations"][pj.RUN_ANNOTATION] == "run-a"
-    assert (a_dir / "data" / "train.npz").is_file() and (a_dir / "params.yaml").is_file()
+    assert (a_dir / "data" / "snapshot.json").is_file() and (a_dir / "params.yaml").is_file()
     assert not (server.mount / "paddlejob-runs" / b).exists()
     assert [r["body"]["metadata"]["name"] for r in server.calls("POST")] == [a, b]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -10,10 +11,12 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 import paddle
 
-from components.tasks.data import DataFormat, check_format, read_split
+from components.artifacts import StepError
+from components.tasks.data import DataFormat, check_format, iter_split, read_split
 
 if TYPE_CHECKING:
     from components.tasks.objective import Objective
+    from components.tasks.stream import TrainingData
 
 ASSETS_DIR = "assets"  # under a model directory: what the task's preprocessing fitted
 
@@ -48,10 +51,12 @@ class SoftTargets:
     loss becomes ``(1 - weight) * CE(labels) + weight * T^2 * KL(teacher || model)`` on
     logits softened by temperature ``T``."""
 
-    probabilities: np.ndarray  # [N, K], rows sum to 1, in training-split order
+    probabilities: np.ndarray  # [N, K], rows sum to 1, one per key
     weight: float
     temperature: float
     facts: dict[str, Any]  # for the train metrics (e.g. the teacher's accuracy)
+    # [N] |S32: the sample key of each row (the training stream is looked up by key)
+    keys: np.ndarray | None = None
 
 
 @dataclass
@@ -68,8 +73,49 @@ class Scores:
     y_pred: np.ndarray
     report: dict[str, Any]
     metrics: dict[str, float]
-    outputs: np.ndarray | None = None  # what the model returned (a generator's images)
+    outputs: np.ndarray | None = None  # what the model returned, when kept whole (rarely)
     details: dict[str, Any] = field(default_factory=dict)  # task-private (features, say)
+    # the model's outputs again, batch by batch in sample order (a generator's images seen
+    # through another judge at blessing), without holding them all; None: not available
+    replay: Callable[[], Iterator[np.ndarray]] | None = None
+
+
+class Scorer:
+    """A task's judge fed one batch of model outputs at a time (:meth:`Task.scorer`): it keeps
+    only per-sample outcomes, so scoring a split never holds the split or all its outputs.
+
+    Default: a classifier's logits; it keeps the label and the predicted class of every
+    sample and reports accuracy, macro-F1, per-class recall and the confusion matrix."""
+
+    def __init__(self, label_names: list[str]):
+        self.label_names = label_names
+        self._labels: list[np.ndarray] = []
+        self._preds: list[np.ndarray] = []
+
+    def add(self, outputs: np.ndarray, labels: np.ndarray) -> None:
+        """The model's outputs for one batch of samples and those samples' labels."""
+        self._labels.append(np.asarray(labels, dtype=np.int64))
+        self._preds.append(np.asarray(outputs).argmax(axis=1))
+
+    def _outcomes(self) -> tuple[np.ndarray, np.ndarray]:
+        empty = np.zeros(0, dtype=np.int64)
+        labels = np.concatenate(self._labels) if self._labels else empty
+        preds = np.concatenate(self._preds).astype(np.int64) if self._preds else empty
+        return labels, preds
+
+    def result(self) -> Scores:
+        from components.tasks.report import classification_report
+
+        labels, y_pred = self._outcomes()
+        report = classification_report(labels, y_pred, self.label_names)
+        metrics = {
+            "accuracy": report["accuracy"],
+            "macro_f1": report["macro_f1"],
+            "worst_class_recall": min(
+                (c["recall"] for c in report["per_class"].values()), default=0.0
+            ),
+        }
+        return Scores(labels, y_pred, report, metrics)
 
 
 @dataclass(frozen=True)
@@ -122,12 +168,42 @@ class Task(abc.ABC):
         return model
 
     # ------------------------------------------------------------ scoring (evaluate, gates)
+    # Every step scores a split as a stream: :meth:`eval_batches` yields the model inputs batch
+    # by batch (in the snapshot's order) and :meth:`scorer` judges the outputs batch by batch.
+
+    def eval_batches(
+        self, data_dir: str | Path, split: str, batch_rows: int = 256
+    ) -> Iterator[tuple[list[np.ndarray], np.ndarray]]:
+        """The model inputs ``split`` is scored on and each sample's label, ``batch_rows`` at
+        most at a time, in the snapshot's order (default: the stored samples preprocessed)."""
+        check_format(data_dir, self.data, self.name)
+        for raw, labels in iter_split(self.data, data_dir, split, batch_rows):
+            yield self.preprocess(raw), labels
+
+    def eval_head(
+        self, data_dir: str | Path, split: str, count: int
+    ) -> tuple[list[np.ndarray], np.ndarray]:
+        """The model inputs and labels of the first ``count`` samples of ``split`` (or all, if
+        fewer): only the row groups they are in are read."""
+        parts: list[tuple[list[np.ndarray], np.ndarray]] = []
+        have = 0
+        for inputs, labels in self.eval_batches(data_dir, split, max(1, min(count, 1024))):
+            take = min(len(labels), count - have)
+            parts.append(([x[:take] for x in inputs], labels[:take]))
+            have += take
+            if have >= count:
+                break
+        return _concat_inputs(parts)
 
     def eval_inputs(self, data_dir: str | Path, split: str) -> tuple[list[np.ndarray], np.ndarray]:
-        """The model inputs a split is scored on and each sample's label (default: the stored
-        samples preprocessed)."""
-        raw, labels = self.read_split(data_dir, split)
-        return self.preprocess(raw), labels
+        """All of :meth:`eval_batches` at once: for tests and small checks only; steps
+        stream."""
+        return _concat_inputs(list(self.eval_batches(data_dir, split)))
+
+    def scorer(self, data_dir: str | Path, split: str, label_names: list[str]) -> Scorer:
+        """A fresh judge of the model's outputs on :meth:`eval_batches` of ``split``, fed batch
+        by batch (default: a classifier's logits, :class:`Scorer`)."""
+        return Scorer(label_names)
 
     def score(
         self,
@@ -137,18 +213,15 @@ class Task(abc.ABC):
         split: str,
         label_names: list[str],
     ) -> Scores:
-        """Judge the model's ``outputs`` for :meth:`eval_inputs` of ``split`` (default: a
-        classifier's logits: accuracy, macro-F1, per-class recall, the confusion matrix)."""
-        from components.tasks.report import classification_report
-
-        y_pred = outputs.argmax(axis=1)
-        report = classification_report(labels, y_pred, label_names)
-        metrics = {
-            "accuracy": report["accuracy"],
-            "macro_f1": report["macro_f1"],
-            "worst_class_recall": min(c["recall"] for c in report["per_class"].values()),
-        }
-        return Scores(labels, y_pred, report, metrics)
+        """Judge outputs already in memory for all of ``split`` (:meth:`eval_inputs`): the
+        :meth:`scorer` fed in batches; steps feed it as they predict instead."""
+        scorer = self.scorer(data_dir, split, label_names)
+        for s in range(0, len(labels), 256):
+            scorer.add(outputs[s : s + 256], labels[s : s + 256])
+        scores = scorer.result()
+        if scores.replay is None:
+            scores.replay = lambda: (outputs[s : s + 256] for s in range(0, len(outputs), 256))
+        return scores
 
     # ------------------------------------------------------------ the MLflow pyfunc model
 
@@ -156,8 +229,8 @@ class Task(abc.ABC):
         self, data_dir: str | Path, split: str, count: int, max_bytes: int
     ) -> tuple[Any, list[int]]:
         """An input example of the logged model and the per-sample shape it checks (default:
-        stored samples of ``split``, preprocessed inside the model)."""
-        raw, _ = self.read_split(data_dir, split)
+        the first stored samples of ``split``, preprocessed inside the model)."""
+        raw, _ = self.read_head(data_dir, split, count)
         return self.data.input_examples(raw, count, max_bytes)
 
     def pyfunc_inputs(self, model_input: Any, shape: list[int]) -> list[np.ndarray]:
@@ -209,10 +282,12 @@ class Task(abc.ABC):
     # it beside the program) and loads it back wherever a step preprocesses for a model.
 
     def fit_preprocessing(
-        self, train_samples: np.ndarray, labels: np.ndarray | None = None
+        self, data: TrainingData | np.ndarray, labels: np.ndarray | None = None
     ) -> None:
-        """Fit the preprocessing (or a judge of the outputs) on the training split's stored
-        samples and labels (default: nothing)."""
+        """Fit the preprocessing (or a judge of the outputs) on the training split, streamed
+        (``data``: :class:`components.tasks.stream.TrainingData`; stored samples and
+        ``labels`` in memory are accepted too, see ``stream.as_training_data``). Default:
+        nothing."""
         return None
 
     def save_assets(self, dest: Path) -> None:
@@ -224,22 +299,24 @@ class Task(abc.ABC):
         to load)."""
         return None
 
-    def pretrain(self, model: paddle.nn.Layer, inputs: list[np.ndarray]) -> dict[str, Any]:
-        """Unsupervised pretraining of a fresh ``model`` on the preprocessed training inputs
-        before fine-tuning (ERNIE's masked-language objective, say); returns facts for the
-        train metrics (default: none, nothing done)."""
+    def pretrain(self, model: paddle.nn.Layer, data: TrainingData) -> dict[str, Any]:
+        """Unsupervised pretraining of a fresh ``model`` on the training split (streamed:
+        ``data.epochs`` gives preprocessed shuffled batches) before fine-tuning (ERNIE's
+        masked-language objective, say); returns facts for the train metrics (default: none,
+        nothing done)."""
         return {}
 
-    def soft_targets(
-        self, train_samples: np.ndarray, train_labels: np.ndarray, num_classes: int
-    ) -> SoftTargets | None:
-        """Soft labels to distil from while training (default: none, labels only)."""
+    def soft_targets(self, data: TrainingData, num_classes: int) -> SoftTargets | None:
+        """Soft labels to distil from while training, one row per training sample with its
+        key (``SoftTargets.keys``: the train step looks them up by key). Default: none,
+        labels only."""
         return None
 
     def baseline(self) -> Any | None:
-        """A simple scikit-learn model (``fit``/``predict`` on stored samples) that evaluate
-        trains on the training split and scores beside the task's model on the same split, so
-        a model that cannot beat it says so (default: none)."""
+        """A simple scikit-learn model (``fit``/``predict`` on lists of stored samples) that
+        evaluate trains on a bounded seeded sample of the training split
+        (``evaluate.baseline_max_samples``) and scores beside the task's model on the same
+        split, so a model that cannot beat it says so (default: none)."""
         return None
 
     def int8_blocker(self) -> str | None:
@@ -250,8 +327,11 @@ class Task(abc.ABC):
     def batches(
         self, inputs: list[np.ndarray], batch_size: int, rng: np.random.Generator
     ) -> list[np.ndarray]:
-        """The sample indices of each training batch of one epoch, shuffled with ``rng``
-        (default: a random permutation cut into batches)."""
+        """The sample indices of each training batch of one block: ``inputs`` are samples the
+        shuffle buffer drew (``components.tasks.stream``), whole batches' worth but for the
+        epoch's last block. Every batch must hold ``batch_size`` samples but one smaller
+        batch per block (the stream moves it to the end). Default: a random permutation cut
+        into batches."""
         order = rng.permutation(len(inputs[0]))
         return [order[s : s + batch_size] for s in range(0, len(order), batch_size)]
 
@@ -269,14 +349,43 @@ class Task(abc.ABC):
         """How a client turns a raw sample into model input; written into signature.json."""
 
     def read_split(self, data_dir: str | Path, split: str) -> tuple[np.ndarray, np.ndarray]:
-        """Stored samples and int64 labels of one split (of a data set in this task's
-        format)."""
+        """Stored samples and int64 labels of one split, whole (compatibility, for tests and
+        small checks: steps read splits as streams, :meth:`eval_batches`,
+        :func:`components.tasks.data.iter_split`, or only their head, :meth:`read_head`)."""
         check_format(data_dir, self.data, self.name)
         data = read_split(self.data, data_dir, split)
         return data.samples, data.labels.astype(np.int64)
+
+    def read_head(
+        self, data_dir: str | Path, split: str, count: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The first ``count`` stored samples (or all, if fewer) and int64 labels of ``split``
+        in the snapshot's order; only the row groups they are in are read."""
+        check_format(data_dir, self.data, self.name)
+        samples, labels, have = [], [], 0
+        for raw, lbl in iter_split(self.data, data_dir, split, max(1, min(count, 1024))):
+            take = min(len(lbl), count - have)
+            samples.append(raw[:take])
+            labels.append(lbl[:take])
+            have += take
+            if have >= count:
+                break
+        if not samples:
+            return self.data.to_samples(None), np.zeros(0, dtype=np.int64)
+        return np.concatenate(samples), np.concatenate(labels).astype(np.int64)
 
     def paddle_input_specs(self) -> list[paddle.static.InputSpec]:
         return [
             paddle.static.InputSpec(shape=list(s.shape), dtype=s.dtype, name=s.name)
             for s in self.input_specs()
         ]
+
+
+def _concat_inputs(
+    parts: list[tuple[list[np.ndarray], np.ndarray]],
+) -> tuple[list[np.ndarray], np.ndarray]:
+    """Batches of model inputs and labels as one batch."""
+    if not parts:
+        raise StepError("no samples: the split is empty (run ingest)")
+    inputs = [np.concatenate(xs) for xs in zip(*(p[0] for p in parts), strict=True)]
+    return inputs, np.concatenate([p[1] for p in parts])

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
-import pandas as pd
 
 from components import dataset, snapshot
 from components.artifacts import StepError
@@ -121,8 +120,11 @@ class CommonValidateParams:
     class_fraction_max: float = 0.5
     # rows repeating another row of their split (same sample and label), per split
     max_duplicate_fraction: float = 0.05
+    workers: int = 1  # processes computing shard statistics at once (1: in this process)
 
     def check(self) -> None:
+        if self.workers < 1:
+            raise ValueError(f"workers must be >= 1, got {self.workers}")
         if not 0 <= self.min_rows <= self.max_rows:
             raise ValueError(
                 f"need 0 <= min_rows <= max_rows, got {self.min_rows}, {self.max_rows}"
@@ -146,11 +148,6 @@ def check_sha256(declared: dict[str, str]) -> None:
     for name, digest in declared.items():
         if not _SHA256.fullmatch(digest):
             raise ValueError(f"sha256.{name} must be 64 hex digits, got {digest!r}")
-
-
-# the columns every format's per-sample table starts with; the shared suites read them
-BASE_COLUMNS = ["file", "index", "split", "label"]
-HASH_COLUMN = "sample_sha"  # sha256 of the sample as stored: leakage and duplicates
 
 
 class DataFormat(abc.ABC):
@@ -237,17 +234,96 @@ class DataFormat(abc.ABC):
         ``ValueError`` (a bad request) with what was expected and found."""
 
     # ---------------------------------------------------------------- validate
+    # validate maps every shard through ``shard_stats`` (a process pool when
+    # ``validate.workers`` > 1) and checks the per-shard rows with ``shard_expectations``;
+    # the shared columns (key, label, row counts) are validate's own.
+
+    shard_columns: ClassVar[tuple[str, ...]]  # the format's columns of validate's shard tables
 
     @abc.abstractmethod
-    def sample_table(self, split: str, file: str, data: dataset.Split) -> pd.DataFrame:
-        """One row per sample: :data:`BASE_COLUMNS`, the format's own columns, and
-        :data:`HASH_COLUMN`."""
+    def shard_stats(self, params: Any) -> ShardStats:
+        """A fresh accumulator of one shard's statistics of the format's own columns."""
 
     @abc.abstractmethod
-    def sample_expectations(
-        self, params: Any, num_classes: int, splits: dict[str, dataset.Split]
+    def shard_expectations(
+        self, params: Any, facts: dict[str, dict[str, Any]]
     ) -> tuple[list[Any], dict[str, Any]]:
-        """The Great Expectations of the per-sample tables, and facts for ``summary.json``."""
+        """The Great Expectations on the format's columns of the shard tables (one row per
+        shard), given the facts of every split (:meth:`ShardStats.result`, summed with
+        :func:`sum_facts`), and facts for ``summary.json``."""
+
+
+# --------------------------------------------------------------------------- validate: per shard
+
+
+class ShardStats(abc.ABC):
+    """A data format's statistics of one shard (validate's map), added up batch by batch:
+    memory is bounded by one record batch, whatever the shard's size."""
+
+    @abc.abstractmethod
+    def add(self, batch: Any, first: int) -> None:
+        """Add an Arrow record batch whose first row is row ``first`` of the shard."""
+
+    @abc.abstractmethod
+    def result(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The shard's values of :attr:`DataFormat.shard_columns` (a column ``<x>_found``
+        holds the readable "found ..." of the rule on ``<x>``), and facts (counts as dicts)
+        that validate sums per split."""
+
+
+EXAMPLES = 3  # rows quoted per broken rule
+
+
+def show(value: Any) -> str:
+    """A value in a failure message: integers plainly, floats briefly, strings quoted."""
+    if isinstance(value, bool | np.bool_):
+        return str(bool(value))
+    if isinstance(value, int | np.integer):
+        return str(int(value))
+    if isinstance(value, float | np.floating):
+        v = float(value)
+        if np.isnan(v):
+            return "NaN"
+        return str(int(v)) if v.is_integer() else f"{v:.4g}"
+    return repr(value)
+
+
+def sample_where(batch: Any, index: int, first: int) -> str:
+    """Row ``first + index`` of a shard, and the input file and row it came from."""
+    where = f"row {first + index}"
+    names = batch.schema.names
+    if "source" in names and "row" in names:
+        where += f" ({batch.column('source')[index].as_py()}:{batch.column('row')[index].as_py()})"
+    return where
+
+
+@dataclass
+class Examples:
+    """How many rows of a shard break a rule, and the first few of them (value and where)."""
+
+    count: int = 0
+    shown: list[str] = field(default_factory=list)
+
+    def add(
+        self, batch: Any, first: int, hits: np.ndarray, values: Any = None, *, raw: bool = False
+    ) -> None:
+        """Rows ``hits`` (indices into ``batch``) break the rule; ``values`` are theirs
+        (shown as values, or as they are with ``raw``: already readable text)."""
+        hits = np.asarray(hits)
+        for j, index in enumerate(hits[: max(0, EXAMPLES - len(self.shown))].tolist()):
+            value = ""
+            if values is not None:
+                value = f"{values[j] if raw else show(values[j])} at "
+            self.shown.append(value + sample_where(batch, index, first))
+        self.count += int(hits.size)
+
+    def found(self, rows: int, what: str = "") -> str:
+        """``found 2 of 1206 rows <what> (e.g. 42 at row 3 (file:7), ...)``, or "" if none."""
+        if not self.count:
+            return ""
+        more = ", ..." if self.count > len(self.shown) else ""
+        what = f" {what}" if what else ""
+        return f"found {self.count} of {rows} rows{what} (e.g. {', '.join(self.shown)}{more})"
 
 
 def sum_facts(parts: list[dict[str, Any]]) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -39,10 +40,21 @@ import paddle.nn.functional as F
 from paddle import nn
 from tqdm import tqdm
 
+from components import snapshot
+from components.artifacts import StepError
 from components.config import from_dict
-from components.tasks.base import ASSETS_DIR, Optimization, Scores, TensorSpec, TrainSettings
+from components.tasks.base import (
+    ASSETS_DIR,
+    Optimization,
+    Scorer,
+    Scores,
+    TensorSpec,
+    TrainSettings,
+)
+from components.tasks.data import check_format, iter_split
 from components.tasks.digits import LeNet
 from components.tasks.objective import Objective, StepContext
+from components.tasks.stream import InputBatch, TrainingData, as_training_data
 from components.tasks.vision import ImageClassificationTask
 
 log = logging.getLogger(__name__)
@@ -212,6 +224,80 @@ class Judge:
         return np.concatenate(preds), np.concatenate(feats).astype(np.float64)
 
 
+class GanScorer(Scorer):
+    """The judge fed one batch of generated images at a time (:meth:`DigitsGanTask.scorer`).
+
+    Per sample it keeps the requested class, the judge's answer and the judge's features (the
+    distance and the blessing's paired bootstrap need them), never the images: only the first
+    ``eval.grid_columns`` of each class, for the sample grid. The ceiling (an untrained
+    generator on the same latents and classes) is generated and judged batch by batch too;
+    the real split's features are read as a stream when the result is asked for."""
+
+    def __init__(
+        self, task: DigitsGanTask, data_dir: str | Path, split: str, label_names: list[str]
+    ):
+        super().__init__(label_names)
+        self.task, self.data_dir, self.split = task, data_dir, split
+        self.judge = task._require_judge()
+        self._latents = task.latent_stream(split)  # the latents eval_batches drew, again
+        paddle.seed(task.options.eval.seed)
+        self._untrained = ConditionalGAN(len(label_names), task.options).generator
+        self._features: list[np.ndarray] = []
+        self._ceiling: list[np.ndarray] = []
+        self._grid: dict[int, list[np.ndarray]] = {c: [] for c in range(len(label_names))}
+
+    def add(self, outputs: np.ndarray, labels: np.ndarray) -> None:
+        labels = np.asarray(labels, dtype=np.int64)
+        preds, feats = self.judge(outputs)
+        self._labels.append(labels)
+        self._preds.append(preds)
+        self._features.append(feats.astype(np.float32))  # the judge computes in float32
+        latent = self._latents(len(labels))
+        _, ceiling = self.judge(self.task.generate(self._untrained, latent, labels))
+        self._ceiling.append(ceiling.astype(np.float32))
+        cols = self.task.options.eval.grid_columns
+        for c, kept in self._grid.items():
+            room = cols - len(kept)
+            if room > 0:
+                kept += list(outputs[np.flatnonzero(labels == c)[:room]])
+
+    def result(self) -> Scores:
+        from components.tasks.report import classification_report
+
+        labels, preds = self._outcomes()
+        if not self._features:
+            raise StepError(f"{self.data_dir}: split {self.split} holds no samples")
+        feats, ceiling = np.concatenate(self._features), np.concatenate(self._ceiling)
+        real_preds, real_labels, real_feats = self.task.real_features(self.data_dir, self.split)
+        half = len(real_feats) // 2
+        floor = frechet_distance(real_feats[:half], real_feats[half:])
+        fid = frechet_distance(feats, real_feats)
+        report = classification_report(labels, preds, self.label_names)
+        report["generation"] = {
+            "fid": fid,
+            "fid_floor": floor,
+            "fid_ceiling": frechet_distance(ceiling, real_feats),
+            "judge_accuracy": float((real_preds == real_labels).mean()),
+            "judge": self.task.judge_facts,
+        }
+        metrics = {
+            "class_agreement": report["accuracy"],
+            "worst_class_agreement": min(c["recall"] for c in report["per_class"].values()),
+            "fid": round(fid, 4),
+            "fid_floor": round(floor, 4),
+            "fid_ceiling": round(report["generation"]["fid_ceiling"], 4),
+            "judge_accuracy": report["generation"]["judge_accuracy"],
+        }
+        grid = {c: np.asarray(v) for c, v in self._grid.items()}
+        return Scores(
+            labels,
+            preds,
+            report,
+            metrics,
+            details={"features": feats, "real": real_feats, "judge": self.judge, "grid": grid},
+        )
+
+
 # --------------------------------------------------------------------------- the objective
 
 
@@ -231,9 +317,11 @@ class Adversarial(Objective):
 
     score = "fid"
     higher_is_better = False
+    sharded_validation = False  # rank 0 scores: the distance needs every sample's features
 
     def __init__(self, options: GanOptions):
         self.options = options
+        self._real_features: np.ndarray | None = None  # of the validation split, per run
 
     def optimizations(
         self, task: Any, model: paddle.nn.Layer, settings: TrainSettings
@@ -307,18 +395,38 @@ class Adversarial(Objective):
         self,
         task: Any,
         model: paddle.nn.Layer,
-        inputs: list[np.ndarray],
-        labels: np.ndarray,
-        batch_size: int,
+        batches: Iterable[InputBatch],
+        rows: int,
         world: Any,
     ) -> dict[str, float]:
-        """Rank 0 scores (the judge is rank 0's); every rank takes its answer, so early
-        stopping decides the same everywhere."""
+        """Rank 0 scores the whole split (:attr:`sharded_validation` is off; the judge is rank
+        0's), batch by batch: one image per sample from the split's fixed latents and the
+        sample's class, through the judge. Only per-sample results are kept (the judge's
+        answer and features; the real images' features once per run). Every rank takes rank
+        0's answer, so early stopping decides the same everywhere."""
         model.eval()
         got = None
         if world.main:
-            images = task.generate(model.generator, task.latents(len(labels), "val"), labels)
-            got = task.quality(images, labels, inputs[0])
+            judge = task._require_judge()
+            latents = task.latent_stream("val")
+            real_seen = self._real_features is not None
+            preds, feats, labels, real = [], [], [], []
+            for batch in batches:
+                images = task.generate(model.generator, latents(len(batch.labels)), batch.labels)
+                p, f = judge(images)
+                preds.append(p)
+                feats.append(f)
+                labels.append(batch.labels)
+                if not real_seen:  # the same real images every epoch: their features once
+                    real.append(judge(batch.inputs[0])[1])
+            if not real_seen:
+                self._real_features = np.concatenate(real)
+            if len(labels) == 0 or sum(len(y) for y in labels) != rows:
+                raise StepError(f"validation read {sum(len(y) for y in labels)} of {rows} samples")
+            got = {
+                "fid": frechet_distance(np.concatenate(feats), self._real_features),
+                "agreement": float((np.concatenate(preds) == np.concatenate(labels)).mean()),
+            }
         return world.all_gather(got)[0]
 
 
@@ -341,6 +449,8 @@ class DigitsGanTask(ImageClassificationTask):
         self.judge: Judge | None = None
         self.judge_facts: dict[str, Any] = {}
         self._real_cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        # a split's real features, by the judge that saw them and the split's shards
+        self._real_splits: dict[tuple[str, str], tuple[Judge, tuple[np.ndarray, ...]]] = {}
 
     @classmethod
     def from_options(
@@ -391,31 +501,35 @@ class DigitsGanTask(ImageClassificationTask):
 
     # ---- the judge: fitted on the training split, an asset beside the model
     def fit_preprocessing(
-        self, train_samples: np.ndarray, labels: np.ndarray | None = None
+        self, data: TrainingData | np.ndarray, labels: np.ndarray | None = None
     ) -> None:
-        if labels is None:
+        """The judge: a LeNet trained on the training split, streamed (``judge.epochs``
+        passes of shuffled batches, each seeded from ``(judge.seed, pass)``)."""
+        if isinstance(data, np.ndarray) and labels is None:
             raise ValueError(f"task {self.name}: the judge needs the training labels")
+        data = as_training_data(self, data, labels)
         o = self.options.judge
-        num_classes = int(labels.max()) + 1
+        num_classes = max(data.label_counts) + 1
         paddle.seed(o.seed)
         net = LeNet(num_classes, 1, self.image_size, o.conv_channels, o.hidden)
         opt = paddle.optimizer.Adam(learning_rate=o.learning_rate, parameters=net.parameters())
-        (x,) = self.preprocess(train_samples)
-        rng = np.random.default_rng(o.seed)
         net.train()
-        for _ in tqdm(range(o.epochs), desc="judge", unit="epoch", leave=False):
-            order = rng.permutation(len(labels))
-            for s in range(0, len(order), o.batch_size):
-                idx = order[s : s + o.batch_size]
-                loss = F.cross_entropy(net(paddle.to_tensor(x[idx])), paddle.to_tensor(labels[idx]))
+        passes = data.epochs(o.batch_size, (o.seed,), o.epochs)
+        for batches in tqdm(passes, total=o.epochs, desc="judge", unit="epoch", leave=False):
+            for batch in batches:
+                (x,) = batch.inputs
+                loss = F.cross_entropy(net(paddle.to_tensor(x)), paddle.to_tensor(batch.labels))
                 loss.backward()
                 opt.step()
                 opt.clear_grad()
         self.judge = Judge(net)
-        preds, _ = self.judge(x)
+        hits = 0
+        for batch in data.samples():
+            preds, _ = self.judge(self.preprocess(batch.samples)[0])
+            hits += int((preds == batch.labels).sum())
         self.judge_facts = {
             "num_classes": num_classes,
-            "train_accuracy": float((preds == labels).mean()),
+            "train_accuracy": hits / max(1, data.rows),
             "options": asdict(o),
         }
         self._real_cache.clear()
@@ -432,8 +546,6 @@ class DigitsGanTask(ImageClassificationTask):
         folder = Path(root) / ASSETS_DIR
         weights, meta = folder / JUDGE_FILE, folder / JUDGE_META
         if not weights.exists() or not meta.exists():
-            from components.artifacts import StepError
-
             raise StepError(f"{folder}: the judge ({JUDGE_FILE}, {JUDGE_META}) is missing")
         facts = json.loads(meta.read_text())
         o = JudgeOptions(**facts["options"])
@@ -448,16 +560,36 @@ class DigitsGanTask(ImageClassificationTask):
         rng = np.random.default_rng([self.options.eval.seed, sum(split.encode())])
         return rng.standard_normal((n, self.options.latent_dim)).astype(np.float32)
 
-    def eval_inputs(self, data_dir: str | Path, split: str) -> tuple[list[np.ndarray], np.ndarray]:
-        _, labels = self.read_split(data_dir, split)
-        return [self.latents(len(labels), split), labels], labels
+    def latent_stream(self, split: str) -> Any:
+        """``take(n)``: the next ``n`` rows of :meth:`latents` of ``split`` (drawn in chunks,
+        the same rows as drawn at once)."""
+        rng = np.random.default_rng([self.options.eval.seed, sum(split.encode())])
+        dim = self.options.latent_dim
+
+        def take(n: int) -> np.ndarray:
+            return rng.standard_normal((n, dim)).astype(np.float32)
+
+        return take
+
+    def eval_batches(
+        self, data_dir: str | Path, split: str, batch_rows: int = 256
+    ) -> Iterator[tuple[list[np.ndarray], np.ndarray]]:
+        """(latents, requested classes): one image per sample of ``split``, of its class, from
+        the fixed latents; only the label column is read."""
+        check_format(data_dir, self.data, self.name)
+        take = self.latent_stream(split)
+        for batch in snapshot.iter_batches(
+            data_dir, split, batch_rows=batch_rows, columns=["label"]
+        ):
+            labels = batch.column("label").to_numpy().astype(np.int64)
+            yield [take(len(labels)), labels], labels
 
     def pyfunc_examples(
         self, data_dir: str | Path, split: str, count: int, max_bytes: int
     ) -> tuple[Any, list[int]]:
         """float32 [N, 1 + latent_dim]: the requested class, then the latent vector."""
-        (latent, labels), _ = self.eval_inputs(data_dir, split)
-        rows = np.concatenate([labels[:count, None].astype(np.float32), latent[:count]], axis=1)
+        (latent, labels), _ = self.eval_head(data_dir, split, count)
+        rows = np.concatenate([labels[:, None].astype(np.float32), latent], axis=1)
         return rows, [1 + self.options.latent_dim]
 
     def pyfunc_inputs(self, model_input: Any, shape: list[int]) -> list[np.ndarray]:
@@ -509,52 +641,36 @@ class DigitsGanTask(ImageClassificationTask):
             "agreement": float((preds == labels).mean()),
         }
 
-    def score(
-        self,
-        outputs: np.ndarray,
-        labels: np.ndarray,
-        data_dir: str | Path,
-        split: str,
-        label_names: list[str],
-    ) -> Scores:
-        from components.tasks.report import classification_report
-
-        raw, real_labels = self.read_split(data_dir, split)
-        (real,) = self.preprocess(raw)
+    def real_features(
+        self, data_dir: str | Path, split: str, batch_rows: int = 256
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The judge's answers, the labels and the judge's features (float32) of the real
+        images of ``split``, read as a stream (kept per judge and split shards)."""
         judge = self._require_judge()
-        preds, feats = judge(outputs)
-        real_preds, real_feats = self._real(real)
-        half = len(real) // 2
-        floor = frechet_distance(real_feats[:half], real_feats[half:])
-        paddle.seed(self.options.eval.seed)
-        untrained = ConditionalGAN(len(label_names), self.options).generator
-        ceiling_images = self.generate(untrained, self.latents(len(labels), split), labels)
-        _, ceiling_feats = judge(ceiling_images)
-        fid = frechet_distance(feats, real_feats)
-        report = classification_report(labels, preds, label_names)
-        report["generation"] = {
-            "fid": fid,
-            "fid_floor": floor,
-            "fid_ceiling": frechet_distance(ceiling_feats, real_feats),
-            "judge_accuracy": float((real_preds == real_labels).mean()),
-            "judge": self.judge_facts,
-        }
-        metrics = {
-            "class_agreement": report["accuracy"],
-            "worst_class_agreement": min(c["recall"] for c in report["per_class"].values()),
-            "fid": round(fid, 4),
-            "fid_floor": round(floor, 4),
-            "fid_ceiling": round(report["generation"]["fid_ceiling"], 4),
-            "judge_accuracy": report["generation"]["judge_accuracy"],
-        }
-        return Scores(
-            labels,
-            preds,
-            report,
-            metrics,
-            outputs=outputs,
-            details={"features": feats, "real": real_feats, "judge": judge},
-        )
+        key = (str(Path(data_dir).resolve()), snapshot.load(data_dir).split_sha256(split))
+        cached = self._real_splits.get(key)
+        if cached is not None and cached[0] is judge:
+            return cached[1]  # type: ignore[return-value]
+        check_format(data_dir, self.data, self.name)
+        preds, labels, feats = [], [], []
+        for raw, lbl in iter_split(self.data, data_dir, split, batch_rows):
+            (real,) = self.preprocess(raw)
+            p, f = judge(real)
+            preds.append(p)
+            labels.append(lbl)
+            feats.append(f.astype(np.float32))
+        if not labels:
+            raise StepError(f"{data_dir}: split {split} holds no samples")
+        out = (np.concatenate(preds), np.concatenate(labels), np.concatenate(feats))
+        if len(self._real_splits) >= 4:  # a few data sets per step (register: split, holdout)
+            self._real_splits.clear()
+        self._real_splits[key] = (judge, out)
+        return out
+
+    def scorer(self, data_dir: str | Path, split: str, label_names: list[str]) -> Scorer:
+        """The judge's class answers (the per-sample outcome: agreement with the requested
+        class), the distance to the real split and its floor and ceiling (:class:`GanScorer`)."""
+        return GanScorer(self, data_dir, split, label_names)
 
     def blessing_checks(
         self, challenger: Scores, champion: Scores
@@ -566,9 +682,14 @@ class DigitsGanTask(ImageClassificationTask):
         # carries its own, identical when both were trained on the same data)
         judge = challenger.details["judge"]
         a, real = challenger.details["features"], challenger.details["real"]
-        if champion.outputs is None:
+        if champion.replay is not None:  # the champion's images again, batch by batch
+            images = champion.replay()
+        elif champion.outputs is not None:
+            images = iter([champion.outputs])
+        else:
             return ["the champion's scores carry no generated images"], {}
-        _, b = judge(champion.outputs)
+        parts = [judge(batch)[1] for batch in images]
+        b = np.concatenate(parts) if parts else np.zeros((0, a.shape[1]))
         if len(a) != len(b):
             return [
                 f"challenger and champion scored different sample counts ({len(a)}, {len(b)})"
@@ -611,14 +732,16 @@ class DigitsGanTask(ImageClassificationTask):
         cols = self.options.eval.grid_columns
         k = len(label_names)
         fig, axes = plt.subplots(k, cols, figsize=(cols * 0.8, k * 0.8), dpi=100, squeeze=False)
-        images, wanted = scores.outputs, scores.y_true
+        grid = scores.details.get("grid")
+        if grid is None and scores.outputs is not None:
+            grid = {c: scores.outputs[np.flatnonzero(scores.y_true == c)[:cols]] for c in range(k)}
         for c in range(k):
-            rows = np.flatnonzero(wanted == c)[:cols]
+            kept = (grid or {}).get(c, [])
             for j in range(cols):
                 ax = axes[c][j]
                 ax.axis("off")
-                if j < len(rows):
-                    ax.imshow((images[rows[j], 0] + 1) / 2, cmap="gray", vmin=0, vmax=1)
+                if j < len(kept):
+                    ax.imshow((kept[j][0] + 1) / 2, cmap="gray", vmin=0, vmax=1)
             axes[c][0].set_title(label_names[c], fontsize=7, loc="left")
         fig.suptitle(
             f"agreement {scores.metrics['class_agreement']:.3f}, "

@@ -10,7 +10,7 @@ distillation from soft targets, accuracy); a generative task brings its own
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -21,6 +21,7 @@ import paddle.nn.functional as F
 
 if TYPE_CHECKING:
     from components.tasks.base import Optimization, SoftTargets, Task, TrainSettings
+    from components.tasks.stream import InputBatch
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,9 @@ class Objective(abc.ABC):
     # "val_" prefix), and whether higher is better
     score: str = "accuracy"
     higher_is_better: bool = True
+    # validation: each rank scores its share of the split's batches (False: rank 0 gets them
+    # all, the other ranks none)
+    sharded_validation: bool = True
 
     def optimizations(
         self, task: Task, model: paddle.nn.Layer, settings: TrainSettings
@@ -66,23 +70,25 @@ class Objective(abc.ABC):
         soft: np.ndarray | None = None,
         soft_targets: SoftTargets | None = None,
     ) -> dict[str, float]:
-        """One optimizer step on this rank's shard. Returns per-sample sums (a mean loss times
-        the shard's size, a count of hits) that the loop adds over batches and ranks and
-        divides by the split's size. ``weight``: the shard's share of the global batch times
-        the world size (1 in one process); the loss is scaled by it before ``backward``."""
+        """One optimizer step on this rank's batch. Returns per-sample sums (a mean loss times
+        the batch's size, a count of hits) that the loop adds over batches and ranks and
+        divides by the samples of the epoch. ``weight``: this rank's share of the global batch
+        times the world size (1 in one process); the loss is scaled by it before
+        ``backward``. ``soft``: the batch's rows of ``soft_targets`` (distillation), if any."""
 
     @abc.abstractmethod
     def validate(
         self,
         task: Task,
         model: paddle.nn.Layer,
-        inputs: list[np.ndarray],
-        labels: np.ndarray,
-        batch_size: int,
+        batches: Iterable[InputBatch],
+        rows: int,
         world: Any,  # components.distributed.World
     ) -> dict[str, float]:
-        """Validation metrics of ``model`` (means over the split, the same on every rank);
-        must contain :attr:`score`."""
+        """Validation metrics of ``model`` (means over the split's ``rows`` samples, the same
+        on every rank); must contain :attr:`score`. ``batches``: this rank's preprocessed
+        batches of the validation split, streamed (see :attr:`sharded_validation`); keep only
+        per-sample results (they are small), never the inputs."""
 
 
 class Classification(Objective):
@@ -120,24 +126,19 @@ class Classification(Objective):
         self,
         task: Task,
         model: paddle.nn.Layer,
-        inputs: list[np.ndarray],
-        labels: np.ndarray,
-        batch_size: int,
+        batches: Iterable[InputBatch],
+        rows: int,
         world: Any,  # components.distributed.World
     ) -> dict[str, float]:
-        """Mean loss and accuracy; each rank scores its shard, the sums are shared."""
+        """Mean loss and accuracy; each rank scores its batches, the sums are shared."""
         model.eval()
-        n = len(labels)
-        inputs = [x[world.rank :: world.size] for x in inputs]
-        labels = labels[world.rank :: world.size]
         total_loss, correct = 0.0, 0
         with paddle.no_grad():
-            for start in range(0, len(labels), batch_size):
-                arrays = task.collate([x[start : start + batch_size] for x in inputs])
-                batch = [paddle.to_tensor(x) for x in arrays]
-                y = paddle.to_tensor(labels[start : start + batch_size])
-                logits = model(*batch).astype("float32")
+            for batch in batches:
+                arrays = task.collate(batch.inputs)
+                y = paddle.to_tensor(batch.labels)
+                logits = model(*[paddle.to_tensor(x) for x in arrays]).astype("float32")
                 total_loss += float(F.cross_entropy(logits, y, reduction="sum"))
                 correct += int((logits.argmax(axis=1) == y).astype("int64").sum())
         total_loss, correct = world.all_sum([total_loss, correct])
-        return {"loss": total_loss / n, "accuracy": correct / n}
+        return {"loss": total_loss / rows, "accuracy": correct / rows}

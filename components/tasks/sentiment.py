@@ -22,6 +22,7 @@ import math
 import time
 import unicodedata
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -42,6 +43,7 @@ from components.tasks.base import (
     TensorSpec,
     TrainSettings,
 )
+from components.tasks.stream import TrainingData, as_training_data
 from components.tasks.text_data import TextData
 
 log = logging.getLogger(__name__)
@@ -179,11 +181,12 @@ class ErnieClassifier(nn.Layer):
         return self.inner(input_ids=input_ids, token_type_ids=token_type_ids)
 
 
-def build_vocab(texts: list[str], lowercase: bool, min_count: int, max_size: int) -> list[str]:
+def build_vocab(texts: Iterable[str], lowercase: bool, min_count: int, max_size: int) -> list[str]:
     """A character-level WordPiece vocabulary of ``texts``: the special tokens, then every
     character ErnieTokenizer's basic tokenizer leaves alone (CJK characters, punctuation) and,
     for characters inside other words (Latin letters, digits), both ``c`` and ``##c``, so a
-    word of known characters never becomes ``[UNK]``. Most frequent first; ties by code."""
+    word of known characters never becomes ``[UNK]``. Most frequent first; ties by code.
+    ``texts`` may be a stream: only the character counts are kept."""
     paddlenlp()  # before any paddlenlp import
     from paddlenlp.transformers.bert.tokenizer import BasicTokenizer
 
@@ -226,15 +229,17 @@ class SentimentTask(Task):
         return self.tokenizer
 
     def fit_preprocessing(
-        self, train_samples: np.ndarray, labels: np.ndarray | None = None
+        self, data: TrainingData | np.ndarray, labels: np.ndarray | None = None
     ) -> None:
-        """The tokenizer: the pretrained one, or a vocabulary of the training texts."""
+        """The tokenizer: the pretrained one, or a vocabulary of the training texts (read as a
+        stream)."""
         transformers = paddlenlp()
         if self.options.pretrained:
             self.tokenizer = self._pretrained(transformers.ErnieTokenizer)
             return
+        data = as_training_data(self, data, labels)
         vocab = build_vocab(
-            [str(t) for t in train_samples.tolist()],
+            (str(t) for batch in data.samples() for t in batch.samples.tolist()),
             self.options.lowercase,
             self.options.vocab_min_count,
             self.options.vocab_max_size,
@@ -249,7 +254,7 @@ class SentimentTask(Task):
         self.tokenizer = transformers.ErnieTokenizer(
             vocab_file=str(path), do_lower_case=self.options.lowercase
         )
-        log.info("vocabulary: %d tokens from %d training texts", len(vocab), len(train_samples))
+        log.info("vocabulary: %d tokens from %d training texts", len(vocab), data.rows)
 
     def _pretrained(self, cls: Any, **kwargs: Any) -> Any:
         try:
@@ -343,8 +348,10 @@ class SentimentTask(Task):
             inner = transformers.ErnieForSequenceClassification(self._config(num_classes))
         return ErnieClassifier(inner)
 
-    def pretrain(self, model: nn.Layer, inputs: list[np.ndarray]) -> dict[str, Any]:
-        """Masked-language pretraining of ``model``'s encoder on the (training) ``inputs``."""
+    def pretrain(self, model: nn.Layer, data: TrainingData) -> dict[str, Any]:
+        """Masked-language pretraining of ``model``'s encoder on the training split, streamed:
+        ``mlm.epochs`` passes of shuffled, length-bucketed batches (each pass seeded from
+        ``(mlm.seed, pass)``, masks too)."""
         opts = self.options.mlm
         if opts.epochs == 0 or self.options.pretrained:
             return {}
@@ -353,19 +360,18 @@ class SentimentTask(Task):
         paddle.seed(opts.seed)
         mlm = transformers.ErnieForMaskedLM(self._config(2))
         mlm.ernie.set_state_dict(model.inner.ernie.state_dict())
-        ids, types = inputs
-        steps = opts.epochs * math.ceil(len(ids) / opts.batch_size)
+        steps = opts.epochs * math.ceil(data.rows / opts.batch_size)
         scheduler, optimizer = adamw(mlm, opts.learning_rate, steps, opts.warmup_fraction, 1.0)
-        rng = np.random.default_rng(opts.seed)
         special = np.asarray([tok.vocab.token_to_idx[t] for t in SPECIAL_TOKENS])
         vocab = len(tok.vocab)
         started, history = time.perf_counter(), []
         mlm.train()
-        for epoch in range(1, opts.epochs + 1):
+        passes = data.epochs(opts.batch_size, (opts.seed,), opts.epochs)
+        for epoch, batches in enumerate(passes, start=1):
+            rng = np.random.default_rng([opts.seed, epoch])  # the masks
             total, count = 0.0, 0
-            batches = self.batches(inputs, opts.batch_size, rng)
-            for idx in tqdm(batches, desc=f"mlm {epoch}", leave=False):
-                batch, batch_types = self.collate([ids[idx], types[idx]])
+            for item in tqdm(batches, desc=f"mlm {epoch}", leave=False):
+                batch, batch_types = self.collate(item.inputs)
                 masked, labels = mask_tokens(batch, rng, opts.mask_rate, special, vocab, tok)
                 positions = np.flatnonzero(labels.reshape(-1) != IGNORE)
                 if positions.size == 0:
@@ -428,23 +434,33 @@ class SentimentTask(Task):
             LogisticRegression(C=self.options.baseline_c, max_iter=2000),
         )
 
-    def soft_targets(
-        self, train_samples: np.ndarray, train_labels: np.ndarray, num_classes: int
-    ) -> SoftTargets | None:
-        """The baseline's out-of-fold class probabilities on the training texts."""
+    def soft_targets(self, data: TrainingData, num_classes: int) -> SoftTargets | None:
+        """The baseline's out-of-fold class probabilities on the training texts, by sample
+        key. The one part of training that holds the split's texts in memory: the linear
+        baseline is fitted on all of them at once (scikit-learn); only with
+        ``distill.weight`` > 0, and it says so in the log."""
         opts = self.options.distill
         if opts.weight == 0:
             return None
         from sklearn.model_selection import StratifiedKFold, cross_val_predict
 
+        log.warning(
+            "distill.weight %s: the distillation teacher holds the %d training texts in "
+            "memory (a scikit-learn fit over all of them); the rest of training streams",
+            opts.weight,
+            data.rows,
+        )
         started = time.perf_counter()
+        texts: list[str] = []
+        labels, keys = [], []
+        for batch in data.samples():
+            texts += [str(t) for t in batch.samples.tolist()]
+            labels.append(batch.labels)
+            keys.append(batch.keys)
+        train_labels = np.concatenate(labels)
         folds = StratifiedKFold(opts.folds, shuffle=True, random_state=opts.seed)
         proba = cross_val_predict(
-            self.baseline(),
-            [str(t) for t in train_samples.tolist()],
-            train_labels,
-            cv=folds,
-            method="predict_proba",
+            self.baseline(), texts, train_labels, cv=folds, method="predict_proba"
         ).astype(np.float32)
         if proba.shape[1] != num_classes:
             raise StepError(
@@ -461,6 +477,7 @@ class SentimentTask(Task):
                 "teacher_oof_accuracy": round(accuracy, 6),
                 "teacher_seconds": round(time.perf_counter() - started, 1),
             },
+            keys=np.concatenate(keys),
         )
 
     def int8_blocker(self) -> str | None:
@@ -505,9 +522,10 @@ class SentimentTask(Task):
     def batches(
         self, inputs: list[np.ndarray], batch_size: int, rng: np.random.Generator
     ) -> list[np.ndarray]:
-        """Length-bucketed: a shuffled order cut into chunks of 50 batches, each chunk sorted
-        by length, then the batches shuffled — batches of similar lengths, so that
-        :meth:`collate` drops most of the padding."""
+        """Length-bucketed: the block (shuffled samples from the stream's buffer) in a
+        shuffled order cut into chunks of 50 batches, each chunk sorted by length, then the
+        batches shuffled — batches of similar lengths, so that :meth:`collate` drops most of
+        the padding."""
         ids = inputs[0]
         lengths = (ids != 0).sum(axis=1)
         order = rng.permutation(len(ids))

