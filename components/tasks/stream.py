@@ -242,6 +242,23 @@ def _worker_init(worker_id: int) -> None:
         os._exit(1)
 
 
+def _sigchld_handler() -> Any:
+    """The process's SIGCHLD disposition before a loader replaces it (None off the main
+    thread, where it cannot be restored)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.getsignal(signal.SIGCHLD)
+
+
+def _restore_sigchld(previous: Any) -> None:
+    import signal
+
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL if previous is None else previous)
+
+
 class Reader:
     """The items of a :class:`PieceStream` in plan order, read by ``workers`` processes of a
     ``paddle.io.DataLoader`` (0: in this process). Items that arrive early wait in a map
@@ -249,7 +266,9 @@ class Reader:
 
     def __init__(self, stream: PieceStream, workers: int, prefetch: int = 2):
         self.workers = workers
+        self._sigchld: Any = None
         if workers > 0:
+            self._sigchld = _sigchld_handler()
             loader = paddle.io.DataLoader(
                 stream,
                 batch_size=None,
@@ -286,9 +305,18 @@ class Reader:
             yield InputBatch(arrays[:-2], arrays[-2], arrays[-1])
 
     def close(self) -> None:
-        """Stop the workers (a run that stopped early leaves items unread)."""
-        self._it = None
+        """Stop the workers (a run that stopped early leaves items unread) and give SIGCHLD
+        back to whoever had it: Paddle's loader installs a handler that watches its workers,
+        and left in place after they are gone it crashed the next ``subprocess.run`` of the
+        process (a step that trains in-process, then runs git or a server)."""
+        it, self._it = self._it, None
         self._held.clear()
+        shutdown = getattr(it, "_try_shutdown_all", None)
+        if callable(shutdown):
+            shutdown()
+        if self._sigchld is not None:
+            _restore_sigchld(self._sigchld)
+            self._sigchld = None
 
 
 # --------------------------------------------------------------------------- shuffling
