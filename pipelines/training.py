@@ -52,6 +52,8 @@ GPU_STEPS = ("train", "qat")
 REPO = Path(__file__).resolve().parents[1]
 
 STEPS: dict[str, Step] = {s.name: s for s in all_steps()}
+# steps that run as a map (a ParallelFor over groups) and a reduce task in the step's place
+FANOUT_STEPS = ("ingest", "validate")
 # the pipeline's parameters: one per params.yaml section that some step reads
 SECTIONS = tuple(dict.fromkeys(s for step in STEPS.values() for s in step.sections))
 

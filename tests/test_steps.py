@@ -21,6 +21,7 @@ from components.step import (
     load,
     task_pipelines,
 )
+from pipelines.training import FANOUT_STEPS
 from tests.conftest import REPO, run_module
 
 DECLARED = {s.name: s for s in all_steps()}
@@ -103,7 +104,10 @@ def test_kfp_component_has_the_declared_sections_and_ports(compiled, name):
     component = compiled["components"][f"comp-{name.replace('_', '-')}-op"]
     inputs = component["inputDefinitions"]
     assert set(inputs.get("parameters", {})) == {*step.sections, *(v.name for v in step.values)}
-    assert set(inputs.get("artifacts", {})) == {p.name for p in step.inputs}
+    # ingest and validate run as map + reduce in the DAG: the reduce task is the step's, with
+    # the collected map parts as one more input
+    fanned = {"parts"} if name in FANOUT_STEPS else set()
+    assert set(inputs.get("artifacts", {})) == {p.name for p in step.inputs} | fanned
     outputs = component.get("outputDefinitions", {})
     assert set(outputs.get("artifacts", {})) == {p.name for p in step.outputs}
     assert set(outputs.get("parameters", {})) == ({"Output"} if step.result else set())
