@@ -72,6 +72,7 @@ def atomic_path(dest: str | os.PathLike[str]) -> Iterator[Path]:
     is left untouched.
     """
     dest = Path(dest)
+    created = [p for p in (dest.parent, *dest.parent.parents) if not p.exists()]
     dest.parent.mkdir(parents=True, exist_ok=True)
     # the writer's pid in the name: sweep_dead_temporaries removes what a killed one left
     tmp = Path(
@@ -79,7 +80,14 @@ def atomic_path(dest: str | os.PathLike[str]) -> Iterator[Path]:
     )
     target = tmp / dest.name
     try:
-        yield target
+        try:
+            yield target
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            for parent in created:  # a failed write leaves no directory it made behind
+                with contextlib.suppress(OSError):
+                    parent.rmdir()
+            raise
         if not target.exists():
             raise FileNotFoundError(f"atomic write of {dest} produced nothing")
         failpoints.hit("artifacts.write", str(dest))
