@@ -16,7 +16,7 @@ MLFLOW_PORT ?= 5000
 TASK ?= digits
 PIPELINE := $(if $(filter digits,$(TASK)),dvc.yaml,tasks/$(TASK)/dvc.yaml)
 
-.PHONY: help install apt-deps bench-deps serving serving-test run data repro status test test-faults lint format metrics plots mlflow-ui mlflow-server registry bench bench-serving bench-distributed pipeline kfp-local images container-deps kfp-containers clean
+.PHONY: help install apt-deps bench-deps serving serving-test run data repro status test test-faults lint format metrics plots mlflow-ui mlflow-server registry bench bench-serving bench-distributed bench-data pipeline kfp-local images container-deps kfp-containers clean
 
 help:
 	@echo "make run      - install, materialise data/raw, run the whole pipeline (dvc repro)"
@@ -32,6 +32,7 @@ help:
 	@echo "make bench    - int8 (QAT) vs fp32 ResNet size and latency in OpenVINO ($(BENCH_ARCH))"
 	@echo "make bench-serving - C++ server vs in-process OpenVINO and FastAPI; batching, gRPC, slow clients (installs wrk, h2load)"
 	@echo "make bench-distributed - the train step with 1 vs 2 ranks, and the gradient-sync share"
+	@echo "make bench-data - data layer: peak RSS per step at 2k/8k/32k images, ingest vs decode, reader vs train, incremental ingest"
 	@echo "make pipeline - compile the KFP v2 DAG to pipelines/compiled/training.yaml"
 	@echo "make kfp-local - run the whole KFP DAG on this machine through kfp.local"
 	@echo "make images   - build the base, component and server images with podman (installs it)"
@@ -134,6 +135,12 @@ bench: install
 
 bench-distributed: install
 	python bench/distributed.py
+
+# generated image folders are cached in build/bench-data; BENCH_DATA_ARGS=--big adds 100k at
+# 224x224, --quick is the CI smoke size (docs/data-benchmark.md)
+BENCH_DATA_ARGS ?=
+bench-data: install
+	python bench/data_bench.py $(BENCH_DATA_ARGS)
 
 pipeline: install
 	python -m pipelines.training compile --out pipelines/compiled/training.yaml
