@@ -31,13 +31,16 @@ folder per resolution, and one folder per size made of hard links to its first i
    both timings, as it is part of the work. ``--repeats`` rounds, decode and ingest
    alternating; ``ingest_vs_decode`` = the median of the rounds' decode_time / ingest_time.
 3. **Reader vs train step**, in one fresh process on the snapshot of ``--reader-size``
-   (default 8,000): the streaming reader's samples/s (``components.tasks.data.iter_split``
-   over the train split, ``batch_rows`` = the batch size, each batch through
-   ``task.preprocess``: what a training loader does per sample) against the train step's
-   samples/s (resnet18 at 64x64, Adam, cross-entropy: forward, backward and optimizer step
-   on real preprocessed batches of ``--batch-size``, after 3 warm-up steps,
-   ``--train-steps`` timed). Both use paddle's default threads; the reader is one process.
-   ``reader_vs_train`` = reader / train.
+   (default 8,000), one pass over the train split each: (a) ``components.tasks.data.
+   iter_split`` (``batch_rows`` = the batch size) with each batch through
+   ``task.preprocess``, in this process; (b) the train step's own input pipeline where it
+   has one (``components.tasks.stream.SnapshotData(...).batches``: ``train.loader_workers``
+   DataLoader processes, the shuffle buffer, with the params' ``train`` settings); (c) the
+   train step's samples/s (resnet18 at 64x64, Adam, cross-entropy: forward, backward and
+   optimizer step on real preprocessed batches of ``--batch-size``, after 3 warm-up steps,
+   ``--train-steps`` timed, paddle's default threads). ``reader_vs_train`` = (b) / (c), or
+   (a) / (c) where there is no (b). The train step's own ``metrics/train.json`` figures
+   (``reader_samples_per_second``, ``samples_per_second``) are printed beside it.
 4. **Incremental ingest** at ``--incremental-size`` (default: the largest size): a folder
    linking the first N images is ingested in full (timed as in 2.), then +10% new images
    arrive as a new dated sub-folder per class (``<class>/2026-12-03/*.jpg``) and ingest runs

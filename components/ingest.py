@@ -285,8 +285,25 @@ def _record_batch(schema: Any, batch: Any) -> Any:
         **batch.columns,
     }
     return pa.RecordBatch.from_arrays(
-        [pa.array(columns[f.name], type=f.type) for f in schema], schema=schema
+        [_column(columns[f.name], f.type) for f in schema], schema=schema
     )
+
+
+def _column(values: Any, type_: Any) -> Any:
+    """An Arrow column; a variable-size binary column of ``bytes`` (image pixels) is laid out
+    from one joined buffer (``pa.array`` appends value by value: ~50 MB/s measured)."""
+    import pyarrow as pa
+
+    if type_ == pa.binary() and values and isinstance(values[0], bytes):
+        lengths = np.fromiter((len(v) for v in values), dtype=np.int64, count=len(values))
+        offsets = np.zeros(len(values) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        if offsets[-1] < 2**31:
+            data = pa.py_buffer(b"".join(values))
+            return pa.Array.from_buffers(
+                type_, len(values), [None, pa.py_buffer(offsets.astype(np.int32)), data]
+            )
+    return pa.array(values, type=type_)
 
 
 def _previous(out_dir: Path) -> tuple[dict[str, dict[str, Any]], Path | None]:

@@ -229,6 +229,23 @@ def _image_batch(
     )
 
 
+def _image_array(col: Any, n: int, shape: tuple[int, int, int]) -> np.ndarray:
+    """The images of a binary column as ``uint8 [n, H, W, C]``, without a copy when the
+    values lie back to back (as ingest writes them)."""
+    size = shape[0] * shape[1] * shape[2]
+    if col.null_count == 0 and n:
+        offsets = np.frombuffer(col.buffers()[1], dtype=np.int32)[col.offset : col.offset + n + 1]
+        if np.all(np.diff(offsets) == size):
+            data = np.frombuffer(col.buffers()[2], dtype=np.uint8)
+            return data[offsets[0] : offsets[-1]].reshape(n, *shape)
+    flat = np.frombuffer(b"".join(col.to_pylist()), dtype=np.uint8)
+    if flat.size != n * size:
+        raise StepError(
+            f"image column holds {flat.size} bytes, {n} images of {shape} need {n * size}"
+        )
+    return flat.reshape(n, *shape)
+
+
 def _pixel_keys(images: np.ndarray) -> list[bytes]:
     """A decoded image's identity: the sha256 of its pixels as stored."""
     return [hashlib.sha256(np.ascontiguousarray(im).tobytes()).digest() for im in images]
@@ -745,9 +762,7 @@ class ImageData(DataFormat):
                 "ingest.image_size: [H, W]"
             )
         h, w, c = shapes.pop()
-        col = batch.column("image")
-        flat = np.frombuffer(b"".join(col.to_pylist()), dtype=np.uint8)
-        return flat.reshape(batch.num_rows, h, w, c)
+        return _image_array(batch.column("image"), batch.num_rows, (h, w, c))
 
     def batch_facts(self, batch: UnitBatch) -> dict[str, Any]:
         dims = zip(
