@@ -10,10 +10,12 @@ adding a module here and a line in ``_REGISTRY`` — no step changes.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from components.artifacts import StepError
-from components.tasks.base import Task
+
+if TYPE_CHECKING:
+    from components.tasks.base import Task
 
 # name -> "module:Class"; imported lazily so one task's heavy deps never load for another.
 _REGISTRY: dict[str, str] = {
@@ -41,6 +43,16 @@ def get_task(
     module_name, cls_name = target.split(":")
     cls = getattr(importlib.import_module(module_name), cls_name)
     return cls.from_options({} if options is None else options, where=f"{source}: task.options")
+
+
+def __getattr__(name: str) -> Any:
+    """``Task`` on first use: a data format's worker process (ingest's, validate's pool)
+    imports this package without paying for paddle, which ``tasks.base`` imports."""
+    if name == "Task":
+        from components.tasks.base import Task
+
+        return Task
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = ["Task", "available_tasks", "get_task"]
