@@ -18,17 +18,14 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import logging
-import multiprocessing
 import sys
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tqdm import tqdm
 
 from components import dataset, snapshot
 from components.artifacts import (
@@ -339,21 +336,8 @@ def _permutation(fmt: Any, params: Any, units: list[Unit], params_file: str) -> 
 
 
 def _map(jobs: list[_Job], workers: int) -> Iterator[_UnitResult]:
-    """Run the jobs on a process pool (``workers`` > 1) or here, in unit order."""
-    bar = tqdm(total=len(jobs), desc="ingest units", unit="unit", leave=False)
-    try:
-        if workers > 1 and len(jobs) > 1:
-            ctx = multiprocessing.get_context("spawn")
-            with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-                for result in pool.map(_ingest_unit, jobs):
-                    bar.update()
-                    yield result
-        else:
-            for job in jobs:
-                yield _ingest_unit(job)
-                bar.update()
-    finally:
-        bar.close()
+    """Run the jobs on a process pool (``workers`` > 1) or here, in order."""
+    return snapshot.ordered_map(_ingest_unit, jobs, workers, "ingest units", "unit")
 
 
 def source_fingerprint(task: Task, params: Any, params_file: str = DEFAULT_PARAMS_FILE) -> str:

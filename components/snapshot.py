@@ -33,7 +33,7 @@ import hashlib
 import json
 import os
 import shutil
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -415,6 +415,32 @@ def parse_group(group: str, what: str) -> tuple[int, int]:
     if not 0 <= index < count:
         raise StepError(f"{what} group {group!r}: expected i/n with 0 <= i < n")
     return index, count
+
+
+def ordered_map(
+    fn: Callable[[Any], Any], jobs: Sequence[Any], workers: int, desc: str, unit: str
+) -> Iterator[Any]:
+    """``fn`` over ``jobs`` in order, on a spawned process pool when ``workers`` > 1 (the
+    local form of an orchestrator's fan-out over units or shards), with a progress bar."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    from tqdm import tqdm
+
+    bar = tqdm(total=len(jobs), desc=desc, unit=unit, leave=False)
+    try:
+        if workers > 1 and len(jobs) > 1:
+            ctx = multiprocessing.get_context("spawn")
+            with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=ctx) as pool:
+                for result in pool.map(fn, jobs):
+                    bar.update()
+                    yield result
+        else:
+            for job in jobs:
+                yield fn(job)
+                bar.update()
+    finally:
+        bar.close()
 
 
 def manifest_json(doc: dict[str, Any]) -> str:

@@ -43,19 +43,16 @@ what was expected and what was found.
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import os
 import sys
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
-from tqdm import tqdm
 
 from components import dataset, snapshot
 from components.artifacts import (
@@ -274,21 +271,8 @@ def shard_stats(job: ShardJob) -> ShardResult:
 
 
 def _map(jobs: list[ShardJob], workers: int) -> Iterator[ShardResult]:
-    """Run the jobs on a process pool (``workers`` > 1) or here, in shard order."""
-    bar = tqdm(total=len(jobs), desc="validate shards", unit="shard", leave=False)
-    try:
-        if workers > 1 and len(jobs) > 1:
-            ctx = multiprocessing.get_context("spawn")
-            with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=ctx) as pool:
-                for result in pool.map(shard_stats, jobs):
-                    bar.update()
-                    yield result
-        else:
-            for job in jobs:
-                yield shard_stats(job)
-                bar.update()
-    finally:
-        bar.close()
+    """Run the jobs on a process pool (``workers`` > 1) or here, in order."""
+    return snapshot.ordered_map(shard_stats, jobs, workers, "validate shards", "shard")
 
 
 # --------------------------------------------------------------------------- reduce

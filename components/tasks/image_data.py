@@ -615,20 +615,19 @@ def shard_expectations(params: ValidateParams, shape: Sequence[int]) -> list[Any
                 "found": "size_found",
             },
         ),
-        gxe.ExpectColumnValuesToBeBetween(
-            column="pixel_min",
-            min_value=lo,
-            max_value=hi,
-            description="pixel range",
-            meta={"found": "pixel_low_found"},
-        ),
-        gxe.ExpectColumnValuesToBeBetween(
-            column="pixel_max",
-            min_value=lo,
-            max_value=hi,
-            description="pixel range",
-            meta={"found": "pixel_high_found"},
-        ),
+        *[
+            gxe.ExpectColumnValuesToBeBetween(
+                column=column,
+                min_value=lo,
+                max_value=hi,
+                description="pixel range",
+                meta={"found": found},
+            )
+            for column, found in (
+                ("pixel_min", "pixel_low_found"),
+                ("pixel_max", "pixel_high_found"),
+            )
+        ],
         gxe.ExpectColumnValuesToBeBetween(
             column="nan_rows",
             max_value=0,
