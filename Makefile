@@ -87,7 +87,7 @@ serving-test: serving
 data: install
 	@if [ ! -d data/raw/digits ]; then \
 	  if [ -n "$$(dvc remote list)" ] && dvc pull -q data.dvc; then echo "pulled data/raw"; \
-	  else python -m components.ingest materialize --out data/raw/digits && \
+	  else python -m components.steps.ingest materialize --out data/raw/digits && \
 	    dvc commit -f -q data.dvc && \
 	    { git diff --quiet -- data.dvc || { git checkout -- data.dvc; \
 	      echo "error: regenerated data/raw differs from data.dvc"; exit 1; }; }; fi; \

@@ -22,11 +22,11 @@ folder per resolution, and one folder per size made of hard links to its first i
    smallest (32k/2k: 16x the data); export is shown but is not one of the four steps of the
    goal (ingest, validate, train, evaluate).
 2. **Ingest vs bare decode** at ``--throughput-size`` (default: the largest size), both with
-   ``--workers`` processes: (a) ``components.ingest.run`` (``ingest.workers`` = N) into a
+   ``--workers`` processes: (a) ``components.steps.ingest.run`` (``ingest.workers`` = N) into a
    fresh directory; (b) a ``multiprocessing`` spawn pool of N doing only the decode of the
    same files (read bytes, ``PIL.Image.open(...).convert("RGB")``, ``np.asarray``) in
    chunks of ``ingest.unit_files`` files. Each runs in its own fresh process and is timed
-   *inside* it, from after the imports (``components.ingest``, the task: paddle) to the
+   *inside* it, from after the imports (``components.steps.ingest``, the task: paddle) to the
    end: Python start-up and imports are not ingest work. Pool start-up (spawn) is inside
    both timings, as it is part of the work. ``--repeats`` rounds, decode and ingest
    alternating; ``ingest_vs_decode`` = the median of the rounds' decode_time / ingest_time.
@@ -425,10 +425,10 @@ def worker_decode(source: Path, workers: int, chunk: int) -> dict[str, Any]:
 
 
 def worker_ingest(params_file: Path, out: Path) -> dict[str, Any]:
-    """``components.ingest`` on ``params_file`` into ``out``, timed after the imports."""
-    from components.cli import task_from_params
-    from components.config import load_params
-    from components.step import load
+    """``components.steps.ingest`` on ``params_file`` into ``out``, timed after the imports."""
+    from components.core.config import load_params
+    from components.kernel.step import load
+    from components.tasks import task_from_params
 
     step = load("ingest")
     params = load_params(params_file)
@@ -514,7 +514,7 @@ def loader_rate(task: Any, data: Path, train: dict[str, Any], batch: int) -> dic
     DataLoader processes, a shuffle buffer, batches): one pass over the train split. None
     where the module is not there; its error where its API differs."""
     try:
-        from components import snapshot
+        from components.ml import snapshot
         from components.tasks.stream import SnapshotData, StreamSettings
     except ImportError:
         return None
@@ -590,7 +590,7 @@ def ingest_vs_decode(
 
 
 def _split_keys(data: Path) -> dict[str, set[bytes]]:
-    from components import snapshot
+    from components.ml import snapshot
 
     return {s: set(snapshot.split_keys(data, [s]).tolist()) for s in snapshot.SPLITS}
 
@@ -599,7 +599,7 @@ def incremental(
     gen: Path, scratch: Path, n: int, workers: int, batch: int, sets: Sequence[tuple[str, Any]]
 ) -> dict[str, Any]:
     """Full ingest of ``n`` images, then +10% in a new dated folder into the same output."""
-    from components.artifacts import sha256_file
+    from components.core.artifacts import sha256_file
 
     per_class, extra = n // len(CLASSES), max(1, n // len(CLASSES) // 10)
     folder = scratch / "source"
@@ -797,7 +797,7 @@ def main(argv: list[str] | None = None) -> int:
     cache = args.cache_dir.resolve()
     cache.mkdir(parents=True, exist_ok=True)
 
-    from components.artifacts import machine
+    from components.core.artifacts import machine
 
     cpu = machine()
     started = datetime.now(UTC)

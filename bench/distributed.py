@@ -70,8 +70,8 @@ def _train(data: Path, root: Path, *, nproc: int, threads: int, epochs: int, bat
 
 
 def step_scaling(nproc: int, threads: int, epochs: int) -> dict:
-    from components.ingest import IngestParams
-    from components.ingest import run as ingest
+    from components.steps.ingest import IngestParams
+    from components.steps.ingest import run as ingest
     from components.tasks import get_task
 
     with tempfile.TemporaryDirectory(prefix="bench-dp-") as tmp:
@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         _rank_worker(args.models, args.steps, args.out, args.device)
         return 0
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    from components.artifacts import machine
+    from components.core.artifacts import machine
 
     cpu = machine()
     report = {

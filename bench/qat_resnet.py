@@ -2,7 +2,7 @@
 
 Builds a random-initialised ``paddle.vision`` ResNet at 224x224, exports the fp32 model and
 its int8 twin through the same code the ``qat`` step uses (fake-quant inserted by
-``components.qat.quantizer``, activation scales set by a few training-mode forward passes on
+``components.steps.qat.quantizer``, activation scales set by a few training-mode forward passes on
 generated images, ``save_quantized_model``, OpenVINO IR), then times both in one process,
 interleaved, at each batch size and thread count. Weights are random: this measures size and
 speed, not accuracy.
@@ -24,9 +24,9 @@ import paddle
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from components.modelio import save_legacy  # noqa: E402
-from components.ov_runtime import OVPredictor  # noqa: E402
-from components.qat import QatParams, _freeze_batch_norm, quantizer, write_bundle  # noqa: E402
+from components.ml.modelio import save_legacy  # noqa: E402
+from components.ml.ov_runtime import OVPredictor  # noqa: E402
+from components.steps.qat import QatParams, _freeze_batch_norm, quantizer, write_bundle  # noqa: E402
 
 log = logging.getLogger("bench")
 

@@ -137,8 +137,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from components.ov_runtime import OVPredictor  # noqa: E402
-from components.serving_image import RunningServer, ServerFlags, ServerProcess  # noqa: E402
+from components.ml.ov_runtime import OVPredictor  # noqa: E402
+from components.steps.serving_image import RunningServer, ServerFlags, ServerProcess  # noqa: E402
 
 log = logging.getLogger("serving_bench")
 
@@ -245,8 +245,8 @@ def export_resnet(arch: str, dest: Path) -> Path:
     import paddle
     from paddle.vision import models
 
-    from components.modelio import save_legacy
-    from components.ov_runtime import read_model
+    from components.ml.modelio import save_legacy
+    from components.ml.ov_runtime import read_model
 
     paddle.seed(0)
     model = getattr(models, arch)(pretrained=False)

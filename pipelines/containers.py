@@ -215,7 +215,7 @@ def run(params: dict[str, Any], pipeline_root: Path, tracking_uri: str | None = 
 
 
 def main(argv: list[str] | None = None) -> int:
-    from components.config import load_params
+    from components.core.config import load_params
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     parser = argparse.ArgumentParser(

@@ -29,7 +29,7 @@ inputs and outputs (``data``, ``validation`` in; ``model``, ``checkpoints``, ``m
    digest from ``$PADDLE_MLOPS_IMAGE`` (``$PADDLE_MLOPS_GPU_IMAGE`` with GPUs) or
    ``paddlejob.image``, resources from ``params.yaml: resources.train`` (compiled in), GPUs per
    worker as limits of ``paddlejob.accelerator``, runPolicy) and checks it with
-   ``components.k8s_check`` (the CRD's schema, the hardening policy, a real digest);
+   ``components.kube.check`` (the CRD's schema, the hardening policy, a real digest);
 5. creates it with the official ``kubernetes`` client (in-cluster config, else the kubeconfig:
    ``$KUBECONFIG``, context ``paddlejob.kube_context``). If a job of that name exists (a retry
    whose previous attempt died before its cleanup: SIGKILL, OOM, a lost node) it is reused when
@@ -101,8 +101,7 @@ from typing import Any, Literal
 from kfp import dsl
 from kfp.dsl import Artifact, Dataset, Input, Metrics, Model, Output
 
-from components import snapshot
-from components.artifacts import (
+from components.core.artifacts import (
     StepError,
     atomic_path,
     read_json,
@@ -110,6 +109,7 @@ from components.artifacts import (
     sha256_file,
     write_text,
 )
+from components.ml import snapshot
 
 log = logging.getLogger(__name__)
 
@@ -290,7 +290,7 @@ class Terminated(StepError):
 
 def load_params(section: Mapping[str, Any] | None, source: str = "params.yaml") -> PaddleJobParams:
     """The ``paddlejob`` section, typed; errors name ``source: paddlejob.<field>``."""
-    from components.config import from_dict
+    from components.core.config import from_dict
 
     return from_dict(PaddleJobParams, dict(section or {}), where=f"{source}: paddlejob")
 
@@ -389,7 +389,7 @@ def template_path(params: PaddleJobParams) -> Path:
 
 
 def load_template(path: Path) -> dict[str, Any]:
-    from components.k8s_check import load_manifests
+    from components.kube.check import load_manifests
 
     if not path.is_file():
         raise StepError(f"{path}: the PaddleJob template is missing (paddlejob.template)")
@@ -1204,7 +1204,7 @@ def launch(
         run=run,
         source=str(template),
     )
-    from components.k8s_check import check_manifests
+    from components.kube.check import check_manifests
 
     check_manifests([body], require_digest=True, what=f"{KIND} {name} (from {template})")
     log.info(
@@ -1256,8 +1256,8 @@ def launch(
 def kfp_main(args: Mapping[str, Any]) -> None:
     """Body of the KFP component: :func:`launch` on the artifacts' paths, then the metrics
     KFP shows (as the train task's ``Metrics`` output does)."""
-    from components.cli import setup_logging
-    from components.step import numeric
+    from components.kernel.cli import setup_logging
+    from components.kernel.step import numeric
 
     setup_logging()
     result = launch(

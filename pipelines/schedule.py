@@ -160,8 +160,8 @@ def create(args: argparse.Namespace, params: dict[str, Any]) -> SchedulePlan:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from components.cli import run_cli
-    from components.config import load_params
+    from components.core.config import load_params
+    from components.kernel.cli import run_cli
 
     parser = argparse.ArgumentParser(
         prog="python -m pipelines.schedule",
@@ -186,7 +186,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     def _go() -> None:
-        from components.artifacts import StepError
+        from components.core.artifacts import StepError
 
         if args.command == "create":
             try:

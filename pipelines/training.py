@@ -1,7 +1,7 @@
 """The training pipeline as a Kubeflow Pipelines v2 DAG over the same step declarations.
 
 This module is the DAG only. Every step's component is generated from its ``STEP``
-declaration (``components.step.kfp_component``): it receives only the params sections the step
+declaration (``components.kernel.step.kfp_component``): it receives only the params sections the step
 reads (so its cache key changes only when they or its inputs do) and calls the same function
 as the CLI and ``dvc repro``. The wiring follows each input port's ``source``. The same DAG
 compiles for a cluster (``base_image`` = the component image) and runs on this machine
@@ -22,7 +22,7 @@ run time the launcher refuses a run whose params say another backend or volume t
 pipeline was compiled with. Not a run-time ``dsl.If``: the PVC mount, the task's image and
 environment are compile-time properties of a task, and the choice stays visible in the DAG.
 
-Ingest is a map over the source's units followed by a reduce (``components.ingest``): the
+Ingest is a map over the source's units followed by a reduce (``components.steps.ingest``): the
 plan task names ``ingest.workers`` unit groups, a ``dsl.ParallelFor`` ingests each group in
 its own pod (its shards and a part file), and the ``ingest-op`` task reduces the collected
 parts into the snapshot every later step reads, so a large ingest spreads over the nodes.
@@ -42,7 +42,7 @@ from typing import Any
 from kfp import compiler, dsl, kubernetes
 from kfp.dsl import HTML, Artifact, Dataset, Input, Output
 
-from components.step import Step, all_steps, kfp_component
+from components.kernel.step import Step, all_steps, kfp_component
 from pipelines import paddlejob as pj
 
 IMAGE = "registry.example.com/paddle-mlops/components:latest"
@@ -60,9 +60,9 @@ SECTIONS = tuple(dict.fromkeys(s for step in STEPS.values() for s in step.sectio
 
 def fingerprint_op(task: dict, ingest: dict) -> str:
     """sha256 of the raw source, recomputed every run (uncached): ingest's cache key."""
-    from components.cli import task_from_params
-    from components.config import section
-    from components.ingest import source_fingerprint
+    from components.core.config import section
+    from components.steps.ingest import source_fingerprint
+    from components.tasks import task_from_params
 
     sections = {"task": task, "ingest": ingest}
     task_obj = task_from_params(sections)
@@ -72,9 +72,10 @@ def fingerprint_op(task: dict, ingest: dict) -> str:
 
 def ingest_plan_op(task: dict, ingest: dict) -> list:
     """The unit groups the ingest map runs over (``i/n``; ``ingest.workers`` of them)."""
-    from components.cli import setup_logging, task_from_params
-    from components.config import section
-    from components.ingest import plan_groups
+    from components.core.config import section
+    from components.kernel.cli import setup_logging
+    from components.steps.ingest import plan_groups
+    from components.tasks import task_from_params
 
     setup_logging()
     sections = {"task": task, "ingest": ingest}
@@ -85,10 +86,11 @@ def ingest_plan_op(task: dict, ingest: dict) -> list:
 def ingest_map_op(task: dict, ingest: dict, group: str, source_sha256: str, part: Output[Dataset]):
     """Ingest one group of units into a part (``source_sha256``, the source's fingerprint, is
     this task's cache key: a moving source maps again)."""
-    from components import failpoints
-    from components.cli import setup_logging, task_from_params
-    from components.config import section
-    from components.ingest import run_map
+    from components.core.config import section
+    from components.faults import failpoints
+    from components.kernel.cli import setup_logging
+    from components.steps.ingest import run_map
+    from components.tasks import task_from_params
 
     setup_logging()
     failpoints.set_step("ingest")
@@ -105,12 +107,13 @@ def ingest_op(
     source_sha256: str,
     data: Output[Dataset],
 ):
-    """Reduce the collected parts into the snapshot (``components.ingest.run`` with
+    """Reduce the collected parts into the snapshot (``components.steps.ingest.run`` with
     ``parts``): what the ``ingest`` step writes, so every later task reads it unchanged."""
-    from components import failpoints
-    from components.cli import setup_logging, task_from_params
-    from components.config import section
-    from components.ingest import run
+    from components.core.config import section
+    from components.faults import failpoints
+    from components.kernel.cli import setup_logging
+    from components.steps.ingest import run
+    from components.tasks import task_from_params
 
     setup_logging()
     failpoints.set_step("ingest")
@@ -148,9 +151,10 @@ def ingest_fanout(
 
 def validate_plan_op(task: dict, validate: dict, data: Input[Dataset]) -> list:
     """The shard groups the validate map runs over (``validate.workers`` of them)."""
-    from components.cli import setup_logging, task_from_params
-    from components.config import section
-    from components.validate import plan_groups
+    from components.core.config import section
+    from components.kernel.cli import setup_logging
+    from components.steps.validate import plan_groups
+    from components.tasks import task_from_params
 
     setup_logging()
     sections = {"task": task, "validate": validate}
@@ -163,10 +167,11 @@ def validate_map_op(
     task: dict, validate: dict, data: Input[Dataset], group: str, part: Output[Artifact]
 ):
     """The statistics of one group of shards (verified against their sha256)."""
-    from components import failpoints
-    from components.cli import setup_logging, task_from_params
-    from components.config import section
-    from components.validate import run_map
+    from components.core.config import section
+    from components.faults import failpoints
+    from components.kernel.cli import setup_logging
+    from components.steps.validate import run_map
+    from components.tasks import task_from_params
 
     setup_logging()
     failpoints.set_step("validate")
@@ -184,15 +189,16 @@ def validate_op(
     report: Output[Artifact],
     data_docs: Output[HTML],
 ):
-    """Reduce the parts and run the suites (``components.validate.run`` with ``parts``):
+    """Reduce the parts and run the suites (``components.steps.validate.run`` with ``parts``):
     the validate step's outputs, so later tasks read them unchanged."""
     import shutil
     from pathlib import Path
 
-    from components import failpoints
-    from components.cli import setup_logging, task_from_params
-    from components.config import section
-    from components.validate import run
+    from components.core.config import section
+    from components.faults import failpoints
+    from components.kernel.cli import setup_logging
+    from components.steps.validate import run
+    from components.tasks import task_from_params
 
     setup_logging()
     failpoints.set_step("validate")
@@ -322,9 +328,9 @@ def record_failure_op(track: dict, status: dsl.PipelineTaskFinalStatus, pipeline
         return
     import mlflow
 
-    from components.liveness import FAILURE_TAG, PIPELINE_RUN_TAG
-    from components.registry import tracking_uri
-    from components.track import fail_pipeline_runs
+    from components.steps.track import fail_pipeline_runs
+    from components.tracking.liveness import FAILURE_TAG, PIPELINE_RUN_TAG
+    from components.tracking.registry import tracking_uri
 
     mlflow.set_tracking_uri(tracking_uri())
     experiment = mlflow.set_experiment(track.get("experiment", "default"))
@@ -642,7 +648,7 @@ def run_local(
 def main(argv: Sequence[str] | None = None) -> int:
     import logging
 
-    from components.config import load_params
+    from components.core.config import load_params
 
     parser = argparse.ArgumentParser(
         prog="python -m pipelines.training",

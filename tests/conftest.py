@@ -24,7 +24,7 @@ os.environ.setdefault("GLOG_minloglevel", "2")
 @pytest.fixture(scope="session")
 def digits_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """sklearn's real digits, ingested and split exactly as the pipeline does."""
-    from components.ingest import IngestParams, run
+    from components.steps.ingest import IngestParams, run
     from components.tasks import get_task
 
     out = tmp_path_factory.mktemp("digits") / "ingest"
@@ -42,7 +42,7 @@ def digits_task():
 @pytest.fixture(scope="session")
 def trained(tmp_path_factory: pytest.TempPathFactory, digits_data: Path, digits_task) -> Path:
     """A small model trained for a few epochs (enough for parity and evaluation tests)."""
-    from components.train import TrainParams, run
+    from components.steps.train import TrainParams, run
 
     root = tmp_path_factory.mktemp("trained")
     run(
@@ -59,7 +59,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory, digits_data: Path, digits_
 def exported(
     tmp_path_factory: pytest.TempPathFactory, trained: Path, digits_data: Path, digits_task
 ) -> Path:
-    from components.export import ExportParams, run
+    from components.steps.export import ExportParams, run
 
     out = tmp_path_factory.mktemp("export") / "export"
     run(ExportParams(), digits_task, trained, digits_data, out)
@@ -75,8 +75,8 @@ def qat_out(
     digits_task,
 ):
     """The qat step on the small trained model and its export: (output dir, QatResult)."""
-    from components.qat import QatLatency, QatParams
-    from components.qat import run as qat_run
+    from components.steps.qat import QatLatency, QatParams
+    from components.steps.qat import run as qat_run
 
     out = tmp_path_factory.mktemp("qat") / "qat"
     params = QatParams(epochs=2, latency=QatLatency(warmup=1, repeats=3))
@@ -95,7 +95,7 @@ def qat_out(
 @pytest.fixture(scope="session")
 def exported_int8(tmp_path_factory: pytest.TempPathFactory, exported: Path, qat_out) -> Path:
     """The served bundle (the package step): fp32 PIR + legacy and the gated int8 model."""
-    from components.package import run
+    from components.steps.package import run
 
     out = tmp_path_factory.mktemp("package") / "bundle"
     run(exported, qat_out[0], out)
@@ -107,9 +107,9 @@ def untrained_export(root: Path, task, data_dir: Path, seed: int) -> Path:
     trained one, as a broken or a different training run would give."""
     import paddle
 
-    from components.artifacts import write_json
-    from components.export import ExportParams
-    from components.export import run as export_run
+    from components.core.artifacts import write_json
+    from components.steps.export import ExportParams
+    from components.steps.export import run as export_run
 
     paddle.seed(seed)
     model = task.build_model(10)
@@ -124,7 +124,7 @@ def untrained_export(root: Path, task, data_dir: Path, seed: int) -> Path:
 def mlflow_tracking(uri: str) -> Iterator[str]:
     """MLflow's global tracking URI set to ``uri`` for the fluent API (``start_run``,
     ``pyfunc.log_model``, the track step), then put back (the environment variable too)."""
-    from components.registry import global_tracking_uri
+    from components.tracking.registry import global_tracking_uri
 
     with global_tracking_uri(uri):
         yield uri
@@ -143,13 +143,13 @@ def step_outputs(
     """Every port of the track step: the session fixtures' real step outputs, plus validate
     and evaluate run here; serving_image's infra.json is written as a machine without an
     image builder leaves it (test_registry does the same: no server image in this test)."""
-    from components.artifacts import write_json, write_manifest
-    from components.evaluate import EvaluateParams, LatencyParams
-    from components.evaluate import run as evaluate_run
+    from components.core.artifacts import write_json, write_manifest
+    from components.steps.evaluate import EvaluateParams, LatencyParams
+    from components.steps.evaluate import run as evaluate_run
+    from components.steps.track import StepOutputs
+    from components.steps.validate import run as validate_run
     from components.tasks import get_task
     from components.tasks.image_data import ValidateParams
-    from components.track import StepOutputs
-    from components.validate import run as validate_run
 
     root = tmp_path_factory.mktemp("steps")
     validate_run(ValidateParams(), get_task("digits"), digits_data, root / "validate")
@@ -199,7 +199,7 @@ SERVER_BIN = REPO / "build" / "serving" / "paddle-mlops-server"
 def server_binary() -> Path:
     """The C++ server (``make serving`` builds it; built here if missing)."""
     if not SERVER_BIN.exists():
-        from components.serving_image import build_server
+        from components.steps.serving_image import build_server
 
         build_server(REPO / "serving", SERVER_BIN.parent)
     return SERVER_BIN
@@ -277,7 +277,7 @@ def _merge(base: dict, new: dict) -> dict:
     return out
 
 
-from components.step import STEPS as STAGES  # noqa: E402  (dvc.yaml order)
+from components.kernel.step import STEPS as STAGES  # noqa: E402  (dvc.yaml order)
 
 
 def ran(proc: subprocess.CompletedProcess[str]) -> list[str]:

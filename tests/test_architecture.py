@@ -113,7 +113,7 @@ def test_dvc_deps_cover_the_stage_import_closure(stage):
 
 def _params_classes() -> dict[str, type]:
     """Each params section and the dataclass that reads it (the steps' and shared ones)."""
-    from components.step import all_steps
+    from components.kernel.step import all_steps
 
     out: dict[str, type] = {}
     for step in all_steps():
@@ -131,7 +131,7 @@ def test_dataclass_defaults_are_the_shipped_params():
     """One source of defaults: a field left out of params.yaml means what params.yaml says."""
     import dataclasses
 
-    from components.config import load_params, section
+    from components.core.config import load_params, section
 
     shipped = load_params(REPO / "params.yaml")
     mismatches = []

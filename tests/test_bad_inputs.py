@@ -21,7 +21,7 @@ import pytest
 import yaml
 from PIL import Image
 
-from components.ingest import write_idx
+from components.steps.ingest import write_idx
 
 REPO = Path(__file__).resolve().parents[1]
 PARAMS = "custom.yaml"  # any name but params.yaml
@@ -78,7 +78,7 @@ def _idx_params(tmp: Path, source: str, **extra: object) -> Path:
 def _ingest(tmp: Path, expect: list[str], params: Path | None = None, **kw: object) -> Run:
     out = tmp / "outputs" / "ingest"
     args = ["--params", str(params or PARAMS), "--data", str(out)]
-    return Run("components.ingest", args, expect, out=out, **kw)  # type: ignore[arg-type]
+    return Run("components.steps.ingest", args, expect, out=out, **kw)  # type: ignore[arg-type]
 
 
 def _closed_port() -> int:
@@ -247,7 +247,9 @@ def out_is_an_existing_file(tmp: Path) -> Run:
     out = tmp / "result.npz"
     out.write_text("keep me")
     args = ["--params", PARAMS, "--data", str(out)]
-    return Run("components.ingest", args, [f"--data {out}: is an existing file, not a directory"])
+    return Run(
+        "components.steps.ingest", args, [f"--data {out}: is an existing file, not a directory"]
+    )
 
 
 def out_parent_is_a_file(tmp: Path) -> Run:
@@ -255,14 +257,16 @@ def out_parent_is_a_file(tmp: Path) -> Run:
     (tmp / "outputs").write_text("a file")
     out = tmp / "outputs" / "ingest"
     args = ["--params", PARAMS, "--data", str(out)]
-    return Run("components.ingest", args, [f"--data {out}: its parent {tmp / 'outputs'} is a file"])
+    return Run(
+        "components.steps.ingest", args, [f"--data {out}: its parent {tmp / 'outputs'} is a file"]
+    )
 
 
 def validate_params_is_a_directory(tmp: Path) -> Run:
     (tmp / "conf").mkdir()
     out = tmp / "outputs" / "validate"
     args = ["--params", str(tmp / "conf"), "--data", str(tmp), "--report", str(out)]
-    return Run("components.validate", args, [f"{tmp / 'conf'}: is a directory"], out=out)
+    return Run("components.steps.validate", args, [f"{tmp / 'conf'}: is a directory"], out=out)
 
 
 def validate_out_is_an_existing_file(tmp: Path) -> Run:
@@ -270,7 +274,7 @@ def validate_out_is_an_existing_file(tmp: Path) -> Run:
     out = tmp / "summary.json"
     out.write_text("{}")
     args = ["--params", PARAMS, "--data", str(tmp), "--report", str(out)]
-    return Run("components.validate", args, [f"--report {out}: is an existing file"])
+    return Run("components.steps.validate", args, [f"--report {out}: is an existing file"])
 
 
 def validate_data_is_a_file(tmp: Path) -> Run:
@@ -279,7 +283,7 @@ def validate_data_is_a_file(tmp: Path) -> Run:
     out = tmp / "outputs" / "validate"
     args = ["--params", PARAMS, "--data", str(tmp / "data.npz"), "--report", str(out)]
     expect = [f"{tmp / 'data.npz'}: is a file, not an ingested data set directory"]
-    return Run("components.validate", args, expect, out=out)
+    return Run("components.steps.validate", args, expect, out=out)
 
 
 def validate_bad_duplicate_bound(tmp: Path) -> Run:
@@ -287,14 +291,16 @@ def validate_bad_duplicate_bound(tmp: Path) -> Run:
     out = tmp / "outputs" / "validate"
     args = ["--params", PARAMS, "--data", str(tmp), "--report", str(out)]
     expect = [f"{PARAMS}: validate: max_duplicate_fraction must be within [0, 1], got -0.1"]
-    return Run("components.validate", args, expect, out=out)
+    return Run("components.steps.validate", args, expect, out=out)
 
 
 def validate_workers_zero(tmp: Path) -> Run:
     _params(tmp, validate={"workers": 0})
     out = tmp / "outputs" / "validate"
     args = ["--params", PARAMS, "--data", str(tmp), "--report", str(out)]
-    return Run("components.validate", args, [f"{PARAMS}: validate: workers must be >= 1, got 0"])
+    return Run(
+        "components.steps.validate", args, [f"{PARAMS}: validate: workers must be >= 1, got 0"]
+    )
 
 
 def validate_not_a_snapshot(tmp: Path) -> Run:
@@ -303,14 +309,14 @@ def validate_not_a_snapshot(tmp: Path) -> Run:
     out = tmp / "outputs" / "validate"
     args = ["--params", PARAMS, "--data", str(tmp / "data"), "--report", str(out)]
     expect = [f"{tmp / 'data' / 'snapshot.json'}: no snapshot manifest (run ingest"]
-    return Run("components.validate", args, expect, out=out)
+    return Run("components.steps.validate", args, expect, out=out)
 
 
 def _ingested_shard(tmp: Path) -> tuple[Path, Any]:
     """A real snapshot of the tiny IDX files (ingested in this process) and its first shard."""
-    from components import snapshot
-    from components.ingest import IngestParams
-    from components.ingest import run as ingest_run
+    from components.ml import snapshot
+    from components.steps.ingest import IngestParams
+    from components.steps.ingest import run as ingest_run
     from components.tasks import get_task
 
     raw = str(_idx_dir(tmp / "raw"))
@@ -323,7 +329,7 @@ def _ingested_shard(tmp: Path) -> tuple[Path, Any]:
 def _validate(tmp: Path, expect: list[str]) -> Run:
     out = tmp / "outputs" / "validate"
     args = ["--params", PARAMS, "--data", str(tmp / "data"), "--report", str(out)]
-    return Run("components.validate", args, expect, out=out)
+    return Run("components.steps.validate", args, expect, out=out)
 
 
 def validate_corrupt_shard(tmp: Path) -> Run:
@@ -349,7 +355,7 @@ def _train(tmp: Path, options: dict, expect: list[str]) -> Run:
     args = ["--params", PARAMS, "--data", str(tmp / "nodata"), "--model", str(out)]
     args += ["--checkpoints", str(tmp / "ckpt"), "--metrics", str(tmp / "m.json")]
     args += ["--plots", str(tmp / "p.csv")]
-    return Run("components.train", args, expect, out=out)
+    return Run("components.steps.train", args, expect, out=out)
 
 
 def task_image_size_zero(tmp: Path) -> Run:
@@ -372,11 +378,11 @@ def task_unknown(tmp: Path) -> Run:
     _params(tmp, task={"name": "ernie"}, train={"epochs": 1})
     args = ["--params", PARAMS, "--data", str(tmp / "nodata")]
     args += ["--model", str(tmp / "outputs" / "train")]
-    return Run("components.train", args, [f"{PARAMS}: task.name 'ernie' is not a known task"])
+    return Run("components.steps.train", args, [f"{PARAMS}: task.name 'ernie' is not a known task"])
 
 
 def _out_is_a_file(step: str) -> Callable[[Path], Run]:
-    from components.step import flag, load
+    from components.kernel.step import flag, load
 
     out = f"--{flag(load(step).cli_outputs()[0].name)}"  # the step's main output
 

@@ -244,7 +244,7 @@ def _predict(model_dir, task, data) -> tuple[np.ndarray, np.ndarray, list[str]]:
     """Test-split predictions of trained weights (dygraph, the train step's model)."""
     import paddle
 
-    from components import dataset
+    from components.ml import dataset
 
     model = task.build_model(len(dataset.read_label_names(data)))
     model.set_state_dict(paddle.load(str(model_dir / "model.pdparams")))
@@ -268,11 +268,11 @@ def test_two_containers_train_as_the_nodes_of_a_paddlejob(images, digits_data, t
     the registry's champion gate against a single-process run of the same params."""
     import yaml
 
-    from components.config import from_dict
-    from components.gates import compare, decide
-    from components.register import RegisterParams
+    from components.core.config import from_dict
+    from components.ml.gates import compare, decide
+    from components.steps.register import RegisterParams
+    from components.steps.train import TrainParams, run
     from components.tasks import get_task
-    from components.train import TrainParams, run
 
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     params["task"]["options"].update(conv_channels=[6, 16], augment_shift=1)

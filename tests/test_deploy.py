@@ -25,8 +25,12 @@ import pytest
 import tritonclient.http as httpclient
 import yaml
 
-from components.artifacts import StepError, read_json, sha256_tree, write_json
-from components.deploy import (
+from components.core.artifacts import StepError, read_json, sha256_tree, write_json
+from components.kernel.step import REPO
+from components.kube.check import check_manifests
+from components.kube.kserve_client import KServeClient
+from components.ml.runtime import ModelFiles, PaddlePredictor
+from components.steps.deploy import (
     FETCH_CONTAINERS,
     SERVER_CONTAINERS,
     VERSION_LABEL,
@@ -35,21 +39,17 @@ from components.deploy import (
     image_repository,
     render,
 )
-from components.deploy import run as deploy_run
-from components.k8s_check import check_manifests
-from components.kserve_client import KServeClient
-from components.promote import PromoteParams
-from components.promote import run as promote_run
-from components.register import RegisterParams
-from components.register import run as register_run
-from components.registry import Registry, RegistryParams
-from components.registry import client as mlflow_client
-from components.runtime import ModelFiles, PaddlePredictor
-from components.serving_image import ServingImageParams
-from components.serving_image import run as serving_image_run
-from components.step import REPO
-from components.track import TrackParams
-from components.track import run as track_run
+from components.steps.deploy import run as deploy_run
+from components.steps.promote import PromoteParams
+from components.steps.promote import run as promote_run
+from components.steps.register import RegisterParams
+from components.steps.register import run as register_run
+from components.steps.serving_image import ServingImageParams
+from components.steps.serving_image import run as serving_image_run
+from components.steps.track import TrackParams
+from components.steps.track import run as track_run
+from components.tracking.registry import Registry, RegistryParams
+from components.tracking.registry import client as mlflow_client
 from pipelines.containers import free_port
 from tests.conftest import HAVE_PODMAN, NO_PODMAN, mlflow_tracking, untrained_export
 from tests.test_registry import TASK_OPTIONS
@@ -150,7 +150,7 @@ def test_templates_with_a_tag_instead_of_a_digest_are_refused_for_a_cluster():
 
 
 def test_bad_deploy_params_name_the_field():
-    from components.deploy import run
+    from components.steps.deploy import run
 
     with pytest.raises(StepError, match="deploy: target must be one of"):
         run(DeployParams(target="helm"), REPO, REPO / "nowhere")
@@ -438,7 +438,7 @@ def test_deploy_refuses_a_version_without_an_image_digest(server, unpushed, tmp_
 
 
 def test_fetch_model_verifies_places_and_is_idempotent(server, unpushed, exported_int8, tmp_path):
-    from components.fetch_model import MARKER, fetch
+    from components.tracking.fetch_model import MARKER, fetch
 
     uri = f"models:/{NAME}@candidate"
     got = fetch(uri, tmp_path / "m", tracking=server.uri)
@@ -479,7 +479,7 @@ def test_fetch_model_cli_names_a_bad_uri_and_a_missing_version(server, tmp_path)
     ],
 )
 def test_tracking_uris_are_shown_without_credentials(uri, shown):
-    from components.registry import redact_uri
+    from components.core.uris import redact_uri
 
     assert redact_uri(uri).startswith(shown) and "s3cr3t" not in redact_uri(uri)
 
@@ -501,7 +501,7 @@ def test_fetch_model_never_prints_the_credentials_of_its_tracking_uri(server, un
 def test_kubernetes_target_without_a_cluster_is_a_readable_error(tmp_path, monkeypatch):
     """No in-cluster service account and no kubeconfig: a clear error, not a traceback
     (this machine has no cluster: the apply itself is not exercised here)."""
-    from components.deploy import apply_kubernetes
+    from components.steps.deploy import apply_kubernetes
 
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "absent-kubeconfig"))
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
@@ -512,7 +512,7 @@ def test_kubernetes_target_without_a_cluster_is_a_readable_error(tmp_path, monke
 
 def test_fetch_model_refuses_files_changed_after_registration(server, unpushed, tmp_path):
     """Last in the module: it corrupts the artifact store of the version it checks."""
-    from components.fetch_model import fetch
+    from components.tracking.fetch_model import fetch
 
     client = mlflow_client(server.uri)
     model_id = client.get_model_version(NAME, str(unpushed.version)).tags["mlflow_model_id"]

@@ -18,8 +18,8 @@ import paddle
 import pytest
 import yaml
 
-from components.artifacts import StepError, read_json
-from components.distributed import (
+from components.core.artifacts import StepError, read_json
+from components.ml.distributed import (
     Batching,
     DistributedParams,
     EpochShare,
@@ -27,7 +27,7 @@ from components.distributed import (
     launch_command,
     plan,
 )
-from components.train import TrainParams, run
+from components.steps.train import TrainParams, run
 from tests.conftest import REPO
 
 EPOCHS = 4
@@ -150,7 +150,7 @@ def test_ranks_read_disjoint_samples_of_each_epoch(digits_data, digits_task, siz
     """What each rank's training batches hold in an epoch, read by the train step's own
     pipeline (pieces, loader, shuffle buffer): no sample on two ranks, and together the
     whole split but the at most ``size - 1`` samples the remainder rule leaves unread."""
-    from components import snapshot
+    from components.ml import snapshot
     from tests.test_train import _keys_read
 
     train = snapshot.split_keys(digits_data, ["train"]).tolist()
@@ -367,7 +367,7 @@ def test_a_failing_rank_fails_the_step_with_its_error(tmp_path, digits_data):
     the rank's own message, which names the shard and its pinned sha256."""
     import shutil
 
-    from components import snapshot
+    from components.ml import snapshot
 
     data = tmp_path / "data"
     shutil.copytree(digits_data, data)
@@ -387,7 +387,7 @@ def test_a_failing_rank_fails_the_step_with_its_error(tmp_path, digits_data):
 
 
 def _sentiment_data(root: Path) -> tuple[Path, dict]:
-    from components.ingest import run as ingest_run
+    from components.steps.ingest import run as ingest_run
     from components.tasks import get_task
     from components.tasks.text_data import TextIngestParams
     from tests.test_sentiment import TINY, _reviews, _write_table
@@ -404,7 +404,7 @@ def _sentiment_data(root: Path) -> tuple[Path, dict]:
 
 
 def _image_folder_data(root: Path) -> tuple[Path, dict]:
-    from components.ingest import run as ingest_run
+    from components.steps.ingest import run as ingest_run
     from components.tasks import get_task
     from components.tasks.image_data import IngestParams
     from tests.test_pipeline_image_folder import make_image_folder

@@ -8,10 +8,10 @@ import csv
 import numpy as np
 import paddle
 
-from components import snapshot
-from components.artifacts import read_json
-from components.evaluate import EvaluateParams, LatencyParams, reservoir_sample, run
-from components.modelio import load_trained
+from components.core.artifacts import read_json
+from components.ml import snapshot
+from components.ml.modelio import load_trained
+from components.steps.evaluate import EvaluateParams, LatencyParams, reservoir_sample, run
 from components.tasks.data import iter_split
 
 

@@ -6,11 +6,11 @@ import numpy as np
 import paddle
 import pytest
 
-from components.artifacts import StepError, read_json
-from components.export import ExportParams, ParityParams, check_parity
-from components.export import run as export_run
-from components.modelio import load_trained
-from components.runtime import ModelFiles, PaddlePredictor
+from components.core.artifacts import StepError, read_json
+from components.ml.modelio import load_trained
+from components.ml.runtime import ModelFiles, PaddlePredictor
+from components.steps.export import ExportParams, ParityParams, check_parity
+from components.steps.export import run as export_run
 
 
 def test_export_writes_both_formats_and_signature(exported, digits_task):
@@ -76,7 +76,7 @@ class _DriftingPredictor(PaddlePredictor):
 def test_export_stage_fails_beyond_tolerance_and_writes_nothing(
     trained, digits_task, digits_data, tmp_path, monkeypatch
 ):
-    monkeypatch.setattr("components.export.PaddlePredictor", _DriftingPredictor)
+    monkeypatch.setattr("components.steps.export.PaddlePredictor", _DriftingPredictor)
     out = tmp_path / "export"
     with pytest.raises(StepError) as err:
         export_run(ExportParams(), digits_task, trained, digits_data, out)

@@ -7,7 +7,7 @@ the uninterrupted run's: every stage up to date, nothing half-written, exactly o
 version per successful pipeline run, the same champion and aliases, the promotion lock
 released, and every MLflow run that died marked KILLED or FAILED with its reason.
 
-Faults are real: SIGKILL/SIGTERM through the failpoints (:mod:`components.failpoints`) at
+Faults are real: SIGKILL/SIGTERM through the failpoints (:mod:`components.faults.failpoints`) at
 named places, SIGTERM of the C++ server process, the tracking server process stopped and
 started again, a full artifact store (a small tmpfs where this machine may mount one).
 
@@ -34,9 +34,9 @@ from pathlib import Path
 
 import pytest
 
-from components.failpoints import ENV as FAILPOINTS
-from components.registry import TrackingRetry
-from components.step import STEPS
+from components.faults.failpoints import ENV as FAILPOINTS
+from components.kernel.step import STEPS
+from components.tracking.registry import TrackingRetry
 from tests.conftest import BIN, REPO, SERVER_BIN, clone_repo, set_params, sh
 
 ALL = os.environ.get("PADDLE_MLOPS_FAULTS") == "all"
@@ -344,7 +344,15 @@ def prepared(tmp_path_factory: pytest.TempPathFactory, server_binary: Path) -> P
     """A clone with ingest ... serving_image reproduced (the rows copy it)."""
     repo = clone_repo(tmp_path_factory.mktemp("faults-prepared"))
     set_params(repo, **TINY)
-    sh(repo, sys.executable, "-m", "components.ingest", "materialize", "--out", "data/raw/digits")
+    sh(
+        repo,
+        sys.executable,
+        "-m",
+        "components.steps.ingest",
+        "materialize",
+        "--out",
+        "data/raw/digits",
+    )
     proc = repro(repo, "sqlite:///unused.db", PREPARED_UP_TO)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     sh(repo, "git", "add", "-A")
@@ -821,7 +829,7 @@ def _kfp_row(
 
 # --------------------------------------------------------------------------- the pieces
 def test_a_dead_owner_is_recognised_on_this_host_and_by_age_elsewhere() -> None:
-    from components.liveness import HOST_TAG, PID_TAG, START_TAG, dead_owner, owner_tags
+    from components.tracking.liveness import HOST_TAG, PID_TAG, START_TAG, dead_owner, owner_tags
 
     now = time.time()
     assert dead_owner(owner_tags(), now - 10**6, 60) is None  # this process: alive, any age
@@ -837,7 +845,7 @@ def test_a_dead_owner_is_recognised_on_this_host_and_by_age_elsewhere() -> None:
 
 
 def test_failpoints_are_inert_unless_armed_and_reject_a_bad_spec(monkeypatch) -> None:
-    from components import failpoints
+    from components.faults import failpoints
 
     monkeypatch.delenv(failpoints.ENV, raising=False)
     failpoints.hit("artifacts.write")  # unarmed: nothing happens
@@ -854,12 +862,12 @@ def test_failpoints_are_inert_unless_armed_and_reject_a_bad_spec(monkeypatch) ->
 
 
 def test_a_full_disk_and_an_unreachable_server_are_one_readable_line(tmp_path) -> None:
-    """What the step CLIs print instead of a traceback (components.cli.run_cli)."""
+    """What the step CLIs print instead of a traceback (components.kernel.cli.run_cli)."""
     import errno
 
     from mlflow import MlflowClient
 
-    from components.cli import readable_failure
+    from components.kernel.cli import readable_failure
     from pipelines.containers import free_port
 
     full = OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "x.json"))
@@ -888,10 +896,12 @@ def test_the_matrix_in_docs_lists_every_row() -> None:
 
 
 def test_a_killed_writer_leaves_no_output_and_its_temporary_is_swept(tmp_path) -> None:
-    from components.artifacts import sweep_dead_temporaries
+    from components.core.artifacts import sweep_dead_temporaries
 
     dest = tmp_path / "out" / "metrics.json"
-    code = f"from components.artifacts import write_json; write_json({str(dest)!r}, {{'a': 1}})"
+    code = (
+        f"from components.core.artifacts import write_json; write_json({str(dest)!r}, {{'a': 1}})"
+    )
     env = {**os.environ, FAILPOINTS: "artifacts.write=kill", "PYTHONPATH": str(REPO)}
     killed = subprocess.run([sys.executable, "-c", code], env=env, timeout=120)
     assert killed.returncode == -signal.SIGKILL
@@ -910,13 +920,13 @@ def test_a_dead_runs_version_is_adopted_if_it_is_the_same_model_else_marked(tmp_
     ``orphaned`` otherwise (unless an alias serves it); live and complete ones are left."""
     from mlflow import MlflowClient
 
-    from components.liveness import FAILURE_TAG, PID_TAG, START_TAG, owner_tags
-    from components.register import (
+    from components.steps.register import (
         ADOPTED_TAG,
         CONTENT_KEY_TAG,
         ORPHAN_TAG,
         settle_dead_registrations,
     )
+    from components.tracking.liveness import FAILURE_TAG, PID_TAG, START_TAG, owner_tags
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = MlflowClient(uri, uri)

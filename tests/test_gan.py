@@ -163,7 +163,7 @@ def pipeline(tmp_path_factory, server_binary) -> Path:
             repo,
             sys.executable,
             "-m",
-            "components.ingest",
+            "components.steps.ingest",
             "materialize",
             "--out",
             "data/raw/digits",
@@ -237,8 +237,8 @@ def test_the_server_answers_like_the_exported_generator(pipeline, tmp_path):
     import tritonclient.grpc as grpcclient
     import tritonclient.http as httpclient
 
-    from components.runtime import ModelFiles, PaddlePredictor
-    from components.serving_image import RunningServer, ServerFlags
+    from components.ml.runtime import ModelFiles, PaddlePredictor
+    from components.steps.serving_image import RunningServer, ServerFlags
 
     bundle = pipeline / "outputs" / "digits_gan" / "package"
     rng = np.random.default_rng(11)

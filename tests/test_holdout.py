@@ -17,10 +17,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from components import snapshot
-from components.artifacts import StepError, read_json, write_json
-from components.register import RegisterParams
-from components.registry import CHAMPION, HOLDOUT_TAGS, fetch_holdout
+from components.core.artifacts import StepError, read_json, write_json
+from components.ml import snapshot
+from components.steps.register import RegisterParams
+from components.tracking.registry import CHAMPION, HOLDOUT_TAGS, fetch_holdout
 from tests.test_registry import register, registry
 
 TRAINING = ["train", "val"]
@@ -37,7 +37,7 @@ def store(tmp_path_factory: pytest.TempPathFactory):
 
 
 def ingest_digits(root: Path, **split: object) -> Path:
-    from components.ingest import IngestParams, SplitParams, run
+    from components.steps.ingest import IngestParams, SplitParams, run
     from components.tasks import get_task
 
     out = root / "ingest"
@@ -75,7 +75,7 @@ def test_a_challenger_trained_on_a_holdout_sample_is_refused(
     leaked = int(np.isin(holdout, snapshot.split_keys(permuted, TRAINING)).sum())
     assert 0 < leaked < holdout.size
 
-    with caplog.at_level(logging.WARNING, logger="components.register"):
+    with caplog.at_level(logging.WARNING, logger="components.steps.register"):
         second = register(store.uri, tmp_path / "2", exported, digits_task, permuted, name=name)
     assert not second.blessing.blessed and not second.promoted
     lines = [r for r in second.blessing.reasons if r.startswith("holdout leak")]
@@ -109,7 +109,7 @@ def test_a_challenger_trained_on_a_holdout_sample_is_refused(
 def test_the_champion_is_scored_only_on_samples_it_did_not_train_on(
     store, tmp_path, exported, digits_task, digits_data, wider_test
 ):
-    from components.scoring import score_model
+    from components.ml.scoring import score_model
 
     name = "clean-classifier"
     first = register(store.uri, tmp_path / "1", exported, digits_task, digits_data, name=name)

@@ -19,11 +19,11 @@ import pytest
 import yaml
 from PIL import Image
 
-from components import dataset, snapshot
-from components.artifacts import StepError, sha256_file
-from components.config import load_params
-from components.ingest import IngestParams, IngestResult, SplitParams, write_idx
-from components.ingest import run as ingest_run
+from components.core.artifacts import StepError, sha256_file
+from components.core.config import load_params
+from components.ml import dataset, snapshot
+from components.steps.ingest import IngestParams, IngestResult, SplitParams, write_idx
+from components.steps.ingest import run as ingest_run
 from components.tasks import get_task
 from components.tasks.data import read_split
 
@@ -202,7 +202,7 @@ def test_materialize_matches_params_and_data_dvc(
     raw = tmp_path / "data" / "raw"
     out = raw / "digits"
     proc = subprocess.run(
-        [sys.executable, "-m", "components.ingest", "materialize", "--out", str(out)],
+        [sys.executable, "-m", "components.steps.ingest", "materialize", "--out", str(out)],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -636,7 +636,15 @@ def test_image_folder_missing(tmp_path: Path) -> None:
 
 def _cli(params: Path, out: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "components.ingest", "--params", str(params), "--data", str(out)],
+        [
+            sys.executable,
+            "-m",
+            "components.steps.ingest",
+            "--params",
+            str(params),
+            "--data",
+            str(out),
+        ],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -823,7 +831,7 @@ def test_image_folder_growth_keeps_every_old_split(tmp_path: Path) -> None:
 
 
 def test_text_table_growth_moves_no_sample(tmp_path: Path) -> None:
-    from components.ingest import run as ingest
+    from components.steps.ingest import run as ingest
     from components.tasks.text_data import TextIngestParams
 
     sentiment = get_task("sentiment")

@@ -1,4 +1,4 @@
-"""Kubernetes manifests: every file under k8s/ passes ``components.k8s_check`` (strict
+"""Kubernetes manifests: every file under k8s/ passes ``components.kube.check`` (strict
 Kubernetes schemas, KServe's typed models, the hardening policy), wired to Secrets (never
 literal credentials), and the MLflow server's command line accepted by the mlflow version we
 pin."""
@@ -15,16 +15,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from components.artifacts import StepError
-from components.config import load_params, section
-from components.k8s_check import (
+from components.core.artifacts import StepError
+from components.core.config import load_params, section
+from components.kube.check import (
     PLACEHOLDER_DIGEST,
     check_manifests,
     load_manifests,
     manifest_files,
     manifest_problems,
 )
-from components.serving_image import (
+from components.steps.serving_image import (
     K8S_SERVER_ENV_FILES,
     ServingImageParams,
     render_server_env,
@@ -179,9 +179,7 @@ def test_pipeline_runs_get_only_namespaced_named_permissions():
     assert len(cron.split()) == 6
 
 
-REGENERATE = (
-    'python -c "from components.serving_image import write_k8s_server_env; write_k8s_server_env()"'
-)
+REGENERATE = 'python -c "from components.steps.serving_image import write_k8s_server_env; write_k8s_server_env()"'
 
 
 def _server_flags():
@@ -259,7 +257,7 @@ def test_kustomize_wires_the_generated_configmap_into_the_pods(directory, kind):
     check_manifests(docs, what=f"kubectl kustomize k8s/{directory}")
 
 
-# --------------------------------------------------------------------------- components.k8s_check
+# --------------------------------------------------------------------------- components.kube.check
 
 # each directory under k8s/ with a kustomization.yaml: all its YAML documents
 # (kustomization.yaml and kustomizeconfig.yaml are not resources)

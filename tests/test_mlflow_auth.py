@@ -19,8 +19,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from components import mlflow_auth
-from components.artifacts import StepError
+from components.core.artifacts import StepError
+from components.tracking import auth as mlflow_auth
 from pipelines.containers import mlflow_server_process
 from tests.conftest import REPO
 
@@ -145,7 +145,13 @@ def test_registry_requires_authentication_and_grants(
 ):
     import mlflow
 
-    from components.registry import CHAMPION, LINEAGE_TAGS, PREVIOUS, Registry, RegistryParams
+    from components.tracking.registry import (
+        CHAMPION,
+        LINEAGE_TAGS,
+        PREVIOUS,
+        Registry,
+        RegistryParams,
+    )
 
     uri, admin = auth_server.uri, auth_server.admin
     # nothing may fall back to ./mlflow.db (the working tree's own registry)
@@ -240,7 +246,7 @@ def test_registry_requires_authentication_and_grants(
     with as_user(deploy):
         client = _client(uri)
         assert client.get_model_version_by_alias(MODEL, CHAMPION).version == v2
-        # as components.registry.download_version: the version's files are its run's
+        # as components.tracking.registry.download_version: the version's files are its run's
         # artifacts, so fetching them needs READ on the experiment too
         source = client.get_model_version_download_uri(MODEL, v2)
         fetched = Path(

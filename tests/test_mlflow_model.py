@@ -1,4 +1,4 @@
-"""The registered model version is a real MLflow model (components.mlflow_model).
+"""The registered model version is a real MLflow model (components.tracking.model).
 
 The real track and register steps run once (module fixture) on the packaged bundle of the
 session fixtures, against a real ``mlflow server`` on loopback; then the version is loaded
@@ -23,8 +23,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from components.artifacts import StepError, read_json, sha256_tree
-from components.registry import LINEAGE_TAGS, Registry, RegistryParams, global_tracking_uri
+from components.core.artifacts import StepError, read_json, sha256_tree
+from components.tracking.registry import LINEAGE_TAGS, Registry, RegistryParams, global_tracking_uri
 from tests.conftest import BIN
 from tests.test_registry import TASK_OPTIONS, server  # noqa: F401  (the module's server)
 
@@ -36,10 +36,10 @@ ATOL, RTOL = 1e-4, 1e-3
 @pytest.fixture(scope="module")
 def registered(server, step_outputs, tmp_path_factory, digits_task, digits_data):  # noqa: F811
     """The real track step, then the real register step: (name, version, run.json, dirs)."""
-    from components.register import RegisterParams
-    from components.register import run as register_run
-    from components.track import TrackParams
-    from components.track import run as track_run
+    from components.steps.register import RegisterParams
+    from components.steps.register import run as register_run
+    from components.steps.track import TrackParams
+    from components.steps.track import run as track_run
 
     root = tmp_path_factory.mktemp("registered")
     all_params = {"task": {"name": "digits", "options": TASK_OPTIONS}}
@@ -71,7 +71,7 @@ def registered(server, step_outputs, tmp_path_factory, digits_task, digits_data)
 def reference(exported_int8: Path, digits_task, digits_data: Path):
     """The bundle scored by the in-process Paddle runtime, as evaluate does: raw test
     images, labels, logits, predicted classes."""
-    from components.scoring import score_model
+    from components.ml.scoring import score_model
 
     scores, predictor, _ = score_model(exported_int8, digits_task, digits_data)
     raw, _ = digits_task.read_split(digits_data, "test")
@@ -82,7 +82,7 @@ def reference(exported_int8: Path, digits_task, digits_data: Path):
 
 
 def assert_same_predictions(out: dict, ref: SimpleNamespace, n: int | None = None) -> None:
-    from components.gates import top1_mismatches
+    from components.ml.gates import top1_mismatches
 
     logits = np.asarray(out["logits"], dtype=np.float32)
     expected = ref.logits[: n or len(ref.logits)]
@@ -101,7 +101,7 @@ def assert_same_predictions(out: dict, ref: SimpleNamespace, n: int | None = Non
 def test_track_logs_an_mlflow_model_and_register_versions_it(server, registered):  # noqa: F811
     from mlflow import MlflowClient
 
-    from components.mlflow_model import BUNDLE_TAG
+    from components.tracking.model import BUNDLE_TAG
 
     client = MlflowClient(tracking_uri=server, registry_uri=server)
     info = registered.run_info
@@ -274,8 +274,8 @@ def test_bundle_sha256_tag_is_the_hash_of_the_downloaded_bundle(
     import mlflow
     from mlflow import MlflowClient
 
-    from components.mlflow_model import BUNDLE_TAG, bundle_dir, bundle_sha256
-    from components.registry import download_version
+    from components.tracking.model import BUNDLE_TAG, bundle_dir, bundle_sha256
+    from components.tracking.registry import download_version
 
     client = MlflowClient(tracking_uri=server, registry_uri=server)
     tag = client.get_model_version(registered.name, str(registered.version)).tags[BUNDLE_TAG]
@@ -299,8 +299,8 @@ def test_bundle_sha256_tag_is_the_hash_of_the_downloaded_bundle(
 def test_a_version_whose_files_differ_from_its_tag_is_refused(server, registered, tmp_path):  # noqa: F811
     from mlflow import MlflowClient
 
-    from components.mlflow_model import BUNDLE_TAG
-    from components.registry import download_version
+    from components.tracking.model import BUNDLE_TAG
+    from components.tracking.registry import download_version
 
     client = MlflowClient(tracking_uri=server, registry_uri=server)
     mv = client.get_model_version(registered.name, str(registered.version))
@@ -318,7 +318,7 @@ def test_a_version_whose_files_differ_from_its_tag_is_refused(server, registered
 def test_promotion_refuses_a_version_without_bundle_sha256(server, registered):  # noqa: F811
     from mlflow import MlflowClient
 
-    from components.mlflow_model import BUNDLE_TAG
+    from components.tracking.model import BUNDLE_TAG
 
     client = MlflowClient(tracking_uri=server, registry_uri=server)
     mv = client.get_model_version(registered.name, str(registered.version))
@@ -336,7 +336,7 @@ def test_promotion_refuses_a_version_without_bundle_sha256(server, registered): 
 
 
 def test_bundle_dir_names_what_is_missing(tmp_path):
-    from components.mlflow_model import bundle_dir
+    from components.tracking.model import bundle_dir
 
     with pytest.raises(StepError, match="not an MLflow model"):
         bundle_dir(tmp_path)
@@ -355,7 +355,7 @@ def test_a_champion_registered_as_a_bare_bundle_is_still_scored(
     no MLmodel, no bundle_sha256 tag) stay comparable: the blessing scores them as they are."""
     from mlflow import MlflowClient
 
-    from components.registry import download_version
+    from components.tracking.registry import download_version
 
     client = MlflowClient(tracking_uri=server, registry_uri=server)
     exp = client.get_experiment_by_name("bare-bundle-tests")

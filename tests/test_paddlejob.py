@@ -17,7 +17,7 @@ nothing here starts a real PaddleJob or a real pod. What is tested instead:
   same KFP run reuses or replaces the job of the same name instead of duplicating it (after a
   real SIGKILL of the previous attempt, in a subprocess), that another run never touches it,
   and that pods that cannot start or cannot be scheduled fail the launch early;
-- the rendered manifest and the checker (``components.k8s_check``) on good and bad PaddleJobs;
+- the rendered manifest and the checker (``components.kube.check``) on good and bad PaddleJobs;
 - the pipeline compiled for the PaddleJob backend, with the real KFP compiler.
 """
 
@@ -43,15 +43,15 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 import yaml
 
-from components import snapshot
-from components.artifacts import StepError, sha256_file
-from components.k8s_check import (
+from components.core.artifacts import StepError, sha256_file
+from components.kube.check import (
     PLACEHOLDER_DIGEST,
     check_manifests,
     load_manifests,
     manifest_files,
     manifest_problems,
 )
+from components.ml import snapshot
 from pipelines import paddlejob as pj
 from tests.conftest import REPO
 
@@ -1393,7 +1393,7 @@ def compiled_paddlejob(tmp_path_factory) -> tuple[dict, dict]:
 def test_the_paddlejob_pipeline_trains_in_the_launcher_and_wires_it_downstream(
     compiled_paddlejob,
 ):
-    from components.step import all_steps, load, source_type
+    from components.kernel.step import all_steps, load, source_type
 
     spec, executors = compiled_paddlejob
     tasks = _all_tasks(spec)

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from components import snapshot
-from components.artifacts import sha256_file, sha256_tree
-from components.registry import LINEAGE_TAGS
+from components.core.artifacts import sha256_file, sha256_tree
+from components.ml import snapshot
+from components.tracking.registry import LINEAGE_TAGS
 from tests.conftest import SERVER_BIN, STAGES, clone_repo, ran, set_params, sh
 
 
@@ -47,7 +47,15 @@ def repo(tmp_path_factory: pytest.TempPathFactory, server_binary: Path) -> Path:
 
 def test_fresh_clone_materialises_data_byte_identically(repo):
     assert not (repo / "data" / "raw").exists()
-    sh(repo, sys.executable, "-m", "components.ingest", "materialize", "--out", "data/raw/digits")
+    sh(
+        repo,
+        sys.executable,
+        "-m",
+        "components.steps.ingest",
+        "materialize",
+        "--out",
+        "data/raw/digits",
+    )
     # what `make data` does: cache it, and prove the hash equals the committed data.dvc
     sh(repo, "dvc", "commit", "-f", "-q", "data.dvc")
     sh(repo, "git", "diff", "--exit-code", "--", "data.dvc")
@@ -125,7 +133,7 @@ def test_mlflow_run_holds_params_metrics_curves_and_artifacts(repo, tmp_path):
     assert len(tags["params_sha256"]) == 64 and tags["task"] == "digits"
     assert parent.data.params["train.learning_rate"] == "0.002"
     # the hardware is recorded: runs from different CPUs can be told apart
-    from components.artifacts import machine
+    from components.core.artifacts import machine
 
     here = machine()
     assert tags["machine.cpu"] == here["cpu_model"] and tags["machine.cores"] == str(
@@ -240,7 +248,7 @@ def test_a_week_of_new_data_reingests_only_the_new_files(repo):
     import numpy as np
     import yaml
 
-    from components.ingest import write_idx
+    from components.steps.ingest import write_idx
     from components.tasks.image_data import builtin_digits
 
     data = repo / "outputs" / "ingest"

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from components.registry import LINEAGE_TAGS
+from components.tracking.registry import LINEAGE_TAGS
 from tests.conftest import REPO, SERVER_BIN
 
 STEPS = [
@@ -249,7 +249,7 @@ def tiny_params() -> dict:
             [
                 sys.executable,
                 "-m",
-                "components.ingest",
+                "components.steps.ingest",
                 "materialize",
                 "--out",
                 params["ingest"]["source"],
@@ -374,10 +374,10 @@ def test_ingest_fans_out_over_unit_groups_under_kfp_local(tmp_path):
     from kfp import dsl, local
     from PIL import Image
 
-    from components import snapshot
-    from components.cli import task_from_params
-    from components.config import section
-    from components.ingest import run as ingest
+    from components.core.config import section
+    from components.ml import snapshot
+    from components.steps.ingest import run as ingest
+    from components.tasks import task_from_params
     from pipelines.training import IMAGE, ingest_fanout, ops
 
     root = tmp_path / "folder"

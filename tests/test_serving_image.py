@@ -9,17 +9,17 @@ import shutil
 import paddle
 import pytest
 
-from components.artifacts import StepError, read_json, sha256_file
-from components.config import section
-from components.images import detect_builder
-from components.modelio import save_legacy
-from components.serving_image import (
+from components.core.artifacts import StepError, read_json, sha256_file
+from components.core.config import section
+from components.kube.images import detect_builder
+from components.ml.modelio import save_legacy
+from components.steps.serving_image import (
     ServerFlags,
     ServingImageParams,
     render_server_env,
     server_env,
 )
-from components.serving_image import run as serving_run
+from components.steps.serving_image import run as serving_run
 from tests.conftest import run_module
 
 FAST = dict(golden_samples=32, latency_requests=10)
@@ -113,7 +113,7 @@ def test_unknown_builder_is_a_readable_params_error(tmp_path):
     params = tmp_path / "params.yaml"
     params.write_text("serving_image:\n  builder: kaniko\n")
     proc = run_module(
-        "components.serving_image", "--params", str(params), "--infra", str(tmp_path / "out")
+        "components.steps.serving_image", "--params", str(params), "--infra", str(tmp_path / "out")
     )
     assert proc.returncode == 1, proc.stderr
     last = proc.stderr.strip().splitlines()[-1]

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from components.step import (
+from components.kernel.step import (
     STEPS,
     Step,
     all_steps,

@@ -16,8 +16,8 @@ import paddle
 import pytest
 import yaml
 
-from components.artifacts import read_json
-from components.train import EarlyStopping, TrainParams, resolve_amp, run
+from components.core.artifacts import read_json
+from components.steps.train import EarlyStopping, TrainParams, resolve_amp, run
 from tests.conftest import REPO
 
 
@@ -38,7 +38,7 @@ def test_amp_on_cuda_resolves_levels():
 def test_train_writes_metrics_curves_and_warns_about_amp(
     tmp_path, digits_data, digits_task, caplog
 ):
-    caplog.set_level(logging.WARNING, logger="components.train")
+    caplog.set_level(logging.WARNING, logger="components.steps.train")
     result = run(
         TrainParams(epochs=2, amp="auto"),
         digits_task,
@@ -113,7 +113,7 @@ def _train_cli(params: Path, data: Path, out: Path, ckpt: Path) -> subprocess.Po
         [
             sys.executable,
             "-m",
-            "components.train",
+            "components.steps.train",
             "--params",
             str(params),
             "--data",
@@ -193,7 +193,7 @@ def test_bad_params_give_a_readable_error(tmp_path):
         [
             sys.executable,
             "-m",
-            "components.train",
+            "components.steps.train",
             "--params",
             str(path),
             "--data",
@@ -221,8 +221,8 @@ def test_bad_params_give_a_readable_error(tmp_path):
     ],
 )
 def test_params_checks(field, value, message):
-    from components.artifacts import StepError
-    from components.config import from_dict
+    from components.core.artifacts import StepError
+    from components.core.config import from_dict
 
     with pytest.raises(StepError) as info:
         from_dict(TrainParams, {field: value}, where="p.yaml: train")
@@ -237,7 +237,7 @@ def test_the_task_owns_its_optimizer_and_schedule(tmp_path, digits_data, digits_
     """The default recipe (image tasks): Adam, step decay per epoch. A task that brings its
     own (warmup then linear decay, advanced every batch, clipped gradients) is trained with
     it: train knows no optimizer."""
-    from components import snapshot
+    from components.ml import snapshot
     from components.tasks.base import Optimization
 
     run(
@@ -289,7 +289,7 @@ def test_the_task_owns_its_optimizer_and_schedule(tmp_path, digits_data, digits_
 def test_pieces_cover_the_split_once_in_an_order_drawn_per_epoch(digits_data):
     """Even a one-shard split is read in bounded pieces; each epoch reads every piece once,
     in an order drawn from (seed, epoch)."""
-    from components import snapshot
+    from components.ml import snapshot
     from components.tasks import stream
 
     snap = snapshot.load(digits_data)
@@ -333,10 +333,10 @@ def test_the_shuffle_buffer_hands_out_every_sample_once_in_a_seeded_order():
 
 def _keys_read(data_dir: Path, task, workers: int, rank: int = 0, size: int = 1) -> list:
     """The keys of the samples one rank's training batches hold in epoch 1."""
-    from components import snapshot
-    from components.distributed import EpochShare, World
+    from components.ml import snapshot
+    from components.ml.distributed import EpochShare, World
+    from components.steps.train import TrainParams, _Inputs
     from components.tasks import stream
-    from components.train import TrainParams, _Inputs
 
     params = TrainParams(piece_rows=100, shuffle_buffer=300, loader_workers=workers)
     snap = snapshot.load(data_dir)
@@ -354,7 +354,7 @@ def _keys_read(data_dir: Path, task, workers: int, rank: int = 0, size: int = 1)
 def test_the_sample_order_does_not_depend_on_the_loader_workers(digits_data, digits_task):
     """Pieces are dealt to the workers in turn and handed on in plan order: in-process, one
     worker or three give the same batches; every training sample is read once."""
-    from components import snapshot
+    from components.ml import snapshot
 
     in_process = _keys_read(digits_data, digits_task, 0)
     assert _keys_read(digits_data, digits_task, 1) == in_process

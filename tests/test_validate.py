@@ -20,16 +20,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from components import snapshot
-from components.artifacts import StepError, read_json, sha256_file, write_json
-from components.config import load_params, section
-from components.ingest import IngestParams
-from components.ingest import run as ingest_run
+from components.core.artifacts import StepError, read_json, sha256_file, write_json
+from components.core.config import load_params, section
+from components.ml import snapshot
+from components.steps.ingest import IngestParams
+from components.steps.ingest import run as ingest_run
+from components.steps.validate import ValidateResult, plan_groups, run_map
+from components.steps.validate import run as validate_run
 from components.tasks import get_task
 from components.tasks.image_data import ValidateParams
 from components.tasks.text_data import TextIngestParams, TextValidateParams
-from components.validate import ValidateResult, plan_groups, run_map
-from components.validate import run as validate_run
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -501,7 +501,7 @@ def test_cli_exits_1_with_message(data: Path, tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "components.validate",
+            "components.steps.validate",
             "--params",
             str(params),
             "--data",

@@ -2,17 +2,20 @@
 
 A task owns the model and its data: the data format (how raw data is read, stored, split and
 validated: ``Task.data``), the preprocessing and the assets it fits, the optimizer and
-schedule, and the input spec. Steps ask
-``get_task(name, options)`` for it and never branch on the task name, so adding a task means
-adding a module here and a line in ``_REGISTRY`` — no step changes.
+schedule, and the input spec. Steps ask ``get_task(name, options)`` for it and never branch on
+the task name. A task is found in ``_REGISTRY`` (the built-in ones) or through a Python entry
+point of group ``paddle_mlops.tasks`` (``name = "module:Class"``) that any installed package
+declares: adding a task changes no step (docs/tasks.md).
 """
 
 from __future__ import annotations
 
 import importlib
+from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any
 
-from components.artifacts import StepError
+from components.core.artifacts import StepError
+from components.core.config import params_source
 
 if TYPE_CHECKING:
     from components.tasks.base import Task
@@ -26,8 +29,33 @@ _REGISTRY: dict[str, str] = {
 }
 
 
+ENTRY_POINT_GROUP = "paddle_mlops.tasks"
+
+
+def _targets() -> dict[str, str]:
+    """Every known task: the built-in ones, then those of installed packages' entry points
+    (a name taken twice is refused: which one a pipeline ran must never depend on install
+    order)."""
+    targets = dict(_REGISTRY)
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name in targets and targets[ep.name] != ep.value:
+            dist = ep.dist.name if ep.dist else "an installed package"
+            raise StepError(
+                f"task '{ep.name}': entry point {ep.value!r} of {dist} (group "
+                f"{ENTRY_POINT_GROUP}) clashes with {targets[ep.name]!r}; rename one of them"
+            )
+        targets[ep.name] = ep.value
+    return targets
+
+
 def available_tasks() -> list[str]:
-    return sorted(_REGISTRY)
+    return sorted(_targets())
+
+
+def task_module(name: str) -> str | None:
+    """The module that defines task ``name`` (None: no such task)."""
+    target = _targets().get(name)
+    return target.split(":")[0] if target else None
 
 
 def get_task(
@@ -35,7 +63,7 @@ def get_task(
 ) -> Task:
     """The task ``name`` built from ``options``; errors name ``source`` (the params file)."""
     try:
-        target = _REGISTRY[name]
+        target = _targets()[name]
     except KeyError as exc:
         raise StepError(
             f"{source}: task.name '{name}' is not a known task; choose one of {available_tasks()}"
@@ -43,6 +71,17 @@ def get_task(
     module_name, cls_name = target.split(":")
     cls = getattr(importlib.import_module(module_name), cls_name)
     return cls.from_options({} if options is None else options, where=f"{source}: task.options")
+
+
+def task_from_params(all_params: dict[str, Any]) -> Task:
+    """The task named by ``task.name`` with ``task.options`` (errors name the params file)."""
+    source = params_source(all_params)
+    if "task" not in all_params:
+        raise StepError(f"{source}: missing section 'task' (task.name: one of {available_tasks()})")
+    task_params = all_params.get("task") or {}
+    if not isinstance(task_params, dict):
+        raise StepError(f"{source}: task: expected a mapping, got {type(task_params).__name__}")
+    return get_task(str(task_params.get("name", "")), task_params.get("options"), source=source)
 
 
 def __getattr__(name: str) -> Any:
@@ -55,4 +94,11 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["Task", "available_tasks", "get_task"]
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "Task",
+    "available_tasks",
+    "get_task",
+    "task_from_params",
+    "task_module",
+]

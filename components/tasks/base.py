@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 import paddle
 
-from components.artifacts import StepError
+from components.core.artifacts import StepError
 from components.tasks.data import DataFormat, check_format, iter_split, read_split
 
 if TYPE_CHECKING:

@@ -3,7 +3,7 @@
 A :class:`DataFormat` (a modality: images, texts) is owned by the tasks that read it
 (``Task.data``). The ``ingest`` and ``validate`` steps ask the task for it and never look at
 samples themselves, so a task with a new kind of data brings its format along and no step
-changes. An ingested data set names its format in ``labels.json`` (see ``components.dataset``)
+changes. An ingested data set names its format in ``labels.json`` (see ``components.ml.dataset``)
 so every later step can check it holds the data its task reads.
 
 Library layer: imported by tasks and steps, imports no step.
@@ -20,13 +20,13 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from components import dataset, snapshot
-from components.artifacts import StepError
+from components.core.artifacts import StepError
+from components.ml import dataset, snapshot
 
 
 @dataclass(frozen=True)
 class SplitParams:
-    """``ingest.split``: the split rule (``components.snapshot.SplitRule``)."""
+    """``ingest.split``: the split rule (``components.ml.snapshot.SplitRule``)."""
 
     method: str = "hash"  # hash (stable under growth) | permutation (the old, unstable one)
     val_fraction: float = 0.15

@@ -8,7 +8,7 @@ from typing import Any
 import paddle
 from paddle import nn
 
-from components.config import from_dict
+from components.core.config import from_dict
 from components.tasks.vision import ImageClassificationTask, check_image_options
 
 # conv3(pad 1) -> pool2 -> conv5 -> pool2 leaves (H // 2 - 4) // 2 rows: at least 1 needs H >= 12

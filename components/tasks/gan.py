@@ -40,9 +40,9 @@ import paddle.nn.functional as F
 from paddle import nn
 from tqdm import tqdm
 
-from components import snapshot
-from components.artifacts import StepError
-from components.config import from_dict
+from components.core.artifacts import StepError
+from components.core.config import from_dict
+from components.ml import snapshot
 from components.tasks.base import (
     ASSETS_DIR,
     Optimization,

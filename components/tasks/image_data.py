@@ -8,7 +8,7 @@ Ingest sources (``params.yaml: ingest.source`` + ``ingest.kind``):
   ``s3://`` prefix (read through fsspec). ``ingest.idx_files`` lists ``[images, labels]`` pairs.
 - ``image_folder``: a directory with one sub-directory per class holding PNG/JPEG files.
 
-Stored in Parquet shards (``components.snapshot``: ``image`` raw uint8 bytes with ``height``,
+Stored in Parquet shards (``components.ml.snapshot``: ``image`` raw uint8 bytes with ``height``,
 ``width``, ``channels``; ``label`` int64). Validation (:class:`ImageShardStats`, streamed per
 shard): the pixels' dtype and the shapes as stored, that every image holds H x W x C values,
 the pixel range and NaNs, with rules on the shape (``validate.image_shape`` or the train
@@ -31,8 +31,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from components.artifacts import StepError, atomic_path, sha256_bytes
-from components.sources import join_uri, read_bytes
+from components.core.artifacts import StepError, atomic_path, sha256_bytes
+from components.ml.sources import join_uri, read_bytes
 from components.tasks.data import (
     CommonValidateParams,
     DataFormat,
@@ -50,7 +50,7 @@ from components.tasks.data import (
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp"}
 _IDX_DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
 IDX_IMAGES_NDIM, IDX_LABELS_NDIM = 3, 1  # [N, H, W] images, [N] labels
-LABEL_DTYPE = "int64"  # the documented on-disk label dtype (components.dataset)
+LABEL_DTYPE = "int64"  # the documented on-disk label dtype (components.ml.dataset)
 
 
 @dataclass(frozen=True)
@@ -424,7 +424,7 @@ def materialize_builtin_digits(out_dir: str | Path) -> dict[str, str]:
     images, labels = builtin_digits()
     write_idx(out_dir / "digits-images-idx3-ubyte", images)
     write_idx(out_dir / "digits-labels-idx1-ubyte", labels.astype(np.uint8))
-    from components.artifacts import sha256_file
+    from components.core.artifacts import sha256_file
 
     return {p.name: sha256_file(p) for p in sorted(out_dir.glob("digits-*-ubyte"))}
 
@@ -641,7 +641,7 @@ def shard_expectations(params: ValidateParams, shape: Sequence[int]) -> list[Any
 
 
 def to_images(model_input: Any, shape: Sequence[int]) -> np.ndarray:
-    """A request (see ``components.mlflow_model``) as ``uint8 [N, H, W, C]`` with ``(H, W, C)
+    """A request (see ``components.tracking.model``) as ``uint8 [N, H, W, C]`` with ``(H, W, C)
     == shape``; ``ValueError`` for anything else."""
     import pandas as pd
 

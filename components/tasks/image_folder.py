@@ -10,8 +10,8 @@ from typing import Any, Literal
 import paddle
 from paddle import nn
 
-from components.artifacts import StepError
-from components.config import from_dict
+from components.core.artifacts import StepError
+from components.core.config import from_dict
 from components.tasks.vision import ImageClassificationTask, check_image_options
 
 log = logging.getLogger(__name__)

@@ -33,8 +33,8 @@ import paddle.nn.functional as F
 from paddle import nn
 from tqdm import tqdm
 
-from components.artifacts import StepError, read_json, write_json
-from components.config import from_dict
+from components.core.artifacts import StepError, read_json, write_json
+from components.core.config import from_dict
 from components.tasks.base import (
     ASSETS_DIR,
     Optimization,

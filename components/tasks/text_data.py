@@ -40,9 +40,9 @@ from typing import Any, Literal
 import numpy as np
 import pandas as pd
 
-from components import dataset
-from components.artifacts import StepError, sha256_bytes
-from components.sources import join_uri, read_bytes
+from components.core.artifacts import StepError, sha256_bytes
+from components.ml import dataset
+from components.ml.sources import join_uri, read_bytes
 from components.tasks.data import (
     CommonValidateParams,
     DataFormat,

@@ -1,0 +1,598 @@
+"""deploy: the champion in the registry becomes what is served.
+
+Runs after ``promote`` (and by hand after ``paddle-mlops registry rollback``: it always deploys
+whatever ``deploy.alias``, default ``champion``, names *now*). It resolves the alias once to an
+immutable version and refuses a version without an image digest (``serving_image_digest``,
+recorded by ``promote`` when the image was pushed) or with incomplete lineage. Then:
+
+1. **Renders** the serving manifests from the templates in ``k8s/serving`` (Deployment,
+   Service, HPA, PodDisruptionBudget + the server's ConfigMap) and ``k8s/kserve``
+   (ServingRuntime, InferenceService, the ``models:/`` storage initializer), pinned to that
+   version: the server image by digest, the model as ``models:/NAME/VERSION`` (fetched and
+   sha256-verified by ``paddle-mlops fetch-model`` in the init container / KServe storage
+   initializer), the version in labels and in the server's ``--model-version``. They are
+   checked (``components.kube.check``) and written to ``serving.yaml`` / ``kserve.yaml``.
+2. **Applies** them where ``deploy.target`` says:
+
+   - ``none``: rendering only (a laptop without a cluster; the files are the deliverable);
+   - ``kubernetes``: server-side apply with the official client (in-cluster config, else the
+     kubeconfig), ``deploy.dry_run`` for a server-side dry run, then waits for the rollout;
+   - ``podman``: this machine. The bundle is fetched and verified exactly as the init
+     container does (into ``local_state_dir/models/MODEL/vN``, mounted read-only), and served
+     by the server image on ``127.0.0.1:deploy.local_port`` (read-only root, no
+     capabilities). With ``deploy.swap: load`` (the default) and a server already running
+     the same server image and configuration, the new version is **swapped in without a
+     restart**: the server's repository ``load`` compiles it next to the serving version,
+     switches new requests to it and drains the old one, so no request fails. Otherwise
+     (``swap: restart``, the first deploy, another server image or configuration) the
+     container is replaced by one running the version's image; if that never becomes ready
+     the previous one is restarted.
+
+``deployment.json`` records the version, image, model URI, target and what was applied. With
+no champion yet (nothing was ever blessed) there is nothing to deploy: it says so and succeeds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import subprocess
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from components.core.artifacts import StepError, atomic_path, read_json, write_json, write_text
+from components.core.uris import redact_uri
+from components.kernel.step import REPO, In, Out, Step
+from components.tracking.registry import (
+    CHAMPION,
+    Registry,
+    RegistryParams,
+    tracking_uri,
+)
+from components.tracking.registry import client as mlflow_client
+
+log = logging.getLogger(__name__)
+
+TARGETS = ("none", "podman", "kubernetes")
+SWAPS = ("load", "restart")
+VARIANTS = ("deployment", "kserve")
+FIELD_MANAGER = "paddle-mlops-deploy"
+# containers the renderer fills, by name (the templates' contract)
+SERVER_CONTAINERS = ("server", "kserve-container")
+FETCH_CONTAINERS = ("fetch-model", "storage-initializer")
+VERSION_LABEL = "paddle-mlops/model-version"  # the version a container was started with
+MODEL_LABEL = "paddle-mlops/model"
+SERVER_IMAGE_LABEL = "paddle-mlops.server-image"  # set by the serving image's model layer
+MODELS_ROOT = "/mnt/models-root"  # podman: local_state_dir/models/MODEL, read-only
+
+
+@dataclass(frozen=True)
+class DeployParams:
+    target: str = "none"  # none | podman | kubernetes
+    alias: str = CHAMPION  # the alias deployed (resolved once, to an immutable version)
+    manifests: list[str] = field(default_factory=lambda: list(VARIANTS))
+    templates: str = "k8s"  # below it: serving/ and kserve/ (kustomization.yaml lists files)
+    namespace: str = "paddle-mlops"
+    dry_run: bool = False  # kubernetes: server-side dry run, nothing changes
+    kube_context: str | None = None  # kubeconfig context (outside a cluster)
+    components_image: str | None = None  # ref@sha256 of fetch-model; default $PADDLE_MLOPS_IMAGE
+    server_variant: str = "int8"  # the bundle variant the server runs (fp32 | int8)
+    rollout_timeout_s: float = 300.0
+    local_port: int = 8501  # podman: the server on 127.0.0.1:local_port
+    local_name: str = "paddle-mlops-server"  # podman container name
+    local_state_dir: str = ".deploy"  # podman: verified model copies, by version
+    swap: str = "load"  # podman: load (in place, no restart, when possible) | restart
+
+    def check(self) -> None:
+        if self.target not in TARGETS:
+            raise ValueError(f"target must be one of {', '.join(TARGETS)}")
+        unknown = sorted(set(self.manifests) - set(VARIANTS))
+        if unknown or not self.manifests:
+            raise ValueError(f"manifests must be a non-empty subset of {list(VARIANTS)}")
+        if self.server_variant not in ("fp32", "int8"):
+            raise ValueError("server_variant must be fp32 or int8")
+        if not 0 < self.local_port < 65536:
+            raise ValueError("local_port must be a TCP port")
+        if self.rollout_timeout_s <= 0:
+            raise ValueError("rollout_timeout_s must be > 0")
+        if self.swap not in SWAPS:
+            raise ValueError(f"swap must be one of {', '.join(SWAPS)}")
+
+
+@dataclass(frozen=True)
+class Release:
+    """One registered version, as it is deployed."""
+
+    model: str
+    version: int
+    image: str  # repository@sha256:...
+    model_uri: str  # models:/NAME/VERSION
+    bundle_sha256: str
+
+
+# --------------------------------------------------------------------------- the version
+
+
+def image_repository(ref: str) -> str:
+    """``host:5000/a/b:tag`` or ``a/b@sha256:..`` -> ``host:5000/a/b``."""
+    ref = ref.split("@", 1)[0]
+    slash, colon = ref.rfind("/"), ref.rfind(":")
+    return ref[:colon] if colon > slash else ref
+
+
+def release(registry: Registry, version: int) -> Release:
+    """The deployable facts of ``version``; refuses what cannot be pinned or traced."""
+    from components.tracking.model import BUNDLE_TAG
+
+    tags = registry.version(version).tags
+    problems = []
+    missing = registry.missing_lineage(version)
+    if missing:
+        problems.append(f"lineage tags missing: {', '.join(missing)}")
+    digest = tags.get("serving_image_digest", "")
+    if not digest.startswith("sha256:") or len(digest) != 71:
+        problems.append(
+            "no serving image digest (tag serving_image_digest): the image was never pushed; "
+            "set promote.push (or build in the cluster) so promote records one"
+        )
+    if not tags.get(BUNDLE_TAG):
+        problems.append(f"no {BUNDLE_TAG} tag: its files cannot be verified when fetched")
+    if problems:
+        raise StepError(
+            f"{registry.name} v{version}: refusing to deploy:\n"
+            + "\n".join(f"  - {p}" for p in problems)
+        )
+    return Release(
+        registry.name,
+        version,
+        f"{image_repository(tags['serving_image'])}@{digest}",
+        f"models:/{registry.name}/{version}",
+        tags[BUNDLE_TAG],
+    )
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+def load_templates(directory: Path) -> tuple[list[dict[str, Any]], list[str]]:
+    """The documents of the files ``directory/kustomization.yaml`` lists under resources,
+    and the names of its ConfigMap generators."""
+    from components.kube.check import load_manifests
+
+    kustomization = directory / "kustomization.yaml"
+    if not kustomization.is_file():
+        raise StepError(f"{kustomization}: missing (deploy.templates points at the k8s/ dir)")
+    spec = yaml.safe_load(kustomization.read_text()) or {}
+    paths = [directory / name for name in spec.get("resources") or []]
+    for path in paths:
+        if not path.is_file():
+            raise StepError(f"{kustomization}: resource {path.name} is not a file below it")
+    generators = [g["name"] for g in spec.get("configMapGenerator") or []]
+    return load_manifests(paths), generators
+
+
+def server_env_configmap(directory: Path, name: str) -> dict[str, Any]:
+    """What kustomize's configMapGenerator makes of ``directory/server.env``: the name
+    carries a hash of the content, so a changed server.env rolls the pods."""
+    env_file = directory / "server.env"
+    data = {}
+    for line in env_file.read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            data[key] = value
+    digest = hashlib.sha256(yaml.safe_dump(data, sort_keys=True).encode()).hexdigest()[:10]
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": f"{name}-{digest}",
+            "labels": {"app.kubernetes.io/part-of": "paddle-mlops"},
+        },
+        "data": data,
+    }
+
+
+def _pod_spec(doc: dict[str, Any]) -> dict[str, Any] | None:
+    if doc.get("kind") in ("Deployment", "StatefulSet", "Job"):
+        return doc["spec"]["template"]["spec"]
+    if doc.get("kind") in ("ServingRuntime", "ClusterServingRuntime", "ClusterStorageContainer"):
+        spec = doc["spec"]
+        return spec if "containers" in spec else {"containers": [spec["container"]]}
+    return None
+
+
+def _server_args(rel: Release, variant: str) -> list[str]:
+    return [
+        "--model-dir=/mnt/models",
+        f"--variant={variant}",
+        f"--model-name={rel.model}",
+        f"--model-version={rel.version}",
+    ]
+
+
+def render(
+    rel: Release, params: DeployParams, templates: Path, components_image: str
+) -> dict[str, list[dict[str, Any]]]:
+    """The manifests of each variant in ``params.manifests``, pinned to ``rel``."""
+    rendered = {}
+    for variant in params.manifests:
+        directory = templates / ("serving" if variant == "deployment" else "kserve")
+        docs, generators = load_templates(directory)  # fresh objects: pinned in place
+        configmaps = {n: server_env_configmap(directory, n) for n in generators}
+        labels = {MODEL_LABEL: rel.model, VERSION_LABEL: str(rel.version)}
+        for doc in docs:
+            meta = doc.setdefault("metadata", {})
+            if not doc["kind"].startswith("Cluster"):
+                meta["namespace"] = params.namespace
+            meta.setdefault("labels", {}).update(labels)
+            _pin(doc, rel, params, components_image, configmaps, labels)
+        for cm in configmaps.values():
+            cm["metadata"]["namespace"] = params.namespace
+            cm["metadata"]["labels"].update(labels)
+        rendered[variant] = [*configmaps.values(), *docs]
+    return rendered
+
+
+def _pin(
+    doc: dict[str, Any],
+    rel: Release,
+    params: DeployParams,
+    components_image: str,
+    configmaps: dict[str, dict[str, Any]],
+    labels: dict[str, str],
+) -> None:
+    if doc["kind"] == "InferenceService":
+        doc["spec"]["predictor"]["model"]["storageUri"] = rel.model_uri
+    if doc["kind"] == "Deployment":
+        template = doc["spec"]["template"]
+        template.setdefault("metadata", {}).setdefault("labels", {}).update(labels)
+        template["metadata"].setdefault("annotations", {})["paddle-mlops/bundle-sha256"] = (
+            rel.bundle_sha256
+        )
+    spec = _pod_spec(doc)
+    if spec is None:
+        return
+    for container in [*spec.get("initContainers", []), *spec.get("containers", [])]:
+        if container["name"] in SERVER_CONTAINERS:
+            container["image"] = rel.image
+            container["args"] = _server_args(rel, params.server_variant)
+        elif container["name"] in FETCH_CONTAINERS:
+            container["image"] = components_image
+            container["args"] = [
+                rel.model_uri if str(a).startswith("models:/") else a
+                for a in container.get("args", [])
+            ]
+        for source in container.get("envFrom", []):
+            ref = source.get("configMapRef") or {}
+            if ref.get("name") in configmaps:
+                ref["name"] = configmaps[ref["name"]]["metadata"]["name"]
+
+
+# --------------------------------------------------------------------------- kubernetes
+
+
+def apply_kubernetes(docs: list[dict[str, Any]], params: DeployParams) -> list[str]:
+    """Server-side apply of ``docs``; returns ``kind/name`` of each (dry run: nothing kept)."""
+    from kubernetes import client, config, dynamic
+    from kubernetes.config.config_exception import ConfigException
+
+    try:
+        config.load_incluster_config()
+    except ConfigException:
+        try:
+            config.load_kube_config(context=params.kube_context)
+        except (ConfigException, OSError) as exc:
+            raise StepError(
+                f"deploy.target kubernetes: no in-cluster config and no usable kubeconfig ({exc})"
+            ) from exc
+    dyn = dynamic.DynamicClient(client.ApiClient())
+    applied = []
+    for doc in docs:
+        kind, name = doc["kind"], doc["metadata"]["name"]
+        try:
+            api = dyn.resources.get(api_version=doc["apiVersion"], kind=kind)
+            dyn.server_side_apply(
+                api,
+                body=doc,
+                name=name,
+                namespace=doc["metadata"].get("namespace") if api.namespaced else None,
+                field_manager=FIELD_MANAGER,
+                force_conflicts=True,
+                **({"dry_run": "All"} if params.dry_run else {}),
+            )
+        except Exception as exc:  # the client raises ApiException/ResourceNotFoundError/...
+            raise StepError(f"apply {kind}/{name} failed: {str(exc)[:500]}") from exc
+        applied.append(f"{kind}/{name}")
+        log.info("applied %s/%s%s", kind, name, " (server-side dry run)" if params.dry_run else "")
+    return applied
+
+
+def wait_rollout(docs: list[dict[str, Any]], params: DeployParams) -> None:
+    """Wait until each Deployment runs its new pods and each InferenceService is Ready."""
+    from kubernetes import client, dynamic
+
+    dyn = dynamic.DynamicClient(client.ApiClient())
+    deadline = time.monotonic() + params.rollout_timeout_s
+    for doc in docs:
+        if doc["kind"] not in ("Deployment", "InferenceService"):
+            continue
+        api = dyn.resources.get(api_version=doc["apiVersion"], kind=doc["kind"])
+        name, ns = doc["metadata"]["name"], doc["metadata"]["namespace"]
+        while True:
+            obj = dyn.get(api, name=name, namespace=ns).to_dict()
+            if _rolled_out(obj):
+                break
+            if time.monotonic() > deadline:
+                raise StepError(
+                    f"{doc['kind']}/{name} did not become ready within "
+                    f"{params.rollout_timeout_s:.0f} s (deploy.rollout_timeout_s); status: "
+                    f"{str(obj.get('status'))[:400]}"
+                )
+            time.sleep(2)
+
+
+def _rolled_out(obj: dict[str, Any]) -> bool:
+    status, spec, meta = obj.get("status") or {}, obj.get("spec") or {}, obj["metadata"]
+    if obj["kind"] == "Deployment":
+        want = spec.get("replicas", 1)
+        return (
+            status.get("observedGeneration", 0) >= meta.get("generation", 0)
+            and status.get("updatedReplicas", 0) >= want
+            and status.get("availableReplicas", 0) >= want
+            and status.get("replicas", 0) == status.get("updatedReplicas", 0)
+        )
+    conditions = {c["type"]: c["status"] for c in status.get("conditions") or []}
+    return conditions.get("Ready") == "True"
+
+
+# --------------------------------------------------------------------------- podman
+
+
+def _podman(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    from components.kube.images import _run
+
+    proc = _run(["podman", *args])
+    if check and proc.returncode != 0:
+        raise StepError(f"podman {args[0]} failed: {proc.stderr.strip()[-600:]}")
+    return proc
+
+
+def _exists(name: str) -> bool:
+    return _podman("container", "exists", name, check=False).returncode == 0
+
+
+def _wait_ready(url: str, timeout_s: float, name: str) -> bool:
+    from components.kube.kserve_client import KServeClient
+
+    client = KServeClient(url, timeout=5)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if client.ready():
+            return True
+        state = _podman("inspect", "--format", "{{.State.Status}}", name, check=False)
+        if state.stdout.strip() in ("exited", "stopped"):
+            return False
+        time.sleep(0.5)
+    return False
+
+
+def _image_config(ref: str) -> tuple[str, list[str]]:
+    """The server image a serving image was built on, and its environment."""
+    proc = _podman(
+        "image", "inspect", "--format",
+        '{{index .Config.Labels "' + SERVER_IMAGE_LABEL + '"}}\n{{json .Config.Env}}', ref,
+    )  # fmt: skip
+    label, env = proc.stdout.strip().split("\n", 1)
+    return label, sorted(yaml.safe_load(env) or [])
+
+
+def _running_server(params: DeployParams, rel: Release) -> dict[str, str] | None:
+    """The container of ``params.local_name`` if it runs ``rel.model`` with model control."""
+    if not _exists(params.local_name):
+        return None
+    proc = _podman(
+        "inspect", "--format",
+        "{{.State.Status}}\n{{.Image}}\n{{index .Config.Labels \"" + MODEL_LABEL + '"}}\n'
+        '{{index .Config.Labels "paddle-mlops/model-control"}}',
+        params.local_name, check=False,
+    )  # fmt: skip
+    fields = proc.stdout.strip().split("\n")
+    if proc.returncode != 0 or len(fields) != 4:
+        return None
+    state, image, model, control = fields
+    if state != "running" or model != rel.model or control != "true":
+        return None
+    return {"image": image}
+
+
+def _swap_in_place(
+    rel: Release, params: DeployParams, url: str, running_image: str
+) -> dict[str, Any] | None:
+    """Load ``rel`` into the running server when its image differs from ``rel.image`` only
+    by the model (same server image, same environment); None when it does not."""
+    from components.kube.kserve_client import KServeClient, KServeError
+
+    if _image_config(running_image) != _image_config(rel.image):
+        log.info("the running server's image or configuration differs: restarting it")
+        return None
+    client = KServeClient(url, timeout=params.rollout_timeout_s)
+    if not client.ready():
+        return None
+    config = {
+        "model_dir": f"{MODELS_ROOT}/v{rel.version}",
+        "version": str(rel.version),
+        "variant": params.server_variant,
+    }
+    try:
+        client.load_model(rel.model, config)
+    except KServeError as exc:
+        raise StepError(
+            f"the server at {url} could not load {rel.model} v{rel.version} ({exc}); the "
+            "version it served before still serves"
+        ) from None
+    if str(rel.version) not in client.metadata(rel.model)["versions"]:
+        raise StepError(f"{url} reports no version {rel.version} of {rel.model} after loading it")
+    log.info("swapped %s v%d into the running server at %s", rel.model, rel.version, url)
+    return {"method": "load", "server_image": running_image}
+
+
+def deploy_podman(
+    rel: Release, params: DeployParams, server_env: Path, tracking: str
+) -> dict[str, Any]:
+    """Run ``rel`` on this machine as the init container + server pod would (module doc)."""
+    from components.tracking.fetch_model import fetch
+
+    models_root = Path(params.local_state_dir).resolve() / "models" / rel.model
+    model_dir = models_root / f"v{rel.version}"
+    fetched = fetch(rel.model_uri, model_dir, tracking=tracking)
+    if fetched.sha256 != rel.bundle_sha256:
+        raise StepError(f"{rel.model_uri}: fetched {fetched.sha256}, expected {rel.bundle_sha256}")
+    _podman("pull", "--quiet", rel.image)
+    url = f"http://127.0.0.1:{params.local_port}"
+    local = {"url": url, "container": params.local_name, "model_dir": str(model_dir)}
+    running = _running_server(params, rel) if params.swap == "load" else None
+    if running is not None:
+        swapped = _swap_in_place(rel, params, url, running["image"])
+        if swapped is not None:
+            return {**local, **swapped}
+    name, previous = params.local_name, f"{params.local_name}-previous"
+    if _exists(previous):
+        _podman("rm", "--force", previous)
+    had_previous = _exists(name)
+    if had_previous:
+        _podman("rename", name, previous)
+        _podman("stop", "--time", "10", previous)
+    control = "true" if params.swap == "load" else "false"
+    _podman(
+        "run", "--detach", "--name", name,
+        "--read-only", "--cap-drop=ALL", "--security-opt=no-new-privileges",
+        "--user", "10001:10001", "--tmpfs", "/tmp",
+        "--publish", f"127.0.0.1:{params.local_port}:8080",
+        "--volume", f"{models_root}:{MODELS_ROOT}:ro",
+        "--env-file", str(server_env),
+        "--label", f"{MODEL_LABEL}={rel.model}",
+        "--label", f"{VERSION_LABEL}={rel.version}",
+        "--label", f"paddle-mlops/model-control={control}",
+        rel.image, *_server_args(rel, params.server_variant),
+        f"--model-dir={MODELS_ROOT}/v{rel.version}", f"--model-control={control}",
+    )  # fmt: skip
+    if not _wait_ready(url, params.rollout_timeout_s, name):
+        logs = _podman("logs", "--tail", "30", name, check=False)
+        _podman("rm", "--force", name, check=False)
+        if had_previous:
+            _podman("rename", previous, name)
+            _podman("start", name)
+            log.error("v%d never became ready: the previous container runs again", rel.version)
+        raise StepError(
+            f"{rel.image} (v{rel.version}) did not become ready on {url} within "
+            f"{params.rollout_timeout_s:.0f} s; its log:\n{(logs.stdout + logs.stderr)[-2000:]}"
+        )
+    if had_previous:
+        _podman("rm", "--force", previous)
+    log.info("serving %s v%d at %s (%s)", rel.model, rel.version, url, rel.image)
+    return {**local, "method": "restart", "server_image": rel.image}
+
+
+# --------------------------------------------------------------------------- step
+
+
+def run(
+    params: DeployParams,
+    promotion_dir: str | Path,
+    out_dir: str | Path,
+    *,
+    registry_params: RegistryParams | None = None,
+    templates_root: str | Path | None = None,
+) -> dict[str, Any]:
+    try:  # params.yaml was checked when read; params built in Python were not
+        params.check()
+    except ValueError as exc:
+        raise StepError(f"deploy: {exc}") from exc
+    promotion = read_json(Path(promotion_dir) / "promotion.json")
+    templates = Path(templates_root) if templates_root else _templates(params.templates)
+    tracking = tracking_uri()
+    registry = Registry(
+        mlflow_client(tracking), str(promotion["model"]), registry_params or RegistryParams()
+    )
+    version = registry.aliases().get(params.alias)
+    record: dict[str, Any] = {
+        "model": registry.name,
+        "alias": params.alias,
+        "target": params.target,
+        "tracking_uri": redact_uri(tracking),
+    }
+    with atomic_path(out_dir) as tmp:
+        tmp.mkdir(parents=True)
+        if version is None:
+            log.warning("%s has no '%s' alias: nothing to deploy", registry.name, params.alias)
+            write_json(tmp / "deployment.json", {**record, "deployed": False, "version": None})
+            return {**record, "deployed": False}
+        try:
+            rel = release(registry, version)
+        except StepError as exc:
+            if params.target != "none":
+                raise
+            log.warning("nothing rendered: %s", exc)  # a laptop run without a pushed image
+            write_json(tmp / "deployment.json", {**record, "deployed": False, "refused": str(exc)})
+            return {**record, "deployed": False, "refused": str(exc)}
+        components_image = params.components_image or os.environ.get("PADDLE_MLOPS_IMAGE", "")
+        rendered = render(rel, params, templates, components_image or "paddle-mlops-components")
+        from components.kube.check import check_manifests
+
+        for variant, docs in rendered.items():
+            check_manifests(docs, require_digest=params.target == "kubernetes")
+            write_text(tmp / f"{variant}.yaml", yaml.safe_dump_all(docs, sort_keys=False))
+        record.update(asdict(rel), manifests=sorted(rendered), dry_run=params.dry_run)
+        if params.target == "kubernetes":
+            applied = [a for docs in rendered.values() for a in apply_kubernetes(docs, params)]
+            if not params.dry_run:
+                for docs in rendered.values():
+                    wait_rollout(docs, params)
+            record["applied"] = applied
+        elif params.target == "podman":
+            env_file = templates / "serving" / "server.env"
+            record["local"] = deploy_podman(rel, params, env_file, tracking)
+        record["deployed"] = params.target != "none" and not params.dry_run
+        write_json(tmp / "deployment.json", record)
+    log.info(
+        "%s v%d (%s): %s",
+        rel.model,
+        rel.version,
+        params.alias,
+        "rendered only" if params.target == "none" else f"deployed with {params.target}",
+    )
+    return record
+
+
+def _templates(configured: str) -> Path:
+    path = Path(configured)
+    if not path.is_absolute() and not path.exists():
+        path = REPO / configured  # the package's own (e.g. /opt/paddle-mlops/k8s in the image)
+    return path
+
+
+STEP = Step(
+    name="deploy",
+    doc=__doc__,
+    params=DeployParams,
+    sections=("deploy", "registry"),
+    shared=(("registry", "registry_params", RegistryParams),),
+    run=run,
+    inputs=(
+        In(
+            "promotion",
+            "outputs/promote",
+            "promotion_dir",
+            source="promote.promotion",
+            help="promotion.json (which model; runs after the champion may have moved)",
+        ),
+    ),
+    outputs=(Out("deployment", "outputs/deploy", "out_dir", dvc="uncached"),),
+    extra_deps=("k8s/serving", "k8s/kserve"),
+)

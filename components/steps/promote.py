@@ -1,0 +1,141 @@
+"""promote: a blessed model's image is pushed and the model becomes the champion.
+
+Runs after ``register``. For a challenger that was not blessed it records why nothing
+happened and succeeds (the pipeline worked; the model was not good enough). For a blessed one:
+
+1. The serving image: with an image digest handed over by the orchestrator (the kaniko job of
+   the cluster pipeline built and pushed it), that digest is used. Otherwise, with
+   ``promote.push``, the image ``serving_image`` built and validated on this machine is pushed
+   now (never before blessing). The digest is tagged on the registered version
+   (``serving_image_digest``), so the champion names the exact image that serves it.
+2. With ``promote.auto_promote`` the version becomes ``champion`` (compare-and-swap against
+   the champion the blessing judged: if another run promoted meanwhile, this one fails rather
+   than overwrite a model it was never compared with). Deployments follow the alias.
+
+``promotion.json`` records what was done.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from components.core.artifacts import StepError, read_json, write_json
+from components.kernel.step import In, Out, Step, Value
+from components.kube.images import push_image
+from components.tracking.registry import ChampionChanged, Registry, RegistryParams
+from components.tracking.registry import client as mlflow_client
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PromoteParams:
+    auto_promote: bool = True  # a blessed challenger becomes champion
+    push: bool = False  # push the locally built serving image before promoting
+
+
+@dataclass(frozen=True)
+class PromoteResult:
+    model: str
+    version: int
+    blessed: bool
+    promoted: bool
+    image: str
+    image_digest: str | None
+    pushed: bool
+    not_promoted: str = ""  # why a blessed version was not promoted (a racing promotion won)
+
+
+def run(
+    params: PromoteParams,
+    registration_dir: str | Path,
+    infra_dir: str | Path,
+    out_dir: str | Path,
+    *,
+    registry_params: RegistryParams | None = None,
+    image_digest: str = "",
+) -> PromoteResult:
+    registration_dir, infra_dir, out_dir = Path(registration_dir), Path(infra_dir), Path(out_dir)
+    info = read_json(registration_dir / "registration.json")
+    infra = read_json(infra_dir / "infra.json")
+    name, version = str(info["model"]), int(info["version"])
+    digest, pushed, promoted = image_digest.strip() or None, False, False
+    not_promoted = ""  # why a blessed version was not promoted
+    if not info["blessed"]:
+        log.warning("%s v%d was not blessed: no push, no promotion", name, version)
+    else:
+        # the environment's URI (it may hold credentials); registration.json's is redacted
+        uri = os.environ.get("MLFLOW_TRACKING_URI") or str(info.get("tracking_uri") or "")
+        if "***" in uri:
+            raise StepError(
+                f"{registration_dir / 'registration.json'}: field 'tracking_uri' {uri} is "
+                "redacted (it held credentials); set MLFLOW_TRACKING_URI (credentials in "
+                "MLFLOW_TRACKING_USERNAME/PASSWORD)"
+            )
+        registry = Registry(mlflow_client(uri or None), name, registry_params or RegistryParams())
+        if digest is None and params.push:
+            if not infra.get("built"):
+                raise StepError(
+                    f"promote.push: the image {infra['image']} was not built on this machine "
+                    f"({infra.get('builder_note') or 'no builder'}); set serving_image.builder, "
+                    "or let the cluster pipeline build and push it (kaniko)"
+                )
+            digest, pushed = push_image(str(infra["builder"]), str(infra["image"])), True
+            log.info("pushed %s (%s)", infra["image"], digest)
+        if digest:
+            for tag, value in (("serving_image_digest", digest), ("serving_image_built", "true")):
+                registry.client.set_model_version_tag(name, str(version), tag, value)
+        if params.auto_promote:
+            try:
+                registry.promote(
+                    version,
+                    reason="blessed by the pipeline",
+                    expected_champion=info.get("judged_against"),
+                )
+                promoted = True
+            except ChampionChanged as exc:  # a racing pipeline won: its champion stands
+                log.warning("%s; v%d stays the challenger, not promoted", exc, version)
+                not_promoted = str(exc)
+    result = PromoteResult(
+        name,
+        version,
+        bool(info["blessed"]),
+        promoted,
+        str(infra["image"]),
+        digest,
+        pushed,
+        not_promoted,
+    )
+    write_json(out_dir / "promotion.json", asdict(result))
+    return result
+
+
+STEP = Step(
+    name="promote",
+    doc=__doc__,
+    params=PromoteParams,
+    sections=("promote", "registry"),
+    shared=(("registry", "registry_params", RegistryParams),),
+    run=run,
+    inputs=(
+        In(
+            "registration",
+            "outputs/register",
+            "registration_dir",
+            source="register.registration",
+            help="registration.json of the challenger",
+        ),
+        In(
+            "infra",
+            "outputs/serving_image",
+            "infra_dir",
+            source="serving_image.infra",
+            help="the validated serving image",
+        ),
+    ),
+    outputs=(Out("promotion", "outputs/promote", "out_dir", dvc="uncached"),),
+    values=(Value("image_digest", "image_digest", help="digest of an image pushed elsewhere"),),
+)

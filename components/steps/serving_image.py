@@ -1,0 +1,664 @@
+"""serving_image: build context for the C++ server image, image build, infra validation.
+
+1. Assembles a build context: a ``Dockerfile`` that adds the packaged model (``model/``) and
+   ``server.env`` to the prebuilt server image (``serving/Containerfile``, built by
+   ``make images``; ``serving_image.server_image`` in a cluster), and hashes it. Nothing is
+   compiled in a step or in the image build.
+2. Builds ``image_repository:tag`` where a builder works (docker, podman or buildah on this
+   machine; in the cluster a kaniko job builds the same context). No builder is a normal
+   case: the step says so and still produces the context. The image reference and the local
+   image id go to the manifest; the registry digest exists only once ``promote`` pushes it.
+3. Always validates the infrastructure: builds (or reuses) the server binary, starts it on
+   127.0.0.1 with the exported model (``fp32`` and ``int8`` variants), replays golden inputs
+   from the test split and compares the answers with Paddle Inference (Python) on the same
+   files: fp32 within ``|server - paddle| <= atol + rtol*|paddle|`` (server pinned to f32
+   precision; OpenVINO would otherwise run bf16 on AMX CPUs); int8 against the same runtime
+   in-process (OpenVINO, Python) on the same IR within ``int8_atol``/``int8_rtol`` — which
+   int8 kernel runs (i8, u8, VNNI, AMX) is the CPU's choice, so only the same runtime on the
+   same CPU is a fair reference — and the top-1 class must agree except on near-ties (both
+   also for fp32). The int8 agreement with Paddle Inference's int8 kernels is recorded, not
+   gated (the QAT gate already judged both runtimes). Checks the p50 latency budget of
+   single-sample requests; and requires a clean exit on SIGTERM. Any failure fails the step;
+   ``infra_validated`` is recorded either way.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from components.core.artifacts import (
+    StepError,
+    atomic_path,
+    combined_sha256,
+    read_json,
+    sha256_file,
+    sha256_tree,
+    write_json,
+    write_manifest,
+    write_text,
+)
+from components.core.config import load_params, section
+from components.kernel.step import BUNDLE, DATA, Out, Step
+from components.kube.images import build_image, detect_builder, image_present
+from components.kube.kserve_client import KServeClient, KServeError
+from components.ml import gates
+from components.ml.runtime import BatchedPredictor, ModelFiles, PaddlePredictor
+from components.tasks import Task
+
+log = logging.getLogger(__name__)
+
+REPO = Path(__file__).resolve().parents[2]
+SERVER_NAME = "paddle-mlops-server"
+
+
+@dataclass(frozen=True)
+class ServerFlags:
+    """The server's runtime configuration (``params.yaml: serving_image.server``).
+
+    Its one form is ``server.env`` (:func:`render_server_env`): infra validation starts the
+    binary with it, the image bakes it in, and kustomize turns the committed
+    ``k8s/*/server.env`` into the ConfigMaps the pods read.
+    """
+
+    workers: int = 2
+    threads_per_worker: int = 1
+    max_batch_size: int = 64
+    max_queue_delay_us: int = 0
+
+
+# The smallest value the server accepts for each field (serving/src/config.cc); 0 threads
+# per worker means the runtime's default, a 0 queue delay runs whatever is queued at once.
+SERVER_FLAG_MINIMUMS = {
+    "workers": 1,
+    "threads_per_worker": 0,
+    "max_batch_size": 1,
+    "max_queue_delay_us": 0,
+}
+SERVER_ENV_HEADER = (
+    "# Generated from params.yaml serving_image.server by "
+    "components.steps.serving_image.render_server_env: do not edit by hand.\n"
+)
+# The committed copies kustomize generates ConfigMaps from (a kustomization may only read
+# files below its own directory, hence one per kustomization); tests/test_k8s.py pins them.
+K8S_SERVER_ENV_FILES = (
+    REPO / "k8s" / "serving" / "server.env",
+    REPO / "k8s" / "kserve" / "server.env",
+)
+# Read by the binary besides SERVING_* (KServe's names); never inherited by a validation run.
+_LEGACY_SERVER_ENV = ("PORT", "MODEL_DIR", "MODEL_NAME")
+
+
+def server_env(flags: ServerFlags) -> dict[str, str]:
+    """``flags`` as the environment the server reads: flag ``--foo-bar`` is ``SERVING_FOO_BAR``
+    (``EnvNameForFlag`` in serving/src/config.cc; a flag on the command line would win)."""
+    return {f"SERVING_{f.name.upper()}": str(getattr(flags, f.name)) for f in fields(flags)}
+
+
+def render_server_env(flags: ServerFlags) -> str:
+    """``server.env``: a comment line, then sorted ``KEY=VALUE`` lines (docker ``--env-file``
+    and kustomize ``configMapGenerator.envs`` read it as it is)."""
+    env = server_env(flags)
+    return SERVER_ENV_HEADER + "".join(f"{k}={env[k]}\n" for k in sorted(env))
+
+
+def write_k8s_server_env(
+    params_file: str | Path = REPO / "params.yaml",
+    paths: Sequence[Path] = K8S_SERVER_ENV_FILES,
+) -> list[Path]:
+    """Refresh the committed ``k8s/*/server.env`` from ``params_file``."""
+    flags = section(load_params(params_file), "serving_image", ServingImageParams).server
+    text = render_server_env(flags)
+    for path in paths:
+        Path(path).write_text(text)
+    return [Path(p) for p in paths]
+
+
+@dataclass(frozen=True)
+class ServingImageParams:
+    image_repository: str = "localhost/paddle-mlops/digits-server"
+    image_tag: str | None = None  # default: the first 12 hex digits of the context hash
+    builder: Literal["auto", "docker", "podman", "buildah", "none"] = "auto"
+    variants: list[str] = field(default_factory=lambda: ["fp32", "int8"])
+    server_binary: str | None = None  # default: $PADDLE_MLOPS_SERVER_BINARY, else build serving/
+    # what the image is built FROM: the server image without a model (`make images`, or a
+    # registry ref in a cluster); null = the one `make images` built here (build/images.json)
+    server_image: str | None = None
+    golden_samples: int = 64
+    fp32_atol: float = 1e-4
+    fp32_rtol: float = 1e-3
+    int8_atol: float = 1e-3  # |server - OpenVINO in-process| on the same int8 IR
+    int8_rtol: float = 1e-2
+    latency_requests: int = 50
+    latency_budget_ms_p50: float = 20.0
+    startup_timeout_s: float = 60.0
+    server: ServerFlags = field(default_factory=ServerFlags)
+
+    def check(self) -> None:
+        unknown = set(self.variants) - {"fp32", "int8"}
+        if unknown:
+            raise ValueError(f"variants: unknown {sorted(unknown)} (fp32, int8)")
+        if self.golden_samples < 1:
+            raise ValueError(f"golden_samples: must be >= 1, got {self.golden_samples}")
+        for name, minimum in SERVER_FLAG_MINIMUMS.items():
+            value = getattr(self.server, name)
+            if value < minimum:
+                raise ValueError(f"server.{name}: must be >= {minimum}, got {value}")
+
+
+@dataclass(frozen=True)
+class ServingImageResult:
+    image: str
+    image_id: str | None  # the local build's image id: not a registry digest (promote pushes)
+    built: bool
+    builder: str | None
+    infra_validated: bool
+    report: dict[str, Any]
+
+
+# --------------------------------------------------------------------------- server binary
+
+
+def build_server(source: Path, build_dir: Path) -> Path:
+    """Configure and build the C++ server (incremental: reuses an up-to-date build)."""
+    import openvino
+
+    ov_cmake = Path(openvino.__file__).parent / "cmake"
+    for cmd in (
+        [
+            "cmake",
+            "-S",
+            str(source),
+            "-B",
+            str(build_dir),
+            "-DCMAKE_BUILD_TYPE=Release",
+            f"-DOpenVINO_DIR={ov_cmake}",
+            f"-DPython3_EXECUTABLE={sys.executable}",  # builds the C++ tests' model fixture
+        ],
+        ["cmake", "--build", str(build_dir), "-j2", "--target", SERVER_NAME],
+    ):
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-15:])
+            raise StepError(f"building the server failed ({' '.join(cmd[:2])}):\n{tail}")
+    binary = build_dir / SERVER_NAME
+    if not binary.exists():
+        raise StepError(f"{binary}: the build produced no server binary")
+    return binary
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class ServerProcess:
+    """A KServe-v2 server process on a free loopback port, stopped with SIGTERM."""
+
+    def __init__(
+        self,
+        argv: Callable[[int], list[str]],
+        name: str,
+        log_file: Path,
+        env: Mapping[str, str] | None = None,  # None: this process's environment
+    ):
+        self.port = _free_port()
+        self.name = name
+        self._log = open(log_file, "w")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            argv(self.port),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=None if env is None else dict(env),
+        )
+        self.client = KServeClient(f"http://127.0.0.1:{self.port}")
+
+    free_port = staticmethod(_free_port)
+
+    def wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise StepError(
+                    f"the server exited with code {self.proc.returncode} "
+                    f"before it was ready (log: {self._log.name})"
+                )
+            if self.client.ready():
+                return
+            time.sleep(0.1)
+        raise StepError(
+            f"the server was not ready within {timeout_s:.0f} s (log: {self._log.name})"
+        )
+
+    def stop(self, timeout_s: float = 30.0) -> int | None:
+        """SIGTERM, wait; the exit code, or None when it had to be killed."""
+        code = None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                code = self.proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        else:
+            code = self.proc.returncode
+        self._log.close()
+        return code
+
+
+def server_process_env(flags: ServerFlags) -> dict[str, str]:
+    """This process's environment without anything the server would read as configuration
+    (``SERVING_*``, ``PORT``, ``MODEL_DIR``, ``MODEL_NAME``), plus :func:`server_env`."""
+    inherited = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("SERVING_") and k not in _LEGACY_SERVER_ENV
+    }
+    return {**inherited, **server_env(flags)}
+
+
+class RunningServer(ServerProcess):
+    """The real C++ server binary serving one variant of an exported model, configured by
+    ``server.env`` (:func:`server_env`) exactly as the image and the k8s pods are."""
+
+    def __init__(
+        self,
+        binary: Path,
+        model_dir: Path,
+        variant: str,
+        name: str,
+        flags: ServerFlags,
+        log_file: Path,
+        extra_args: Sequence[str] = (),
+    ):
+        self.grpc_port = _free_port()  # KServe v2 gRPC, next to the REST port
+        super().__init__(
+            lambda port: [
+                str(binary),
+                f"--model-dir={model_dir}",
+                f"--variant={variant}",
+                f"--model-name={name}",
+                "--host=127.0.0.1",
+                f"--port={port}",
+                f"--grpc-port={self.grpc_port}",
+                *extra_args,
+            ],
+            name,
+            log_file,
+            env=server_process_env(flags),
+        )
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _paddle(model_dir: Path, signature: dict[str, Any], fmt: str) -> PaddlePredictor:
+    program = model_dir / signature["formats"][fmt]["program"]
+    return PaddlePredictor(ModelFiles.in_dir(program.parent, program.stem))
+
+
+def _reference(model_dir: Path, signature: dict[str, Any], variant: str) -> BatchedPredictor:
+    """What the served variant must match: fp32 Paddle Inference; int8 OpenVINO on its IR."""
+    if variant == "fp32":
+        return _paddle(model_dir, signature, "pir")
+    from components.ml.ov_runtime import OVPredictor
+
+    return OVPredictor(model_dir / signature["formats"]["int8_openvino"]["program"])
+
+
+def _check_raw(
+    server: RunningServer,
+    name: str,
+    text_input: str,
+    raw: np.ndarray,
+    expected: np.ndarray,
+    report: dict[str, Any],
+    tolerance: tuple[float, float],
+) -> list[str]:
+    """Send the raw samples (texts) themselves; the server's own preprocessing (its C++
+    tokenizer) must give the answers of the Python preprocessing + in-process runtime, within
+    the variant's ``(atol, rtol)`` and with no top-1 difference beyond near-ties."""
+    batch = max(1, min(len(raw), 64))
+    output = server.client.metadata(name)["outputs"][0]["name"]
+    got = np.concatenate(
+        [
+            server.client.infer(name, {text_input: raw[i : i + batch]}, binary=True)[output]
+            for i in range(0, len(raw), batch)
+        ]
+    )
+    got_json = server.client.infer(name, {text_input: raw[:4]})
+    diff = np.abs(got - expected)
+    atol, rtol = tolerance
+    mismatches = gates.top1_mismatches(got, expected, atol, rtol)
+    report["checks"]["raw_answers"] = {
+        "input": text_input,
+        "samples": int(len(raw)),
+        "max_abs_diff": float(diff.max()),
+        "top1_agreement": float((got.argmax(1) == expected.argmax(1)).mean()),
+        "top1_mismatches": mismatches,
+        "json_equals_binary": bool(np.array_equal(got_json[output], got[: len(raw[:4])])),
+    }
+    failures = []
+    if mismatches or not (diff <= atol + rtol * np.abs(expected)).all():
+        failures.append(
+            f"raw {text_input} requests (the server tokenizes) differ from the Python "
+            f"preprocessing: max |diff| {diff.max():.3g}, {mismatches} top-1 classes differ "
+            "beyond near-ties"
+        )
+    if not report["checks"]["raw_answers"]["json_equals_binary"]:
+        failures.append(f"raw {text_input}: JSON and binary requests gave different answers")
+    return failures
+
+
+def validate_variant(
+    binary: Path,
+    model_dir: Path,
+    variant: str,
+    golden: list[np.ndarray],
+    params: ServingImageParams,
+    log_dir: Path,
+    raw: np.ndarray | None = None,
+    logits: bool = True,
+) -> dict[str, Any]:
+    """Serve one variant and check answers, latency and graceful shutdown; a server that
+    also takes raw samples (a text model's ``text_inputs``: it tokenizes in C++) must answer
+    ``raw`` (the stored samples ``golden`` was preprocessed from) the same. ``logits``: the
+    output is class logits, whose top-1 classes are compared too (not a generator's image)."""
+    signature = read_json(model_dir / "signature.json")
+    input_names = [s["name"] for s in signature["inputs"]]
+    output_name = signature["outputs"][0]["name"]
+    expected = _reference(model_dir, signature, variant).predict(golden)
+    name = f"{signature.get('task', 'model')}-{variant}"
+    server = RunningServer(
+        binary, model_dir, variant, name, params.server, log_dir / f"server-{variant}.log"
+    )
+    report: dict[str, Any] = {"variant": variant, "checks": {}}
+    failures: list[str] = []
+    try:
+        server.wait_ready(params.startup_timeout_s)
+        # no request larger than the server's max batch size (it answers 400 to those)
+        batch = params.server.max_batch_size
+        starts = range(0, len(golden[0]), batch)
+        got = np.concatenate(
+            [
+                server.client.infer(
+                    name,
+                    {n: x[i : i + batch] for n, x in zip(input_names, golden, strict=True)},
+                    binary=True,
+                )[output_name]
+                for i in starts
+            ]
+        )
+        n_json = min(4, batch)
+        got_json = server.client.infer(
+            name, {n: x[:n_json] for n, x in zip(input_names, golden, strict=True)}
+        )[output_name]
+        diff = np.abs(got - expected)
+        atol, rtol = (
+            (params.fp32_atol, params.fp32_rtol)
+            if variant == "fp32"
+            else (params.int8_atol, params.int8_rtol)
+        )
+        mismatches = gates.top1_mismatches(got, expected, atol, rtol) if logits else 0
+        report["checks"]["answers"] = {
+            "reference": "paddle_inference" if variant == "fp32" else "openvino",
+            "samples": int(len(expected)),
+            "requests": len(starts),
+            "max_abs_diff": float(diff.max()),
+            "json_equals_binary": bool(np.array_equal(got_json, got[:n_json])),
+        }
+        if logits:
+            report["checks"]["answers"]["top1_agreement"] = float(
+                (got.argmax(1) == expected.argmax(1)).mean()
+            )
+            report["checks"]["answers"]["top1_mismatches"] = mismatches
+        if (
+            variant != "fp32" and logits
+        ):  # recorded: another runtime's int8 kernels round differently
+            other = _paddle(model_dir, signature, "int8_paddle").predict(golden)
+            report["checks"]["answers"]["top1_agreement_paddle_inference_int8"] = float(
+                (got.argmax(1) == other.argmax(1)).mean()
+            )
+        bound = atol + rtol * np.abs(expected)
+        runtime = "Paddle Inference" if variant == "fp32" else "OpenVINO"
+        if not (diff <= bound).all():
+            failures.append(
+                f"{variant}: server differs from {runtime} "
+                f"in-process by up to {diff.max():.3g} (serving_image.{variant}_atol {atol}, "
+                f"{variant}_rtol {rtol})"
+            )
+        if mismatches:
+            failures.append(
+                f"{variant}: {mismatches} of {len(expected)} top-1 classes differ from "
+                f"{runtime} beyond near-ties"
+            )
+        if not report["checks"]["answers"]["json_equals_binary"]:
+            failures.append(f"{variant}: JSON and binary requests gave different answers")
+        text_inputs = server.client.metadata(name).get("text_inputs") or []
+        if text_inputs and raw is not None:
+            checked = _check_raw(
+                server, name, text_inputs[0]["name"], raw, expected, report, (atol, rtol)
+            )
+            failures += [f"{variant}: {f}" for f in checked]
+
+        times = []
+        for i in range(params.latency_requests):
+            one = {n: x[i % len(x)][None] for n, x in zip(input_names, golden, strict=True)}
+            t0 = time.perf_counter()
+            server.client.infer(name, one, binary=True)
+            times.append((time.perf_counter() - t0) * 1000)
+        p50 = float(np.median(times))
+        report["checks"]["latency"] = {
+            "p50_ms": p50,
+            "p99_ms": float(np.percentile(times, 99)),
+            "budget_ms_p50": params.latency_budget_ms_p50,
+        }
+        if p50 > params.latency_budget_ms_p50:
+            failures.append(
+                f"{variant}: p50 latency {p50:.2f} ms over the budget "
+                f"{params.latency_budget_ms_p50} ms"
+            )
+    except KServeError as exc:
+        failures.append(f"{variant}: the server answered {exc}")
+    finally:
+        code = server.stop()
+    report["checks"]["sigterm_exit_code"] = code
+    if code != 0:
+        failures.append(f"{variant}: the server did not exit cleanly on SIGTERM (code {code})")
+    report["failures"] = failures
+    report["passed"] = not failures
+    return report
+
+
+# --------------------------------------------------------------------------- image
+
+
+MODEL_LAYER = """\
+# The served model on top of the C++ server image (serving/Containerfile, built by
+# `make images`; in a cluster a registry ref). Generated by components/steps/serving_image.py.
+ARG SERVER_IMAGE={server_image}
+FROM ${{SERVER_IMAGE}}
+ARG SERVER_IMAGE
+# deploy swaps a new model into a running server only when its server image is this one
+LABEL paddle-mlops.server-image="${{SERVER_IMAGE}}"
+COPY model /mnt/models
+"""
+
+
+def bake_server_env(dockerfile: str, flags: ServerFlags) -> str:
+    """``dockerfile`` with ``server_env(flags)`` as its last ``ENV`` line: the image runs as
+    infra validation ran it. A pod's own env (KServe's ``PORT``, a ConfigMap via ``envFrom``)
+    still overrides it."""
+    env = server_env(flags)
+    return (
+        dockerfile.rstrip("\n")
+        + "\n# server.env (generated from params.yaml serving_image.server)\n"
+        + "ENV "
+        + " ".join(f"{k}={env[k]}" for k in sorted(env))
+        + "\n"
+    )
+
+
+def assemble_context(dest: Path, model_dir: Path, flags: ServerFlags, server_image: str) -> str:
+    """``Dockerfile`` (the model layer + server.env), ``server.env`` and ``model/``; the
+    context's sha256 (over its files) names the image."""
+    dockerfile = MODEL_LAYER.format(server_image=server_image)
+    (dest / "Dockerfile").write_text(bake_server_env(dockerfile, flags))
+    (dest / "server.env").write_text(render_server_env(flags))
+    shutil.copytree(model_dir, dest / "model")
+    return combined_sha256(sha256_tree(dest))
+
+
+def local_server_image() -> str | None:
+    """The server image ``make images`` built on this machine (``build/images.json``)."""
+    record = REPO / "build" / "images.json"
+    if not record.is_file():
+        return None
+    return (read_json(record).get("server") or {}).get("ref")
+
+
+def server_binary(params: ServingImageParams, serving_src: Path, build_dir: Path) -> Path:
+    """The server binary: ``server_binary``, else ``$PADDLE_MLOPS_SERVER_BINARY`` (the
+    component image's prebuilt one), else built from ``serving_src`` (a dev checkout)."""
+    configured = params.server_binary or os.environ.get("PADDLE_MLOPS_SERVER_BINARY")
+    binary = Path(configured) if configured else build_server(serving_src, build_dir)
+    if not binary.exists():
+        raise StepError(f"serving_image.server_binary: {binary} does not exist")
+    return binary
+
+
+# --------------------------------------------------------------------------- step
+
+
+def run(
+    params: ServingImageParams,
+    task: Task,
+    model_dir: str | Path,
+    data_dir: str | Path,
+    out_dir: str | Path,
+    *,
+    serving_src: str | Path = REPO / "serving",
+    build_dir: str | Path | None = None,
+) -> ServingImageResult:
+    """Serve ``model_dir`` with the real server binary (built from ``serving_src`` into
+    ``build_dir``, default ``$SERVING_BUILD_DIR`` or ``build/serving``), check every variant's
+    answers and latency, and build the image when a builder is here (``promote`` pushes it)."""
+    build_dir = build_dir or os.environ.get("SERVING_BUILD_DIR") or REPO / "build" / "serving"
+    try:  # params.yaml was checked when read; params built in Python were not
+        params.check()
+    except ValueError as exc:
+        raise StepError(f"serving_image: {exc}") from exc
+    model_dir, data_dir, out_dir = Path(model_dir), Path(data_dir), Path(out_dir)
+    binary = server_binary(params, Path(serving_src), Path(build_dir))
+    base = params.server_image or local_server_image()
+    # the first golden_samples of the test split: the stream stops there
+    raw_golden, _ = task.read_head(data_dir, "test", params.golden_samples)
+    task.load_assets(model_dir)
+    # what the model takes for them (a generator's: latents + classes)
+    golden, _ = task.eval_head(data_dir, "test", params.golden_samples)
+
+    with atomic_path(out_dir) as tmp:
+        tmp.mkdir(parents=True)
+        (tmp / "context").mkdir()
+        context_sha = assemble_context(
+            tmp / "context", model_dir, params.server, base or "paddle-mlops/server:latest"
+        )
+        ref = f"{params.image_repository}:{params.image_tag or context_sha[:12]}"
+        builder, why = detect_builder(params.builder)
+        if builder is not None and not image_present(builder, base):
+            builder, why = (
+                None,
+                (
+                    f"the server image {base} is not on this machine (make images)"
+                    if base
+                    else "no server image: run `make images` or set serving_image.server_image"
+                ),
+            )
+        image_id = None
+        if builder is None:
+            log.warning(
+                "no image builder here (%s): build context ready; in the cluster a "
+                "kaniko job builds %s from it",
+                why,
+                ref,
+            )
+        else:
+            image_id = build_image(builder, tmp / "context", ref)  # pushed by promote
+            log.info("built %s with %s (image id %s)", ref, builder, image_id)
+
+        reports = [
+            validate_variant(
+                binary, model_dir, v, golden, params, tmp, raw_golden, task.outputs_logits
+            )
+            for v in params.variants
+        ]
+        failures = [f for r in reports for f in r["failures"]]
+        validated = not failures
+        write_text(tmp / "server.env", render_server_env(params.server))
+        summary = {
+            "image": ref,
+            "image_id": image_id,
+            "built": builder is not None,
+            "builder": builder,
+            "builder_note": why,
+            "context_sha256": context_sha,
+            "server_env_sha256": sha256_file(tmp / "server.env"),
+            "infra_validated": validated,
+            "variants": reports,
+            "server_binary": str(binary),
+        }
+        write_json(tmp / "infra.json", summary)
+        write_manifest(
+            tmp,
+            "serving_image",
+            inputs={"model": model_dir},
+            outputs={"infra.json": tmp / "infra.json", "server.env": tmp / "server.env"},
+            params=asdict(params),
+            extra={
+                "image": ref,
+                "image_id": image_id,
+                "infra_validated": validated,
+                "context_sha256": context_sha,
+            },
+        )
+    for r in reports:
+        log.info("infra validation %s: %s", r["variant"], {k: v for k, v in r["checks"].items()})
+    if not validated:
+        raise StepError("infra validation failed:\n" + "\n".join(f"  - {f}" for f in failures))
+    return ServingImageResult(ref, image_id, builder is not None, builder, validated, summary)
+
+
+STEP = Step(
+    name="serving_image",
+    doc=__doc__,
+    params=ServingImageParams,
+    sections=("task", "serving_image"),
+    run=run,
+    inputs=(
+        BUNDLE,
+        DATA,
+    ),
+    outputs=(
+        Out(
+            "infra",
+            "outputs/serving_image",
+            "out_dir",
+            help="infra.json, server.env, the image's build context",
+        ),
+    ),
+    result="image",
+    extra_deps=("serving/src", "serving/CMakeLists.txt"),
+)

@@ -1,0 +1,181 @@
+"""fetch-model: a registered version's serving bundle into a model directory, verified.
+
+``paddle-mlops fetch-model MODEL_URI DEST`` where ``MODEL_URI`` is ``models:/NAME/VERSION`` or
+``models:/NAME@ALIAS``. It resolves the URI to one version, downloads that version's MLflow
+model from the registry, takes the serving bundle inside it, and checks its sha256 against the
+``bundle_sha256`` tag recorded at registration. Only a verified bundle lands in ``DEST``:
+
+- ``DEST`` absent: the bundle is renamed into place in one step;
+- ``DEST`` an empty directory (an ``emptyDir`` mount of an init container, KServe's
+  ``/mnt/models``): the files are moved in, then ``.fetched.json`` is written last;
+- ``DEST`` already holding this exact version (its ``.fetched.json`` and hash agree): nothing
+  to do; holding anything else: refused.
+
+The argument order is the one KServe gives a storage initializer (``SRC DEST``), so the same
+command is the init container of ``k8s/serving/deployment.yaml`` and the
+``ClusterStorageContainer`` of ``k8s/kserve/``. Credentials come from
+``MLFLOW_TRACKING_USERNAME`` / ``MLFLOW_TRACKING_PASSWORD`` (never from arguments).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import shutil
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from components.core.artifacts import StepError, combined_sha256, read_json, sha256_tree, write_json
+from components.core.uris import redact_uri
+from components.tracking.registry import client as mlflow_client
+from components.tracking.registry import download_version, tracking_uri
+
+log = logging.getLogger(__name__)
+
+MARKER = ".fetched.json"
+_URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:/(?P<version>\d+)|@(?P<alias>[A-Za-z0-9_-]+))$")
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    name: str
+    version: int | None = None
+    alias: str | None = None
+
+    def __str__(self) -> str:
+        return f"models:/{self.name}" + (
+            f"/{self.version}" if self.version is not None else f"@{self.alias}"
+        )
+
+
+@dataclass(frozen=True)
+class Fetched:
+    name: str
+    version: int
+    sha256: str
+    dest: Path
+    fetched: bool  # False: DEST already held this version
+
+
+def parse_model_uri(uri: str) -> ModelRef:
+    match = _URI.match(uri.strip())
+    if match is None:
+        raise StepError(
+            f"model URI '{uri}': expected models:/NAME/VERSION or models:/NAME@ALIAS "
+            "(e.g. models:/digits-classifier/3, models:/digits-classifier@champion)"
+        )
+    version = match["version"]
+    return ModelRef(match["name"], int(version) if version else None, match["alias"])
+
+
+def resolve(client: Any, ref: ModelRef) -> Any:
+    """The model version ``ref`` names (an alias is resolved now, once)."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        if ref.alias is not None:
+            return client.get_model_version_by_alias(ref.name, ref.alias)
+        return client.get_model_version(ref.name, str(ref.version))
+    except MlflowException as exc:
+        raise StepError(f"{ref}: not in the registry ({_reason(exc)})") from exc
+
+
+def _reason(exc: Exception) -> str:
+    code = getattr(exc, "error_code", "") or ""
+    first = str(exc).strip().splitlines()
+    return f"{code}: {first[0] if first else ''}"[:300]
+
+
+def _place(bundle: Path, dest: Path) -> None:
+    """Move the verified ``bundle`` to ``dest`` (absent, or an empty directory)."""
+    if not dest.exists():
+        bundle.rename(dest)
+        return
+    for entry in sorted(bundle.iterdir(), key=lambda p: p.name == MARKER):  # marker last
+        shutil.move(str(entry), str(dest / entry.name))
+
+
+def fetch(uri: str, dest: str | Path, *, tracking: str | None = None) -> Fetched:
+    """Download the serving bundle of ``uri`` into ``dest`` and verify it (module docstring)."""
+    from components.tracking.model import BUNDLE_TAG
+
+    dest = Path(dest)
+    ref = parse_model_uri(uri)
+    tracking = tracking or tracking_uri()
+    client = mlflow_client(tracking)
+    mv = resolve(client, ref)
+    name, version = ref.name, int(mv.version)
+    expected = (mv.tags or {}).get(BUNDLE_TAG)
+    if not expected:
+        raise StepError(
+            f"{ref} (v{version}) has no tag {BUNDLE_TAG}: it was not registered by the "
+            "pipeline, so its files cannot be verified; refusing to serve it"
+        )
+    if dest.exists() and not dest.is_dir():
+        raise StepError(f"{dest}: exists and is not a directory")
+    if dest.is_dir() and any(dest.iterdir()):
+        marker = dest / MARKER
+        held = read_json(marker) if marker.is_file() else {}
+        if held.get("name") == name and held.get("version") == version:
+            files = {k: v for k, v in sha256_tree(dest).items() if k != MARKER}
+            if combined_sha256(files) == expected:
+                log.info("%s: %s already holds v%d (verified)", ref, dest, version)
+                return Fetched(name, version, expected, dest, False)
+        raise StepError(
+            f"{dest}: not empty and not a verified copy of {name} v{version}; fetch into an "
+            "empty or absent directory"
+        )
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    # downloaded on DEST's filesystem (an emptyDir mount: inside it), so placing is a rename
+    scratch = dest if dest.is_dir() else dest.parent
+    with tempfile.TemporaryDirectory(dir=scratch, prefix=f".{dest.name}.fetch-") as tmp:
+        from mlflow.exceptions import MlflowException
+
+        log.info("downloading %s (v%d) from %s", ref, version, redact_uri(tracking))
+        try:  # verified against the version's tag by download_version
+            bundle = download_version(client, tracking, name, version, Path(tmp))
+        except (MlflowException, OSError) as exc:
+            raise StepError(f"{ref} (v{version}): download failed ({_reason(exc)})") from exc
+        except StepError as exc:
+            raise StepError(f"{ref}: {exc}; refusing to serve it") from exc
+        write_json(
+            bundle / MARKER, {"name": name, "version": version, "sha256": expected, "uri": uri}
+        )
+        _place(bundle, dest)
+    log.info("%s v%d -> %s (sha256 %s verified)", name, version, dest, expected[:12])
+    return Fetched(name, version, expected, dest, True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``paddle-mlops fetch-model MODEL_URI DEST``."""
+    import argparse
+
+    from components.kernel.cli import run_cli
+
+    parser = argparse.ArgumentParser(
+        prog="paddle-mlops fetch-model",
+        description="Download a registered version's serving bundle into DEST and verify its "
+        "sha256 against the registration (an init container / KServe storage initializer).",
+    )
+    parser.add_argument("model_uri", help="models:/NAME/VERSION or models:/NAME@ALIAS")
+    parser.add_argument("dest", help="model directory (absent, or empty)")
+    parser.add_argument(
+        "--tracking-uri",
+        default=None,
+        help="default: MLFLOW_TRACKING_URI, else sqlite:///mlflow.db",
+    )
+    args = parser.parse_args(argv)
+
+    def _go() -> None:
+        got = fetch(args.model_uri, args.dest, tracking=args.tracking_uri)
+        sys.stdout.write(f"{got.name} v{got.version} sha256 {got.sha256} -> {got.dest}\n")
+
+    return run_cli(_go)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,669 @@
+"""The MLflow tracking/registry client shared by the steps: aliases, lineage, history, the
+promotion lock, and the pinned holdout a champion is judged on.
+
+Library layer: imported by steps (track, register) and by the KFP promotion, imports no step.
+Tracking URI: ``MLFLOW_TRACKING_URI`` if set, else ``sqlite:///mlflow.db`` in the working
+directory (no server needed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+import json
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from components.core.artifacts import StepError, sha256_file
+from components.faults import failpoints
+from components.ml import snapshot
+from components.tracking.liveness import dead_owner, owner_tags
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
+CHAMPION, CHALLENGER, PREVIOUS = "champion", "challenger", "previous-champion"
+HISTORY_TAG = "champion_history"
+LINEAGE_TAGS = (
+    "git_sha",
+    "data_sha256",
+    "params_sha256",
+    "ge_success",
+    "qat_gate_passed",
+    "serving_image",
+    "infra_validated",
+    "bundle_sha256",  # components.tracking.model.BUNDLE_TAG: the served files, byte for byte
+)
+TAG_LIMIT = 5000
+
+
+class ChampionChanged(StepError):
+    """A promotion's compare-and-set failed: another promotion moved the champion after the
+    challenger was judged; nothing was changed."""
+
+
+@dataclass(frozen=True)
+class TrackingRetry:
+    """How long a step keeps trying a tracking server that does not answer: MLflow's own
+    HTTP retries (connection errors, 429 and 5xx) with exponential backoff, then one
+    readable error line (``components.kernel.cli``)."""
+
+    retries: int = 6  # attempts after the first
+    backoff_s: int = 1  # waits backoff_s * 1, 2, 4, ... between attempts (at most 120 s each)
+    timeout_s: int = 60  # per request
+
+    def check(self) -> None:
+        if self.retries < 0 or self.backoff_s < 0 or self.timeout_s <= 0:
+            raise ValueError("retries and backoff_s must be >= 0, timeout_s > 0")
+
+    def window_s(self) -> float:
+        """The longest a server may be down and a request still get through."""
+        return float(sum(min(self.backoff_s * 2**i, 120) for i in range(self.retries)))
+
+    def apply(self) -> None:
+        """Set MLflow's retry settings for this process (read at every request)."""
+        os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = str(self.retries)
+        os.environ["MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR"] = str(self.backoff_s)
+        os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] = str(self.timeout_s)
+
+
+@dataclass(frozen=True)
+class RegistryParams:
+    """``params.yaml: registry``: the registered model and how changes of its champion
+    are serialised (read by register, promote and ``paddle-mlops registry``)."""
+
+    model_name: str | None = None  # default: "<task>-classifier"
+    lock_timeout_s: float = 120.0  # how long a promotion waits for another to finish
+    lock_stale_s: float = 600.0  # a lock from another host older than this is abandoned
+    history_length: int = 25
+    retry: TrackingRetry = field(default_factory=TrackingRetry)
+
+    def check(self) -> None:
+        for name in ("lock_timeout_s", "lock_stale_s", "history_length"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0")
+        self.retry.check()
+
+
+def model_name(params: RegistryParams, task: Any) -> str:
+    return params.model_name or f"{task.name}-classifier"
+
+
+def tracking_uri() -> str:
+    return os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+
+
+@contextlib.contextmanager
+def global_tracking_uri(uri: str) -> Iterator[str]:
+    """MLflow's process-global tracking URI (and ``MLFLOW_TRACKING_URI``, which
+    ``mlflow.set_tracking_uri`` exports) set to ``uri`` for the block, then both put back as
+    they were: for the MLflow calls that only read the global one (the fluent API, a
+    database registry resolving ``models:/<model_id>``) inside code that holds a client."""
+    import mlflow
+    from mlflow.tracking._tracking_service import utils
+
+    old_uri, old_env = utils._tracking_uri, os.environ.get("MLFLOW_TRACKING_URI")
+    mlflow.set_tracking_uri(uri)
+    try:
+        yield uri
+    finally:
+        mlflow.set_tracking_uri(old_uri)
+        if old_env is None:
+            os.environ.pop("MLFLOW_TRACKING_URI", None)
+        else:
+            os.environ["MLFLOW_TRACKING_URI"] = old_env
+
+
+def client(uri: str | None = None) -> Any:
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    from mlflow import MlflowClient
+
+    uri = uri or tracking_uri()
+    return MlflowClient(tracking_uri=uri, registry_uri=uri)
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def _actor() -> str:
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}:{os.getpid()}"
+
+
+# --------------------------------------------------------------------------- registry
+
+
+class Registry:
+    """Aliases, lineage, history and the promotion lock of one registered model."""
+
+    def __init__(self, client: Any, name: str, params: RegistryParams):
+        self.client, self.name, self.params = client, name, params
+        self.lock_name = f"{name}--promotion-lock"
+        params.retry.apply()
+
+    # reading ------------------------------------------------------------------------
+    def exists(self) -> bool:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            self.client.get_registered_model(self.name)
+        except MlflowException:
+            return False
+        return True
+
+    def aliases(self) -> dict[str, int]:
+        if not self.exists():
+            return {}
+        model = self.client.get_registered_model(self.name)
+        return {alias: int(version) for alias, version in model.aliases.items()}
+
+    def version(self, version: int) -> Any:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            return self.client.get_model_version(self.name, str(version))
+        except MlflowException as exc:
+            raise StepError(f"registered model '{self.name}' has no version {version}") from exc
+
+    def history(self) -> list[dict[str, Any]]:
+        if not self.exists():
+            return []
+        raw = self.client.get_registered_model(self.name).tags.get(HISTORY_TAG)
+        return json.loads(raw) if raw else []
+
+    def missing_lineage(self, version: int) -> list[str]:
+        tags = self.version(version).tags
+        return [t for t in LINEAGE_TAGS if not tags.get(t)]
+
+    def status(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"model": self.name, "aliases": self.aliases()}
+        for alias in (CHAMPION, CHALLENGER, PREVIOUS):
+            if alias in out["aliases"]:
+                mv = self.version(out["aliases"][alias])
+                out[alias] = {
+                    "version": int(mv.version),
+                    "tags": dict(mv.tags),
+                    "run_id": mv.run_id,
+                    "source": mv.source,
+                }
+        out["history"] = self.history()
+        if self.exists():
+            tags = self.client.get_registered_model(self.name).tags
+            shown = (*HOLDOUT_TAGS, HOLDOUT_FORMAT_TAG, "holdout_replaced")
+            out["holdout"] = {t: tags[t] for t in shown if t in tags}
+        return out
+
+    # lock -----------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def lock(self) -> Iterator[str]:
+        """Registry-wide mutex: creating a registered model is unique in the backend DB."""
+        from mlflow.exceptions import MlflowException
+
+        token = uuid.uuid4().hex
+        deadline = time.monotonic() + self.params.lock_timeout_s
+        delay = 0.05
+        while True:
+            try:
+                self.client.create_registered_model(
+                    self.lock_name,
+                    tags={
+                        "token": token,
+                        "owner": _actor(),
+                        "acquired_at": str(time.time()),
+                        **owner_tags(),
+                    },
+                    description=f"held while '{self.name}' changes champion; safe to delete "
+                    "if no promotion is running",
+                )
+                break
+            except MlflowException as exc:
+                if exc.error_code != "RESOURCE_ALREADY_EXISTS":
+                    raise
+            self._break_stale_lock()
+            if time.monotonic() > deadline:
+                raise StepError(
+                    f"registered model '{self.name}': another promotion holds "
+                    f"'{self.lock_name}' for over {self.params.lock_timeout_s:.0f} s"
+                )
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
+        try:
+            yield token
+        finally:
+            with contextlib.suppress(MlflowException):
+                held = self.client.get_registered_model(self.lock_name).tags.get("token")
+                if held == token:
+                    self.client.delete_registered_model(self.lock_name)
+
+    def _break_stale_lock(self) -> None:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            tags = self.client.get_registered_model(self.lock_name).tags
+        except MlflowException:
+            return  # released meanwhile
+        acquired = float(tags.get("acquired_at", "0") or 0)
+        why = dead_owner(tags, acquired, self.params.lock_stale_s)
+        if why:
+            log.warning(
+                "breaking the promotion lock of %s held by %s: %s",
+                self.name,
+                tags.get("owner"),
+                why,
+            )
+            with contextlib.suppress(MlflowException):
+                if self.client.get_registered_model(self.lock_name).tags.get("token") == tags.get(
+                    "token"
+                ):
+                    self.client.delete_registered_model(self.lock_name)
+
+    # changing -------------------------------------------------------------------------
+    def _record(
+        self, action: str, version: int, previous: int | None, *, forced: bool, reason: str
+    ) -> dict[str, Any]:
+        """Append a champion change to the history tag and return it."""
+        event = {
+            "action": action,
+            "version": version,
+            "previous": previous,
+            "at": _now(),
+            "by": _actor(),
+            "forced": forced,
+            "reason": reason,
+        }
+        past = self.history()
+        if past and all(past[-1].get(k) == event[k] for k in ("action", "version", "previous")):
+            return past[-1]  # recorded by an attempt that died before it finished
+        history = (past + [event])[-self.params.history_length :]
+        text = json.dumps(history, separators=(",", ":"))
+        while len(text) > TAG_LIMIT and len(history) > 1:
+            history = history[1:]
+            text = json.dumps(history, separators=(",", ":"))
+        self.client.set_registered_model_tag(self.name, HISTORY_TAG, text)
+        return event
+
+    def promote(
+        self,
+        version: int,
+        *,
+        force: bool = False,
+        reason: str = "",
+        expected_champion: int | None | str = "any",
+    ) -> dict[str, Any]:
+        """Make ``version`` the champion; refuses missing lineage, and unblessed unless forced.
+
+        ``expected_champion`` (compare-and-set): the champion the blessing was judged
+        against; if another promotion changed it meanwhile, nothing is changed.
+        """
+        mv = self.version(version)
+        missing = self.missing_lineage(version)
+        if missing:
+            raise StepError(
+                f"{self.name} v{version}: refusing to promote, lineage tags missing: "
+                f"{', '.join(missing)} (register it through the pipeline so they are recorded)"
+            )
+        if force and not reason.strip():
+            raise StepError("a forced promotion needs --reason TEXT (it is recorded)")
+        if not force and mv.tags.get("blessed") != "true":
+            why = mv.tags.get("blessing_reasons") or "it was never blessed"
+            raise StepError(
+                f"{self.name} v{version} is not blessed: {why}. "
+                "Promote anyway with --force --reason TEXT"
+            )
+        with self.lock():
+            current = self.aliases().get(CHAMPION)
+            if current == version and mv.tags.get("promoted_at"):
+                log.info("%s v%d already is the champion", self.name, version)
+                return {"action": "noop", "version": version}
+            elif current == version:  # a promotion killed after the alias moved: finish it
+                log.warning("%s v%d: finishing an interrupted promotion", self.name, version)
+                current = self._last_promotion_previous(version)
+            elif expected_champion != "any" and current != expected_champion:
+                raise ChampionChanged(
+                    f"{self.name}: the champion changed from {version_label(expected_champion)} to "
+                    f"{version_label(current)} while v{version} was being blessed against it; run "
+                    "register again to bless it against the new champion"
+                )
+            elif current is not None:
+                self.client.set_registered_model_alias(self.name, PREVIOUS, str(current))
+            failpoints.hit("promote.between_aliases", f"{self.name} v{version}")
+            self.client.set_registered_model_alias(self.name, CHAMPION, str(version))
+            failpoints.hit("promote.after_alias", f"{self.name} v{version}")
+            event = self._record("promote", version, current, forced=force, reason=reason)
+            self.client.set_model_version_tag(self.name, str(version), "promoted_at", event["at"])
+            self._pin_holdout(mv)
+            if force:
+                self.client.set_model_version_tag(
+                    self.name, str(version), "forced_promotion_reason", reason[:TAG_LIMIT]
+                )
+        log.info(
+            "%s: champion %s -> v%d%s",
+            self.name,
+            version_label(current),
+            version,
+            f" (forced: {reason})" if force else "",
+        )
+        return event
+
+    def _last_promotion_previous(self, version: int) -> int | None:
+        """The champion before ``version``: the ``previous-champion`` alias unless it is
+        ``version`` itself (then there was none)."""
+        previous = self.aliases().get(PREVIOUS)
+        return None if previous == version else previous
+
+    def _pin_holdout(self, mv: Any) -> None:
+        """The first champion's test split becomes the holdout every later blessing uses.
+
+        A pin made before data snapshots (a ``test.npz`` / ``test.jsonl`` file, no
+        ``holdout_format`` tag) cannot be read any more: the first champion whose split was
+        logged as a snapshot replaces it (recorded in ``holdout_replaced``)."""
+        tags = self.client.get_registered_model(self.name).tags
+        legacy = bool(tags.get("holdout_sha256")) and tags.get(HOLDOUT_FORMAT_TAG) != HOLDOUT_FORMAT
+        if tags.get("holdout_sha256") and not legacy:
+            return
+        sha = mv.tags.get("test_split_sha256")
+        if not sha or mv.tags.get(SPLIT_FORMAT_TAG) != HOLDOUT_FORMAT:
+            log.warning(
+                "%s v%s carries no test split in the snapshot format (tags test_split_sha256, "
+                "%s): no holdout pinned%s",
+                self.name,
+                mv.version,
+                SPLIT_FORMAT_TAG,
+                " (the pre-snapshot pin stays, unreadable)" if legacy else " yet",
+            )
+            return
+        if legacy:
+            note = (
+                f"v{tags.get('holdout_version')} (sha256 {tags['holdout_sha256'][:12]}), stored "
+                f"before data snapshots, replaced by v{mv.version} at {_now()}"
+            )
+            self.client.set_registered_model_tag(self.name, "holdout_replaced", note)
+            log.warning("%s: pinned holdout %s", self.name, note)
+        uri = self.client.get_run(mv.run_id).info.artifact_uri.rstrip("/") + "/" + HOLDOUT_DIR
+        for key, value in (
+            ("holdout_version", mv.version),
+            ("holdout_sha256", sha),
+            ("holdout_uri", uri),
+            (HOLDOUT_FORMAT_TAG, HOLDOUT_FORMAT),
+        ):
+            self.client.set_registered_model_tag(self.name, key, str(value))
+        log.info(
+            "%s: pinned holdout = test split of v%s (sha256 %s)", self.name, mv.version, sha[:12]
+        )
+
+    def rollback(self, *, reason: str = "") -> dict[str, Any]:
+        """Restore the previous champion (alias ``previous-champion``) in one call."""
+        with self.lock():
+            aliases = self.aliases()
+            previous, current = aliases.get(PREVIOUS), aliases.get(CHAMPION)
+            if previous is None:
+                raise StepError(f"{self.name}: no '{PREVIOUS}' alias, nothing to roll back to")
+            self.client.set_registered_model_alias(self.name, CHAMPION, str(previous))
+            if current is not None and current != previous:
+                self.client.set_registered_model_alias(self.name, PREVIOUS, str(current))
+            event = self._record("rollback", previous, current, forced=False, reason=reason)
+        log.info("%s: rolled back champion %s -> v%d", self.name, version_label(current), previous)
+        return event
+
+
+def download_version(client: Any, uri: str, name: str, version: int, dest: Path) -> Path:
+    """Download a version's MLflow model into ``dest`` and return the serving bundle inside it
+    (``components.tracking.model.bundle_dir``), without touching process-global MLflow URIs.
+
+    When the version has a ``bundle_sha256`` tag, the downloaded bundle must hash to it.
+    Versions registered before models were MLflow models (the bare bundle as the version's
+    files, no MLmodel) are still returned as they are, with a warning, so a new challenger
+    can be compared with such a champion.
+    """
+    import mlflow
+
+    from components.tracking.model import BUNDLE_TAG, bundle_dir, bundle_sha256
+
+    source = client.get_model_version_download_uri(name, str(version))
+    root = Path(
+        mlflow.artifacts.download_artifacts(
+            artifact_uri=source, dst_path=str(dest), tracking_uri=uri
+        )
+    )
+    expected = client.get_model_version(name, str(version)).tags.get(BUNDLE_TAG)
+    if not (root / "MLmodel").exists() and (root / "signature.json").is_file() and not expected:
+        log.warning(
+            "%s v%s is a bare bundle, not an MLflow model (registered before track logged "
+            "MLflow models); scoring it as it is",
+            name,
+            version,
+        )
+        return root
+    bundle = bundle_dir(root)
+    if expected:
+        got = bundle_sha256(bundle)
+        if got != expected:
+            raise StepError(
+                f"{name} v{version}: the downloaded bundle's sha256 {got[:12]} differs from "
+                f"the version tag {BUNDLE_TAG} {expected[:12]}: its files changed after "
+                "registration"
+            )
+    return bundle
+
+
+# --------------------------------------------------------------------------- holdout
+
+HOLDOUT_TAGS = ("holdout_version", "holdout_sha256", "holdout_uri")
+HOLDOUT_DIR = "holdout"  # run artifact path: the split a version was blessed on (a mini snapshot)
+# the format of a pinned holdout (registered-model tag) and of a version's logged split
+# (version tag): pins made before data snapshots (a test.npz / test.jsonl file) lack it
+HOLDOUT_FORMAT = "snapshot"
+HOLDOUT_FORMAT_TAG, SPLIT_FORMAT_TAG = "holdout_format", "test_split_format"
+SNAPSHOT_TAG = "snapshot_sha256"  # the version's training snapshot: its snapshot.json's sha256
+KEYS_DIR, KEYS_FILE = "training_keys", "keys.npy"  # run artifact: the train + val sample keys
+KEYS_SHA_TAG, KEYS_COUNT_TAG = "training_keys_sha256", "training_keys_count"
+TRAINING_SPLITS = ("train", "val")  # what a model saw while it was made (val: early stopping)
+
+
+def log_test_split(client: Any, run_id: str, data_dir: Path, split: str) -> str:
+    """Store the split a version is blessed on with its run (``holdout/``: a mini snapshot of
+    that split, :func:`components.ml.snapshot.subset`); returns its combined sha256
+    (:meth:`components.ml.snapshot.Snapshot.split_sha256`), what a pin records."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        mini = snapshot.subset(data_dir, Path(tmp) / HOLDOUT_DIR, [split])
+        client.log_artifacts(run_id, str(mini.root), HOLDOUT_DIR)
+        return mini.split_sha256(split)
+
+
+def fetch_holdout(client: Any, uri: str, tags: dict[str, str], dest: Path, split: str) -> Path:
+    """Download the pinned holdout and prove it is the one that was pinned: every shard's
+    sha256 against its manifest, the manifest's shards against the pin (``holdout_sha256``).
+    Returns a snapshot directory whose holdout samples read as split ``split``."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    what = f"pinned holdout of v{tags['holdout_version']} at {tags['holdout_uri']}"
+    try:
+        local = Path(
+            mlflow.artifacts.download_artifacts(
+                artifact_uri=tags["holdout_uri"], dst_path=str(dest), tracking_uri=uri
+            )
+        )
+    except (MlflowException, OSError) as exc:
+        raise StepError(f"{what} cannot be downloaded ({exc})") from exc
+    if not (local / snapshot.SNAPSHOT_FILE).is_file():
+        found = sorted(p.name for p in local.iterdir())
+        raise StepError(
+            f"{what}: no {snapshot.SNAPSHOT_FILE} (found {found}): it was stored before data "
+            "snapshots; promote a champion with `paddle-mlops registry promote --force "
+            "--reason TEXT` to pin its split instead"
+        )
+    snap = snapshot.load(local)
+    splits = sorted({s.split for s in snap.shards})
+    if len(splits) != 1:
+        raise StepError(f"{what}: expected the shards of one split, found splits {splits}")
+    stored = splits[0]
+    got = snap.split_sha256(stored)
+    if got != tags["holdout_sha256"]:
+        raise StepError(
+            f"{what}: its shards (snapshot.json) hash to {got[:12]}, not the pinned "
+            f"{tags['holdout_sha256'][:12]} (registered-model tag holdout_sha256); it was "
+            "changed after it was pinned"
+        )
+    for shard in snap.shards:
+        path = snap.path(shard)
+        actual = sha256_file(path) if path.is_file() else "(missing)"
+        if actual != shard.sha256:
+            raise StepError(
+                f"{what}: shard {shard.path} has sha256 {actual[:12]}, the pinned holdout's "
+                f"snapshot.json {shard.sha256[:12]}; it was changed after it was pinned"
+            )
+    if stored != split:  # pinned from another split name (register.split changed): read as
+        doc = {k: v for k, v in snap.doc.items() if k != "format_version"}
+        doc["shards"] = [{**asdict(s), "split": split} for s in snap.shards]
+        for key in ("counts", "totals"):
+            if isinstance(doc.get(key), dict) and stored in doc[key]:
+                doc[key] = {split: doc[key][stored]}
+        snapshot.write_manifest(local, doc)
+    return local
+
+
+def log_training_keys(client: Any, run_id: str, keys: Any) -> str:
+    """Store the keys of the samples a version was made from (train + val of its data set,
+    :data:`TRAINING_SPLITS`) with its run (``training_keys/keys.npy``, sorted ``|S32``);
+    returns the file's sha256 (the version tag ``training_keys_sha256``)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = snapshot.write_keys(Path(tmp) / KEYS_FILE, keys)
+        client.log_artifact(run_id, str(path), KEYS_DIR)
+        return sha256_file(path)
+
+
+def fetch_training_keys(client: Any, uri: str, name: str, version: int, dest: Path) -> Any:
+    """The training keys version ``version`` recorded (sorted ``|S32``, checked against its tag
+    ``training_keys_sha256``), or None for a version registered before they were recorded."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    mv = client.get_model_version(name, str(version))
+    want = mv.tags.get(KEYS_SHA_TAG)
+    if not want:
+        return None
+    try:
+        local = Path(
+            mlflow.artifacts.download_artifacts(
+                run_id=mv.run_id,
+                artifact_path=f"{KEYS_DIR}/{KEYS_FILE}",
+                dst_path=str(dest),
+                tracking_uri=uri,
+            )
+        )
+    except (MlflowException, OSError) as exc:
+        raise StepError(
+            f"{name} v{version}: its training keys ({KEYS_DIR}/{KEYS_FILE} of run {mv.run_id}) "
+            f"cannot be downloaded ({exc})"
+        ) from exc
+    got = sha256_file(local)
+    if got != want:
+        raise StepError(
+            f"{name} v{version}: training keys {KEYS_DIR}/{KEYS_FILE} of run {mv.run_id} hash to "
+            f"{got[:12]}, the version tag {KEYS_SHA_TAG} {want[:12]}: changed after registration"
+        )
+    keys = snapshot.read_keys(local)
+    return keys if bool(np.all(keys[1:] >= keys[:-1])) else np.sort(keys)
+
+
+def version_label(version: int | None) -> str:
+    return f"v{version}" if version is not None else "none"
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def _format_status(status: dict[str, Any]) -> str:
+    lines = [f"model {status['model']}"]
+    for alias in (CHAMPION, CHALLENGER, PREVIOUS):
+        entry = status.get(alias)
+        if entry is None:
+            lines.append(f"  {alias:<18} -")
+            continue
+        t = entry["tags"]
+        lines.append(
+            f"  {alias:<18} v{entry['version']}  accuracy {t.get('accuracy', '?')}  "
+            f"blessed {t.get('blessed', '?')}  git {t.get('git_sha', '?')[:12]}  "
+            f"data {t.get('data_sha256', '?')[:12]}  params {t.get('params_sha256', '?')[:12]}  "
+            f"ge {t.get('ge_success', '?')}  qat_gate {t.get('qat_gate_passed', '?')}"
+        )
+    for event in status["history"][-5:]:
+        lines.append(
+            f"  {event['at']}  {event['action']:<8} v{event['version']} "
+            f"(was {version_label(event['previous'])})"
+            f"{'  FORCED: ' + event['reason'] if event.get('forced') else ''}"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``paddle-mlops registry status|promote|rollback``: the champion by hand."""
+    import argparse
+    import sys
+
+    from components.core.config import load_params, section
+    from components.kernel.cli import run_cli
+    from components.tasks import task_from_params
+
+    parser = argparse.ArgumentParser(
+        prog="paddle-mlops registry",
+        description="The registered model's champion: show it, promote a version by hand "
+        "(refused unless blessed, or --force with a recorded --reason), roll back.",
+    )
+    parser.add_argument("--params", default="params.yaml")
+    parser.add_argument(
+        "--tracking-uri",
+        default=None,
+        help="default: MLFLOW_TRACKING_URI, else " + DEFAULT_TRACKING_URI,
+    )
+    parser.add_argument("--model-name", default=None, help="default: registry.model_name")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_status = sub.add_parser("status", help="champion, challenger, history")
+    p_status.add_argument("--json", action="store_true")
+    p_promote = sub.add_parser("promote", help="make a version the champion")
+    p_promote.add_argument("--version", type=int, default=None, help="default: the challenger")
+    p_promote.add_argument("--force", action="store_true", help="promote although not blessed")
+    p_promote.add_argument("--reason", default="")
+    p_rollback = sub.add_parser("rollback", help="restore the previous champion")
+    p_rollback.add_argument("--reason", default="")
+    args = parser.parse_args(argv)
+
+    def _go() -> None:
+        all_params = load_params(args.params)
+        params = section(all_params, "registry", RegistryParams, source=args.params)
+        name = args.model_name or model_name(params, task_from_params(all_params))
+        registry = Registry(client(args.tracking_uri), name, params)
+        if not registry.exists():
+            raise StepError(f"no registered model '{name}' at the tracking URI")
+        if args.command == "status":
+            status = registry.status()
+            out = json.dumps(status, indent=2) + "\n" if args.json else _format_status(status)
+        elif args.command == "promote":
+            version = args.version or registry.aliases().get(CHALLENGER)
+            if version is None:
+                raise StepError(f"{name}: no --version given and no '{CHALLENGER}' alias")
+            out = json.dumps(registry.promote(version, force=args.force, reason=args.reason))
+        else:
+            out = json.dumps(registry.rollback(reason=args.reason))
+        sys.stdout.write(out.rstrip("\n") + "\n")
+
+    return run_cli(_go)
