@@ -1257,7 +1257,7 @@ def kfp_main(args: Mapping[str, Any]) -> None:
     """Body of the KFP component: :func:`launch` on the artifacts' paths, then the metrics
     KFP shows (as the train task's ``Metrics`` output does)."""
     from components.kernel.cli import setup_logging
-    from components.kernel.step import numeric
+    from components.kernel.kfp import numeric
 
     setup_logging()
     result = launch(

@@ -1,7 +1,7 @@
 """The training pipeline as a Kubeflow Pipelines v2 DAG over the same step declarations.
 
 This module is the DAG only. Every step's component is generated from its ``STEP``
-declaration (``components.kernel.step.kfp_component``): it receives only the params sections the step
+declaration (``components.kernel.kfp.kfp_component``): it receives only the params sections the step
 reads (so its cache key changes only when they or its inputs do) and calls the same function
 as the CLI and ``dvc repro``. The wiring follows each input port's ``source``. The same DAG
 compiles for a cluster (``base_image`` = the component image) and runs on this machine
@@ -42,7 +42,8 @@ from typing import Any
 from kfp import compiler, dsl, kubernetes
 from kfp.dsl import HTML, Artifact, Dataset, Input, Output
 
-from components.kernel.step import Step, all_steps, kfp_component
+from components.kernel.kfp import kfp_component
+from components.kernel.step import Step, all_steps
 from pipelines import paddlejob as pj
 
 IMAGE = "registry.example.com/paddle-mlops/components:latest"

@@ -1,6 +1,6 @@
-"""The shape of ``components/``: steps import only the library, never each other, and each
-``dvc.yaml`` stage depends on every file its step imports (directly or not), so a change
-to shared code reruns exactly the stages that use it."""
+"""The shape of ``components/``: rooms, no import circle, steps that import no step, a kernel
+that imports none of its adapters, and ``dvc.yaml`` deps that follow each module's imports
+(each module its own unit), so a change reruns exactly the stages that run the changed code."""
 
 from __future__ import annotations
 
@@ -13,76 +13,132 @@ import yaml
 from tests.conftest import REPO, STAGES
 
 PACKAGE = REPO / "components"
-STEP_MODULES = {f"components.{s}" for s in STAGES}
+STEP_MODULES = {f"components.steps.{s}" for s in STAGES}
+# each room and what it may import (besides itself); tasks: the task plug-ins
+ROOMS = {
+    "faults": set(),
+    "core": {"faults"},
+    "tasks": {"core", "faults", "ml"},
+    "ml": {"core", "faults", "tasks"},
+    "kernel": {"core", "faults", "tasks"},
+    "tracking": {"core", "faults", "ml", "tasks", "kernel"},
+    "kube": {"core", "faults", "tracking", "kernel"},
+    "steps": {"core", "faults", "ml", "tasks", "kernel", "tracking", "kube"},
+}
+TOP_LEVEL = {"components/__init__.py", "components/__main__.py", "components/doctor.py"}
 
 
-def module_file(name: str) -> Path | None:
-    rel = Path(*name.split("."))
-    for candidate in (REPO / rel.with_suffix(".py"), REPO / rel / "__init__.py"):
-        if candidate.exists():
-            return candidate
-    return None
+def modules() -> dict[str, Path]:
+    """Every module of the package by dotted name (a package: its ``__init__.py``)."""
+    out = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(REPO).with_suffix("")
+        parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+        out[".".join(parts)] = path
+    return out
 
 
-def direct_imports(name: str) -> set[str]:
-    """``components.*`` modules a module imports anywhere (top level or inside functions)."""
-    path = module_file(name)
-    assert path is not None, name
-    files = [path] if path.name != "__init__.py" else sorted(path.parent.glob("*.py"))
+MODULES = modules()
+
+
+def imports_of(name: str, *, deferred: bool = True) -> set[str]:
+    """Project modules ``name`` imports (inside functions too unless ``deferred`` is False);
+    ``from pkg import mod`` counts ``pkg.mod`` when that is a module, else ``pkg``."""
+    tree = ast.parse(MODULES[name].read_text(encoding="utf-8"))
+    nodes = ast.walk(tree) if deferred else iter(tree.body)
     found: set[str] = set()
-    for file in files:
-        for node in ast.walk(ast.parse(file.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.Import):
-                found |= {a.name for a in node.names if a.name.startswith("components")}
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                if node.module == "components":
-                    found |= {f"components.{a.name}" for a in node.names}
-                elif node.module.startswith("components."):
-                    found.add(node.module)
-    # a package's own modules are one unit (components.tasks.digits -> components.tasks)
-    return {_unit(m) for m in found if module_file(_unit(m))} - {_unit(name)}
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            subs = {f"{node.module}.{a.name}" for a in node.names} & MODULES.keys()
+            found |= subs or {node.module}
+    return {m for m in found if m in MODULES and m != name}
 
 
-def _unit(name: str) -> str:
-    return ".".join(name.split(".")[:2])
+def test_every_module_is_in_a_room():
+    stray = [
+        p.relative_to(REPO).as_posix()
+        for p in MODULES.values()
+        if p.relative_to(REPO).as_posix() not in TOP_LEVEL
+        and p.relative_to(PACKAGE).parts[0] not in ROOMS
+    ]
+    assert not stray, f"modules outside components/<room>/: {stray} (rooms: {sorted(ROOMS)})"
+    assert {p.stem for p in (PACKAGE / "steps").glob("*.py")} - {"__init__"} == set(STAGES)
 
 
-def closure(name: str) -> set[str]:
-    seen, todo = {name}, [name]
-    while todo:
-        for dep in direct_imports(todo.pop()):
-            if dep not in seen:
-                seen.add(dep)
-                todo.append(dep)
-    return seen
+def test_no_import_circle():
+    """No cycle in the graph of every project import, those inside functions included: no
+    import is deferred to dodge a circle, and moving any of them to the top is safe."""
+    graph = {name: imports_of(name) for name in MODULES}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for name in graph:
+        if name not in index:
+            visit(name)
+    assert not cycles, f"import circles: {cycles}"
 
 
-def library_modules() -> list[str]:
-    names = {f"components.{p.stem}" for p in PACKAGE.glob("*.py") if p.stem != "__init__"}
-    names |= {f"components.{p.name}" for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
-    return sorted(names - STEP_MODULES)
+@pytest.mark.parametrize("name", sorted(n for n in MODULES if n.count(".") >= 2))
+def test_rooms_import_only_the_rooms_below(name):
+    own = name.split(".")[1]
+    if own not in ROOMS:
+        pytest.skip("top-level module")
+    bad = {m for m in imports_of(name) if m.count(".") >= 1 and m.split(".")[1] not in ROOMS[own]}
+    bad = {m for m in bad if m.split(".")[1] != own}
+    assert not bad, f"{name} ({own}) imports {sorted(bad)}; {own} may import {sorted(ROOMS[own])}"
 
 
 @pytest.mark.parametrize("step", sorted(STEP_MODULES))
 def test_no_step_imports_another_step(step):
-    others = direct_imports(step) & (STEP_MODULES - {step})
+    others = imports_of(step) & (STEP_MODULES - {step})
     assert not others, f"{step} imports step(s) {sorted(others)}: move shared code to the library"
 
 
-@pytest.mark.parametrize("module", library_modules())
-def test_the_library_imports_no_step(module):
-    steps = closure(module) & STEP_MODULES
-    assert not steps, f"library module {module} reaches step(s) {sorted(steps)}"
+def test_the_kernel_imports_none_of_its_adapters():
+    adapters = {"components.kernel.cli", "components.kernel.dvc", "components.kernel.kfp"}
+    reached, todo = set(), ["components.kernel.step"]
+    while todo:
+        for dep in imports_of(todo.pop()):
+            if dep not in reached:
+                reached.add(dep)
+                todo.append(dep)
+    assert not reached & adapters, f"components.kernel.step reaches {sorted(reached & adapters)}"
 
 
 @pytest.mark.parametrize("step", sorted(STEP_MODULES))
 def test_no_step_branches_on_a_task_or_a_data_format(step):
     """Steps ask the task (``Task.data`` and its hooks); no step compares a value with a
     task's or a data format's name, so adding a task changes no step."""
-    from components.tasks import _REGISTRY, get_task
+    from components.tasks import available_tasks, get_task
 
-    names = set(_REGISTRY) | {type(get_task(t).data).name for t in ("digits", "sentiment")}
-    tree = ast.parse(module_file(step).read_text(encoding="utf-8"))
+    names = set(available_tasks()) | {type(get_task(t).data).name for t in ("digits", "sentiment")}
+    tree = ast.parse(MODULES[step].read_text(encoding="utf-8"))
     compared = {
         c.value
         for node in ast.walk(tree)
@@ -93,22 +149,91 @@ def test_no_step_branches_on_a_task_or_a_data_format(step):
     assert not compared & names, f"{step} compares with {sorted(compared & names)}"
 
 
+def closure(*names: str) -> set[str]:
+    """The modules importing ``names`` runs: importing a.b.c runs a/__init__.py and
+    a/b/__init__.py first."""
+
+    def with_packages(name: str) -> set[str]:
+        parts = name.split(".")
+        return {".".join(parts[:i]) for i in range(1, len(parts) + 1)} & MODULES.keys()
+
+    seen = set().union(*(with_packages(n) for n in names))
+    todo = list(seen)
+    while todo:
+        for dep in imports_of(todo.pop()):
+            for d in with_packages(dep) - seen:
+                seen.add(d)
+                todo.append(d)
+    return seen
+
+
 def test_dvc_stages_are_the_cli_steps_in_order():
     dvc = yaml.safe_load((REPO / "dvc.yaml").read_text())
     assert tuple(dvc["stages"]) == tuple(STAGES)
 
 
-@pytest.mark.parametrize("stage", STAGES)
-def test_dvc_deps_cover_the_stage_import_closure(stage):
-    dvc = yaml.safe_load((REPO / "dvc.yaml").read_text())
-    deps = [d if isinstance(d, str) else next(iter(d)) for d in dvc["stages"][stage]["deps"]]
-    missing = []
-    for module in sorted(closure(f"components.{stage}")):
-        path = module_file(module)
-        rel = (path.parent if path.name == "__init__.py" else path).relative_to(REPO).as_posix()
-        if not any(rel == d or rel.startswith(d.rstrip("/") + "/") for d in deps):
-            missing.append(rel)
-    assert not missing, f"dvc.yaml stage '{stage}' does not depend on {missing}"
+def _pipelines() -> list[tuple[str, str]]:
+    """(dvc.yaml, task module) of every committed pipeline."""
+    from components.core.config import load_params
+    from components.tasks import task_module
+
+    out = []
+    for dvc_yaml in [REPO / "dvc.yaml", *sorted((REPO / "tasks").glob("*/dvc.yaml"))]:
+        params = dvc_yaml.parent / "params.yaml"
+        name = load_params(params)["task"]["name"]
+        out.append((dvc_yaml.relative_to(REPO).as_posix(), task_module(name)))
+    return out
+
+
+@pytest.mark.parametrize("pipeline,task", _pipelines())
+def test_dvc_deps_are_exactly_the_code_each_stage_runs(pipeline, task):
+    """Each stage depends on its step module's import closure, each module its own unit, plus
+    its own task's module (no other task's): editing a module reruns only what runs it."""
+    stages = yaml.safe_load((REPO / pipeline).read_text())["stages"]
+    for stage, spec in stages.items():
+        deps = {d if isinstance(d, str) else next(iter(d)) for d in spec["deps"]}
+        code = {d for d in deps if d.startswith("components/")}
+        roots = [f"components.steps.{stage}"] + (
+            [task] if any(s == "task" or "task" in s for s in _sections(spec)) else []
+        )
+        expected = {MODULES[m].relative_to(REPO).as_posix() for m in closure(*roots)}
+        assert code == expected, (
+            f"{pipeline} stage {stage}: missing {sorted(expected - code)}, "
+            f"extra {sorted(code - expected)}"
+        )
+
+
+def _sections(spec: dict) -> list[str]:
+    out = []
+    for entry in spec.get("params", []):
+        out += [entry] if isinstance(entry, str) else [k for v in entry.values() for k in v]
+    return out
+
+
+def test_a_task_module_is_a_dep_of_its_own_pipelines_only():
+    """components/tasks/sentiment.py is in the sentiment pipeline's deps and in no other; the
+    GAN's module in the GAN's only; digits' in digits' and in the GAN's (which imports it)."""
+    owners: dict[str, set[str]] = {}
+    for pipeline, _ in _pipelines():
+        stages = yaml.safe_load((REPO / pipeline).read_text())["stages"]
+        for spec in stages.values():
+            for dep in spec["deps"]:
+                if isinstance(dep, str) and dep.startswith("components/tasks/"):
+                    owners.setdefault(dep, set()).add(pipeline)
+    assert owners["components/tasks/sentiment.py"] == {"tasks/sentiment/dvc.yaml"}
+    assert owners["components/tasks/gan.py"] == {"tasks/digits_gan/dvc.yaml"}
+    assert owners["components/tasks/digits.py"] == {"dvc.yaml", "tasks/digits_gan/dvc.yaml"}
+    assert "components/tasks/image_folder.py" not in owners
+
+
+def test_mlflow_code_is_a_dep_of_the_stages_that_talk_to_mlflow_only():
+    stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+    users = {
+        name
+        for name, spec in stages.items()
+        if any(isinstance(d, str) and d.startswith("components/tracking/") for d in spec["deps"])
+    }
+    assert users == {"track", "register", "promote", "deploy"}, users
 
 
 def _params_classes() -> dict[str, type]:

@@ -179,7 +179,7 @@ def test_pipeline_runs_get_only_namespaced_named_permissions():
     assert len(cron.split()) == 6
 
 
-REGENERATE = 'python -c "from components.steps.serving_image import write_k8s_server_env; write_k8s_server_env()"'
+REGENERATE = 'python -c "from components.steps.serving_image import write_k8s_server_env; write_k8s_server_env()"'  # noqa: E501
 
 
 def _server_flags():

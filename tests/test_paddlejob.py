@@ -1393,7 +1393,8 @@ def compiled_paddlejob(tmp_path_factory) -> tuple[dict, dict]:
 def test_the_paddlejob_pipeline_trains_in_the_launcher_and_wires_it_downstream(
     compiled_paddlejob,
 ):
-    from components.kernel.step import all_steps, load, source_type
+    from components.kernel.kfp import source_type
+    from components.kernel.step import all_steps, load
 
     spec, executors = compiled_paddlejob
     tasks = _all_tasks(spec)

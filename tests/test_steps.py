@@ -11,16 +11,10 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from components.kernel.step import (
-    STEPS,
-    Step,
-    all_steps,
-    dvc_stage,
-    flag,
-    kfp_main,
-    load,
-    task_pipelines,
-)
+from components.kernel.cli import step_parser
+from components.kernel.dvc import dvc_stage, task_pipelines
+from components.kernel.kfp import kfp_main
+from components.kernel.step import STEPS, Step, all_steps, flag, load
 from pipelines.training import FANOUT_STEPS
 from tests.conftest import REPO, run_module
 
@@ -31,16 +25,17 @@ def test_dvc_yaml_is_generated_from_the_declarations():
     committed = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
     generated = {name: dvc_stage(step) for name, step in DECLARED.items()}
     assert list(committed) == list(STEPS)
-    assert committed == generated, "run `python -m components dvc-yaml` and commit dvc.yaml"
+    assert committed == generated, "run `paddle-mlops dvc-yaml` and commit dvc.yaml"
 
 
-@pytest.mark.parametrize("task", task_pipelines())
-def test_each_task_pipeline_is_generated_from_the_same_declarations(task):
+@pytest.mark.parametrize("params_file", task_pipelines())
+def test_each_task_pipeline_is_generated_from_the_same_declarations(params_file):
     """tasks/<task>/dvc.yaml: the same stages, run from the repository root with the task's
     params file, writing under outputs/<task>/ (so `dvc repro` of dvc.yaml never runs it)."""
+    task = params_file.split("/")[1]
     doc = yaml.safe_load((REPO / "tasks" / task / "dvc.yaml").read_text())
-    generated = {name: dvc_stage(step, task) for name, step in DECLARED.items()}
-    assert doc["stages"] == generated, "run `python -m components dvc-yaml` and commit it"
+    generated = {name: dvc_stage(step, params_file) for name, step in DECLARED.items()}
+    assert doc["stages"] == generated, "run `paddle-mlops dvc-yaml` and commit it"
     for stage in doc["stages"].values():
         assert stage["wdir"] == "../.."
         assert f"--params tasks/{task}/params.yaml" in stage["cmd"]
@@ -56,7 +51,7 @@ def test_cli_and_dvc_stage_bind_the_same_ports(name):
     # the stage's command, parsed by the step's own CLI, gives each port its declared path
     argv = shlex.split(stage["cmd"])
     assert argv[:4] == ["python", "-m", "components", name]
-    args = step.parser().parse_args(argv[4:])
+    args = step_parser(step).parse_args(argv[4:])
     assert args.params == "params.yaml"
     for port in (*step.cli_inputs(), *step.cli_outputs()):
         assert getattr(args, port.name) == port.path, port.name
@@ -128,7 +123,7 @@ def test_every_params_section_is_read_by_a_step_and_every_step_section_exists():
 def test_paddle_mlops_step_help(name):
     proc = run_module("components", name, "--help", timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert f"usage: python -m components.{name}" in proc.stdout
+    assert f"usage: paddle-mlops {name}" in proc.stdout
     for port in (*DECLARED[name].cli_inputs(), *DECLARED[name].cli_outputs()):
         assert f"--{flag(port.name)}" in proc.stdout
 

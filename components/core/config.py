@@ -44,6 +44,7 @@ def params_source(params: dict[str, Any]) -> str:
 
 
 EXTENDS = "extends"  # an overlay's key: the params file it changes (relative to the overlay)
+REPLACE = "replace"  # an overlay's key: dotted mappings it replaces whole instead of merging
 
 
 def _read_yaml_mapping(path: Path) -> dict[str, Any]:
@@ -95,12 +96,24 @@ def merge(base: dict[str, Any], overlay: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_params(path: str | Path = DEFAULT_PARAMS) -> Params:
-    """The params of ``path``; a file with ``extends: <file>`` is an overlay on that file
-    (a task pipeline's params hold only what differs from the repository's params.yaml)."""
+    """The params of ``path``. A file with ``extends: <file>`` is an overlay on that file: a
+    task pipeline's params hold only what differs from the repository's params.yaml. Its
+    mappings merge key by key into the base's; the dotted keys listed under ``replace:`` (a
+    task's own ``task.options``, a data format's ``ingest``) replace the base's whole."""
     data: dict[str, Any] = {}
     for file in overlay_chain(path):
         layer = _read_yaml_mapping(file)
         layer.pop(EXTENDS, None)
+        replace = layer.pop(REPLACE, None) or []
+        if not isinstance(replace, list) or not all(isinstance(k, str) for k in replace):
+            raise StepError(f"{file}: {REPLACE}: expected a list of dotted keys (task.options)")
+        for dotted in replace:  # e.g. another task's options: none of the base's keys apply
+            *parents, last = dotted.split(".")
+            node = data
+            for key in parents:
+                node = node.get(key) if isinstance(node, dict) else None
+            if isinstance(node, dict):
+                node.pop(last, None)
         data = merge(data, layer)
     params = Params(data)
     params.source = str(path)

@@ -34,7 +34,7 @@ from typing import Any
 import yaml
 
 from components.core.artifacts import StepError, write_text
-from components.core.config import EXTENDS, load_params, overlay_chain
+from components.core.config import REPLACE, load_params, overlay_chain
 from components.kernel.cli import run_cli
 from components.kernel.step import REPO, Step, all_steps, flag
 from components.tasks import task_module
@@ -172,11 +172,13 @@ def _params_entries(step: Step, params_file: str) -> list[Any]:
     if params_file == DEFAULT_PARAMS:
         return list(step.sections)
     entries: list[Any] = []
-    for file in overlay_chain(REPO / params_file):
+    replaced: set[str] = set()  # sections a later file replaces whole: the base's is unread
+    for file in reversed(overlay_chain(REPO / params_file)):
         data = yaml.safe_load(file.read_text(encoding="utf-8")) or {}
-        keys = [s for s in step.sections if s in data and s != EXTENDS]
+        keys = [s for s in step.sections if s in data and s not in replaced]
         if keys:
-            entries.append({file.relative_to(REPO).as_posix(): keys})
+            entries.insert(0, {file.relative_to(REPO).as_posix(): keys})
+        replaced |= set(data.get(REPLACE) or [])
     return entries
 
 

@@ -13,10 +13,23 @@ import paddle
 
 from components.core.artifacts import StepError
 from components.tasks.data import DataFormat, check_format, iter_split, read_split
+from components.tasks.objective import Classification, Objective
+from components.tasks.report import classification_report
+from components.tasks.types import Optimization, SoftTargets, TrainSettings
 
 if TYPE_CHECKING:
-    from components.tasks.objective import Objective
     from components.tasks.stream import TrainingData
+
+__all__ = [
+    "ASSETS_DIR",
+    "Optimization",
+    "Scorer",
+    "Scores",
+    "SoftTargets",
+    "Task",
+    "TensorSpec",
+    "TrainSettings",
+]
 
 ASSETS_DIR = "assets"  # under a model directory: what the task's preprocessing fitted
 
@@ -31,32 +44,6 @@ class TensorSpec:
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
-
-
-@dataclass(frozen=True)
-class TrainSettings:
-    """The ``train`` params a task's recipe reads (the train step fills it)."""
-
-    learning_rate: float
-    weight_decay: float
-    epochs: int
-    steps_per_epoch: int
-    lr_step_size: int  # the step-decay recipe's (image tasks)
-    lr_gamma: float
-
-
-@dataclass(frozen=True)
-class SoftTargets:
-    """A teacher's class probabilities for every training sample, for distillation: the
-    loss becomes ``(1 - weight) * CE(labels) + weight * T^2 * KL(teacher || model)`` on
-    logits softened by temperature ``T``."""
-
-    probabilities: np.ndarray  # [N, K], rows sum to 1, one per key
-    weight: float
-    temperature: float
-    facts: dict[str, Any]  # for the train metrics (e.g. the teacher's accuracy)
-    # [N] |S32: the sample key of each row (the training stream is looked up by key)
-    keys: np.ndarray | None = None
 
 
 @dataclass
@@ -104,8 +91,6 @@ class Scorer:
         return labels, preds
 
     def result(self) -> Scores:
-        from components.tasks.report import classification_report
-
         labels, y_pred = self._outcomes()
         report = classification_report(labels, y_pred, self.label_names)
         metrics = {
@@ -116,16 +101,6 @@ class Scorer:
             ),
         }
         return Scores(labels, y_pred, report, metrics)
-
-
-@dataclass(frozen=True)
-class Optimization:
-    """What a task trains with: the optimizer, its learning-rate schedule, and whether the
-    schedule advances after every batch (warmup/decay recipes) or after every epoch."""
-
-    optimizer: paddle.optimizer.Optimizer
-    scheduler: paddle.optimizer.lr.LRScheduler
-    per_batch: bool = False
 
 
 class Task(abc.ABC):
@@ -257,8 +232,6 @@ class Task(abc.ABC):
     def objective(self) -> Objective:
         """How the model learns and what early stopping follows (default: classification,
         accuracy)."""
-        from components.tasks.objective import Classification
-
         return Classification()
 
     def optimization(self, model: paddle.nn.Layer, settings: TrainSettings) -> Optimization:

@@ -13,15 +13,24 @@ import abc
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import paddle
 import paddle.nn.functional as F
 
+from components.tasks.types import Optimization, SoftTargets, TrainSettings
+
 if TYPE_CHECKING:
-    from components.tasks.base import Optimization, SoftTargets, Task, TrainSettings
     from components.tasks.stream import InputBatch
+
+
+class Task(Protocol):
+    """What an objective asks of its task (:class:`components.tasks.base.Task` has it)."""
+
+    def optimization(self, model: paddle.nn.Layer, settings: TrainSettings) -> Optimization: ...
+
+    def collate(self, batch: list[np.ndarray]) -> list[np.ndarray]: ...
 
 
 @dataclass(frozen=True)

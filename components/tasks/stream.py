@@ -38,7 +38,7 @@ import abc
 import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 import paddle
@@ -46,10 +46,7 @@ import paddle.io
 
 from components.core.artifacts import StepError
 from components.ml import snapshot
-
-if TYPE_CHECKING:
-    from components.tasks.base import Task
-    from components.tasks.data import DataFormat
+from components.tasks.data import DataFormat
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +54,18 @@ KEY_BYTES = snapshot.KEY_BYTES
 # streams of one seed's generators: the piece order, the shuffle buffer's draws, the batches
 # and augmentations (numpy SeedSequence entropy: [*seed, epoch, rank, stream])
 ORDER, BUFFER = 1, 2
+
+
+class Task(Protocol):
+    """What the streams ask of a task (:class:`components.tasks.base.Task` has it)."""
+
+    data: DataFormat
+
+    def preprocess(self, raw: np.ndarray) -> list[np.ndarray]: ...
+
+    def batches(
+        self, inputs: list[np.ndarray], batch_size: int, rng: np.random.Generator
+    ) -> list[np.ndarray]: ...
 
 
 class SampleBatch(NamedTuple):

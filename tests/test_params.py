@@ -1,0 +1,110 @@
+"""Params overlays: a task pipeline's params file holds only what differs from params.yaml,
+and every pipeline's effective params (what each step receives) stay what they were when the
+task files were full copies."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+import yaml
+
+from components.core.artifacts import StepError
+from components.core.config import EXTENDS, REPLACE, load_params, section
+from components.kernel.dvc import task_pipelines
+from components.kernel.step import all_steps
+from tests.conftest import REPO
+
+# sha256 of the typed params every step of each pipeline receives, taken when the task files
+# were full copies (commit 00c3e19). A deliberate change of a setting updates its line here.
+EFFECTIVE = {
+    "params.yaml": "4cc40a6d",
+    "tasks/digits_gan/params.yaml": "8e101d5b",
+    "tasks/sentiment/params.yaml": "75e10d26",
+}
+
+
+def effective_digest(params_file: str) -> str:
+    """Digest of the ``task`` section and of each step's typed sections (the dataclasses its
+    ``run`` receives), as :meth:`Step.call` builds them."""
+    from components.tasks import task_from_params
+
+    params = load_params(REPO / params_file)
+    task = task_from_params(params)
+    typed = {"task": json.dumps(params["task"], sort_keys=True)}
+    for step in all_steps():
+        if step.params is not None:
+            cls = step.params_of_task(task) if step.params_of_task else step.params
+            typed[step.name] = repr(section(dict(params), step.name, cls))
+        for name, _, cls in step.shared:
+            typed[f"{step.name}/{name}"] = repr(section(dict(params), name, cls))
+    return hashlib.sha256(json.dumps(typed, sort_keys=True).encode()).hexdigest()[:8]
+
+
+@pytest.mark.parametrize("params_file", sorted(EFFECTIVE))
+def test_effective_params_of_each_pipeline_are_unchanged(params_file):
+    assert effective_digest(params_file) == EFFECTIVE[params_file], (
+        f"{params_file}: the params its steps receive changed; if on purpose, update EFFECTIVE"
+    )
+
+
+def test_every_task_pipeline_is_pinned():
+    assert set(task_pipelines()) == set(EFFECTIVE) - {"params.yaml"}
+
+
+def _leaves(d: dict, prefix: str = "") -> dict[str, object]:
+    out: dict[str, object] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_leaves(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+@pytest.mark.parametrize("params_file", task_pipelines())
+def test_a_task_overlay_holds_only_what_differs(params_file):
+    overlay = yaml.safe_load((REPO / params_file).read_text())
+    assert overlay[EXTENDS] == "../../params.yaml"
+    base = _leaves(yaml.safe_load((REPO / "params.yaml").read_text()))
+    replaced = tuple(f"{k}." for k in overlay.get(REPLACE, []))
+    copies = [
+        k
+        for k, v in _leaves(
+            {k: v for k, v in overlay.items() if k not in (EXTENDS, REPLACE)}
+        ).items()
+        if k in base and base[k] == v and not k.startswith(replaced)
+    ]
+    assert not copies, f"{params_file} repeats params.yaml's values of {copies}"
+
+
+def test_overlay_merges_mappings_and_replaces_what_it_lists(tmp_path):
+    (tmp_path / "base.yaml").write_text(
+        "train: {epochs: 5, lr: 0.1, sched: {step: 2, gamma: 0.5}}\n"
+        "task: {name: a, options: {x: 1, y: 2}}\n"
+    )
+    sub = tmp_path / "sub"
+    sub.mkdir()
+    (sub / "p.yaml").write_text(
+        "extends: ../base.yaml\nreplace: [task.options]\n"
+        "train: {epochs: 9, sched: {gamma: 0.1}}\ntask: {name: b, options: {z: 3}}\n"
+    )
+    params = load_params(sub / "p.yaml")
+    assert params["train"] == {"epochs": 9, "lr": 0.1, "sched": {"step": 2, "gamma": 0.1}}
+    assert params["task"] == {"name": "b", "options": {"z": 3}}
+    assert params.source == str(sub / "p.yaml")
+
+
+def test_overlay_errors_name_the_file(tmp_path):
+    (tmp_path / "a.yaml").write_text("extends: b.yaml\n")
+    (tmp_path / "b.yaml").write_text("extends: a.yaml\n")
+    with pytest.raises(StepError, match=r"b.yaml: extends: a.yaml extends it again"):
+        load_params(tmp_path / "a.yaml")
+    (tmp_path / "c.yaml").write_text("extends: missing.yaml\n")
+    with pytest.raises(StepError, match=r"missing.yaml: params file not found"):
+        load_params(tmp_path / "c.yaml")
+    (tmp_path / "d.yaml").write_text("extends: c.yaml\nreplace: task.options\n")
+    (tmp_path / "c.yaml").write_text("task: {}\n")
+    with pytest.raises(StepError, match=r"d.yaml: replace: expected a list of dotted keys"):
+        load_params(tmp_path / "d.yaml")
