@@ -262,11 +262,12 @@ def sh(repo: Path, *cmd: str, check: bool = True) -> subprocess.CompletedProcess
 
 
 def set_params(repo: Path, *, params_file: str = "params.yaml", **updates: dict) -> None:
-    """Deep-merge ``updates`` into the sections of the repo's ``params_file``."""
+    """Deep-merge ``updates`` into the sections of the repo's ``params_file`` (an overlay
+    keeps its ``extends``: the updates land in it, on top of its base)."""
     path = repo / params_file
     params = yaml.safe_load(path.read_text())
     for section, values in updates.items():
-        params[section] = _merge(params[section], values)
+        params[section] = _merge(params.get(section) or {}, values)  # an overlay may lack it
     path.write_text(yaml.safe_dump(params, sort_keys=False))
 
 

