@@ -390,7 +390,9 @@ def _out_is_a_file(step: str) -> Callable[[Path], Run]:
         (tmp / "result").write_text("not a directory\n")
         args = ["--params", PARAMS, out, str(tmp / "result")]
         return Run(
-            f"components.{step}", args, [f"{out} {tmp / 'result'}: is an existing file, not a"]
+            f"components.steps.{step}",
+            args,
+            [f"{out} {tmp / 'result'}: is an existing file, not a"],
         )
 
     case.__name__ = f"{step}_out_is_an_existing_file"
@@ -448,8 +450,11 @@ def _run(case: Run, cwd: Path) -> subprocess.CompletedProcess[str]:
     }
     env.update(case.env)
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    # a step runs as dvc.yaml runs it: python -m components STEP ...
+    module, _, step = case.module.rpartition(".")
+    cmd = ["-m", "components", step] if module == "components.steps" else ["-m", case.module]
     return subprocess.run(
-        [sys.executable, "-m", case.module, *case.args],
+        [sys.executable, *cmd, *case.args],
         cwd=cwd,
         env=env,
         capture_output=True,
