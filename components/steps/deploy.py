@@ -48,6 +48,11 @@ import yaml
 from components.core.artifacts import StepError, atomic_path, read_json, write_json, write_text
 from components.core.uris import redact_uri
 from components.kernel.step import REPO, In, Out, Step
+from components.kube.check import check_manifests, load_manifests
+from components.kube.images import _run
+from components.kube.kserve_client import KServeClient, KServeError
+from components.tracking.fetch_model import fetch
+from components.tracking.model import BUNDLE_TAG
 from components.tracking.registry import (
     CHAMPION,
     Registry,
@@ -127,7 +132,6 @@ def image_repository(ref: str) -> str:
 
 def release(registry: Registry, version: int) -> Release:
     """The deployable facts of ``version``; refuses what cannot be pinned or traced."""
-    from components.tracking.model import BUNDLE_TAG
 
     tags = registry.version(version).tags
     problems = []
@@ -162,7 +166,6 @@ def release(registry: Registry, version: int) -> Release:
 def load_templates(directory: Path) -> tuple[list[dict[str, Any]], list[str]]:
     """The documents of the files ``directory/kustomization.yaml`` lists under resources,
     and the names of its ConfigMap generators."""
-    from components.kube.check import load_manifests
 
     kustomization = directory / "kustomization.yaml"
     if not kustomization.is_file():
@@ -355,7 +358,6 @@ def _rolled_out(obj: dict[str, Any]) -> bool:
 
 
 def _podman(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    from components.kube.images import _run
 
     proc = _run(["podman", *args])
     if check and proc.returncode != 0:
@@ -368,7 +370,6 @@ def _exists(name: str) -> bool:
 
 
 def _wait_ready(url: str, timeout_s: float, name: str) -> bool:
-    from components.kube.kserve_client import KServeClient
 
     client = KServeClient(url, timeout=5)
     deadline = time.monotonic() + timeout_s
@@ -416,7 +417,6 @@ def _swap_in_place(
 ) -> dict[str, Any] | None:
     """Load ``rel`` into the running server when its image differs from ``rel.image`` only
     by the model (same server image, same environment); None when it does not."""
-    from components.kube.kserve_client import KServeClient, KServeError
 
     if _image_config(running_image) != _image_config(rel.image):
         log.info("the running server's image or configuration differs: restarting it")
@@ -446,7 +446,6 @@ def deploy_podman(
     rel: Release, params: DeployParams, server_env: Path, tracking: str
 ) -> dict[str, Any]:
     """Run ``rel`` on this machine as the init container + server pod would (module doc)."""
-    from components.tracking.fetch_model import fetch
 
     models_root = Path(params.local_state_dir).resolve() / "models" / rel.model
     model_dir = models_root / f"v{rel.version}"
@@ -543,7 +542,6 @@ def run(
             return {**record, "deployed": False, "refused": str(exc)}
         components_image = params.components_image or os.environ.get("PADDLE_MLOPS_IMAGE", "")
         rendered = render(rel, params, templates, components_image or "paddle-mlops-components")
-        from components.kube.check import check_manifests
 
         for variant, docs in rendered.items():
             check_manifests(docs, require_digest=params.target == "kubernetes")

@@ -32,6 +32,7 @@ from components.ml import dataset
 from components.ml.scoring import score_model
 from components.tasks import Task
 from components.tasks.data import check_format, iter_split
+from components.tasks.report import classification_report
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +152,6 @@ def score_baseline(
     """The task's baseline (``Task.baseline``) fitted on the training split (a seeded sample
     of ``max_samples`` when it is larger, :func:`reservoir_sample`) and scored on ``split``,
     the same samples the model is scored on, batch by batch (None: the task has none)."""
-    from components.tasks.report import classification_report
 
     estimator = task.baseline()
     if estimator is None:

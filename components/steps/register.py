@@ -45,10 +45,12 @@ from typing import Any
 import numpy as np
 
 from components.core.artifacts import StepError, read_json, write_json
+from components.core.config import params_sha256
 from components.core.uris import redact_uri
 from components.faults import failpoints
 from components.kernel.step import DATA, In, Out, Step
 from components.ml import dataset, gates, snapshot
+from components.ml.scoring import score_model
 from components.tasks import Task
 from components.tasks.base import Scores
 from components.tracking.liveness import (
@@ -60,6 +62,7 @@ from components.tracking.liveness import (
     mark_failed,
     owner_tags,
 )
+from components.tracking.model import BUNDLE_TAG, SERVED_TAG
 from components.tracking.registry import (
     CHALLENGER,
     CHAMPION,
@@ -189,7 +192,6 @@ def score_registered(
     outcome is right, the task's ``outcome``; the task's metrics) and the scores (per-sample
     outcomes for the paired comparison with the other model on the same samples).
     """
-    from components.ml.scoring import score_model
 
     scores, _, _ = score_model(model_dir, task, data_dir, split)
     sig_file = model_dir / "signature.json"
@@ -314,8 +316,6 @@ def content_key(task: str, tags: dict[str, str]) -> str:
     """sha256 of what makes two registrations the same model: the task, the code, the data,
     the params and what the served files compute (not their process-bound bytes:
     :func:`components.tracking.model.served_sha256`); "" when one of them is unknown."""
-    from components.core.config import params_sha256
-    from components.tracking.model import SERVED_TAG
 
     parts = {k: tags.get(k, "") for k in ("git_sha", "data_sha256", "params_sha256", SERVED_TAG)}
     if not all(parts.values()) or parts["git_sha"].endswith("-dirty"):
@@ -840,7 +840,6 @@ def run(
 ) -> RegisterResult:
     """Register the run ``run_file`` names (or ``run.json`` in that directory) as the
     ``challenger`` and bless it; promotion is the ``promote`` step's."""
-    from components.tracking.model import BUNDLE_TAG
 
     run_file, data_dir, out_dir = Path(run_file), Path(data_dir), Path(out_dir)
     run_file = run_file / "run.json" if run_file.is_dir() else run_file

@@ -55,6 +55,7 @@ from components.kernel.step import BUNDLE, DATA, Out, Step
 from components.kube.images import build_image, detect_builder, image_present
 from components.kube.kserve_client import KServeClient, KServeError
 from components.ml import gates
+from components.ml.ov_runtime import OVPredictor
 from components.ml.runtime import BatchedPredictor, ModelFiles, PaddlePredictor
 from components.tasks import Task
 
@@ -314,7 +315,6 @@ def _reference(model_dir: Path, signature: dict[str, Any], variant: str) -> Batc
     """What the served variant must match: fp32 Paddle Inference; int8 OpenVINO on its IR."""
     if variant == "fp32":
         return _paddle(model_dir, signature, "pir")
-    from components.ml.ov_runtime import OVPredictor
 
     return OVPredictor(model_dir / signature["formats"]["int8_openvino"]["program"])
 

@@ -35,7 +35,7 @@ from components.core.artifacts import (
     read_json,
     write_json,
 )
-from components.core.config import params_sha256
+from components.core.config import params_sha256, params_source
 from components.core.uris import redact_uri
 from components.faults import failpoints
 from components.kernel.step import In, Out, Step, Value
@@ -47,6 +47,13 @@ from components.tracking.liveness import (
     dead_owner,
     mark_failed,
     owner_tags,
+)
+from components.tracking.model import (
+    BUNDLE_TAG,
+    SERVED_TAG,
+    bundle_sha256,
+    log_bundle_model,
+    served_sha256,
 )
 from components.tracking.registry import TrackingRetry, tracking_uri
 
@@ -171,7 +178,6 @@ def lineage_tags(
 ) -> dict[str, str]:
     """The parent run's tags: what the model was made from and where (registry lineage);
     ``metrics`` is :func:`step_metrics`."""
-    from components.tracking.model import BUNDLE_TAG, SERVED_TAG, bundle_sha256, served_sha256
 
     infra = read_json(outputs.infra / "infra.json")
     return {
@@ -302,9 +308,6 @@ def run(
 ) -> TrackResult:
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     import mlflow
-
-    from components.core.config import params_source
-    from components.tracking.model import BUNDLE_TAG, log_bundle_model
 
     out_dir = Path(out_dir)
     params.retry.apply()

@@ -54,6 +54,7 @@ from components.tasks.base import (
 from components.tasks.data import check_format, iter_split
 from components.tasks.digits import LeNet
 from components.tasks.objective import Objective, StepContext
+from components.tasks.report import classification_report
 from components.tasks.stream import InputBatch, TrainingData, as_training_data
 from components.tasks.vision import ImageClassificationTask
 
@@ -262,7 +263,6 @@ class GanScorer(Scorer):
                 kept += list(outputs[np.flatnonzero(labels == c)[:room]])
 
     def result(self) -> Scores:
-        from components.tasks.report import classification_report
 
         labels, preds = self._outcomes()
         if not self._features:

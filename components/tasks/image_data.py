@@ -31,7 +31,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from components.core.artifacts import StepError, atomic_path, sha256_bytes
+from components.core.artifacts import StepError, atomic_path, sha256_bytes, sha256_file
 from components.ml.sources import join_uri, read_bytes
 from components.tasks.data import (
     CommonValidateParams,
@@ -424,7 +424,6 @@ def materialize_builtin_digits(out_dir: str | Path) -> dict[str, str]:
     images, labels = builtin_digits()
     write_idx(out_dir / "digits-images-idx3-ubyte", images)
     write_idx(out_dir / "digits-labels-idx1-ubyte", labels.astype(np.uint8))
-    from components.core.artifacts import sha256_file
 
     return {p.name: sha256_file(p) for p in sorted(out_dir.glob("digits-*-ubyte"))}
 

@@ -35,7 +35,10 @@ from pathlib import Path
 from typing import Any
 
 from components.core.artifacts import StepError
+from components.core.config import load_params, section
 from components.core.uris import redact_uri
+from components.kernel.cli import run_cli
+from components.tracking.registry import RegistryParams, tracking_uri
 
 log = logging.getLogger(__name__)
 
@@ -459,8 +462,6 @@ def wait_for_server(tracking_uri: str, timeout_s: float) -> None:
 def _defaults_from_params(params_file: str) -> tuple[str, str]:
     """``track.experiment`` and the registered model name of ``params_file`` (without
     importing the task, so no Paddle import)."""
-    from components.core.config import load_params, section
-    from components.tracking.registry import RegistryParams
 
     all_params = load_params(params_file)
     track = all_params.get("track") or {}
@@ -483,9 +484,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     import sys
 
     from mlflow.exceptions import MlflowException
-
-    from components.kernel.cli import run_cli
-    from components.tracking.registry import tracking_uri
 
     parser = argparse.ArgumentParser(
         prog="paddle-mlops mlflow-users",

@@ -31,6 +31,8 @@ from typing import Any
 
 from components.core.artifacts import StepError, combined_sha256, read_json, sha256_tree, write_json
 from components.core.uris import redact_uri
+from components.kernel.cli import run_cli
+from components.tracking.model import BUNDLE_TAG
 from components.tracking.registry import client as mlflow_client
 from components.tracking.registry import download_version, tracking_uri
 
@@ -101,7 +103,6 @@ def _place(bundle: Path, dest: Path) -> None:
 
 def fetch(uri: str, dest: str | Path, *, tracking: str | None = None) -> Fetched:
     """Download the serving bundle of ``uri`` into ``dest`` and verify it (module docstring)."""
-    from components.tracking.model import BUNDLE_TAG
 
     dest = Path(dest)
     ref = parse_model_uri(uri)
@@ -153,8 +154,6 @@ def fetch(uri: str, dest: str | Path, *, tracking: str | None = None) -> Fetched
 def main(argv: Sequence[str] | None = None) -> int:
     """``paddle-mlops fetch-model MODEL_URI DEST``."""
     import argparse
-
-    from components.kernel.cli import run_cli
 
     parser = argparse.ArgumentParser(
         prog="paddle-mlops fetch-model",

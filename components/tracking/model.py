@@ -190,6 +190,8 @@ class PaddleBundleModel(mlflow.pyfunc.PythonModel):
 
     def setup(self, bundle: Path, config: Mapping[str, Any]) -> None:
         """Load the bundle (what ``load_context`` does, without an MLflow context)."""
+        # paddle (runtime) and the task load only when a model is loaded: track and register
+        # import this module for its tags and logging, and must not pay for them
         from components.ml.runtime import ModelFiles, PaddlePredictor
         from components.tasks import get_task
 

@@ -25,9 +25,13 @@ from typing import Any
 import numpy as np
 
 from components.core.artifacts import StepError, sha256_file
+from components.core.config import load_params, section
 from components.faults import failpoints
+from components.kernel.cli import run_cli
 from components.ml import snapshot
+from components.tasks import task_from_params
 from components.tracking.liveness import dead_owner, owner_tags
+from components.tracking.model import BUNDLE_TAG, bundle_dir, bundle_sha256
 
 log = logging.getLogger(__name__)
 
@@ -431,8 +435,6 @@ def download_version(client: Any, uri: str, name: str, version: int, dest: Path)
     """
     import mlflow
 
-    from components.tracking.model import BUNDLE_TAG, bundle_dir, bundle_sha256
-
     source = client.get_model_version_download_uri(name, str(version))
     root = Path(
         mlflow.artifacts.download_artifacts(
@@ -619,10 +621,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``paddle-mlops registry status|promote|rollback``: the champion by hand."""
     import argparse
     import sys
-
-    from components.core.config import load_params, section
-    from components.kernel.cli import run_cli
-    from components.tasks import task_from_params
 
     parser = argparse.ArgumentParser(
         prog="paddle-mlops registry",
