@@ -276,3 +276,62 @@ def test_dataclass_defaults_are_the_shipped_params():
             if default != getattr(loaded, f.name):
                 mismatches.append(f"{step}.{f.name}: {default!r} != {getattr(loaded, f.name)!r}")
     assert not mismatches, mismatches
+
+
+def _stale_by_file(repo: Path, files: list[str]) -> dict[str, set[str]]:
+    """``dvc status`` (the real CLI) of every pipeline in ``repo`` after ``files`` were edited:
+    file -> the stages (``pipeline:stage``) that report it as a changed dependency."""
+    import json
+
+    from tests.conftest import sh
+
+    for rel in files:
+        with (repo / rel).open("a", encoding="utf-8") as fh:
+            fh.write("\n# edited\n")
+    out: dict[str, set[str]] = {f: set() for f in files}
+    for pipeline, _ in _pipelines():
+        status = json.loads(sh(repo, "dvc", "status", "--json", pipeline).stdout or "{}")
+        for stage, changes in status.items():
+            name = stage.rpartition(":")[2]
+            for change in changes:
+                if not isinstance(change, dict):
+                    continue
+                for path in change.get("changed deps", {}):
+                    if path in out:
+                        out[path].add(f"{pipeline}:{name}")
+    return out
+
+
+def test_dvc_reruns_only_the_stages_that_run_an_edited_module(tmp_path):
+    """The real DVC CLI on a clone: editing one task's module marks stale only the stages of
+    the pipelines of that task that read ``task``; editing an MLflow-only module only the
+    stages that talk to MLflow; no pipeline depends on a task it does not run."""
+    from tests.conftest import clone_repo
+
+    repo = clone_repo(tmp_path / "repo")
+    tasks = sorted(p.relative_to(REPO).as_posix() for p in (PACKAGE / "tasks").glob("*.py"))
+    mlflow_only = ["components/tracking/registry.py", "components/tracking/model.py"]
+    commands = ["components/tracking/auth.py", "components/kernel/dvc.py"]  # no stage runs them
+    stale = _stale_by_file(repo, [*tasks, *mlflow_only, *commands])
+
+    reads_task: dict[str, set[str]] = {}
+    for pipeline, _ in _pipelines():
+        stages = yaml.safe_load((REPO / pipeline).read_text())["stages"]
+        reads_task[pipeline] = {s for s, spec in stages.items() if "task" in _sections(spec)}
+    expected_pipelines = {
+        "components/tasks/sentiment.py": {"tasks/sentiment/dvc.yaml"},
+        "components/tasks/gan.py": {"tasks/digits_gan/dvc.yaml"},
+        "components/tasks/digits.py": {"dvc.yaml", "tasks/digits_gan/dvc.yaml"},
+        "components/tasks/image_folder.py": set(),
+    }
+    for module, pipelines in expected_pipelines.items():
+        wanted = {f"{p}:{s}" for p in pipelines for s in reads_task[p]}
+        assert stale[module] == wanted, f"editing {module} reran {sorted(stale[module])}"
+    # a data format's module: only the pipelines whose task stores that kind of data
+    text = {p.partition(":")[0] for p in stale["components/tasks/text_data.py"]}
+    assert text == {"tasks/sentiment/dvc.yaml"}, text
+    for module in mlflow_only:
+        stages = {e.partition(":")[2] for e in stale[module]}
+        assert stages and stages <= {"track", "register", "promote", "deploy"}, (module, stages)
+    for module in commands:
+        assert not stale[module], f"editing {module} reran {sorted(stale[module])}"
