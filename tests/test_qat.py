@@ -181,7 +181,8 @@ def test_int8_model_passes_its_gate_on_every_cpu_generation(
     params["qat"].update(epochs=2, latency={"warmup": 0, "repeats": 1})
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     proc = run_module(
-        "components.steps.qat",
+        "components",
+        "qat",
         "--params", str(tmp_path / "params.yaml"),
         "--model", str(trained),
         "--exported", str(exported),

@@ -113,7 +113,8 @@ def _train_cli(params: Path, data: Path, out: Path, ckpt: Path) -> subprocess.Po
         [
             sys.executable,
             "-m",
-            "components.steps.train",
+            "components",
+            "train",
             "--params",
             str(params),
             "--data",
@@ -193,7 +194,8 @@ def test_bad_params_give_a_readable_error(tmp_path):
         [
             sys.executable,
             "-m",
-            "components.steps.train",
+            "components",
+            "train",
             "--params",
             str(path),
             "--data",

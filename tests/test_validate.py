@@ -501,7 +501,8 @@ def test_cli_exits_1_with_message(data: Path, tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "components.steps.validate",
+            "components",
+            "validate",
             "--params",
             str(params),
             "--data",
