@@ -373,11 +373,6 @@ def read_keys(path: Path) -> np.ndarray:
     return arr
 
 
-def overlap(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Keys in both sets."""
-    return np.intersect1d(a, b, assume_unique=False)
-
-
 def subset(
     data_dir: str | Path, dest: str | Path, splits: Sequence[str], *, copy: bool = True
 ) -> Snapshot:
@@ -441,10 +436,6 @@ def ordered_map(
                 bar.update()
     finally:
         bar.close()
-
-
-def manifest_json(doc: dict[str, Any]) -> str:
-    return json.dumps(doc, sort_keys=True)
 
 
 def unit_key(parts: dict[str, Any]) -> str:
