@@ -15,12 +15,14 @@ MLFLOW_PORT ?= 5000
 # its own tasks/<name>/params.yaml + dvc.yaml (e.g. TASK=sentiment)
 TASK ?= digits
 PIPELINE := $(if $(filter digits,$(TASK)),dvc.yaml,tasks/$(TASK)/dvc.yaml)
+PARAMS := $(if $(filter digits,$(TASK)),params.yaml,tasks/$(TASK)/params.yaml)
 
-.PHONY: help install apt-deps bench-deps serving serving-test run data repro status test test-faults lint format metrics plots mlflow-ui mlflow-server registry bench bench-serving bench-distributed bench-data pipeline kfp-local images container-deps kfp-containers clean
+.PHONY: help doctor install apt-deps bench-deps serving serving-test run data repro status test test-faults lint format metrics plots mlflow-ui mlflow-server registry bench bench-serving bench-distributed bench-data pipeline kfp-local images container-deps kfp-containers clean
 
 help:
 	@echo "make run      - install, materialise data/raw, run the whole pipeline (dvc repro)"
 	@echo "make run TASK=sentiment - the ERNIE sentiment pipeline (dvc repro tasks/sentiment/dvc.yaml)"
+	@echo "make doctor   - what this machine can do (Paddle, GPU/AMP, OpenVINO/ISA, podman, MLflow, DVC, server)"
 	@echo "make test     - install, build the C++ server, run its unit tests and the whole suite"
 	@echo "make test-faults - every fault-injection row (SIGKILL per stage too); rewrites docs/faults.md"
 	@echo "make serving  - build the C++ KServe-v2 server (build/serving/paddle-mlops-server)"
@@ -94,7 +96,12 @@ data: install
 	fi
 	dvc status data.dvc
 
-repro: data serving
+# what this machine can do, one line per check; fails (before any stage runs) when the pipeline
+# would (docs: `paddle-mlops doctor --help`)
+doctor: install
+	python -m components doctor --params $(PARAMS)
+
+repro: serving doctor data
 	@test -f $(PIPELINE) || { echo "error: TASK=$(TASK): no $(PIPELINE)"; exit 1; }
 	dvc repro $(PIPELINE)
 

@@ -178,6 +178,7 @@ COMMANDS = {
     "dvc-yaml": "components.kernel.dvc",
     "fetch-model": "components.tracking.fetch_model",
     "mlflow-users": "components.tracking.auth",
+    "doctor": "components.doctor",
 }
 
 
