@@ -113,7 +113,7 @@ def test_unknown_builder_is_a_readable_params_error(tmp_path):
     params = tmp_path / "params.yaml"
     params.write_text("serving_image:\n  builder: kaniko\n")
     proc = run_module(
-        "components.steps.serving_image", "--params", str(params), "--infra", str(tmp_path / "out")
+        "components", "serving_image", "--params", str(params), "--infra", str(tmp_path / "out")
     )
     assert proc.returncode == 1, proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
