@@ -2,6 +2,7 @@
 // InstanceCount() independent execution contexts (one per worker).
 #pragma once
 
+#include "defaults.h"
 #include <memory>
 #include <string>
 #include <vector>
@@ -18,9 +19,9 @@ struct BackendOptions {
   std::string device = "CPU";     // OpenVINO device, or cpu / gpu[:id]
   std::string precision = "f32";  // f32 | bf16 | auto
   bool cpu_pinning = false;       // OpenVINO CPU: ENABLE_CPU_PINNING
-  int instances = 1;              // workers, one execution context each
-  int threads_per_instance = 0;   // 0 = let the runtime decide
-  int64_t max_batch_size = 1;
+  int instances = kDefaultWorkers;  // workers, one execution context each
+  int threads_per_instance = kDefaultThreadsPerWorker;  // 0: runtime decides
+  int64_t max_batch_size = kDefaultMaxBatchSize;
   // Served tensors (names from signature.json), mapped to the runtime's
   // ports by runtime name when known, else by position.
   std::vector<TensorSpec> inputs;

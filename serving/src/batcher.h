@@ -17,6 +17,7 @@
 // split evenly across the workers that are free.
 #pragma once
 
+#include "defaults.h"
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -87,12 +88,12 @@ Clock::time_point RequestDeadline(int64_t request_timeout_ms,
                                   int64_t request_timeout_us);
 
 struct BatcherOptions {
-  int64_t max_batch_size = 8;
+  int64_t max_batch_size = kDefaultMaxBatchSize;
   // Longest time a free worker waits for a forming batch (see above).
-  int64_t max_queue_delay_us = 0;
+  int64_t max_queue_delay_us = kDefaultMaxQueueDelayUs;
   bool dynamic_batching = true;  // false: every request runs alone
   // Requests waiting at most (0: no bound); more are refused (Unavailable).
-  int64_t max_queue_size = 0;
+  int64_t max_queue_size = kDefaultMaxQueueSize;
 };
 
 class DynamicBatcher {

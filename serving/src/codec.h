@@ -4,6 +4,7 @@
 // and the classification extension, in both directions.
 #pragma once
 
+#include "defaults.h"
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -38,7 +39,7 @@ struct InferRequest {
 struct ModelIO {
   std::vector<TensorSpec> inputs;
   std::vector<TensorSpec> outputs;
-  int64_t max_batch_size = 1;
+  int64_t max_batch_size = kDefaultMaxBatchSize;
   std::vector<std::string> labels;  // class names for "classification"
   // A text model's alternative inputs (BYTES "text", shape [-1]): raw UTF-8
   // the model tokenizes into `inputs` itself. Empty for other models.

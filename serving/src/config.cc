@@ -1,8 +1,11 @@
 #include "config.h"
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <cctype>
 #include <charconv>
+#include <fstream>
 #include <limits>
 #include <optional>
 #include <sstream>
@@ -116,6 +119,19 @@ Flag BoolFlag(const char* name, const char* help, bool ServerConfig::*m) {
               [m](const ServerConfig& c) {
                 return std::string(c.*m ? "true" : "false");
               }};
+}
+
+const std::vector<std::string>& PerModelFlags() {
+  static const std::vector<std::string> names = {
+      "workers",        "threads-per-worker", "max-batch-size",
+      "max-queue-delay-us", "dynamic-batching", "max-queue-size",
+      "request-timeout-ms", "precision",      "cpu-pinning"};
+  return names;
+}
+
+std::string Underscored(std::string name) {
+  std::replace(name.begin(), name.end(), '-', '_');
+  return name;
 }
 
 const std::vector<Flag>& Flags() {
@@ -266,12 +282,20 @@ std::string Usage() {
       << "KServe v2 (Open Inference Protocol) REST server for an exported "
          "PaddlePaddle model.\n"
       << "Every flag can also be set with its environment variable; flags "
-         "win.\n\n";
+         "win.\n"
+      << "Flags marked (model) may also come from <model-dir>/"
+      << kModelConfigFile << " (key: the flag with '_' for '-');\n"
+      << "flag > environment > " << kModelConfigFile
+      << " > default.\n\n";
+  const auto per_model = PerModelFlags();
   for (const auto& flag : Flags()) {
     std::string env = EnvNameForFlag(flag.name);
     if (flag.legacy_env != nullptr) env += ", " + std::string(flag.legacy_env);
     std::string def = flag.get(defaults);
-    out << "  --" << flag.name << "  [" << env << "]"
+    const bool model = std::find(per_model.begin(), per_model.end(),
+                                 std::string(flag.name)) != per_model.end();
+    out << "  --" << flag.name << (model ? " (model)" : "") << "  [" << env
+        << "]"
         << (def.empty() ? "" : "  default: " + def) << "\n      " << flag.help
         << "\n";
   }
@@ -303,6 +327,7 @@ StatusOr<ServerConfig> ParseConfig(const std::vector<std::string>& args,
     if (!status.ok()) {
       return InvalidArgument("environment " + source + ": " + status.message());
     }
+    config.explicit_flags.insert(flag.name);
   }
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& arg = args[i];
@@ -321,6 +346,7 @@ StatusOr<ServerConfig> ParseConfig(const std::vector<std::string>& args,
       const Flag* negated = FindFlag(name.substr(3));
       if (negated != nullptr && negated->kind == Kind::kBool) {
         RETURN_IF_ERROR(negated->set(&config, "false"));
+        config.explicit_flags.insert(negated->name);
         continue;
       }
     }
@@ -341,6 +367,7 @@ StatusOr<ServerConfig> ParseConfig(const std::vector<std::string>& args,
       }
     }
     RETURN_IF_ERROR(flag->set(&config, *value));
+    config.explicit_flags.insert(flag->name);
   }
   if (config.port > 65535) {
     return InvalidArgument("--port: " + std::to_string(config.port) +
@@ -350,6 +377,71 @@ StatusOr<ServerConfig> ParseConfig(const std::vector<std::string>& args,
     return InvalidArgument("--model-version must not be empty");
   }
   return config;
+}
+
+
+std::vector<std::string> PerModelSettings() {
+  std::vector<std::string> out;
+  for (const auto& name : PerModelFlags()) out.push_back(Underscored(name));
+  return out;
+}
+
+StatusOr<ServerConfig> ApplyModelConfig(const ServerConfig& config) {
+  const std::string path = config.model_dir + "/" + kModelConfigFile;
+  std::ifstream in(path);
+  if (!in) return config;  // no file: built-in defaults and the operator's
+  nlohmann::json doc;
+  try {
+    doc = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    return InvalidArgument(path + ": not valid JSON (" + e.what() + ")");
+  }
+  if (!doc.is_object()) {
+    return InvalidArgument(path + ": top level must be an object of settings");
+  }
+  ServerConfig out = config;
+  for (const auto& [key, value] : doc.items()) {
+    std::string name = key;
+    std::replace(name.begin(), name.end(), '_', '-');
+    const bool per_model =
+        std::find(PerModelFlags().begin(), PerModelFlags().end(), name) !=
+        PerModelFlags().end();
+    const Flag* flag = per_model ? FindFlag(name) : nullptr;
+    if (flag == nullptr) {
+      std::string known;
+      for (const auto& s : PerModelSettings()) known += (known.empty() ? "" : ", ") + s;
+      return InvalidArgument(path + ": field '" + key +
+                             "': not a per-model setting (one of: " + known + ")");
+    }
+    std::string text;
+    if (flag->kind == Kind::kInt && value.is_number_integer()) {
+      text = std::to_string(value.get<int64_t>());
+    } else if (flag->kind == Kind::kBool && value.is_boolean()) {
+      text = value.get<bool>() ? "true" : "false";
+    } else if (flag->kind == Kind::kString && value.is_string()) {
+      text = value.get<std::string>();
+    } else {
+      const char* want = flag->kind == Kind::kInt    ? "an integer"
+                         : flag->kind == Kind::kBool ? "true or false"
+                                                     : "a string";
+      return InvalidArgument(path + ": field '" + key + "': must be " + want +
+                             ", got " + value.dump());
+    }
+    // Checked even where the operator's flag wins: a bad file is an error.
+    ServerConfig scratch = out;
+    Status status = flag->set(&scratch, text);
+    if (status.ok() && config.explicit_flags.count(name) == 0) {
+      status = flag->set(&out, text);  // operator's flag/environment wins
+    }
+    if (!status.ok()) {
+      // "--max-batch-size: must be >= 1, got 0" -> the file's field
+      std::string rule = status.message();
+      const auto colon = rule.find(": ");
+      if (colon != std::string::npos) rule = rule.substr(colon + 2);
+      return InvalidArgument(path + ": field '" + key + "': " + rule);
+    }
+  }
+  return out;
 }
 
 }  // namespace serving

@@ -1,10 +1,16 @@
-// Server configuration from command-line flags and environment variables.
-// Every flag --foo-bar is also read from SERVING_FOO_BAR; flags win. KServe's
-// PORT, MODEL_DIR and MODEL_NAME are honoured after the SERVING_* names.
+// Server configuration from command-line flags, environment variables and the
+// model's own model_config.json. Every flag --foo-bar is also read from
+// SERVING_FOO_BAR; flags win. KServe's PORT, MODEL_DIR and MODEL_NAME are
+// honoured after the SERVING_* names. The per-model settings (batching,
+// workers, threads, queue, timeouts, precision: PerModelSettings()) come from
+// <model_dir>/model_config.json when neither a flag nor its variable sets them:
+// flag > environment > model_config.json > built-in default (defaults.h).
 #pragma once
 
+#include "defaults.h"
 #include <cstdint>
 #include <functional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -27,12 +33,12 @@ struct ServerConfig {
   bool paddle_tensorrt = false;
   int gpu_memory_mb = 512;
   // Execution.
-  int workers = 1;
-  int threads_per_worker = 0;  // 0: runtime default
-  int64_t max_batch_size = 32;
-  int64_t max_queue_delay_us = 0;
+  int workers = kDefaultWorkers;
+  int threads_per_worker = kDefaultThreadsPerWorker;
+  int64_t max_batch_size = kDefaultMaxBatchSize;
+  int64_t max_queue_delay_us = kDefaultMaxQueueDelayUs;
   bool dynamic_batching = true;
-  int64_t max_queue_size = 4096;  // 0: unbounded
+  int64_t max_queue_size = kDefaultMaxQueueSize;
   int64_t request_timeout_ms = 10000;
   bool model_control = false;  // repository load/unload allowed
   // HTTP (and gRPC).
@@ -49,7 +55,22 @@ struct ServerConfig {
   int64_t drain_delay_ms = 0;
   std::string log_level = "info";
   bool access_log = true;
+  // Flags (by name, e.g. "max-batch-size") the operator set with a flag or an
+  // environment variable: a model's model_config.json does not override them.
+  std::set<std::string> explicit_flags;
 };
+
+// The model config file inside a model directory, beside signature.json.
+inline constexpr const char* kModelConfigFile = "model_config.json";
+
+// The settings a model_config.json may hold (its keys: flag names with '_').
+std::vector<std::string> PerModelSettings();
+
+// `config` with the per-model settings of <config.model_dir>/model_config.json
+// applied where the operator set none. No file: `config` unchanged. Unknown
+// keys, wrong types or out-of-range values: InvalidArgument naming the file,
+// the field and the rule.
+StatusOr<ServerConfig> ApplyModelConfig(const ServerConfig& config);
 
 using EnvLookup = std::function<const char*(const char*)>;
 

@@ -71,7 +71,16 @@ int Run(int argc, char** argv) {
               << "\n(see --help)\n";
     return 2;
   }
-  const ServerConfig config = std::move(parsed).value();
+  // The operator's flags and environment; every model version the repository
+  // loads applies its own model_config.json under them (Model::Create). The
+  // first model's file also sets the HTTP/gRPC request deadline.
+  const ServerConfig operator_config = std::move(parsed).value();
+  auto applied = ApplyModelConfig(operator_config);
+  if (!applied.ok()) {
+    std::cerr << "paddle-mlops-server: " << applied.status().message() << "\n";
+    return 2;
+  }
+  const ServerConfig config = std::move(applied).value();
   LogLevel level = LogLevel::kInfo;
   ParseLogLevel(config.log_level, &level);
   SetLogLevel(level);
@@ -92,7 +101,7 @@ int Run(int argc, char** argv) {
   }
 
   Registry registry;
-  ModelRepository repository(config, &Backend::Create, &registry);
+  ModelRepository repository(operator_config, &Backend::Create, &registry);
   if (Status s = repository.Prepare(); !s.ok()) {
     LogError("cannot load model", {{"error", s.message()}});
     return 1;

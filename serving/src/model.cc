@@ -54,8 +54,11 @@ std::string PlatformName(const BackendOptions& options) {
   return "openvino_paddle";
 }
 
-StatusOr<std::unique_ptr<Model>> Model::Create(const ServerConfig& config,
+StatusOr<std::unique_ptr<Model>> Model::Create(const ServerConfig& operator_config,
                                                BackendFactory factory) {
+  // The model's own settings (model_config.json beside signature.json), under
+  // whatever the operator set by flag or environment.
+  ASSIGN_OR_RETURN(const ServerConfig config, ApplyModelConfig(operator_config));
   std::unique_ptr<Model> model(new Model());
   model->config_ = config;
   model->factory_ = std::move(factory);

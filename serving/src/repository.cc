@@ -67,7 +67,8 @@ Status ModelRepository::Prepare() {
   name_ = model->name();
   prepared_ = std::shared_ptr<Model>(std::move(model));
   metrics_.push_back(std::make_unique<ServingMetrics>(
-      registry_, name_, prepared_->version(), config_.max_batch_size));
+      registry_, name_, prepared_->version(),
+      prepared_->backend_options().max_batch_size));
   server_metrics_ = metrics_.back().get();
   server_metrics_->SetReady(false);
   return Status::Ok();
@@ -191,7 +192,8 @@ StatusOr<std::shared_ptr<Model>> ModelRepository::Build(
                              "' but this server serves '" + name_ + "'");
     }
     metrics_.push_back(std::make_unique<ServingMetrics>(
-        registry_, name_, model->version(), config.max_batch_size));
+        registry_, name_, model->version(),
+        model->backend_options().max_batch_size));
     metrics = metrics_.back().get();
   }
   RETURN_IF_ERROR(Compile(model, metrics));

@@ -2,6 +2,11 @@
 
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
 #include <map>
 
 namespace serving {
@@ -117,6 +122,120 @@ TEST(ConfigTest, HelpAndUsage) {
   EXPECT_NE(usage.find("SERVING_MAX_QUEUE_DELAY_US"), std::string::npos);
   EXPECT_NE(usage.find("SERVING_PORT, PORT"), std::string::npos);
   EXPECT_EQ(EnvNameForFlag("threads-per-worker"), "SERVING_THREADS_PER_WORKER");
+}
+
+
+// A model directory holding `json` as its model_config.json.
+class ModelConfigTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("model_config_test_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  void Write(const std::string& json) {
+    std::ofstream(dir_ / kModelConfigFile) << json;
+  }
+  StatusOr<ServerConfig> Apply(std::vector<std::string> args,
+                               const FakeEnv& env = {}) {
+    args.push_back("--model-dir=" + dir_.string());
+    auto parsed = Parse(args, env);
+    if (!parsed.ok()) return parsed.status();
+    return ApplyModelConfig(*parsed);
+  }
+  std::filesystem::path dir_;
+};
+
+TEST_F(ModelConfigTest, NoFileKeepsTheBuiltInDefaults) {
+  auto c = Apply({});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->max_batch_size, kDefaultMaxBatchSize);
+  EXPECT_EQ(c->max_queue_delay_us, kDefaultMaxQueueDelayUs);
+  EXPECT_EQ(c->max_queue_size, kDefaultMaxQueueSize);
+  EXPECT_EQ(c->workers, kDefaultWorkers);
+  EXPECT_EQ(c->threads_per_worker, kDefaultThreadsPerWorker);
+}
+
+TEST_F(ModelConfigTest, TheFileSetsWhatNeitherFlagNorEnvironmentSets) {
+  Write(R"({"max_batch_size": 7, "workers": 2, "threads_per_worker": 1,
+            "max_queue_delay_us": 250, "dynamic_batching": false,
+            "max_queue_size": 9, "request_timeout_ms": 1234,
+            "precision": "bf16", "cpu_pinning": true})");
+  auto c = Apply({});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->max_batch_size, 7);
+  EXPECT_EQ(c->workers, 2);
+  EXPECT_EQ(c->threads_per_worker, 1);
+  EXPECT_EQ(c->max_queue_delay_us, 250);
+  EXPECT_FALSE(c->dynamic_batching);
+  EXPECT_EQ(c->max_queue_size, 9);
+  EXPECT_EQ(c->request_timeout_ms, 1234);
+  EXPECT_EQ(c->precision, "bf16");
+  EXPECT_TRUE(c->cpu_pinning);
+}
+
+TEST_F(ModelConfigTest, FlagThenEnvironmentOverrideTheFile) {
+  Write(R"({"max_batch_size": 7, "workers": 2, "dynamic_batching": false})");
+  FakeEnv env;
+  env.vars["SERVING_WORKERS"] = "3";
+  env.vars["SERVING_MAX_BATCH_SIZE"] = "5";
+  auto c = Apply({"--max-batch-size=4", "--dynamic-batching"}, env);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->max_batch_size, 4);  // flag > environment > file
+  EXPECT_EQ(c->workers, 3);         // environment > file
+  EXPECT_TRUE(c->dynamic_batching);  // flag set to the default still wins
+  auto negated = Apply({"--no-dynamic-batching"});
+  ASSERT_TRUE(negated.ok());
+  EXPECT_FALSE(negated->dynamic_batching);
+  EXPECT_EQ(negated->workers, 2);
+}
+
+TEST_F(ModelConfigTest, BadFilesNameTheFileTheFieldAndTheRule) {
+  const std::string path = (dir_ / kModelConfigFile).string();
+  struct Case {
+    std::string json, expect;
+  };
+  for (const Case& bad : std::vector<Case>{
+           {R"({"max_batch_size": 0})",
+            path + ": field 'max_batch_size': must be >= 1, got 0"},
+           {R"({"max_batch_size": "8"})",
+            path + ": field 'max_batch_size': must be an integer, got \"8\""},
+           {R"({"dynamic_batching": 1})",
+            path + ": field 'dynamic_batching': must be true or false, got 1"},
+           {R"({"port": 9000})", path + ": field 'port': not a per-model setting"},
+           {R"({"max_batch": 8})", path + ": field 'max_batch': not a per-model setting"},
+           {R"([1, 2])", path + ": top level must be an object"},
+           {R"({"workers": )", path + ": not valid JSON"},
+       }) {
+    Write(bad.json);
+    auto c = Apply({});
+    ASSERT_FALSE(c.ok()) << bad.json;
+    EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(c.status().message().rfind(bad.expect, 0), 0u)
+        << c.status().message() << "\n  wanted prefix: " << bad.expect;
+  }
+}
+
+TEST_F(ModelConfigTest, ABadFileIsAnErrorEvenWhenFlagsSetEverything) {
+  Write(R"({"workers": -1})");
+  auto c = Apply({"--workers=2"});
+  EXPECT_FALSE(c.ok());  // validated, not silently ignored
+}
+
+TEST(ModelConfigKeys, EveryPerModelSettingIsAFlag) {
+  for (const std::string& key : PerModelSettings()) {
+    std::string flag = key;
+    std::replace(flag.begin(), flag.end(), '_', '-');
+    bool help = false;
+    auto c = ParseConfig({"--" + flag + "=1"}, [](const char*) -> const char* { return nullptr; }, &help);
+    // Known flag: parses, or fails on the value, never as unknown.
+    if (!c.ok()) {
+      EXPECT_EQ(c.status().message().find("unknown"), std::string::npos)
+          << key << ": " << c.status().message();
+    }
+  }
 }
 
 }  // namespace
