@@ -444,4 +444,20 @@ StatusOr<ServerConfig> ApplyModelConfig(const ServerConfig& config) {
   return out;
 }
 
+nlohmann::json PerModelJson(const ServerConfig& config) {
+  nlohmann::json out = nlohmann::json::object();
+  for (const auto& name : PerModelFlags()) {
+    const Flag* flag = FindFlag(name);
+    const std::string text = flag->get(config);
+    if (flag->kind == Kind::kInt) {
+      out[Underscored(name)] = std::stoll(text);
+    } else if (flag->kind == Kind::kBool) {
+      out[Underscored(name)] = text == "true";
+    } else {
+      out[Underscored(name)] = text;
+    }
+  }
+  return out;
+}
+
 }  // namespace serving

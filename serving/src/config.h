@@ -8,6 +8,7 @@
 #pragma once
 
 #include "defaults.h"
+#include <nlohmann/json.hpp>
 #include <cstdint>
 #include <functional>
 #include <set>
@@ -71,6 +72,10 @@ std::vector<std::string> PerModelSettings();
 // keys, wrong types or out-of-range values: InvalidArgument naming the file,
 // the field and the rule.
 StatusOr<ServerConfig> ApplyModelConfig(const ServerConfig& config);
+
+// The per-model settings of `config` in model_config.json's form (what
+// GET /v2/models/<name>/config answers: the settings a version runs with).
+nlohmann::json PerModelJson(const ServerConfig& config);
 
 using EnvLookup = std::function<const char*(const char*)>;
 

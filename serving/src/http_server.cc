@@ -81,7 +81,8 @@ bool ParseModelRoute(const std::vector<std::string>& parts, ModelRoute* route) {
   }
   if (i == parts.size()) return true;
   if (i + 1 == parts.size() &&
-      (parts[i] == "ready" || parts[i] == "infer" || parts[i] == "stats")) {
+      (parts[i] == "ready" || parts[i] == "infer" || parts[i] == "stats" ||
+       parts[i] == "config")) {
     route->action = parts[i];
     return true;
   }
@@ -435,6 +436,9 @@ class HttpServer::Impl::Session
         const bool ready = (*model)->ready();
         const json body = {{"name", (*model)->name()}, {"ready", ready}};
         return Send(MakeResponse(v, ready ? 200 : 503, body.dump()));
+      }
+      if (route.action == "config") {
+        return Send(MakeResponse(v, 200, (*model)->Config().dump()));
       }
       return Send(MakeResponse(v, 200, (*model)->Metadata().dump()));
     }

@@ -1,5 +1,7 @@
 #include "model.h"
 
+#include <fstream>
+
 #include <sys/stat.h>
 
 #include <cstring>
@@ -295,6 +297,18 @@ nlohmann::json Model::Metadata() const {
     // extension: what a client may send instead of "inputs" (raw UTF-8 text)
     out["text_inputs"] = SpecsJson(io_.text_inputs);
   }
+  return out;
+}
+
+nlohmann::json Model::Config() const {
+  nlohmann::json out = {{"name", name_}, {"version", version_}};
+  nlohmann::json settings = PerModelJson(config_);
+  // what the batcher really uses (a fixed-batch program raises the limit)
+  settings["max_batch_size"] = batcher_options_.max_batch_size;
+  out["settings"] = std::move(settings);
+  const std::string file = config_.model_dir + "/" + kModelConfigFile;
+  out["model_config_file"] =
+      std::ifstream(file).good() ? nlohmann::json(file) : nlohmann::json();
   return out;
 }
 

@@ -68,6 +68,10 @@ class Model {
 
   // {"name", "versions", "platform", "inputs", "outputs"}
   nlohmann::json Metadata() const;
+  // The per-model settings this version runs with (flag > environment >
+  // its model_config.json > default), in model_config.json's form, plus
+  // "model_config_file": the file read, or null.
+  nlohmann::json Config() const;
 
  private:
   Model() = default;

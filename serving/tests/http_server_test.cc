@@ -11,6 +11,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -48,6 +49,7 @@ class HttpServerTest : public ::testing::Test {
     StopServer();
     std::remove((dir_ + "/signature.json").c_str());
     std::remove((dir_ + "/model.pdmodel").c_str());
+    std::remove((dir_ + "/" + kModelConfigFile).c_str());
     rmdir(dir_.c_str());
   }
 
@@ -543,6 +545,47 @@ TEST_F(HttpServerTest, LoadSwapsTheVersionAndTheOldOneDrains) {
   ASSERT_EQ(res->status, 200);
   EXPECT_EQ(client_->Get("/v2/health/ready")->status, 503);
   EXPECT_EQ(Infer(JsonInfer())->status, 503);
+}
+
+TEST_F(HttpServerTest, EachVersionRunsWithItsOwnModelConfig) {
+  std::ofstream(dir_ + "/" + kModelConfigFile)
+      << R"({"max_batch_size": 3, "max_queue_size": 7, "workers": 2})";
+  model_control_ = true;
+  StartServer();
+  auto res = client_->Get("/v2/models/toy-classifier/config");
+  ASSERT_EQ(res->status, 200) << res->body;
+  json config = json::parse(res->body);
+  EXPECT_EQ(config["version"], "1");
+  EXPECT_EQ(config["settings"]["max_batch_size"], 3);  // the file's, not 4
+  EXPECT_EQ(config["settings"]["max_queue_size"], 7);
+  EXPECT_EQ(config["settings"]["workers"], 2);
+  EXPECT_EQ(config["model_config_file"], dir_ + "/" + kModelConfigFile);
+  // a request above the file's batch limit is refused
+  const std::string four =
+      R"({"inputs":[{"name":"x","shape":[4,2],"datatype":"FP32","data":[1,2,3,4,5,6,7,8]}]})";
+  EXPECT_EQ(Infer(four)->status, 400);
+
+  // version 2 from a directory without a model_config.json: the operator's
+  // settings, not version 1's file
+  char tmpl[] = "/tmp/serving_http_test_v2_XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir2 = tmpl;
+  std::filesystem::copy_file(dir_ + "/signature.json", dir2 + "/signature.json");
+  std::filesystem::copy_file(dir_ + "/model.pdmodel", dir2 + "/model.pdmodel");
+  const json load = {
+      {"parameters",
+       {{"config", json({{"version", "2"}, {"model_dir", dir2}}).dump()}}}};
+  res = client_->Post("/v2/repository/models/toy-classifier/load", load.dump(),
+                      "application/json");
+  ASSERT_EQ(res->status, 200) << res->body;
+  config = json::parse(client_->Get("/v2/models/toy-classifier/config")->body);
+  EXPECT_EQ(config["version"], "2");
+  EXPECT_EQ(config["settings"]["max_batch_size"], 4);
+  EXPECT_EQ(config["settings"]["max_queue_size"], kDefaultMaxQueueSize);
+  EXPECT_EQ(config["settings"]["workers"], kDefaultWorkers);
+  EXPECT_TRUE(config["model_config_file"].is_null());
+  EXPECT_EQ(Infer(four)->status, 200);
+  std::filesystem::remove_all(dir2);
 }
 
 std::string Gzip(const std::string& text) {
