@@ -138,7 +138,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from components.ml.ov_runtime import OVPredictor  # noqa: E402
-from components.steps.serving_image import RunningServer, ServerFlags, ServerProcess  # noqa: E402
+from components.steps.serving_image import RunningServer, ServerProcess  # noqa: E402
 
 log = logging.getLogger("serving_bench")
 
@@ -441,21 +441,20 @@ def start_cpp(
     queue_delay_us: int,
     max_batch_size: int,
 ) -> RunningServer:
-    """The C++ server; batching on and off differ only in ``--dynamic-batching``."""
-    flags = ServerFlags(
-        workers=workers,
-        threads_per_worker=threads,
-        max_batch_size=max_batch_size,
-        max_queue_delay_us=queue_delay_us,
-    )
+    """The C++ server, the grid cell's settings as flags (they override the bundle's
+    model_config.json); batching on and off differ only in ``--dynamic-batching``."""
     extra = [
+        f"--workers={workers}",
+        f"--threads-per-worker={threads}",
+        f"--max-batch-size={max_batch_size}",
+        f"--max-queue-delay-us={queue_delay_us}",
         f"--dynamic-batching={'true' if batching else 'false'}",
         "--access-log=false",  # the Python baseline logs no requests either
         "--keep-alive-max-count=1000000",  # uvicorn never closes a busy keep-alive connection
         f"--cpu-pinning={'true' if args.cpu_pinning else 'false'}",
         *args.server_args,
     ]
-    server = RunningServer(args.server_binary, model_dir, "fp32", name, flags, log_file, extra)
+    server = RunningServer(args.server_binary, model_dir, "fp32", name, log_file, extra_args=extra)
     _ready_or_raise(server, args.startup_timeout, log_file)
     return server
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -92,13 +93,46 @@ def qat_out(
     return out, result
 
 
+def package_params(**model_config: object):
+    """``params.yaml``'s ``package`` section, ``model_config`` fields replaced."""
+    from components.core.config import load_params, section
+    from components.steps.package import PackageParams
+
+    params = section(load_params(REPO / "params.yaml"), "package", PackageParams)
+    return dataclasses.replace(
+        params, model_config=dataclasses.replace(params.model_config, **model_config)
+    )
+
+
+def fp32_bundle(export_dir: Path, out: Path, **model_config: object) -> Path:
+    """The package step's bundle of ``export_dir`` without int8 (a qat output that shipped
+    none, as ``qat.allow_fp32_only`` leaves it), its model config ``params.yaml``'s with
+    ``model_config`` replaced."""
+    from components.core.artifacts import write_json
+    from components.steps.package import run
+
+    qat_dir = out.parent / f"{out.name}-qat"
+    write_json(qat_dir / "gate.json", {"passed": False, "fp32_only": True, "reasons": ["test"]})
+    return run(package_params(**model_config), export_dir, qat_dir, out)
+
+
+def with_model_config(bundle: Path, out: Path, **model_config: object) -> Path:
+    """A copy of ``bundle`` whose model_config.json is ``params.yaml``'s with ``model_config``
+    replaced (what ``package`` writes for such params)."""
+    from components.ml import model_config as mc
+
+    shutil.copytree(bundle, out)
+    mc.write(out, package_params(**model_config).model_config)
+    return out
+
+
 @pytest.fixture(scope="session")
 def exported_int8(tmp_path_factory: pytest.TempPathFactory, exported: Path, qat_out) -> Path:
     """The served bundle (the package step): fp32 PIR + legacy and the gated int8 model."""
     from components.steps.package import run
 
     out = tmp_path_factory.mktemp("package") / "bundle"
-    run(exported, qat_out[0], out)
+    run(package_params(), exported, qat_out[0], out)
     return out
 
 
@@ -172,7 +206,6 @@ def step_outputs(
             "infra_validated": True,
         },
     )
-    (infra / "server.env").write_text("MODEL_DIR=/models/model\n")
     write_manifest(infra, "serving_image", inputs={"model": exported_int8}, outputs={}, params={})
     qat_dir, _ = qat_out
     return StepOutputs(

@@ -51,7 +51,7 @@ from components.steps.track import run as track_run
 from components.tracking.registry import Registry, RegistryParams
 from components.tracking.registry import client as mlflow_client
 from pipelines.containers import free_port
-from tests.conftest import HAVE_PODMAN, NO_PODMAN, mlflow_tracking, untrained_export
+from tests.conftest import HAVE_PODMAN, NO_PODMAN, fp32_bundle, mlflow_tracking, untrained_export
 from tests.test_registry import TASK_OPTIONS
 
 DIGEST = "sha256:" + "ab" * 32
@@ -120,11 +120,10 @@ def test_rendered_manifests_pin_the_version_and_pass_the_cluster_checks():
     server = deployment["spec"]["template"]["spec"]["containers"][0]
     mounts = {m["mountPath"]: m for m in server["volumeMounts"]}
     assert mounts["/mnt/models"]["readOnly"] is True
-    # the ConfigMap kustomize would generate: hashed name, referenced by the server
-    configmap = next(d for d in rendered["deployment"] if d["kind"] == "ConfigMap")
-    assert configmap["metadata"]["name"].startswith("digits-server-env-")
-    assert server["envFrom"][0]["configMapRef"]["name"] == configmap["metadata"]["name"]
-    assert configmap["data"]["SERVING_WORKERS"]
+    # its settings are the bundle's model_config.json: nothing rendered restates them
+    assert not [d for docs in rendered.values() for d in docs if d["kind"] == "ConfigMap"]
+    assert "envFrom" not in server
+    assert "SERVING_" not in yaml.safe_dump_all([d for v in rendered.values() for d in v])
 
     isvc = next(d for d in rendered["kserve"] if d["kind"] == "InferenceService")
     assert isvc["spec"]["predictor"]["model"]["storageUri"] == "models:/digits-classifier/7"
@@ -295,6 +294,16 @@ def assert_serves(url: str, bundle: Path, golden: np.ndarray, version: int) -> n
     return got
 
 
+def assert_settings(url: str, bundle: Path, infra: Path) -> None:
+    """What was validated is what is served: the deployed server runs with the settings of
+    the bundle's model_config.json, and those are the ones infra validation served."""
+    expected = read_json(bundle / "model_config.json")
+    served = KServeClient(url).model_config(NAME)["settings"]
+    assert {k: served[k] for k in expected} == expected
+    for report in read_json(infra / "infra.json")["variants"]:
+        assert {k: report["checks"]["model_config"]["served"][k] for k in expected} == expected
+
+
 def container_id(name: str) -> str:
     return subprocess.run(
         ["podman", "inspect", "--format", "{{.Id}}", name],
@@ -356,26 +365,32 @@ def test_promote_serve_rollback_with_real_containers(
     )
     golden = digits_task.eval_head(digits_data, "test", 16)[0][0]
     args = (server, oci_registry, images, step_outputs)
+    # the package step's bundles; v2 with other server settings in its model_config.json
+    v1 = fp32_bundle(exported, tmp_path / "bundle1")
+    v2 = fp32_bundle(other_export, tmp_path / "bundle2", workers=1, max_batch_size=16)
     try:
-        promoted = release_version(*args, exported, tmp_path / "v1", digits_task, digits_data)
+        promoted = release_version(*args, v1, tmp_path / "v1", digits_task, digits_data)
         first = deploy_run(params, promoted, tmp_path / "deploy1")
         assert (first["version"], first["deployed"]) == (1, True)
         assert first["image"].startswith(f"{oci_registry}/paddle-mlops/digits-server@sha256:")
-        one = assert_serves(first["local"]["url"], exported, golden, 1)
+        one = assert_serves(first["local"]["url"], v1, golden, 1)
         assert first["local"]["method"] == "restart"  # nothing ran before
+        assert_settings(first["local"]["url"], v1, tmp_path / "v1" / "infra")
         container = container_id(params.local_name)
 
-        # v2: same server image and configuration, so it is loaded into the running server
-        # while a client keeps sending requests: none fails, and the container stays
-        promoted = release_version(*args, other_export, tmp_path / "v2", digits_task, digits_data)
+        # v2: same server image, so it is loaded into the running server while a client
+        # keeps sending requests: none fails, the container stays, and v2 runs with its own
+        # bundle's settings
+        promoted = release_version(*args, v2, tmp_path / "v2", digits_task, digits_data)
         with Streaming(first["local"]["url"], golden[:1]) as stream:
             second = deploy_run(params, promoted, tmp_path / "deploy2")
         assert second["version"] == 2 and second["image"] != first["image"]
         assert second["local"]["method"] == "load"
         assert container_id(params.local_name) == container
         assert stream.errors == [] and {"1", "2"} <= stream.versions, stream.summary()
-        two = assert_serves(second["local"]["url"], other_export, golden, 2)
+        two = assert_serves(second["local"]["url"], v2, golden, 2)
         assert not np.allclose(one, two, atol=1e-2)  # the check can tell the versions apart
+        assert_settings(second["local"]["url"], v2, tmp_path / "v2" / "infra")
 
         # rollback in the registry, then the deploy step's CLI (what a user runs)
         Registry(mlflow_client(server.uri), NAME, RegistryParams()).rollback(reason="test")
@@ -399,7 +414,8 @@ def test_promote_serve_rollback_with_real_containers(
         assert third["version"] == 1 and third["image"] == first["image"]
         assert third["local"]["method"] == "restart"
         assert container_id(params.local_name) != container
-        assert_serves(third["local"]["url"], exported, golden, 1)
+        assert_serves(third["local"]["url"], v1, golden, 1)
+        assert_settings(third["local"]["url"], v1, tmp_path / "v1" / "infra")
         # one server container, labelled with the version it was started with
         label = subprocess.run(
             ["podman", "inspect", "--format", '{{index .Config.Labels "' + VERSION_LABEL + '"}}',

@@ -239,16 +239,14 @@ def test_the_server_answers_like_the_exported_generator(pipeline, tmp_path):
     import tritonclient.http as httpclient
 
     from components.ml.runtime import ModelFiles, PaddlePredictor
-    from components.steps.serving_image import RunningServer, ServerFlags
+    from components.steps.serving_image import RunningServer
 
     bundle = pipeline / "outputs" / "digits_gan" / "package"
     rng = np.random.default_rng(11)
     latent = rng.standard_normal((12, TINY_OPTIONS["latent_dim"])).astype(np.float32)
     labels = rng.integers(0, 10, 12).astype(np.int64)
     expected = PaddlePredictor(ModelFiles.in_dir(bundle)).predict([latent, labels])
-    server = RunningServer(
-        SERVER_BIN, bundle, "fp32", "generator", ServerFlags(), tmp_path / "server.log"
-    )
+    server = RunningServer(SERVER_BIN, bundle, "fp32", "generator", tmp_path / "server.log")
     try:
         server.wait_ready(60)
         http = httpclient.InferenceServerClient(server.client.base_url.split("//")[1])

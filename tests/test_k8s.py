@@ -6,6 +6,7 @@ pin."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import re
 import shutil
 import subprocess
@@ -16,7 +17,6 @@ import pytest
 import yaml
 
 from components.core.artifacts import StepError
-from components.core.config import load_params, section
 from components.kube.check import (
     PLACEHOLDER_DIGEST,
     check_manifests,
@@ -24,12 +24,7 @@ from components.kube.check import (
     manifest_files,
     manifest_problems,
 )
-from components.steps.serving_image import (
-    K8S_SERVER_ENV_FILES,
-    ServingImageParams,
-    render_server_env,
-    server_env,
-)
+from components.ml.model_config import ModelConfig
 from tests.conftest import REPO
 
 K8S = REPO / "k8s"
@@ -179,81 +174,58 @@ def test_pipeline_runs_get_only_namespaced_named_permissions():
     assert len(cron.split()) == 6
 
 
-REGENERATE = 'python -c "from components.steps.serving_image import write_k8s_server_env; write_k8s_server_env()"'  # noqa: E501
+# The server's per-model settings: model_config.json keys, and the flags/variables that would
+# override the bundle's file (serving/src/config.cc PerModelFlags).
+PER_MODEL = {f.name for f in dataclasses.fields(ModelConfig)} | {"precision", "cpu_pinning"}
 
 
-def _server_flags():
-    return section(load_params(REPO / "params.yaml"), "serving_image", ServingImageParams).server
-
-
-def test_committed_server_env_is_rendered_from_params():
-    """One source: k8s/*/server.env is params.yaml serving_image.server, byte for byte."""
-    committed = sorted(K8S.rglob("server.env"))
-    assert committed == sorted(K8S_SERVER_ENV_FILES), "a server.env the generator does not write"
-    expected = render_server_env(_server_flags())
-    for path in committed:
-        assert path.read_text() == expected, (
-            f"{path.relative_to(REPO)} is not params.yaml serving_image.server; "
-            f"regenerate it from the repository root with: {REGENERATE}"
-        )
-
-
-def _generated_configmap(directory: Path) -> str:
-    """The name of the one ConfigMap ``directory``'s kustomization generates from server.env."""
-    kustomization = yaml.safe_load((directory / "kustomization.yaml").read_text())
-    (generator,) = kustomization["configMapGenerator"]
-    assert generator["envs"] == ["server.env"]
-    return generator["name"]
-
-
-@pytest.mark.parametrize(
-    ("directory", "kind"), [("serving", "Deployment"), ("kserve", "ServingRuntime")]
-)
-def test_server_config_comes_only_from_the_generated_configmap(directory, kind):
-    (doc,) = [
+def _workloads(directory: Path) -> list[dict]:
+    return [
         d
         for f in kustomize_resources(K8S / directory)
         for d in yaml.safe_load_all(f.read_text())
-        if d and d["kind"] == kind
+        if d and d["kind"] in ("Deployment", "ServingRuntime")
     ]
-    spec = doc["spec"]["template"]["spec"] if kind == "Deployment" else doc["spec"]
+
+
+@pytest.mark.parametrize("directory", ["serving", "kserve"])
+def test_no_server_setting_is_copied_under_k8s(directory):
+    """The server's settings travel in the bundle (model_config.json): no manifest restates
+    them as an environment variable, a flag or a generated ConfigMap, which would override
+    what infra validation served."""
+    assert not list(K8S.rglob("server.env"))
+    kustomization = yaml.safe_load((K8S / directory / "kustomization.yaml").read_text())
+    assert "configMapGenerator" not in kustomization
+    (doc,) = _workloads(directory)
+    spec = doc["spec"]["template"]["spec"] if doc["kind"] == "Deployment" else doc["spec"]
     container = spec["containers"][0]
-    assert container["envFrom"] == [
-        {"configMapRef": {"name": _generated_configmap(K8S / directory)}}
-    ]
-    names = [e["name"] for e in container.get("env", [])]
-    assert not [n for n in names if n.startswith("SERVING_")], (
-        "SERVING_* belong in server.env, not restated in the manifest"
-    )
+    names = {e["name"] for e in container.get("env", [])}
+    assert not names & {f"SERVING_{k.upper()}" for k in PER_MODEL}
     assert "PORT" not in names  # Knative reserves it; the server's default is 8080
-    # nor as flags, which would win over server.env
-    flags = {
-        "--" + k[len("SERVING_") :].lower().replace("_", "-") for k in server_env(_server_flags())
-    }
+    flags = {"--" + k.replace("_", "-") for k in PER_MODEL}
     assert not [a for a in container.get("args", []) if a.split("=")[0] in flags]
+    assert "--model-dir=/mnt/models" in container["args"]  # where the bundle (and file) is
+    text = "\n".join(f.read_text() for f in K8S.rglob("*.yaml"))
+    for key in PER_MODEL:
+        assert f"SERVING_{key.upper()}" not in text, key
 
 
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl (kustomize) not installed")
 @pytest.mark.parametrize(
     ("directory", "kind"), [("serving", "Deployment"), ("kserve", "ServingRuntime")]
 )
-def test_kustomize_wires_the_generated_configmap_into_the_pods(directory, kind):
+def test_kustomize_pins_the_server_image_and_adds_no_settings(directory, kind):
     proc = subprocess.run(
         ["kubectl", "kustomize", str(K8S / directory)], capture_output=True, text=True, timeout=120
     )
     assert proc.returncode == 0, proc.stderr
     docs = [d for d in yaml.safe_load_all(proc.stdout) if d]
-    (configmap,) = [d for d in docs if d["kind"] == "ConfigMap"]
     (workload,) = [d for d in docs if d["kind"] == kind]
-    # the hashed name: a changed server.env rolls the pods
-    assert configmap["metadata"]["name"].startswith(_generated_configmap(K8S / directory) + "-")
-    assert configmap["data"] == server_env(_server_flags())
     spec = workload["spec"]["template"]["spec"] if kind == "Deployment" else workload["spec"]
-    refs = [e["configMapRef"]["name"] for e in spec["containers"][0]["envFrom"]]
-    assert refs == [configmap["metadata"]["name"]]
     # kustomize images: pins the placeholder name by the placeholder digest
     image = spec["containers"][0]["image"]
     assert image == f"registry.example.com/paddle-mlops/digits-server@{PLACEHOLDER_DIGEST}"
+    assert "SERVING_" not in proc.stdout
     check_manifests(docs, what=f"kubectl kustomize k8s/{directory}")
 
 

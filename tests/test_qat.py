@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import os
+
 import paddle
 import pytest
 
@@ -19,6 +22,7 @@ from components.steps.qat import (
 )
 from components.steps.qat import fp32_bundle as make_fp32_bundle
 from components.steps.qat import run as qat_run
+from tests.conftest import package_params
 
 
 @pytest.fixture(scope="module")
@@ -123,13 +127,13 @@ def test_failed_gate_stops_the_stage_and_records_the_decision(
     assert read_json(out / "gate.json")["passed"] is False
     # package refuses to ship an int8 model that failed its gate, and leaves nothing
     with pytest.raises(StepError, match="passed the QAT gate"):
-        package_run(exported, out, tmp_path / "bundle")
+        package_run(package_params(), exported, out, tmp_path / "bundle")
     assert not (tmp_path / "bundle").exists()
 
 
 def test_package_bundles_the_gated_int8_model_with_the_fp32_export(qat_out, exported, tmp_path):
     out, _ = qat_out
-    package_run(exported, out, tmp_path / "bundle")
+    package_run(package_params(max_batch_size=16), exported, out, tmp_path / "bundle")
     sig = read_json(tmp_path / "bundle" / "signature.json")
     assert sig["formats"]["int8_paddle"]["program"] == "int8/paddle/model.pdmodel"
     assert sig["formats"]["int8_openvino"]["program"] == "int8/openvino/model.xml"
@@ -140,6 +144,13 @@ def test_package_bundles_the_gated_int8_model_with_the_fp32_export(qat_out, expo
     ).read_bytes()  # the fp32 program is the export's, not a second export
     formats = bundle_int8(out, tmp_path / "again" / "int8")
     assert set(formats) == {"int8_paddle", "int8_openvino"}
+    # the server's settings travel in the bundle, and the manifest records them
+    config = read_json(tmp_path / "bundle" / "model_config.json")
+    assert config == dataclasses.asdict(package_params(max_batch_size=16).model_config)
+    assert config["max_batch_size"] == 16
+    manifest = read_json(tmp_path / "bundle" / "manifest.json")
+    assert manifest["params"]["model_config"] == config
+    assert "model_config.json" in manifest["outputs"]
 
 
 def test_upstream_qat_convert_still_fails():
@@ -194,3 +205,38 @@ def test_int8_model_passes_its_gate_on_every_cpu_generation(
     assert proc.returncode == 0, proc.stderr[-3000:]
     gate = read_json(tmp_path / "qat" / "gate.json")
     assert gate["passed"] and set(gate["int8_layer_precisions"]["Convolution"]) <= {"i8", "u8"}
+    # the cap took effect: no convolution ran an instruction set above it (OpenVINO's
+    # execution graph names each oneDNN primitive's ISA; its own non-oneDNN emitters, e.g.
+    # eltwise, ignore the variable and are not checked)
+    isas = conv_isas(tmp_path / "qat" / "openvino" / "model.xml", isa)
+    assert isas, "no convolution in the execution graph"
+    assert max(ISA_LEVELS[i] for i in isas) <= CAP_LEVELS[isa], (isa, isas)
+
+
+# instruction-set families as OpenVINO's execution graph names them in primitiveType, in
+# order; the level each ONEDNN_MAX_CPU_ISA cap allows at most
+ISA_LEVELS = {"sse41": 0, "avx2": 1, "avx512": 2, "amx": 3}
+CAP_LEVELS = {"AVX2": 1, "AVX512_CORE": 2, "AVX512_CORE_VNNI": 2, "ALL": 3}
+
+
+def conv_isas(model_xml, isa: str) -> set[str]:
+    """The instruction-set families of the Convolution primitives OpenVINO compiles
+    ``model_xml`` to with oneDNN capped at ``isa`` (in a fresh process: the cap is read once)."""
+    import json
+    import subprocess
+    import sys
+
+    script = (
+        "import json, sys, openvino as ov\n"
+        "g = ov.Core().compile_model(sys.argv[1], 'CPU').get_runtime_model()\n"
+        "print(json.dumps([op.get_rt_info()['primitiveType'].astype(str) for op in g.get_ops()\n"
+        "    if op.get_rt_info()['layerType'].astype(str) == 'Convolution']))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script, str(model_xml)],
+        capture_output=True, text=True, timeout=300,
+        env={**os.environ, "ONEDNN_MAX_CPU_ISA": isa},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    kinds = json.loads(proc.stdout.strip().splitlines()[-1])
+    return {f for kind in kinds for f in ISA_LEVELS if f in kind.lower()}

@@ -586,14 +586,12 @@ def _assert_same_labels(served: np.ndarray, exported: np.ndarray) -> None:
 
 
 def test_tritonclient_sends_raw_text_to_the_server_process(pipeline):
-    from components.steps.serving_image import RunningServer, ServerFlags
+    from components.steps.serving_image import RunningServer
 
     bundle = pipeline / "outputs" / "sentiment" / "package"
     task = _pipeline_task(pipeline)
     texts = task.read_split(pipeline / "outputs" / "sentiment" / "ingest", "test")[0].tolist()
-    server = RunningServer(
-        SERVER_BIN, bundle, "fp32", "sentiment", ServerFlags(), bundle.parent / "server.log"
-    )
+    server = RunningServer(SERVER_BIN, bundle, "fp32", "sentiment", bundle.parent / "server.log")
     try:
         server.wait_ready(60)
         labels = _serve_texts(server.client.base_url.split("//")[1], "sentiment", texts)

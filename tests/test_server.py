@@ -20,10 +20,12 @@ from typing import Any
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
 
+from components.kube.kserve_client import KServeClient
 from components.ml.ov_runtime import OVPredictor
-from components.steps.serving_image import RunningServer, ServerFlags, ServerProcess, server_env
-from tests.conftest import CONTAINERS_CONF, HAVE_PODMAN, NO_PODMAN
+from components.steps.serving_image import RunningServer, ServerProcess
+from tests.conftest import CONTAINERS_CONF, HAVE_PODMAN, NO_PODMAN, with_model_config
 
 NAME = "digits"
 
@@ -34,15 +36,17 @@ def start(
     tmp: Path,
     *extra: str,
     variant: str = "fp32",
-    flags: ServerFlags | None = None,
+    settings: dict | None = None,
 ) -> RunningServer:
-    flags = flags or ServerFlags()
+    """The binary serving ``model_dir``; ``settings``: a copy of it whose model_config.json
+    has these (the server reads them from there, as from any bundle)."""
+    if settings:
+        model_dir = with_model_config(model_dir, tmp / f"bundle-{time.time()}", **settings)
     server = RunningServer(
         binary,
         model_dir,
         variant,
         NAME,
-        flags,
         tmp / f"server-{time.time()}.log",
         extra_args=list(extra),
     )
@@ -62,15 +66,14 @@ def reference(exported_int8, golden):
     return OVPredictor(exported_int8 / "legacy" / "model.pdmodel").predict([golden])
 
 
-def start_container(image: str, model_dir: Path, tmp: Path, flags: ServerFlags) -> ServerProcess:
-    """The server image under podman, published on a loopback port, the model mounted
-    read-only at /mnt/models (as KServe does), configured by the same server.env values."""
-    env_flags = [arg for k, v in server_env(flags).items() for arg in ("--env", f"{k}={v}")]
+def start_container(image: str, model_dir: Path, tmp: Path) -> ServerProcess:
+    """The server image under podman, published on a loopback port, the bundle mounted
+    read-only at /mnt/models (as KServe does): its model_config.json configures it."""
     server = ServerProcess(
         lambda port: [
             "podman", "run", "--rm", "--read-only",
             "-p", f"127.0.0.1:{port}:8080", "-v", f"{model_dir}:/mnt/models:ro",
-            *env_flags, image, "--variant=fp32", f"--model-name={NAME}",
+            image, "--variant=fp32", f"--model-name={NAME}",
         ],
         NAME,
         tmp / f"container-{time.time()}.log",
@@ -89,14 +92,14 @@ def start_container(image: str, model_dir: Path, tmp: Path, flags: ServerFlags) 
 )
 def server(request, server_binary, exported_int8, tmp_path_factory):
     """The server as built here, and as its image runs under podman: the same tests."""
-    flags = ServerFlags(workers=2, max_batch_size=16, max_queue_delay_us=2000)
     tmp = tmp_path_factory.mktemp("srv")
+    bundle = with_model_config(
+        exported_int8, tmp / "bundle", workers=2, max_batch_size=16, max_queue_delay_us=2000
+    )
     if request.param == "binary":
-        srv = start(server_binary, exported_int8, tmp, flags=flags)
+        srv = start(server_binary, bundle, tmp)
     else:
-        srv = start_container(
-            request.getfixturevalue("images")["server"]["ref"], exported_int8, tmp, flags
-        )
+        srv = start_container(request.getfixturevalue("images")["server"]["ref"], bundle, tmp)
     yield srv
     assert srv.stop() == 0
 
@@ -135,6 +138,23 @@ def test_health_and_metadata_through_tritonclient(server):
     assert meta["outputs"] == [{"name": "logits", "datatype": "FP32", "shape": [-1, 10]}]
     assert "binary_tensor_data" in c.get_server_metadata()["extensions"]
     assert c.is_model_ready(NAME, model_version=str(meta["versions"][0]))
+
+
+def test_the_server_runs_with_the_bundles_model_config_and_says_so(server, golden):
+    """The binary and the image read model_config.json from the model directory (no flag, no
+    variable): GET .../config answers the file's settings, and the batch limit holds."""
+    answer = KServeClient(f"http://127.0.0.1:{server.port}").model_config(NAME)
+    settings = answer["settings"]
+    assert (settings["workers"], settings["max_batch_size"], settings["max_queue_delay_us"]) == (
+        2,
+        16,
+        2000,
+    )
+    assert answer["model_config_file"].endswith("/model_config.json")
+    c = client(server)
+    assert infer(c, golden[:16], True).shape[0] == 16
+    with pytest.raises(InferenceServerException, match="16"):
+        infer(c, golden[:17], True)
 
 
 @pytest.mark.parametrize("binary", [False, True])
@@ -403,7 +423,7 @@ def test_sigterm_drains_in_flight_requests(
         server_binary,
         exported_int8,
         tmp_path,
-        flags=ServerFlags(workers=1, max_batch_size=64, max_queue_delay_us=300_000),
+        settings=dict(workers=1, max_batch_size=64, max_queue_delay_us=300_000),
     )
     results: dict[int, object] = {}
 

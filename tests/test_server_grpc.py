@@ -21,7 +21,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from components.ml.ov_runtime import OVPredictor
-from components.steps.serving_image import RunningServer, ServerFlags
+from components.steps.serving_image import RunningServer
 from tests import test_server
 from tests.test_server import infer, start
 
@@ -36,8 +36,8 @@ ATOL, RTOL = 1e-4, 1e-3  # tests/test_server.py's fp32 tolerance against the in-
 
 @pytest.fixture(scope="module")
 def server(server_binary, exported_int8, tmp_path_factory) -> Iterator[RunningServer]:
-    flags = ServerFlags(workers=2, max_batch_size=MAX_BATCH, max_queue_delay_us=2000)
-    srv = start(server_binary, exported_int8, tmp_path_factory.mktemp("grpc"), flags=flags)
+    settings = dict(workers=2, max_batch_size=MAX_BATCH, max_queue_delay_us=2000)
+    srv = start(server_binary, exported_int8, tmp_path_factory.mktemp("grpc"), settings=settings)
     yield srv
     assert srv.stop() == 0
 

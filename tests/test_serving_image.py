@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -9,18 +10,14 @@ import shutil
 import paddle
 import pytest
 
-from components.core.artifacts import StepError, read_json, sha256_file
+from components.core.artifacts import StepError, read_json, write_json
 from components.core.config import section
 from components.kube.images import detect_builder
 from components.ml.modelio import save_legacy
-from components.steps.serving_image import (
-    ServerFlags,
-    ServingImageParams,
-    render_server_env,
-    server_env,
-)
+from components.steps.package import PackageParams
+from components.steps.serving_image import ServingImageParams
 from components.steps.serving_image import run as serving_run
-from tests.conftest import run_module
+from tests.conftest import package_params, run_module, with_model_config
 
 FAST = dict(golden_samples=32, latency_requests=10)
 
@@ -156,90 +153,117 @@ def _served_config(log_file) -> dict:
     raise AssertionError(f"no 'listening' line in {log_file}")
 
 
-def test_server_env_is_what_validation_ran_the_image_bakes_and_the_step_records(
-    server_binary, exported_int8, digits_task, digits_data, tmp_path
-):
-    flags = ServerFlags(workers=1, threads_per_worker=2, max_batch_size=16, max_queue_delay_us=500)
-    params = ServingImageParams(
-        server_binary=str(server_binary), builder="none", variants=["fp32"], server=flags, **FAST
-    )
-    assert serving_run(params, digits_task, exported_int8, digits_data, tmp_path / "out")
-    out = tmp_path / "out"
-    text = render_server_env(flags)
-    assert text.splitlines()[0].startswith("# ") and "serving_image.server" in text.splitlines()[0]
-    assert text.splitlines()[1:] == [
-        "SERVING_MAX_BATCH_SIZE=16",
-        "SERVING_MAX_QUEUE_DELAY_US=500",
-        "SERVING_THREADS_PER_WORKER=2",
-        "SERVING_WORKERS=1",
-    ]
-    assert (out / "server.env").read_text() == text
-    assert (out / "context" / "server.env").read_text() == text
-    infra = read_json(out / "infra.json")
-    assert infra["server_env_sha256"] == sha256_file(out / "server.env")
-    assert (
-        read_json(out / "manifest.json")["outputs"]["server.env"]["sha256"]
-        == (infra["server_env_sha256"])
-    )
-    # the image: one ENV line with the same values, after the (only) FROM
-    dockerfile = (out / "context" / "Dockerfile").read_text().splitlines()
-    (env_line,) = [line for line in dockerfile if line.startswith("ENV SERVING_")]
-    assert env_line.split()[1:] == text.splitlines()[1:]
-    assert dockerfile.index(env_line) > max(
-        i for i, line in enumerate(dockerfile) if line.startswith("FROM")
-    )
-    # and the server that was validated ran with exactly these values (from the environment)
-    served = _served_config(out / "server-fp32.log")
-    assert {k: served[k] for k in ("workers", "threads_per_worker")} == {
-        "workers": 1,
-        "threads_per_worker": 2,
-    }
-    assert (served["max_batch_size"], served["max_queue_delay_us"]) == (16, 500)
-
-
-def test_golden_replay_is_chunked_to_the_servers_max_batch_size(
+def test_the_bundles_model_config_is_what_validation_served_and_the_image_bakes(
     server_binary, exported_int8, digits_task, digits_data, tmp_path, monkeypatch
 ):
+    settings = dict(workers=1, threads_per_worker=2, max_batch_size=16, max_queue_delay_us=500)
+    bundle = with_model_config(exported_int8, tmp_path / "bundle", **settings)
     # a stray SERVING_* in the caller's environment must not reach the validated server
-    monkeypatch.setenv("SERVING_MAX_BATCH_SIZE", "1")
+    monkeypatch.setenv("SERVING_WORKERS", "3")
     monkeypatch.setenv("SERVING_DYNAMIC_BATCHING", "not-a-bool")
     params = ServingImageParams(
-        server_binary=str(server_binary),
-        builder="none",
-        golden_samples=20,
-        latency_requests=5,
-        server=ServerFlags(max_batch_size=8),
+        server_binary=str(server_binary), builder="none", variants=["fp32"], **FAST
     )
-    result = serving_run(params, digits_task, exported_int8, digits_data, tmp_path / "out")
+    assert serving_run(params, digits_task, bundle, digits_data, tmp_path / "out")
+    out = tmp_path / "out"
+    expected = read_json(bundle / "model_config.json")
+    assert {k: expected[k] for k in settings} == settings
+    infra = read_json(out / "infra.json")
+    assert infra["model_config"] == expected
+    # the server reported (GET .../config) that it ran with the bundle's file, and said so
+    # in its own log line too
+    (report,) = infra["variants"]
+    served = report["checks"]["model_config"]["served"]
+    assert {k: served[k] for k in expected} == expected
+    logged = _served_config(out / "server-fp32.log")
+    assert {k: logged[k] for k in settings} == settings
+    # the image: the same bundle, file included, and no setting restated as ENV or flag
+    ctx = out / "context"
+    assert read_json(ctx / "model" / "model_config.json") == expected
+    dockerfile = (ctx / "Dockerfile").read_text()
+    assert "SERVING_" not in dockerfile and "ENV " not in dockerfile
+    assert not (out / "server.env").exists() and not (ctx / "server.env").exists()
+
+
+def test_golden_replay_is_chunked_to_the_bundles_max_batch_size(
+    server_binary, exported_int8, digits_task, digits_data, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("SERVING_MAX_BATCH_SIZE", "1")  # ignored: not the bundle's
+    bundle = with_model_config(exported_int8, tmp_path / "bundle", max_batch_size=8)
+    params = ServingImageParams(
+        server_binary=str(server_binary), builder="none", golden_samples=20, latency_requests=5
+    )
+    result = serving_run(params, digits_task, bundle, digits_data, tmp_path / "out")
     assert result.infra_validated
     infra = read_json(tmp_path / "out" / "infra.json")
     for report in infra["variants"]:
         answers = report["checks"]["answers"]
         assert (answers["samples"], answers["requests"]) == (20, 3), report  # 8 + 8 + 4
         assert answers["json_equals_binary"] and report["passed"], report
-        served = _served_config(tmp_path / "out" / f"server-{report['variant']}.log")
-        assert served["max_batch_size"] == 8
+        assert report["checks"]["model_config"]["served"]["max_batch_size"] == 8
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        ({"max_batch_size": 0}, "field 'max_batch_size': must be >= 1, got 0"),
+        ({"workers": "2"}, "field 'workers': must be int, got '2'"),
+        ({"max_batch": 8}, "field 'max_batch': not a per-model setting"),
+        (None, "model_config.json: missing; the bundle must come from package"),
+    ],
+)
+def test_a_bundle_with_a_bad_or_no_model_config_is_refused_naming_file_and_field(
+    server_binary, exported_int8, digits_task, digits_data, tmp_path, doc, message
+):
+    bundle = with_model_config(exported_int8, tmp_path / "bundle")
+    if doc is None:
+        (bundle / "model_config.json").unlink()
+    else:
+        write_json(bundle / "model_config.json", {**read_json(bundle / "model_config.json"), **doc})
+    params = ServingImageParams(server_binary=str(server_binary), builder="none", **FAST)
+    with pytest.raises(StepError) as err:
+        serving_run(params, digits_task, bundle, digits_data, tmp_path / "out")
+    assert str(bundle / "model_config.json") in str(err.value)
+    assert message in str(err.value)
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize(
     ("values", "field"),
     [
-        ({"golden_samples": 0}, "golden_samples"),
-        ({"server": {"max_batch_size": 0}}, "server.max_batch_size"),
-        ({"server": {"workers": 0}}, "server.workers"),
-        ({"server": {"threads_per_worker": -1}}, "server.threads_per_worker"),
-        ({"server": {"max_queue_delay_us": -5}}, "server.max_queue_delay_us"),
+        ({"max_batch_size": 0}, "max_batch_size"),
+        ({"workers": 0}, "workers"),
+        ({"threads_per_worker": -1}, "threads_per_worker"),
+        ({"max_queue_delay_us": -5}, "max_queue_delay_us"),
+        ({"request_timeout_ms": 0}, "request_timeout_ms"),
     ],
 )
-def test_nonsense_serving_params_are_rejected_naming_the_field(values, field):
-    with pytest.raises(StepError, match=rf"params.yaml: serving_image: {field}: must be >= "):
-        section({"serving_image": values}, "serving_image", ServingImageParams)
+def test_nonsense_model_config_params_are_rejected_naming_the_field(values, field):
+    config = {**dataclasses.asdict(package_params().model_config), **values}
+    with pytest.raises(
+        StepError, match=rf"params.yaml: package.model_config: {field}: must be >= "
+    ):
+        section({"package": {"model_config": config}}, "package", PackageParams)
 
 
-def test_zero_threads_and_queue_delay_are_the_servers_own_defaults_not_errors():
-    params = section(
-        {"serving_image": {"server": {"threads_per_worker": 0, "max_queue_delay_us": 0}}},
-        "serving_image",
-        ServingImageParams,
-    )
-    assert server_env(params.server)["SERVING_THREADS_PER_WORKER"] == "0"
+def test_every_model_config_setting_must_be_in_params():
+    config = dataclasses.asdict(package_params().model_config)
+    del config["workers"]
+    with pytest.raises(StepError, match=r"package.model_config: missing required field.*workers"):
+        section({"package": {"model_config": config}}, "package", PackageParams)
+
+
+def test_zero_threads_queue_delay_and_queue_size_are_the_servers_own_meanings_not_errors():
+    config = {
+        **dataclasses.asdict(package_params().model_config),
+        "threads_per_worker": 0,
+        "max_queue_delay_us": 0,
+        "max_queue_size": 0,
+    }
+    params = section({"package": {"model_config": config}}, "package", PackageParams)
+    assert params.model_config.threads_per_worker == 0
+
+
+def test_golden_samples_must_be_positive():
+    with pytest.raises(StepError, match=r"params.yaml: serving_image: golden_samples: must be >= "):
+        section({"serving_image": {"golden_samples": 0}}, "serving_image", ServingImageParams)

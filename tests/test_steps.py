@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
+from components.core.config import load_params
 from components.kernel.cli import step_parser
 from components.kernel.dvc import dvc_stage, task_pipelines
 from components.kernel.kfp import kfp_main
@@ -155,8 +156,11 @@ def test_cli_and_kfp_component_produce_the_same_outputs(tmp_path, exported, qat_
         "exported": SimpleNamespace(path=str(exported)),
         "int8": SimpleNamespace(path=str(qat_out[0])),
         "bundle": SimpleNamespace(path=str(tmp_path / "kfp")),
+        # the pipeline passes each section the step reads as a dict parameter
+        **{s: load_params(REPO / "params.yaml")[s] for s in step.sections},
     }
     assert kfp_main(step.name, artifacts) is None
     cli, kfp = _tree(tmp_path / "cli"), _tree(tmp_path / "kfp")
     assert cli and cli == kfp
     assert "int8/openvino/model.xml" in cli and "legacy/model.pdmodel" in cli
+    assert "model_config.json" in cli

@@ -61,6 +61,11 @@ class KServeClient:
         """``GET /v2/models/{model}``: name, versions, platform, inputs, outputs."""
         return json.loads(self._request("GET", f"/v2/models/{model}")[2])
 
+    def model_config(self, model: str) -> dict[str, Any]:
+        """The settings the served version runs with (``GET /v2/models/<model>/config``:
+        ``settings`` and the ``model_config_file`` it read)."""
+        return json.loads(self._request("GET", f"/v2/models/{model}/config")[2])
+
     def ready(self) -> bool:
         return self._status("/v2/health/ready") == 200
 

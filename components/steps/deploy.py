@@ -21,10 +21,11 @@ recorded by ``promote`` when the image was pushed) or with incomplete lineage. T
      container does (into ``local_state_dir/models/MODEL/vN``, mounted read-only), and served
      by the server image on ``127.0.0.1:deploy.local_port`` (read-only root, no
      capabilities). With ``deploy.swap: load`` (the default) and a server already running
-     the same server image and configuration, the new version is **swapped in without a
-     restart**: the server's repository ``load`` compiles it next to the serving version,
-     switches new requests to it and drains the old one, so no request fails. Otherwise
-     (``swap: restart``, the first deploy, another server image or configuration) the
+     the same server image and environment, the new version is **swapped in without a
+     restart**: the server's repository ``load`` compiles it next to the serving version
+     with the version's own settings (its bundle's ``model_config.json``), switches new
+     requests to it and drains the old one, so no request fails. Otherwise (``swap:
+     restart``, the first deploy, another server image or environment) the
      container is replaced by one running the version's image; if that never becomes ready
      the previous one is restarted.
 
@@ -34,7 +35,6 @@ no champion yet (nothing was ever blessed) there is nothing to deploy: it says s
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import subprocess
@@ -163,9 +163,10 @@ def release(registry: Registry, version: int) -> Release:
 # --------------------------------------------------------------------------- rendering
 
 
-def load_templates(directory: Path) -> tuple[list[dict[str, Any]], list[str]]:
-    """The documents of the files ``directory/kustomization.yaml`` lists under resources,
-    and the names of its ConfigMap generators."""
+def load_templates(directory: Path) -> list[dict[str, Any]]:
+    """The documents of the files ``directory/kustomization.yaml`` lists under resources.
+    The server's settings are not among them: they travel in the bundle (its
+    ``model_config.json``), so a template carries no copy that could disagree."""
 
     kustomization = directory / "kustomization.yaml"
     if not kustomization.is_file():
@@ -175,30 +176,13 @@ def load_templates(directory: Path) -> tuple[list[dict[str, Any]], list[str]]:
     for path in paths:
         if not path.is_file():
             raise StepError(f"{kustomization}: resource {path.name} is not a file below it")
-    generators = [g["name"] for g in spec.get("configMapGenerator") or []]
-    return load_manifests(paths), generators
-
-
-def server_env_configmap(directory: Path, name: str) -> dict[str, Any]:
-    """What kustomize's configMapGenerator makes of ``directory/server.env``: the name
-    carries a hash of the content, so a changed server.env rolls the pods."""
-    env_file = directory / "server.env"
-    data = {}
-    for line in env_file.read_text().splitlines():
-        line = line.strip()
-        if line and not line.startswith("#"):
-            key, _, value = line.partition("=")
-            data[key] = value
-    digest = hashlib.sha256(yaml.safe_dump(data, sort_keys=True).encode()).hexdigest()[:10]
-    return {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {
-            "name": f"{name}-{digest}",
-            "labels": {"app.kubernetes.io/part-of": "paddle-mlops"},
-        },
-        "data": data,
-    }
+    if spec.get("configMapGenerator"):
+        raise StepError(
+            f"{kustomization}: configMapGenerator is not rendered by deploy; the server's "
+            "settings belong in the bundle's model_config.json (package.model_config), other "
+            "configuration in a ConfigMap listed under resources"
+        )
+    return load_manifests(paths)
 
 
 def _pod_spec(doc: dict[str, Any]) -> dict[str, Any] | None:
@@ -226,19 +210,15 @@ def render(
     rendered = {}
     for variant in params.manifests:
         directory = templates / ("serving" if variant == "deployment" else "kserve")
-        docs, generators = load_templates(directory)  # fresh objects: pinned in place
-        configmaps = {n: server_env_configmap(directory, n) for n in generators}
+        docs = load_templates(directory)  # fresh objects: pinned in place
         labels = {MODEL_LABEL: rel.model, VERSION_LABEL: str(rel.version)}
         for doc in docs:
             meta = doc.setdefault("metadata", {})
             if not doc["kind"].startswith("Cluster"):
                 meta["namespace"] = params.namespace
             meta.setdefault("labels", {}).update(labels)
-            _pin(doc, rel, params, components_image, configmaps, labels)
-        for cm in configmaps.values():
-            cm["metadata"]["namespace"] = params.namespace
-            cm["metadata"]["labels"].update(labels)
-        rendered[variant] = [*configmaps.values(), *docs]
+            _pin(doc, rel, params, components_image, labels)
+        rendered[variant] = docs
     return rendered
 
 
@@ -247,7 +227,6 @@ def _pin(
     rel: Release,
     params: DeployParams,
     components_image: str,
-    configmaps: dict[str, dict[str, Any]],
     labels: dict[str, str],
 ) -> None:
     if doc["kind"] == "InferenceService":
@@ -271,10 +250,6 @@ def _pin(
                 rel.model_uri if str(a).startswith("models:/") else a
                 for a in container.get("args", [])
             ]
-        for source in container.get("envFrom", []):
-            ref = source.get("configMapRef") or {}
-            if ref.get("name") in configmaps:
-                ref["name"] = configmaps[ref["name"]]["metadata"]["name"]
 
 
 # --------------------------------------------------------------------------- kubernetes
@@ -442,9 +417,7 @@ def _swap_in_place(
     return {"method": "load", "server_image": running_image}
 
 
-def deploy_podman(
-    rel: Release, params: DeployParams, server_env: Path, tracking: str
-) -> dict[str, Any]:
+def deploy_podman(rel: Release, params: DeployParams, tracking: str) -> dict[str, Any]:
     """Run ``rel`` on this machine as the init container + server pod would (module doc)."""
 
     models_root = Path(params.local_state_dir).resolve() / "models" / rel.model
@@ -474,7 +447,6 @@ def deploy_podman(
         "--user", "10001:10001", "--tmpfs", "/tmp",
         "--publish", f"127.0.0.1:{params.local_port}:8080",
         "--volume", f"{models_root}:{MODELS_ROOT}:ro",
-        "--env-file", str(server_env),
         "--label", f"{MODEL_LABEL}={rel.model}",
         "--label", f"{VERSION_LABEL}={rel.version}",
         "--label", f"paddle-mlops/model-control={control}",
@@ -554,8 +526,7 @@ def run(
                     wait_rollout(docs, params)
             record["applied"] = applied
         elif params.target == "podman":
-            env_file = templates / "serving" / "server.env"
-            record["local"] = deploy_podman(rel, params, env_file, tracking)
+            record["local"] = deploy_podman(rel, params, tracking)
         record["deployed"] = params.target != "none" and not params.dry_run
         write_json(tmp / "deployment.json", record)
     log.info(

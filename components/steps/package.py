@@ -3,22 +3,34 @@
 Copies ``export``'s output (fp32 PIR + legacy programs, parity report, signature) and adds the
 int8 programs of ``qat`` under ``int8/paddle`` and ``int8/openvino``; ``signature.json`` then
 lists every format. When qat shipped no int8 model (``qat.allow_fp32_only``), the bundle is
-fp32 only and ``signature.json`` says why (``int8_unavailable``). Nothing is exported or
-converted again: this bundle is what ``evaluate``
-scores, what the server image bakes in, and what the registry versions.
+fp32 only and ``signature.json`` says why (``int8_unavailable``). Writes the bundle's model
+config (``model_config.json``, from ``package.model_config``): the per-model settings the C++
+server runs it with, wherever it is served. Nothing is exported or converted again: this
+bundle is what ``evaluate`` scores, what infra validation serves, what the server image bakes
+in, what the registry versions and what ``deploy`` serves.
 """
 
 from __future__ import annotations
 
 import logging
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from components.core.artifacts import StepError, atomic_path, read_json, write_json, write_manifest
 from components.kernel.step import In, Out, Step
+from components.ml import model_config
+from components.ml.model_config import ModelConfig
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PackageParams:
+    # the server's per-model settings, written into the bundle as model_config.json
+    model_config: ModelConfig
+
 
 INT8_FORMATS = {
     "paddle": ("model.pdmodel", "model.pdiparams"),
@@ -54,8 +66,11 @@ def bundle_int8(qat_dir: Path, dest: Path) -> dict[str, Any]:
     return formats
 
 
-def run(export_dir: str | Path, qat_dir: str | Path, out_dir: str | Path) -> Path:
-    """Write the bundle to ``out_dir``: ``export_dir`` plus ``int8/`` from ``qat_dir``."""
+def run(
+    params: PackageParams, export_dir: str | Path, qat_dir: str | Path, out_dir: str | Path
+) -> Path:
+    """Write the bundle to ``out_dir``: ``export_dir`` plus ``int8/`` from ``qat_dir`` and
+    the model config."""
     export_dir, qat_dir, out_dir = Path(export_dir), Path(qat_dir), Path(out_dir)
     signature_file = export_dir / "signature.json"
     if not signature_file.is_file():
@@ -70,6 +85,7 @@ def run(export_dir: str | Path, qat_dir: str | Path, out_dir: str | Path) -> Pat
             signature["int8_unavailable"] = reasons
             log.warning("bundle without int8 (qat.allow_fp32_only): %s", "; ".join(reasons))
         write_json(tmp / "signature.json", signature)
+        model_config.write(tmp, params.model_config)
         write_manifest(
             tmp,
             "package",
@@ -77,7 +93,7 @@ def run(export_dir: str | Path, qat_dir: str | Path, out_dir: str | Path) -> Pat
             outputs={
                 p.relative_to(tmp).as_posix(): p for p in sorted(tmp.rglob("*")) if p.is_file()
             },
-            params={},
+            params={"model_config": params.model_config.to_json()},
         )
     log.info("packaged %s: formats %s", out_dir, sorted(signature["formats"]))
     return out_dir
@@ -86,8 +102,8 @@ def run(export_dir: str | Path, qat_dir: str | Path, out_dir: str | Path) -> Pat
 STEP = Step(
     name="package",
     doc=__doc__,
-    params=None,
-    sections=(),
+    params=PackageParams,
+    sections=("package",),
     run=run,
     inputs=(
         In("exported", "outputs/export", "export_dir", source="export.exported", help="fp32"),

@@ -1,7 +1,7 @@
 """serving_image: build context for the C++ server image, image build, infra validation.
 
-1. Assembles a build context: a ``Dockerfile`` that adds the packaged model (``model/``) and
-   ``server.env`` to the prebuilt server image (``serving/Containerfile``, built by
+1. Assembles a build context: a ``Dockerfile`` that adds the packaged model (``model/``, its
+   ``model_config.json`` included) to the prebuilt server image (``serving/Containerfile``, built by
    ``make images``; ``serving_image.server_image`` in a cluster), and hashes it. Nothing is
    compiled in a step or in the image build.
 2. Builds ``image_repository:tag`` where a builder works (docker, podman or buildah on this
@@ -18,8 +18,11 @@
    same CPU is a fair reference — and the top-1 class must agree except on near-ties (both
    also for fp32). The int8 agreement with Paddle Inference's int8 kernels is recorded, not
    gated (the QAT gate already judged both runtimes). Checks the p50 latency budget of
-   single-sample requests; and requires a clean exit on SIGTERM. Any failure fails the step;
-   ``infra_validated`` is recorded either way.
+   single-sample requests; and requires a clean exit on SIGTERM. The server runs with the
+   bundle's own ``model_config.json`` (no settings flag or ``SERVING_*`` variable), and the
+   settings it reports (``GET /v2/models/<name>/config``) must be the file's: the image and
+   ``deploy`` serve the same bundle, so what was validated is what is served. Any failure
+   fails the step; ``infra_validated`` is recorded either way.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -44,17 +47,14 @@ from components.core.artifacts import (
     atomic_path,
     combined_sha256,
     read_json,
-    sha256_file,
     sha256_tree,
     write_json,
     write_manifest,
-    write_text,
 )
-from components.core.config import load_params, section
 from components.kernel.step import BUNDLE, DATA, Out, Step
 from components.kube.images import build_image, detect_builder, image_present
 from components.kube.kserve_client import KServeClient, KServeError
-from components.ml import gates
+from components.ml import gates, model_config
 from components.ml.ov_runtime import OVPredictor
 from components.ml.runtime import BatchedPredictor, ModelFiles, PaddlePredictor
 from components.tasks import Task
@@ -65,66 +65,8 @@ REPO = Path(__file__).resolve().parents[2]
 SERVER_NAME = "paddle-mlops-server"
 
 
-@dataclass(frozen=True)
-class ServerFlags:
-    """The server's runtime configuration (``params.yaml: serving_image.server``).
-
-    Its one form is ``server.env`` (:func:`render_server_env`): infra validation starts the
-    binary with it, the image bakes it in, and kustomize turns the committed
-    ``k8s/*/server.env`` into the ConfigMaps the pods read.
-    """
-
-    workers: int = 2
-    threads_per_worker: int = 1
-    max_batch_size: int = 64
-    max_queue_delay_us: int = 0
-
-
-# The smallest value the server accepts for each field (serving/src/config.cc); 0 threads
-# per worker means the runtime's default, a 0 queue delay runs whatever is queued at once.
-SERVER_FLAG_MINIMUMS = {
-    "workers": 1,
-    "threads_per_worker": 0,
-    "max_batch_size": 1,
-    "max_queue_delay_us": 0,
-}
-SERVER_ENV_HEADER = (
-    "# Generated from params.yaml serving_image.server by "
-    "components.steps.serving_image.render_server_env: do not edit by hand.\n"
-)
-# The committed copies kustomize generates ConfigMaps from (a kustomization may only read
-# files below its own directory, hence one per kustomization); tests/test_k8s.py pins them.
-K8S_SERVER_ENV_FILES = (
-    REPO / "k8s" / "serving" / "server.env",
-    REPO / "k8s" / "kserve" / "server.env",
-)
 # Read by the binary besides SERVING_* (KServe's names); never inherited by a validation run.
 _LEGACY_SERVER_ENV = ("PORT", "MODEL_DIR", "MODEL_NAME")
-
-
-def server_env(flags: ServerFlags) -> dict[str, str]:
-    """``flags`` as the environment the server reads: flag ``--foo-bar`` is ``SERVING_FOO_BAR``
-    (``EnvNameForFlag`` in serving/src/config.cc; a flag on the command line would win)."""
-    return {f"SERVING_{f.name.upper()}": str(getattr(flags, f.name)) for f in fields(flags)}
-
-
-def render_server_env(flags: ServerFlags) -> str:
-    """``server.env``: a comment line, then sorted ``KEY=VALUE`` lines (docker ``--env-file``
-    and kustomize ``configMapGenerator.envs`` read it as it is)."""
-    env = server_env(flags)
-    return SERVER_ENV_HEADER + "".join(f"{k}={env[k]}\n" for k in sorted(env))
-
-
-def write_k8s_server_env(
-    params_file: str | Path = REPO / "params.yaml",
-    paths: Sequence[Path] = K8S_SERVER_ENV_FILES,
-) -> list[Path]:
-    """Refresh the committed ``k8s/*/server.env`` from ``params_file``."""
-    flags = section(load_params(params_file), "serving_image", ServingImageParams).server
-    text = render_server_env(flags)
-    for path in paths:
-        Path(path).write_text(text)
-    return [Path(p) for p in paths]
 
 
 @dataclass(frozen=True)
@@ -145,7 +87,6 @@ class ServingImageParams:
     latency_requests: int = 50
     latency_budget_ms_p50: float = 20.0
     startup_timeout_s: float = 60.0
-    server: ServerFlags = field(default_factory=ServerFlags)
 
     def check(self) -> None:
         unknown = set(self.variants) - {"fp32", "int8"}
@@ -153,10 +94,6 @@ class ServingImageParams:
             raise ValueError(f"variants: unknown {sorted(unknown)} (fp32, int8)")
         if self.golden_samples < 1:
             raise ValueError(f"golden_samples: must be >= 1, got {self.golden_samples}")
-        for name, minimum in SERVER_FLAG_MINIMUMS.items():
-            value = getattr(self.server, name)
-            if value < minimum:
-                raise ValueError(f"server.{name}: must be >= {minimum}, got {value}")
 
 
 @dataclass(frozen=True)
@@ -260,20 +197,21 @@ class ServerProcess:
         return code
 
 
-def server_process_env(flags: ServerFlags) -> dict[str, str]:
+def server_process_env() -> dict[str, str]:
     """This process's environment without anything the server would read as configuration
-    (``SERVING_*``, ``PORT``, ``MODEL_DIR``, ``MODEL_NAME``), plus :func:`server_env`."""
-    inherited = {
+    (``SERVING_*``, ``PORT``, ``MODEL_DIR``, ``MODEL_NAME``): the bundle's model config and
+    the command line are all it reads."""
+    return {
         k: v
         for k, v in os.environ.items()
         if not k.startswith("SERVING_") and k not in _LEGACY_SERVER_ENV
     }
-    return {**inherited, **server_env(flags)}
 
 
 class RunningServer(ServerProcess):
-    """The real C++ server binary serving one variant of an exported model, configured by
-    ``server.env`` (:func:`server_env`) exactly as the image and the k8s pods are."""
+    """The real C++ server binary serving one variant of a bundle with the bundle's own
+    ``model_config.json``, exactly as the image and the k8s pods do; a settings flag in
+    ``extra_args`` (an operator's choice: a benchmark's grid cell) wins over the file."""
 
     def __init__(
         self,
@@ -281,7 +219,6 @@ class RunningServer(ServerProcess):
         model_dir: Path,
         variant: str,
         name: str,
-        flags: ServerFlags,
         log_file: Path,
         extra_args: Sequence[str] = (),
     ):
@@ -299,7 +236,7 @@ class RunningServer(ServerProcess):
             ],
             name,
             log_file,
-            env=server_process_env(flags),
+            env=server_process_env(),
         )
 
 
@@ -382,15 +319,23 @@ def validate_variant(
     output_name = signature["outputs"][0]["name"]
     expected = _reference(model_dir, signature, variant).predict(golden)
     name = f"{signature.get('task', 'model')}-{variant}"
-    server = RunningServer(
-        binary, model_dir, variant, name, params.server, log_dir / f"server-{variant}.log"
-    )
+    bundled = model_config.read(model_dir)
+    server = RunningServer(binary, model_dir, variant, name, log_dir / f"server-{variant}.log")
     report: dict[str, Any] = {"variant": variant, "checks": {}}
     failures: list[str] = []
     try:
         server.wait_ready(params.startup_timeout_s)
+        served = server.client.model_config(name)["settings"]
+        report["checks"]["model_config"] = {"bundle": bundled.to_json(), "served": served}
+        differ = {k: (v, served.get(k)) for k, v in bundled.to_json().items() if served.get(k) != v}
+        if differ:
+            failures.append(
+                f"{variant}: the server runs with settings other than the bundle's "
+                f"{model_config.MODEL_CONFIG_FILE}: "
+                + ", ".join(f"{k} {got!r} (bundle {want!r})" for k, (want, got) in differ.items())
+            )
         # no request larger than the server's max batch size (it answers 400 to those)
-        batch = params.server.max_batch_size
+        batch = bundled.max_batch_size
         starts = range(0, len(golden[0]), batch)
         got = np.concatenate(
             [
@@ -498,26 +443,10 @@ COPY model /mnt/models
 """
 
 
-def bake_server_env(dockerfile: str, flags: ServerFlags) -> str:
-    """``dockerfile`` with ``server_env(flags)`` as its last ``ENV`` line: the image runs as
-    infra validation ran it. A pod's own env (KServe's ``PORT``, a ConfigMap via ``envFrom``)
-    still overrides it."""
-    env = server_env(flags)
-    return (
-        dockerfile.rstrip("\n")
-        + "\n# server.env (generated from params.yaml serving_image.server)\n"
-        + "ENV "
-        + " ".join(f"{k}={env[k]}" for k in sorted(env))
-        + "\n"
-    )
-
-
-def assemble_context(dest: Path, model_dir: Path, flags: ServerFlags, server_image: str) -> str:
-    """``Dockerfile`` (the model layer + server.env), ``server.env`` and ``model/``; the
-    context's sha256 (over its files) names the image."""
-    dockerfile = MODEL_LAYER.format(server_image=server_image)
-    (dest / "Dockerfile").write_text(bake_server_env(dockerfile, flags))
-    (dest / "server.env").write_text(render_server_env(flags))
+def assemble_context(dest: Path, model_dir: Path, server_image: str) -> str:
+    """``Dockerfile`` (the model layer) and ``model/`` (the bundle, its model config
+    included); the context's sha256 (over its files) names the image."""
+    (dest / "Dockerfile").write_text(MODEL_LAYER.format(server_image=server_image))
     shutil.copytree(model_dir, dest / "model")
     return combined_sha256(sha256_tree(dest))
 
@@ -562,6 +491,7 @@ def run(
     except ValueError as exc:
         raise StepError(f"serving_image: {exc}") from exc
     model_dir, data_dir, out_dir = Path(model_dir), Path(data_dir), Path(out_dir)
+    bundled = model_config.read(model_dir)  # what every variant must be served with
     binary = server_binary(params, Path(serving_src), Path(build_dir))
     base = params.server_image or local_server_image()
     # the first golden_samples of the test split: the stream stops there
@@ -574,7 +504,7 @@ def run(
         tmp.mkdir(parents=True)
         (tmp / "context").mkdir()
         context_sha = assemble_context(
-            tmp / "context", model_dir, params.server, base or "paddle-mlops/server:latest"
+            tmp / "context", model_dir, base or "paddle-mlops/server:latest"
         )
         ref = f"{params.image_repository}:{params.image_tag or context_sha[:12]}"
         builder, why = detect_builder(params.builder)
@@ -607,7 +537,6 @@ def run(
         ]
         failures = [f for r in reports for f in r["failures"]]
         validated = not failures
-        write_text(tmp / "server.env", render_server_env(params.server))
         summary = {
             "image": ref,
             "image_id": image_id,
@@ -615,7 +544,7 @@ def run(
             "builder": builder,
             "builder_note": why,
             "context_sha256": context_sha,
-            "server_env_sha256": sha256_file(tmp / "server.env"),
+            "model_config": bundled.to_json(),
             "infra_validated": validated,
             "variants": reports,
             "server_binary": str(binary),
@@ -625,7 +554,7 @@ def run(
             tmp,
             "serving_image",
             inputs={"model": model_dir},
-            outputs={"infra.json": tmp / "infra.json", "server.env": tmp / "server.env"},
+            outputs={"infra.json": tmp / "infra.json"},
             params=asdict(params),
             extra={
                 "image": ref,
@@ -656,7 +585,7 @@ STEP = Step(
             "infra",
             "outputs/serving_image",
             "out_dir",
-            help="infra.json, server.env, the image's build context",
+            help="infra.json, the image's build context",
         ),
     ),
     result="image",

@@ -119,11 +119,9 @@ class StepOutputs:
                 for n in ("manifest.json", "parity.json", "signature.json")
             ],
             "qat": [(self.int8 / "manifest.json", None), (self.int8 / "gate.json", None)],
-            "package": [(self.bundle / "manifest.json", None)],
+            "package": [(self.bundle / n, None) for n in ("manifest.json", "model_config.json")],
             "evaluate": [(self.evaluation, None)],
-            "serving_image": [
-                (self.infra / n, None) for n in ("manifest.json", "infra.json", "server.env")
-            ],
+            "serving_image": [(self.infra / n, None) for n in ("manifest.json", "infra.json")],
         }
 
 
