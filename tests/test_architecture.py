@@ -335,3 +335,46 @@ def test_dvc_reruns_only_the_stages_that_run_an_edited_module(tmp_path):
         assert stages and stages <= {"track", "register", "promote", "deploy"}, (module, stages)
     for module in commands:
         assert not stale[module], f"editing {module} reran {sorted(stale[module])}"
+
+
+def test_committed_dvc_locks_and_metrics_match_the_committed_files(tmp_path):
+    """A fresh clone's ``dvc status`` (the real CLI) finds every committed lock true: no
+    locked dependency that is a committed file (code, params) differs from it, no command
+    changed, and no committed metric or plot differs from what its stage recorded. Only what
+    a clone cannot have is missing: the stages' outputs and the data not pulled."""
+    import json
+    import subprocess
+
+    from tests.conftest import clone_repo, sh
+
+    tracked = set(
+        subprocess.run(
+            ["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True
+        ).stdout.split()
+    )
+    repo = clone_repo(tmp_path / "repo")
+    problems = []
+    for pipeline, _ in _pipelines():
+        if pipeline.replace("dvc.yaml", "dvc.lock") not in tracked:
+            continue  # not committed: nothing to be stale
+        wdir = Path(pipeline).parent
+        status = json.loads(sh(repo, "dvc", "status", "--json", pipeline).stdout or "{}")
+        for stage, changes in status.items():
+            for change in changes:
+                if not isinstance(change, dict):
+                    problems.append(f"{pipeline} {stage}: {change}")
+                    continue
+                for kind, entries in change.items():
+                    if kind not in ("changed deps", "changed outs"):
+                        problems.append(f"{pipeline} {stage}: {kind}")
+                        continue
+                    for path, state in entries.items():
+                        rel = (wdir / path).as_posix() if not path.startswith("/") else path
+                        committed = rel in tracked or any(
+                            t.startswith(rel.rstrip("/") + "/") for t in tracked
+                        )
+                        if committed or state not in ("deleted", "not in cache"):
+                            problems.append(f"{pipeline} {stage}: {kind} {path}: {state}")
+    assert not problems, "stale dvc.lock / metrics (make run TASK=...):\n" + "\n".join(
+        sorted(set(problems))[:40]
+    )
