@@ -27,6 +27,7 @@ from pathlib import Path
 
 from components.core.artifacts import StepError
 from components.core.config import load_params
+from components.core.uris import redact_uri
 
 log = logging.getLogger(__name__)
 
@@ -166,8 +167,6 @@ def check_builder() -> Check:
 def check_tracking(uri: str) -> Check:
     if not uri.startswith(("http://", "https://")):
         return Check("mlflow", "ok", f"tracking URI {uri} (local: nothing to reach)")
-    from components.core.uris import redact_uri
-
     shown = redact_uri(uri)
     try:
         with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=TIMEOUT_S) as resp:

@@ -218,8 +218,11 @@ def test_the_gan_pipeline_runs_end_to_end(pipeline):
 
 
 def test_a_second_run_is_judged_against_the_generator_champion(pipeline):
+    """A challenger that did not learn (its generator stays at its random initialization:
+    learning rate 1e-9) is judged against the trained champion and refused by the distance
+    rule, with the evidence."""
     repo = pipeline
-    set_params(repo, params_file=PARAMS, train={"seed": 7})
+    set_params(repo, params_file=PARAMS, train={"seed": 7, "learning_rate": 1e-9})
     sh(repo, "dvc", "repro", PARAMS.replace("params.yaml", "dvc.yaml"))
     blessing = json.loads(
         (repo / "outputs" / "digits_gan" / "register" / "blessing.json").read_text()
@@ -228,8 +231,10 @@ def test_a_second_run_is_judged_against_the_generator_champion(pipeline):
     facts = blessing["task_rules"]["facts"]
     assert {"fid", "champion_fid", "fid_increase_lower_bound", "fid_increase_limit"} <= set(facts)
     assert blessing["comparisons"]["test"]["overall"]["samples"] > 0  # paired agreement
-    # blessed or not, the decision follows the rules it reports
-    assert blessing["blessed"] == (not blessing["reasons"])
+    assert blessing["blessed"] is False
+    assert any("distance" in r for r in blessing["reasons"]), blessing["reasons"]
+    assert facts["fid"] > facts["champion_fid"]
+    assert facts["fid_increase_lower_bound"] > facts["fid_increase_limit"]
 
 
 def test_the_server_answers_like_the_exported_generator(pipeline, tmp_path):
