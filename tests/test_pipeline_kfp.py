@@ -101,7 +101,7 @@ def test_each_step_is_keyed_only_on_the_params_sections_it_reads(compiled):
         "train-op": {"task", "train"},
         "export-op": {"task", "export"},
         "qat-op": {"task", "qat"},
-        "package-op": set(),
+        "package-op": {"package"},
         "evaluate-op": {"task", "evaluate"},
         "serving-image-op": {"task", "serving_image"},
         "register-op": {"task", "register", "registry"},

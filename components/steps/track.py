@@ -441,6 +441,7 @@ STEP = Step(
         "train",
         "export",
         "qat",
+        "package",
         "evaluate",
         "serving_image",
         "track",
