@@ -393,25 +393,27 @@ def matrix() -> Iterator[None]:
         write_matrix(Path(MATRIX_OUT))
 
 
-def _previous_cells(dest: Path) -> dict[str, dict[str, str]]:
-    """The outcome cells of the matrix as last generated, by row id."""
-    cells: dict[str, dict[str, str]] = {}
-    if not dest.exists():
-        return cells
-    for line in dest.read_text(encoding="utf-8").splitlines():
-        parts = [c.strip() for c in line.strip().strip("|").split(" | ")]
-        if line.startswith("| `") and len(parts) == 5:
-            cells[parts[0].strip("`")] = {"dvc": parts[2], "kfp": parts[3]}
-    return cells
+NOT_RUN = {"dvc": "not run", "kfp": "not covered"}
 
 
-NOT_RUN = {"dvc": "not run yet", "kfp": "not covered"}
+def _machine() -> str:
+    """The CPU model and core count of this run (the matrix says where it was made)."""
+    model = "unknown CPU"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    return f"{model}, {os.cpu_count()} cores"
 
 
-def write_matrix(dest: Path) -> None:
-    """The matrix; a cell whose row did not run in this session keeps its last generated
-    outcome (so running a subset, e.g. ``-k kfp``, does not erase the others)."""
-    previous = _previous_cells(dest)
+def write_matrix(dest: Path, outcomes: dict[str, dict[str, str]] | None = None) -> None:
+    """The matrix of this run's outcomes only (``OUTCOMES``): a row that did not run says
+    so; nothing is carried over from an earlier matrix."""
+    outcomes = OUTCOMES if outcomes is None else outcomes
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO, capture_output=True, text=True
+    ).stdout.strip()
     lines = [
         "# Fault-injection matrix",
         "",
@@ -428,13 +430,16 @@ def write_matrix(dest: Path) -> None:
         "run); the same end state, with no `dvc status` (leftovers are looked for in the",
         "rerun's task outputs). A version that a dead pipeline run left is adopted by the rerun",
         "when it holds the same model (register's content key), else marked `orphaned`.",
-        "A cell whose row did not run in the last session keeps its earlier outcome.",
+        "Every cell is an outcome of the run below; a row that did not run says `not run`.",
+        "",
+        f"Run: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, commit {commit or '?'}, "
+        f"{_machine()}.",
         "",
         "| row | fault | dvc repro | KFP local DAG | in CI |",
         "|---|---|---|---|---|",
     ]
     for row in ROWS:
-        got = {**NOT_RUN, **previous.get(row.id, {}), **OUTCOMES.get(row.id, {})}
+        got = {**NOT_RUN, **outcomes.get(row.id, {})}
         ci = "slow: make test-faults" if row.slow else "make test"
         if row.id in KFP_ROWS:
             ci += " (KFP: slow)"
@@ -884,6 +889,21 @@ def test_a_full_disk_and_an_unreachable_server_are_one_readable_line(tmp_path) -
         del os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"]
     assert f"server http://127.0.0.1:{port} did not answer after 0 retries" in line, line
     assert "\n" not in line
+
+
+def test_the_matrix_holds_this_runs_outcomes_only(tmp_path) -> None:
+    """A rewritten matrix never carries a cell over from the file it replaces."""
+    dest = tmp_path / "faults.md"
+    first, second = ROWS[1].id, ROWS[2].id
+    write_matrix(dest, {first: {"dvc": "converged (12 s)"}, second: {"kfp": "converged"}})
+    write_matrix(dest, {second: {"dvc": "converged (9 s)"}})
+    text = dest.read_text(encoding="utf-8")
+    rows = {line.split(" | ")[0].strip("| `"): line for line in text.splitlines()
+            if line.startswith("| `")}  # fmt: skip
+    assert "converged (12 s)" not in text and "| converged |" not in text
+    assert "| not run | not covered |" in rows[first]
+    assert "| converged (9 s) | not covered |" in rows[second]
+    assert "Run: " in text and "cores." in text
 
 
 def test_the_matrix_in_docs_lists_every_row() -> None:
