@@ -668,37 +668,19 @@ def request_input(shape: list[int]) -> np.ndarray:
     return np.random.default_rng(3).standard_normal(shape).astype("<f4")
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        low, n = n & 0x7F, n >> 7
-        if not n:
-            out.append(low)
-            return bytes(out)
-        out.append(low | 0x80)
-
-
-def _pb_bytes(number: int, payload: bytes) -> bytes:
-    """One length-delimited protobuf field (wire type 2)."""
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
-
-
 def grpc_infer_frame(name: str, shape: list[int], input_name: str, output_name: str) -> bytes:
-    """A gRPC message frame (flag 0, big-endian length) of an ``inference.ModelInferRequest``:
-    model_name = 1, inputs = 5 (InferInputTensor: name = 1, datatype = 2, shape = 3 packed),
-    outputs = 6 (InferRequestedOutputTensor: name = 1), raw_input_contents = 7. Byte for
-    byte what ``tritonclient.grpc.service_pb2`` serializes for the same request."""
-    tensor = (
-        _pb_bytes(1, input_name.encode())
-        + _pb_bytes(2, b"FP32")
-        + _pb_bytes(3, b"".join(_varint(d) for d in shape))
-    )
-    message = (
-        _pb_bytes(1, name.encode())
-        + _pb_bytes(5, tensor)
-        + _pb_bytes(6, _pb_bytes(1, output_name.encode()))
-        + _pb_bytes(7, request_input(shape).tobytes())
-    )
+    """A gRPC message frame (flag 0, big-endian length) of an ``inference.ModelInferRequest``
+    built with the generated KServe v2 protobuf stubs ``tritonclient`` ships
+    (``tritonclient.grpc.service_pb2``: the same ``inference.GRPCInferenceService`` as
+    ``serving/proto``), the tensor in ``raw_input_contents``."""
+    from tritonclient.grpc import service_pb2
+
+    request = service_pb2.ModelInferRequest(model_name=name)
+    tensor = request.inputs.add(name=input_name, datatype="FP32")
+    tensor.shape.extend(shape)
+    request.outputs.add(name=output_name)
+    request.raw_input_contents.append(request_input(shape).tobytes())
+    message = request.SerializeToString()
     return b"\x00" + struct.pack(">I", len(message)) + message
 
 
