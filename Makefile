@@ -51,7 +51,7 @@ install: $(VENV)/.installed
 # Debian packages the C++ server builds against (installed when missing; needs root or sudo).
 APT_PACKAGES := cmake g++ make pkg-config libcpp-httplib-dev nlohmann-json3-dev libgtest-dev \
   libboost-dev libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-# The load generators of bench/serving_bench.py: wrk (REST) and h2load (gRPC, nghttp2-client);
+# The load generators of the serving bench (python -m bench.serving): wrk (REST) and h2load (gRPC, nghttp2-client);
 # the rest of its tools are in .venv.
 BENCH_APT_PACKAGES := wrk nghttp2-client
 define apt_install
@@ -166,7 +166,7 @@ kfp-containers: data images
 # Needs the digits export (outputs/export): dvc repro runs the stages up to export (or nothing).
 bench-serving: bench-deps data serving
 	dvc repro export
-	python bench/serving_bench.py
+	python -m bench.serving
 
 mlflow-ui: install
 	mlflow ui --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1 --port $(MLFLOW_PORT)

@@ -526,7 +526,7 @@ def test_a_thousand_slow_clients_do_not_starve_good_ones(
             worst = max(worst, time.perf_counter() - t0)
             np.testing.assert_allclose(got, reference[i % 8 : i % 8 + 1], atol=1e-4, rtol=1e-3)
         assert c.is_server_ready()
-        # not a latency benchmark (bench/serving_bench.py is): a stall would take seconds
+        # not a latency benchmark (bench/serving/ is): a stall would take seconds
         assert worst < 2.0, f"a good request took {worst:.2f} s next to 1,000 slow clients"
         # the slow clients are still connected (the header timeout is 10 s): none was dropped
         # to make room

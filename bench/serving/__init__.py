@@ -1,0 +1,1 @@
+"""The serving benchmark (docs/serving-benchmark.md): `python -m bench.serving`."""

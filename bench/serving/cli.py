@@ -1,0 +1,418 @@
+"""The command line: which parts run, in which order."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from bench.serving.common import (
+    DEFAULT_BINARY,
+    DEFAULT_DIGITS,
+    DIGITS_PARTS,
+    PARTS,
+    Cell,
+    Report,
+    _cpu_model,
+    export_resnet,
+    input_shape,
+    log,
+    model_file,
+    noise_of,
+)
+from bench.serving.compute import confirm_compute, run_compute
+from bench.serving.loads import H2load, Wrk, measure
+from bench.serving.report import last_line, render
+from bench.serving.servers import (
+    check_answers,
+    check_grpc_answers,
+    grpc_port_of,
+    measure_inprocess,
+    start_cpp,
+    start_python,
+)
+from bench.serving.slow import run_slow_clients
+from bench.serving.stats import layouts, ratios, summarize
+from components.ml.ov_runtime import OVPredictor
+from components.steps.serving_image import RunningServer
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.serving",
+        description="Serving benchmark: the C++ KServe-v2 server against its limits and a "
+        "Python baseline (docs/serving-benchmark.md).",
+    )
+    parser.add_argument("--arch", default="resnet18", choices=["resnet18", "resnet34", "resnet50"])
+    parser.add_argument("--server-binary", type=Path, default=DEFAULT_BINARY)
+    parser.add_argument("--digits-dir", type=Path, default=DEFAULT_DIGITS)
+    parser.add_argument("--threads", type=int, default=2, help="total inference threads")
+    parser.add_argument(
+        "--layouts",
+        default=None,
+        help="C++ worker layouts for the compute-bound regime, e.g. '1x2,2x1' (workers x "
+        "threads per worker, each adding up to --threads); default: all of them",
+    )
+    parser.add_argument(
+        "--digits-layout", default="1x1", help="workers x threads for both digits servers"
+    )
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
+    parser.add_argument(
+        "--digits-concurrency",
+        type=int,
+        nargs="+",
+        default=[1, 4, 16],
+        help="digits: batching on vs off, and the Python baseline",
+    )
+    parser.add_argument("--overhead-concurrency", type=int, default=16, help="of ratio_vs_python")
+    parser.add_argument(
+        "--grpc-concurrency",
+        type=int,
+        nargs="+",
+        default=[16, 1],
+        help="digits, batching off: gRPC (h2load) vs REST binary (wrk)",
+    )
+    parser.add_argument(
+        "--slow-clients",
+        type=int,
+        default=1000,
+        help="connections the slow-clients helper holds (0: no slow-clients cell)",
+    )
+    parser.add_argument(
+        "--slow-idle-fraction", type=float, default=0.5, help="of them silent, the rest trickle"
+    )
+    parser.add_argument(
+        "--slow-interval-ms", type=float, default=500.0, help="between trickled header bytes"
+    )
+    parser.add_argument(
+        "--slow-duration",
+        type=int,
+        default=12,
+        help="seconds of the good clients' timed run among slow clients",
+    )
+    parser.add_argument(
+        "--slow-concurrency", type=int, default=16, help="good clients (wrk connections)"
+    )
+    parser.add_argument("--max-batch-size", type=int, default=16, help="digits servers")
+    parser.add_argument(
+        "--resnet-max-batch-size",
+        type=int,
+        default=8,
+        help="ResNet servers (8: at concurrency 16 one batch runs while the next one's "
+        "requests arrive)",
+    )
+    parser.add_argument(
+        "--queue-delay-us",
+        type=int,
+        default=20000,
+        help="ResNet, batching on: the longest a free worker waits for answered clients to "
+        "come back (server default 0: never waits)",
+    )
+    parser.add_argument(
+        "--digits-queue-delay-us",
+        type=int,
+        default=0,
+        help="digits, batching on (server default 0)",
+    )
+    parser.add_argument("--inprocess-batches", type=int, nargs="+", default=[1, 16, 32])
+    parser.add_argument("--duration", type=int, default=4, help="seconds per timed cell")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=5,
+        help="digits: rounds of the compared servers (each measured in turn at each "
+        "concurrency); medians and paired ratios are reported",
+    )
+    parser.add_argument(
+        "--compute-rounds",
+        type=int,
+        default=8,
+        help="ResNet: rounds of the best server cell vs the best in-process batch, in turn",
+    )
+    parser.add_argument(
+        "--compute-candidates",
+        type=int,
+        default=3,
+        help="ResNet: how many of the table's best server cells the rounds measure (the "
+        "best median ratio is the verdict; every candidate's is printed)",
+    )
+    parser.add_argument(
+        "--compute-round-seconds",
+        type=int,
+        default=6,
+        help="ResNet: seconds of each side of a round (short: the machine's slow phases "
+        "then hit both sides of a pair; not too short: whole batches of 16 finish in it)",
+    )
+    parser.add_argument(
+        "--cpu-pinning",
+        action="store_true",
+        help="OpenVINO CPU pinning for every runtime (C++ server, Python baseline, "
+        "in-process); default off, like the server",
+    )
+    parser.add_argument("--warmup", type=int, default=1, help="seconds of warm-up per cell")
+    parser.add_argument("--inprocess-seconds", type=float, default=5.0)
+    parser.add_argument(
+        "--noise-threshold",
+        type=float,
+        default=25.0,
+        help="CPU %% of other processes (100 = one core) above which a cell is measured again",
+    )
+    parser.add_argument("--retries", type=int, default=2, help="re-measurements of a noisy cell")
+    parser.add_argument("--startup-timeout", type=float, default=120.0)
+    parser.add_argument(
+        "--server-arg",
+        dest="server_args",
+        action="append",
+        default=[],
+        help="extra flag for every C++ server run (repeatable), e.g. --server-arg=--http-threads=8",
+    )
+    parser.add_argument(
+        "--wait-for-binary", type=float, default=0.0, help="seconds to wait for the server binary"
+    )
+    parser.add_argument(
+        "--only",
+        action="append",
+        choices=[*PARTS, "digits"],
+        help="run only these parts (repeatable): resnet, batching, python, grpc, slow-clients, "
+        "or digits (the last four); default: everything",
+    )
+    parser.add_argument("--quick", action="store_true", help="short cells, fewer of them")
+    parser.add_argument("--skip-cpp", action="store_true", help="no C++ server (development)")
+    parser.add_argument("--work-dir", type=Path, help="keep model, requests and logs here")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args(argv)
+    if args.repeats < 1 or args.compute_rounds < 1 or args.compute_candidates < 1:
+        parser.error("--repeats, --compute-rounds and --compute-candidates must be >= 1")
+    logging.basicConfig(level=logging.INFO, format="%(message)s", force=True, stream=sys.stderr)
+    os.environ.setdefault("GLOG_minloglevel", "2")
+    chosen = set(args.only or PARTS)
+    if "digits" in chosen:
+        chosen = (chosen - {"digits"}) | set(DIGITS_PARTS)
+    if args.slow_clients <= 0:
+        chosen.discard("slow-clients")
+    args.parts = [p for p in PARTS if p in chosen]
+    if args.quick:
+        args.duration, args.warmup, args.inprocess_seconds = 2, 1, 2.0
+        args.repeats = min(args.repeats, 2)
+        args.compute_rounds = min(args.compute_rounds, 3)
+        args.concurrency, args.digits_concurrency = [1, 16], [1, 16]
+        args.slow_duration = 3
+        args.layouts = args.layouts or f"1x{args.threads}"
+        args.inprocess_batches = [16]
+    if args.layouts is None:
+        args.layouts = ",".join(
+            f"{w}x{args.threads // w}" for w in range(1, args.threads + 1) if args.threads % w == 0
+        )
+    wrk_bin = shutil.which("wrk")
+    if wrk_bin is None:
+        print("error: wrk not found (apt-get install wrk)", file=sys.stderr)
+        return 2
+    deadline = time.monotonic() + args.wait_for_binary
+    while not args.skip_cpp and not args.server_binary.exists() and time.monotonic() < deadline:
+        time.sleep(min(10.0, max(0.1, deadline - time.monotonic())))
+    if not args.skip_cpp and not args.server_binary.exists():
+        print(
+            f"error: {args.server_binary} not found: build it with `make serving` "
+            "(or pass --server-binary, or --skip-cpp)",
+            file=sys.stderr,
+        )
+        return 2
+    digits = any(p in args.parts for p in DIGITS_PARTS)
+    if digits and not (args.digits_dir / "signature.json").exists():
+        print(f"error: {args.digits_dir}/signature.json not found (dvc repro)", file=sys.stderr)
+        return 2
+
+    t_start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="serving-bench-") as tmp:
+        work = args.work_dir or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        report = Report(
+            arch=args.arch,
+            machine={
+                "cpus": os.cpu_count(),
+                "cpu_model": _cpu_model(),
+                "python": platform.python_version(),
+            },
+            settings={k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        )
+        run_all(args, report, work, wrk_bin)
+        report.elapsed_s = time.perf_counter() - t_start
+        print(render(report))
+        if args.json:
+            args.json.write_text(json.dumps(asdict(report), indent=2))
+    print(last_line(report.ratios))
+    return 0
+
+
+def run_all(args: argparse.Namespace, report: Report, work: Path, wrk_bin: str) -> None:
+    wrk = Wrk(wrk_bin, work)
+    busy = noise_of(args).wait_for_quiet()
+    log.info("machine busy before the first measurement: %.0f%% of one core", busy)
+    if "resnet" in args.parts:
+        log.info("exporting %s (random init, paddle.seed(0))", args.arch)
+        resnet_dir = export_resnet(args.arch, work / args.arch)
+        shape = input_shape(resnet_dir)
+        report.inprocess = measure_inprocess(
+            model_file(resnet_dir),
+            shape,
+            args.threads,
+            args.inprocess_batches,
+            args.inprocess_seconds,
+            max_iters=10_000,
+            noise=noise_of(args),
+            cpu_pinning=args.cpu_pinning,
+        )
+        if not args.skip_cpp:
+            run_compute(args, report, work, wrk, resnet_dir)
+            # again after the server runs: the machine's speed drifts; the limit is the better
+            report.inprocess += measure_inprocess(
+                model_file(resnet_dir),
+                shape,
+                args.threads,
+                [b for b in args.inprocess_batches if b > 1] or args.inprocess_batches,
+                args.inprocess_seconds,
+                max_iters=10_000,
+                noise=noise_of(args),
+                when="after",
+                cpu_pinning=args.cpu_pinning,
+            )
+            report.compute_rounds = confirm_compute(args, report, work, wrk, resnet_dir)
+    if any(p in args.parts for p in DIGITS_PARTS):
+        run_overhead(args, report, work, wrk)
+    report.ratios = ratios(report, args.overhead_concurrency)
+
+
+def run_overhead(args: argparse.Namespace, report: Report, work: Path, wrk: Wrk) -> None:
+    """Digits: the C++ server with batching off, with batching on, and the Python baseline,
+    same layout, all three running at once. At each concurrency every server is measured in
+    turn, ``--repeats`` rounds (the order rotates each round), so the ratios between them are
+    ratios of runs seconds apart. Then gRPC vs REST and the slow clients on the batching-off
+    server."""
+    model_dir = args.digits_dir
+    shape = input_shape(model_dir)
+    ((workers, threads),) = layouts(args.digits_layout)
+    layout = f"{workers}x{threads}"
+    noise = noise_of(args)
+    reference = OVPredictor(model_file(model_dir), threads=threads)
+    parts = set(args.parts)
+    both = sorted(set(args.digits_concurrency))
+    plan: dict[tuple[str, str], list[int]] = {}
+    if not args.skip_cpp:
+        off: set[int] = set()
+        if "batching" in parts:
+            off |= set(both)
+        if "python" in parts:
+            off.add(args.overhead_concurrency)
+        if "grpc" in parts:
+            off |= set(args.grpc_concurrency)
+        if "slow-clients" in parts:
+            off.add(args.slow_concurrency)
+        if off:
+            plan["cpp", "off"] = sorted(off)
+        if "batching" in parts:
+            plan["cpp", "on"] = both
+    if "python" in parts:
+        plan["python", "n/a"] = sorted(set(both) | {args.overhead_concurrency})
+    servers: dict[tuple[str, str], Any] = {}
+    try:
+        for target, batching in plan:
+            log_file = work / f"{target}-digits-batching-{batching.replace('/', '')}.log"
+            if target == "cpp":
+                server: Any = start_cpp(
+                    args,
+                    model_dir,
+                    "digits",
+                    workers,
+                    threads,
+                    batching == "on",
+                    log_file,
+                    args.digits_queue_delay_us,
+                    args.max_batch_size,
+                )
+            else:
+                server = start_python(
+                    model_dir,
+                    "digits",
+                    workers,
+                    threads,
+                    log_file,
+                    args.startup_timeout,
+                    args.cpu_pinning,
+                )
+            servers[target, batching] = server
+            label = f"{target} digits batching {batching}"
+            report.checks.append(check_answers(server, "digits", reference, shape, label))
+        for c in sorted({c for cs in plan.values() for c in cs}):
+            keys = [k for k, cs in plan.items() if c in cs]
+            samples: dict[tuple[str, str], list[Cell]] = {k: [] for k in keys}
+            for i in range(args.repeats):
+                for key in keys[i % len(keys) :] + keys[: i % len(keys)]:
+                    target, batching = key
+                    cell = Cell("overhead", target, "digits", layout, batching, c)
+                    load = wrk.load(servers[key], "digits", shape, c)
+                    samples[key].append(
+                        measure(
+                            load, servers[key], "digits", cell, args.duration, args.warmup, noise
+                        )
+                    )
+            report.cells += [summarize(samples[k]) for k in keys]
+        off_server = servers.get(("cpp", "off"))
+        if off_server is not None:
+            log_file = work / "cpp-digits-batching-off.log"
+            if "grpc" in parts:
+                run_grpc(args, report, off_server, shape, reference, layout, log_file, work)
+            if "slow-clients" in parts:
+                run_slow_clients(
+                    args, report, off_server, "digits", shape, wrk, layout, log_file, work
+                )
+    finally:
+        for server in servers.values():
+            server.stop()
+
+
+def run_grpc(
+    args: argparse.Namespace,
+    report: Report,
+    server: RunningServer,
+    shape: list[int],
+    reference: OVPredictor,
+    layout: str,
+    log_file: Path,
+    work: Path,
+) -> None:
+    """gRPC cells on the batching-off digits server (its REST cells are already measured)."""
+    h2load_bin = shutil.which("h2load")
+    if h2load_bin is None:
+        report.notes.append(
+            "gRPC vs REST not measured: h2load not found (apt-get install nghttp2-client)"
+        )
+        log.warning(report.notes[-1])
+        return
+    grpc_port = grpc_port_of(log_file)
+    if grpc_port is None:
+        report.notes.append(
+            "gRPC vs REST not measured: the server does not listen on gRPC (no grpc_port >= 0 "
+            "in its 'listening' log line; a build without gRPC?)"
+        )
+        log.warning(report.notes[-1])
+        return
+    report.checks.append(
+        check_grpc_answers(grpc_port, "digits", reference, shape, "cpp digits gRPC batching off")
+    )
+    h2load = H2load(h2load_bin, work)
+    noise = noise_of(args)
+    for c in args.grpc_concurrency:
+        cell = Cell("overhead", "cpp", "digits", layout, "off", c, protocol="grpc")
+        load = h2load.load(server, grpc_port, "digits", shape, c)
+        report.cells.append(
+            measure(load, server, "digits", cell, args.duration, args.warmup, noise)
+        )
