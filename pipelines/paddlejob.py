@@ -109,6 +109,7 @@ from components.core.artifacts import (
     sha256_file,
     write_text,
 )
+from components.core.config import section
 from components.ml import snapshot
 
 log = logging.getLogger(__name__)
@@ -288,11 +289,12 @@ class Terminated(StepError):
 # --------------------------------------------------------------------------- params
 
 
-def load_params(section: Mapping[str, Any] | None, source: str = "params.yaml") -> PaddleJobParams:
-    """The ``paddlejob`` section, typed; errors name ``source: paddlejob.<field>``."""
-    from components.core.config import from_dict
-
-    return from_dict(PaddleJobParams, dict(section or {}), where=f"{source}: paddlejob")
+def typed(paddlejob: Mapping[str, Any] | None, source: str = "params.yaml") -> PaddleJobParams:
+    """The ``paddlejob`` section (as KFP passes it) typed by the params loader every step
+    uses (``components.core.config.section``); errors name ``source: paddlejob.<field>``."""
+    return section(
+        {"paddlejob": dict(paddlejob or {})}, "paddlejob", PaddleJobParams, source=source
+    )
 
 
 def _int(value: Any, where: str) -> int:
@@ -1166,7 +1168,7 @@ def launch(
     the module's docstring)."""
     env = os.environ if env is None else env
     run = check_run(run)
-    params = load_params(paddlejob, source)
+    params = typed(paddlejob, source)
     topo = topology(train, source)
     check_restart_policy(params, topo, source)
     if params.gpus_per_worker and topo.nproc > params.gpus_per_worker:

@@ -469,7 +469,7 @@ def make_pipeline(
 
     def launcher_task(sections: Any, tasks: Any) -> dsl.PipelineTask:
         """The PaddleJob launcher in the train task's place: same inputs and outputs."""
-        shared = pj.load_params(paddlejob)  # compile time: the volume this pod mounts
+        shared = pj.typed(paddlejob)  # compile time: the volume this pod mounts
         task = wire(
             cpu_ops["paddlejob_train_op"],
             STEPS["train"],

@@ -835,7 +835,7 @@ def test_a_job_of_the_name_owned_by_another_run_is_neither_reused_nor_deleted(
     server, data_dir, tmp_path, theirs
 ):
     name = job_name(data_dir)
-    params = pj.load_params(settings(server))
+    params = pj.typed(settings(server))
     body = pj.render(
         pj.load_template(pj.template_path(params)),
         name=name,
@@ -1252,7 +1252,7 @@ def test_the_kfp_component_body_logs_the_metrics_kfp_shows(server, data_dir, tmp
 
 
 def rendered(nnodes: int, gpus: int) -> dict:
-    params = pj.load_params({"gpus_per_worker": gpus})
+    params = pj.typed({"gpus_per_worker": gpus})
     return pj.render(
         pj.load_template(pj.template_path(params)),
         name="paddle-mlops-train-0123456789ab",
@@ -1456,7 +1456,7 @@ def test_the_shipped_paddlejob_section_is_the_launchers_defaults():
     shipped = yaml.safe_load((REPO / "params.yaml").read_text())
     if "paddlejob" not in shipped:
         pytest.skip("params.yaml has no paddlejob section yet: the launcher's defaults apply")
-    params = pj.load_params(shipped["paddlejob"])
+    params = pj.typed(shipped["paddlejob"])
     assert params == pj.PaddleJobParams(), [
         (f.name, getattr(params, f.name), getattr(pj.PaddleJobParams(), f.name))
         for f in dataclasses.fields(params)
