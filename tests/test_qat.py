@@ -220,8 +220,9 @@ CAP_LEVELS = {"AVX2": 1, "AVX512_CORE": 2, "AVX512_CORE_VNNI": 2, "ALL": 3}
 
 
 def conv_isas(model_xml, isa: str) -> set[str]:
-    """The instruction-set families of the Convolution primitives OpenVINO compiles
-    ``model_xml`` to with oneDNN capped at ``isa`` (in a fresh process: the cap is read once)."""
+    """The instruction-set family of each Convolution primitive OpenVINO compiles
+    ``model_xml`` to with oneDNN capped at ``isa`` (in a fresh process: the cap is read once);
+    the highest family a primitive's name mentions counts."""
     import json
     import subprocess
     import sys
@@ -239,4 +240,5 @@ def conv_isas(model_xml, isa: str) -> set[str]:
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     kinds = json.loads(proc.stdout.strip().splitlines()[-1])
-    return {f for kind in kinds for f in ISA_LEVELS if f in kind.lower()}
+    # a primitive naming no family (a reference or generic kernel) uses none above any cap
+    return {next((f for f in reversed(ISA_LEVELS) if f in kind.lower()), "sse41") for kind in kinds}

@@ -55,6 +55,7 @@ from components.kernel.step import BUNDLE, DATA, Out, Step
 from components.kube.images import build_image, detect_builder, image_present
 from components.kube.kserve_client import KServeClient, KServeError
 from components.ml import gates, model_config
+from components.ml.model_config import ModelConfig
 from components.ml.ov_runtime import OVPredictor
 from components.ml.runtime import BatchedPredictor, ModelFiles, PaddlePredictor
 from components.tasks import Task
@@ -306,11 +307,13 @@ def validate_variant(
     variant: str,
     golden: list[np.ndarray],
     params: ServingImageParams,
+    bundled: ModelConfig,
     log_dir: Path,
     raw: np.ndarray | None = None,
     logits: bool = True,
 ) -> dict[str, Any]:
-    """Serve one variant and check answers, latency and graceful shutdown; a server that
+    """Serve one variant and check answers, latency and graceful shutdown; the server must
+    report ``bundled`` (the bundle's model_config.json) as its settings; a server that
     also takes raw samples (a text model's ``text_inputs``: it tokenizes in C++) must answer
     ``raw`` (the stored samples ``golden`` was preprocessed from) the same. ``logits``: the
     output is class logits, whose top-1 classes are compared too (not a generator's image)."""
@@ -319,7 +322,6 @@ def validate_variant(
     output_name = signature["outputs"][0]["name"]
     expected = _reference(model_dir, signature, variant).predict(golden)
     name = f"{signature.get('task', 'model')}-{variant}"
-    bundled = model_config.read(model_dir)
     server = RunningServer(binary, model_dir, variant, name, log_dir / f"server-{variant}.log")
     report: dict[str, Any] = {"variant": variant, "checks": {}}
     failures: list[str] = []
@@ -531,7 +533,15 @@ def run(
 
         reports = [
             validate_variant(
-                binary, model_dir, v, golden, params, tmp, raw_golden, task.outputs_logits
+                binary,
+                model_dir,
+                v,
+                golden,
+                params,
+                bundled,
+                tmp,
+                raw_golden,
+                task.outputs_logits,
             )
             for v in params.variants
         ]
