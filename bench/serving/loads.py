@@ -52,6 +52,26 @@ end
 """
 
 
+def run_generator(
+    cmd: list[str], seconds: float, env: dict[str, str] | None = None
+) -> tuple[int, str, float, float]:
+    """Run a load generator for about ``seconds`` (killed 60 s past it): its exit code, its
+    output, its own CPU seconds (``wait4`` rusage) and the wall seconds."""
+    with tempfile.TemporaryFile() as out:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+        watchdog = threading.Timer(seconds + 60.0, proc.kill)
+        watchdog.start()
+        try:
+            _, status, usage = os.wait4(proc.pid, 0)  # reaps it, with its rusage
+        finally:
+            watchdog.cancel()
+        wall = time.perf_counter() - t0
+        out.seek(0)
+        text = out.read().decode(errors="replace")
+    return os.waitstatus_to_exitcode(status), text, usage.ru_utime + usage.ru_stime, wall
+
+
 class Wrk:
     def __init__(self, binary: str, work: Path):
         self.binary = binary
@@ -102,24 +122,12 @@ class Wrk:
             url,
         ]
         env = dict(os.environ, BENCH_BODY=str(body), BENCH_HEADER_LENGTH=str(header_len))
-        with tempfile.TemporaryFile() as out:
-            t0 = time.perf_counter()
-            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
-            watchdog = threading.Timer(seconds + 60.0, proc.kill)
-            watchdog.start()
-            try:
-                _, status, usage = os.wait4(proc.pid, 0)  # reaps it, with its rusage
-            finally:
-                watchdog.cancel()
-            proc.returncode = os.waitstatus_to_exitcode(status)
-            wall = time.perf_counter() - t0
-            out.seek(0)
-            text = out.read().decode(errors="replace")
+        code, text, cpu, wall = run_generator(cmd, seconds, env)
         line = next((ln for ln in text.splitlines() if ln.startswith("BENCH ")), None)
-        if proc.returncode != 0 or line is None:
-            raise RuntimeError(f"wrk failed (exit {proc.returncode}):\n{text[-2000:]}")
+        if code != 0 or line is None:
+            raise RuntimeError(f"wrk failed (exit {code}):\n{text[-2000:]}")
         stats = {k: float(v) for k, v in (kv.split("=") for kv in line.split()[1:])}
-        return stats, usage.ru_utime + usage.ru_stime, wall
+        return stats, cpu, wall
 
     def load(self, server: Any, name: str, shape: list[int], concurrency: int) -> Load:
         url = f"http://127.0.0.1:{server.port}/v2/models/{name}/infer"
@@ -189,24 +197,12 @@ class H2load:
             f"--log-file={requests_log}",
             url,
         ]
-        with tempfile.TemporaryFile() as out:
-            t0 = time.perf_counter()
-            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-            watchdog = threading.Timer(seconds + 60.0, proc.kill)
-            watchdog.start()
-            try:
-                _, status, usage = os.wait4(proc.pid, 0)
-            finally:
-                watchdog.cancel()
-            proc.returncode = os.waitstatus_to_exitcode(status)
-            wall = time.perf_counter() - t0
-            out.seek(0)
-            text = out.read().decode(errors="replace")
+        code, text, cpu, wall = run_generator(cmd, seconds)
         requests = self._REQUESTS.search(text)
         codes = self._STATUS.search(text)
         finished = self._FINISHED.search(text)
-        if proc.returncode != 0 or not (requests and codes and finished):
-            raise RuntimeError(f"h2load failed (exit {proc.returncode}):\n{text[-2000:]}")
+        if code != 0 or not (requests and codes and finished):
+            raise RuntimeError(f"h2load failed (exit {code}):\n{text[-2000:]}")
         _, started, done, _, failed, errored, timeout = map(int, requests.groups())
         ok = int(codes.group(1))
         scale = {"us": 1.0, "ms": 1e3, "s": 1e6}[finished.group(2)]
@@ -231,7 +227,7 @@ class H2load:
             "status": float(failed - errored),  # answered, but not 2xx
             "timeout": float(timeout),
         }
-        return stats, usage.ru_utime + usage.ru_stime, wall
+        return stats, cpu, wall
 
     def load(self, server: Any, grpc_port: int, name: str, shape: list[int], c: int) -> Load:
         """Runs that must each be real inferences: the server's success count grows by at
