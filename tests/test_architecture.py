@@ -187,8 +187,9 @@ def _pipelines() -> list[tuple[str, str]]:
 
 @pytest.mark.parametrize("pipeline,task", _pipelines())
 def test_dvc_deps_are_exactly_the_code_each_stage_runs(pipeline, task):
-    """Each stage depends on its step module's import closure, each module its own unit, plus
-    its own task's module (no other task's): editing a module reruns only what runs it."""
+    """Each stage depends on its step module's import closure, each module its own unit (with
+    its data directory), plus its own task's module (no other task's): editing a module reruns
+    only what runs it."""
     stages = yaml.safe_load((REPO / pipeline).read_text())["stages"]
     for stage, spec in stages.items():
         deps = {d if isinstance(d, str) else next(iter(d)) for d in spec["deps"]}
@@ -196,7 +197,12 @@ def test_dvc_deps_are_exactly_the_code_each_stage_runs(pipeline, task):
         roots = [f"components.steps.{stage}"] + (
             [task] if any(s == "task" or "task" in s for s in _sections(spec)) else []
         )
-        expected = {MODULES[m].relative_to(REPO).as_posix() for m in closure(*roots)}
+        files = [MODULES[m] for m in closure(*roots)]
+        expected = {f.relative_to(REPO).as_posix() for f in files} | {
+            data.relative_to(REPO).as_posix()  # a module's data directory (kube/crds/)
+            for data in (f.with_suffix("") for f in files if f.name != "__init__.py")
+            if data.is_dir() and not (data / "__init__.py").exists()
+        }
         assert code == expected, (
             f"{pipeline} stage {stage}: missing {sorted(expected - code)}, "
             f"extra {sorted(code - expected)}"

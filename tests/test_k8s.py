@@ -1,12 +1,13 @@
 """Kubernetes manifests: every file under k8s/ passes ``components.kube.check`` (strict
-Kubernetes schemas, KServe's typed models, the hardening policy), wired to Secrets (never
-literal credentials), and the MLflow server's command line accepted by the mlflow version we
-pin."""
+Kubernetes schemas, the vendored KServe and training-operator CRDs, the hardening policy),
+wired to Secrets (never literal credentials), and the MLflow server's command line accepted by
+the mlflow version we pin."""
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import hashlib
 import re
 import shutil
 import subprocess
@@ -17,6 +18,7 @@ import pytest
 import yaml
 
 from components.core.artifacts import StepError
+from components.kube import crds
 from components.kube.check import (
     PLACEHOLDER_DIGEST,
     check_manifests,
@@ -337,6 +339,61 @@ def test_checker_rejects_an_unknown_field_in_an_inference_service():
         "InferenceService/digits-classifier: spec.predictor.model: Additional properties are "
         "not allowed ('storageURI' was unexpected)",
     ]
+
+
+def test_the_crd_schemas_are_the_vendored_upstream_files_and_an_edited_copy_is_refused(
+    tmp_path, monkeypatch
+):
+    """Every file under components/kube/crds/ has its row in SOURCES.json (upstream repository,
+    release, commit, path, sha256), the checker covers each vendored kind, and a copy whose
+    bytes differ from the recorded sha256 is refused naming the file and its source."""
+    files = sorted(p.name for p in crds.CRD_DIR.glob("*.yaml"))
+    rows = crds.sources()
+    assert sorted(r["file"] for r in rows) == files
+    for row in rows:
+        assert (
+            hashlib.sha256((crds.CRD_DIR / row["file"]).read_bytes()).hexdigest() == row["sha256"]
+        )
+        assert re.fullmatch(r"[0-9a-f]{40}", row["commit"]) and row["ref"] and row["path"]
+    assert {k for (_, k) in crds.kinds()} == {
+        "InferenceService",
+        "ServingRuntime",
+        "ClusterServingRuntime",
+        "ClusterStorageContainer",
+        "PaddleJob",
+    }
+    edited = tmp_path / "crds"
+    shutil.copytree(crds.CRD_DIR, edited)
+    target = edited / "kubeflow.org_paddlejobs.yaml"
+    target.write_bytes(target.read_bytes().replace(b"format: int32", b"format: int64", 1))
+    monkeypatch.setattr(crds, "CRD_DIR", edited)
+    crds._crd.cache_clear()
+    try:
+        with pytest.raises(
+            StepError,
+            match=r"kubeflow.org_paddlejobs.yaml: sha256 .* is not the "
+            r"vendored .*training-operator release-1.9",
+        ):
+            crds.schema.__wrapped__("kubeflow.org", "PaddleJob")
+    finally:
+        crds._crd.cache_clear()
+
+
+def test_crd_schemas_follow_the_api_servers_structural_rules():
+    """What the CRDs mark: status keeps unknown fields (x-kubernetes-preserve-unknown-fields),
+    a quantity is an integer or a string matching the pattern, int32 is bounded."""
+    isvc = copy.deepcopy(_kserve_docs()["InferenceService"])
+    isvc["status"] = {"anything": {"the": "controller writes"}}
+    isvc["spec"]["predictor"]["minReplicas"] = 1
+    resources = isvc["spec"]["predictor"]["model"].setdefault("resources", {})
+    resources["limits"] = {"cpu": 2, "memory": "1Gi"}
+    resources["requests"] = {"cpu": "500m", "memory": "512Mi"}
+    assert manifest_problems([isvc]) == []
+    isvc["spec"]["predictor"]["minReplicas"] = 2**31
+    resources["limits"]["memory"] = "a lot"
+    problems = _problems(isvc)
+    assert any("spec.predictor.minReplicas: 2147483648 is greater than" in p for p in problems)
+    assert any("resources.limits.memory: 'a lot'" in p for p in problems)
 
 
 def test_checker_rejects_the_wrong_type_and_a_missing_required_field_in_kserve_kinds():

@@ -53,8 +53,10 @@ def import_closure(*modules: str) -> list[str]:
     """Repository files that importing ``modules`` runs, directly or not: each module's own
     file and the ``__init__.py`` of every package above it. Every module is its own unit (a
     package's other modules count only when something imports them); imports inside
-    functions count too. Only files inside the repository are returned (a task installed
-    from elsewhere is not a DVC dependency)."""
+    functions count too. A module's data directory, a directory of the module's name beside
+    it that is not a package (``kube/crds.py`` and ``kube/crds/``), counts with the module.
+    Only files inside the repository are returned (a task installed from elsewhere is not a
+    DVC dependency)."""
     seen: set[Path] = set()
     todo = list(modules)
     done: set[str] = set()
@@ -67,6 +69,9 @@ def import_closure(*modules: str) -> list[str]:
             if file in seen:
                 continue
             seen.add(file)
+            data = file.with_suffix("")
+            if file.name != "__init__.py" and data.is_dir() and not (data / "__init__.py").exists():
+                seen.add(data)
             todo.extend(_imports(file, _package_of(name, file)))
     return sorted(p.relative_to(REPO).as_posix() for p in seen if p.is_relative_to(REPO))
 

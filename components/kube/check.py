@@ -7,27 +7,16 @@ by the deploy step on what it is about to apply. ``check_manifests(docs)`` raise
 1. **Schemas.** A built-in kind is validated with ``kubernetes-validate`` (strict: an unknown
    field is an error) against the newest Kubernetes version the installed package ships.
    A KServe kind (``serving.kserve.io``: InferenceService v1beta1, ServingRuntime and
-   ClusterServingRuntime v1alpha1, ClusterStorageContainer v1alpha1) is validated against a
-   structural schema of the KServe 0.21 Python SDK's typed models (``_KSERVE_MODELS``: the
-   SDK's ``attribute_map``/``openapi_types``, required fields as in KServe's CRDs), whose
-   embedded Kubernetes types (Container, Volume, PodSpec fields...) are the same strict
-   Kubernetes definitions: an unknown field anywhere in them is an error. The SDK itself is
-   not a dependency: ``kserve`` 0.21 requires ``psutil<6`` and ``pandas<3`` (we pin 7.2.2
-   and 3.1.1), and its model classes do not import without the model server's dependencies
-   (``import kserve`` loads the server, cloudevents, grpc...).
-   A Kubeflow training-operator ``PaddleJob`` (``kubeflow.org/v1``) is validated against the
-   CRD's own ``openAPIV3Schema`` (``paddlejob_definitions``: kubeflow/training-operator
-   release-1.9, commit 078ec30ff26649a07d2e28893c332d4cef70e233,
-   ``manifests/base/crds/kubeflow.org_paddlejobs.yaml``, controller-gen v0.16.5), made strict
-   (an unknown field is an error, as with ``kubectl --validate=strict``), with the parts the
-   CRD inlines replaced by the strict Kubernetes definitions (``metadata``, each replica's
-   ``template`` as a PodTemplateSpec, ``elasticPolicy.metrics`` as autoscaling/v2
-   MetricSpecs), the enums of the Go types (replica types ``Master``/``Worker``,
-   ``restartPolicy``, ``cleanPodPolicy``) and the rules of the operator's validating webhook
-   (``pkg/webhooks/paddlepaddle``: a DNS-1035 name, containers with an image, one named
-   ``paddle`` in every replica; ``runPolicy.managedBy``). The ``kubeflow-training`` SDK is not
-   used: its models are generated from the same Go types, one step further from what the
-   API server enforces. Any other kind is an error.
+   ClusterServingRuntime v1alpha1, ClusterStorageContainer v1alpha1) and a Kubeflow
+   training-operator ``PaddleJob`` (``kubeflow.org/v1``) are validated against their own
+   CRDs, vendored verbatim with their sources and sha256 (``components.kube.crds``: KServe
+   v0.20.0 ``config/crd/full``, training-operator release-1.9 ``manifests/base/crds``), made
+   strict as ``kubectl --validate=strict`` is (an unknown field is an error except under
+   ``x-kubernetes-preserve-unknown-fields``), their ``metadata`` the strict Kubernetes
+   ObjectMeta. A PaddleJob also passes the rules of the operator's validating webhook
+   (``pkg/webhooks/paddlepaddle``: a DNS-1035 name, replica types ``Master``/``Worker``,
+   containers with an image, one named ``paddle`` in every replica; ``runPolicy.managedBy``).
+   Any other kind is an error.
 2. **Policy**, on every container of a workload: Pod, PodTemplate, Deployment, StatefulSet,
    DaemonSet, ReplicaSet, ReplicationController, Job, CronJob (init containers included), the
    containers of a (Cluster)ServingRuntime, the containers of an InferenceService component,
@@ -72,19 +61,20 @@ from pathlib import Path
 from typing import Any
 
 from components.core.artifacts import StepError
+from components.kube import crds
 
 log = logging.getLogger(__name__)
 
 KSERVE_GROUP = "serving.kserve.io"
-KSERVE_KINDS: dict[str, str] = {  # kind -> the apiVersion checked here
-    "InferenceService": f"{KSERVE_GROUP}/v1beta1",
-    "ServingRuntime": f"{KSERVE_GROUP}/v1alpha1",
-    "ClusterServingRuntime": f"{KSERVE_GROUP}/v1alpha1",
-    "ClusterStorageContainer": f"{KSERVE_GROUP}/v1alpha1",
-}
-# Kubeflow training-operator kinds checked here (kind -> apiVersion)
-TRAINING_GROUP = "kubeflow.org"
-TRAINING_KINDS: dict[str, str] = {"PaddleJob": f"{TRAINING_GROUP}/v1"}
+TRAINING_GROUP = "kubeflow.org"  # the Kubeflow training-operator's
+
+
+def crd_kinds(group: str) -> dict[str, str] | None:
+    """``kind -> apiVersion`` of the vendored CRDs of ``group``; None for a group without."""
+    found = {k: f"{g}/{v}" for (g, k), (_, v) in crds.kinds().items() if g == group}
+    return found or None
+
+
 # the digest templates carry until the deploy step (or `kustomize edit set image`) sets one
 PLACEHOLDER_DIGEST = "sha256:" + "0" * 64
 DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
@@ -116,425 +106,12 @@ SERVER_KINDS = frozenset(
     {"Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "ReplicationController"}
 )
 
-# ----------------------------------------------------------------------------- KServe models
-# The KServe 0.21.0 Python SDK's typed models (kserve/models/*.py: attribute_map keys with
-# their openapi_types), in the SDK's own type notation. "@PodSpec"/"@Container": the type of
-# the Kubernetes PodSpec/Container field of the same name (KServe inlines them). A KServe
-# type not listed here (autoscaling, batcher, logger, explainers, framework specs...) is
-# checked only as an object.
-
-_POD_FIELDS = (  # V1beta1PredictorSpec/TransformerSpec/ExplainerSpec: the inlined PodSpec
-    "activeDeadlineSeconds",
-    "affinity",
-    "automountServiceAccountToken",
-    "containers",
-    "dnsConfig",
-    "dnsPolicy",
-    "enableServiceLinks",
-    "ephemeralContainers",
-    "hostAliases",
-    "hostIPC",
-    "hostNetwork",
-    "hostPID",
-    "hostUsers",
-    "hostname",
-    "hostnameOverride",
-    "imagePullSecrets",
-    "initContainers",
-    "nodeName",
-    "nodeSelector",
-    "os",
-    "overhead",
-    "preemptionPolicy",
-    "priority",
-    "priorityClassName",
-    "readinessGates",
-    "resourceClaims",
-    "resources",
-    "restartPolicy",
-    "runtimeClassName",
-    "schedulerName",
-    "schedulingGates",
-    "schedulingGroup",
-    "securityContext",
-    "serviceAccount",
-    "serviceAccountName",
-    "setHostnameAsFQDN",
-    "shareProcessNamespace",
-    "subdomain",
-    "terminationGracePeriodSeconds",
-    "tolerations",
-    "topologySpreadConstraints",
-    "volumes",
-)
-_CONTAINER_FIELDS = (  # V1beta1ModelSpec: the inlined Container
-    "args",
-    "command",
-    "env",
-    "envFrom",
-    "image",
-    "imagePullPolicy",
-    "lifecycle",
-    "livenessProbe",
-    "name",
-    "ports",
-    "readinessProbe",
-    "resizePolicy",
-    "resources",
-    "restartPolicy",
-    "restartPolicyRules",
-    "securityContext",
-    "startupProbe",
-    "stdin",
-    "stdinOnce",
-    "terminationMessagePath",
-    "terminationMessagePolicy",
-    "tty",
-    "volumeDevices",
-    "volumeMounts",
-    "workingDir",
-)
-_COMPONENT_EXTENSION = {  # V1beta1ComponentExtensionSpec, inlined in every component
-    "annotations": "dict(str, str)",
-    "autoScaling": "V1beta1AutoScalingSpec",
-    "batcher": "V1beta1Batcher",
-    "canaryTrafficPercent": "int",
-    "containerConcurrency": "int",
-    "deploymentStrategy": "K8sIoApiAppsV1DeploymentStrategy",
-    "labels": "dict(str, str)",
-    "logger": "V1beta1LoggerSpec",
-    "maxReplicas": "int",
-    "minReplicas": "int",
-    "scaleMetric": "str",
-    "scaleMetricType": "str",
-    "scaleTarget": "int",
-    "storageUris": "list[V1beta1StorageUri]",
-    "timeout": "int",
-}
-_COMPONENT = {**{f: "@PodSpec" for f in _POD_FIELDS}, **_COMPONENT_EXTENSION}
-_FRAMEWORKS = (
-    "huggingface",
-    "lightgbm",
-    "onnx",
-    "paddle",
-    "pmml",
-    "pytorch",
-    "sklearn",
-    "tensorflow",
-    "triton",
-    "xgboost",
-)
-_KSERVE_MODELS: dict[str, dict[str, str]] = {
-    "V1beta1InferenceService": {
-        "apiVersion": "str",
-        "kind": "str",
-        "metadata": "V1ObjectMeta",
-        "spec": "V1beta1InferenceServiceSpec",
-        "status": "object",
-    },
-    "V1beta1InferenceServiceSpec": {
-        "canary": "list[V1beta1CanarySpec]",
-        "explainer": "V1beta1ExplainerSpec",
-        "predictor": "V1beta1PredictorSpec",
-        "tracing": "V1beta1TracingSpec",
-        "transformer": "V1beta1TransformerSpec",
-    },
-    "V1beta1PredictorSpec": {
-        **_COMPONENT,
-        "model": "V1beta1ModelSpec",
-        "name": "str",
-        "storageContainerName": "str",
-        "workerSpec": "V1beta1WorkerSpec",
-        **{f: "V1beta1PredictorExtensionSpec" for f in _FRAMEWORKS},
-    },
-    "V1beta1TransformerSpec": _COMPONENT,
-    "V1beta1ExplainerSpec": {**_COMPONENT, "art": "V1beta1ARTExplainerSpec"},
-    "V1beta1ModelSpec": {
-        **{f: "@Container" for f in _CONTAINER_FIELDS},
-        "confidential": "V1beta1ConfidentialSpec",
-        "modelFormat": "V1beta1ModelFormat",
-        "protocolVersion": "str",
-        "runtime": "str",
-        "runtimeVersion": "str",
-        "storage": "V1beta1ModelStorageSpec",
-        "storageUri": "str",
-    },
-    "V1beta1ModelFormat": {"name": "str", "version": "str"},
-    "V1beta1ModelStorageSpec": {
-        "key": "str",
-        "parameters": "dict(str, str)",
-        "path": "str",
-        "schemaPath": "str",
-    },
-    "V1beta1StorageUri": {"mountPath": "str", "uri": "str"},
-    "V1alpha1ServingRuntime": {
-        "apiVersion": "str",
-        "kind": "str",
-        "metadata": "V1ObjectMeta",
-        "spec": "V1alpha1ServingRuntimeSpec",
-        "status": "object",
-    },
-    "V1alpha1ServingRuntimeSpec": {
-        "affinity": "V1Affinity",
-        "annotations": "dict(str, str)",
-        "builtInAdapter": "V1alpha1BuiltInAdapter",
-        "containers": "list[V1Container]",
-        "disabled": "bool",
-        "grpcDataEndpoint": "str",
-        "grpcEndpoint": "str",
-        "hostIPC": "bool",
-        "httpDataEndpoint": "str",
-        "imagePullSecrets": "list[V1LocalObjectReference]",
-        "labels": "dict(str, str)",
-        "multiModel": "bool",
-        "nodeSelector": "dict(str, str)",
-        "protocolVersions": "list[str]",
-        "replicas": "int",
-        "resourceClaims": "list[V1PodResourceClaim]",
-        "schedulerName": "str",
-        "storageHelper": "V1alpha1StorageHelper",
-        "supportedModelFormats": "list[V1alpha1SupportedModelFormat]",
-        "tolerations": "list[V1Toleration]",
-        "volumes": "list[V1Volume]",
-        "workerSpec": "V1alpha1WorkerSpec",
-    },
-    "V1alpha1BuiltInAdapter": {
-        "env": "list[V1EnvVar]",
-        "memBufferBytes": "int",
-        "modelLoadingTimeoutMillis": "int",
-        "runtimeManagementPort": "int",
-        "serverType": "str",
-    },
-    "V1alpha1StorageHelper": {"disabled": "bool"},
-    "V1alpha1SupportedModelFormat": {
-        "autoSelect": "bool",
-        "name": "str",
-        "priority": "int",
-        "version": "str",
-    },
-    "V1alpha1ClusterStorageContainer": {
-        "apiVersion": "str",
-        "disabled": "bool",
-        "kind": "str",
-        "metadata": "V1ObjectMeta",
-        "spec": "V1alpha1StorageContainerSpec",
-    },
-    "V1alpha1StorageContainerSpec": {
-        "container": "V1Container",
-        "supportedUriFormats": "list[V1alpha1SupportedUriFormat]",
-        "supportsMultiModelDownload": "bool",
-        "workloadType": "str",
-    },
-    "V1alpha1SupportedUriFormat": {"prefix": "str", "regex": "str"},
-}
-# required as in KServe's CRDs (config/crd/full), which the API server enforces
-_KSERVE_REQUIRED: dict[str, tuple[str, ...]] = {
-    "V1beta1InferenceServiceSpec": ("predictor",),
-    "V1beta1ModelFormat": ("name",),
-    "V1beta1StorageUri": ("uri",),
-    "V1alpha1ServingRuntimeSpec": ("containers",),
-    "V1alpha1SupportedModelFormat": ("name",),
-    "V1alpha1StorageContainerSpec": ("container", "supportedUriFormats"),
-}
-_KSERVE_ROOTS = {  # kind -> its model
-    "InferenceService": "V1beta1InferenceService",
-    "ServingRuntime": "V1alpha1ServingRuntime",
-    "ClusterServingRuntime": "V1alpha1ServingRuntime",
-    "ClusterStorageContainer": "V1alpha1ClusterStorageContainer",
-}
-_K8S_TYPES = {  # the kubernetes client's model names in the SDK's types -> schema definitions
-    "V1ObjectMeta": "io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta",
-    "K8sIoApiAppsV1DeploymentStrategy": "io.k8s.api.apps.v1.DeploymentStrategy",
-    **{
-        f"V1{t}": f"io.k8s.api.core.v1.{t}"
-        for t in (
-            "Affinity",
-            "Container",
-            "EnvVar",
-            "LocalObjectReference",
-            "PodResourceClaim",
-            "Toleration",
-            "Volume",
-        )
-    },
-}
-_PRIMITIVES: dict[str, dict[str, Any]] = {
-    "str": {"type": "string"},
-    "int": {"type": "integer"},
-    "bool": {"type": "boolean"},
-    "object": {"type": "object"},
-}
-_KSERVE_DEF = "kserve."
-
-
-def _type_schema(t: str, field: str) -> dict[str, Any]:
-    if t == "@PodSpec":
-        return {"$ref": f"#/$defs/io.k8s.api.core.v1.PodSpec/properties/{field}"}
-    if t == "@Container":
-        return {"$ref": f"#/$defs/io.k8s.api.core.v1.Container/properties/{field}"}
-    if t.startswith("list[") and t.endswith("]"):
-        return {"type": "array", "items": _type_schema(t[5:-1], field)}
-    if t.startswith("dict(str, ") and t.endswith(")"):
-        return {"type": "object", "additionalProperties": _type_schema(t[10:-1], field)}
-    if t in _PRIMITIVES:
-        return dict(_PRIMITIVES[t])
-    if t in _K8S_TYPES:
-        return {"$ref": f"#/$defs/{_K8S_TYPES[t]}"}
-    if t in _KSERVE_MODELS:
-        return {"$ref": f"#/$defs/{_KSERVE_DEF}{t}"}
-    return {"type": "object"}  # a KServe type whose inside is not modelled here
-
-
-def kserve_definitions() -> dict[str, dict[str, Any]]:
-    """JSON Schema definitions of the KServe models (``$defs`` keys ``kserve.<Model>``); their
-    Kubernetes types refer to ``#/$defs/io.k8s...``, the Kubernetes definitions."""
-    defs = {}
-    for model, fields in _KSERVE_MODELS.items():
-        defs[_KSERVE_DEF + model] = {
-            "type": "object",
-            "properties": {f: _type_schema(t, f) for f, t in fields.items()},
-            "required": list(_KSERVE_REQUIRED.get(model, ())),
-            "additionalProperties": False,
-        }
-    return defs
-
-
 # ----------------------------------------------------------------------------- PaddleJob
-# The CRD's openAPIV3Schema (kubeflow/training-operator release-1.9 @ 078ec30f,
-# manifests/base/crds/kubeflow.org_paddlejobs.yaml), without descriptions, every object made
-# strict ("additionalProperties": false), int32/int64 formats as bounds, the inlined
-# Kubernetes types as references to the strict Kubernetes definitions, and the enums of the
-# Go constants (pkg/apis/kubeflow.org/v1: paddlepaddle_types.go, common_types.go) that the
-# webhook (replica types) or the controller (policies) act on.
-
-_PADDLE_DEF = "kubeflow.org.v1."
+# the rules of the training-operator's validating webhook (release-1.9,
+# pkg/webhooks/paddlepaddle/paddlepaddle_webhook.go), which the CRD's schema does not carry
 PADDLE_REPLICA_TYPES = ("Master", "Worker")
-PADDLE_RESTART_POLICIES = ("Always", "OnFailure", "Never", "ExitCode")
-PADDLE_CLEAN_POD_POLICIES = ("None", "Running", "All")
 PADDLE_MANAGERS = ("kubeflow.org/training-operator", "kueue.x-k8s.io/multikueue")
 PADDLE_CONTAINER = "paddle"  # PaddleJobDefaultContainerName: the webhook requires one
-_INT32 = {"type": "integer", "minimum": -(2**31), "maximum": 2**31 - 1}
-_INT64 = {"type": "integer", "minimum": -(2**63), "maximum": 2**63 - 1}
-_TIME = {"type": "string", "format": "date-time"}
-
-
-def _strict(properties: dict[str, Any], required: Sequence[str] = ()) -> dict[str, Any]:
-    schema: dict[str, Any] = {
-        "type": "object",
-        "properties": properties,
-        "additionalProperties": False,
-    }
-    if required:
-        schema["required"] = list(required)
-    return schema
-
-
-def _k8s(definition: str) -> dict[str, Any]:
-    return {"$ref": f"#/$defs/{definition}"}
-
-
-def _paddle(definition: str) -> dict[str, Any]:
-    return {"$ref": f"#/$defs/{_PADDLE_DEF}{definition}"}
-
-
-def paddlejob_definitions() -> dict[str, dict[str, Any]]:
-    """JSON Schema definitions of the PaddleJob CRD (``$defs`` keys ``kubeflow.org.v1.<Type>``);
-    their Kubernetes types refer to ``#/$defs/io.k8s...``, the Kubernetes definitions."""
-    replica_status = _strict(
-        {
-            "active": _INT32,
-            "failed": _INT32,
-            "succeeded": _INT32,
-            "labelSelector": _k8s("io.k8s.apimachinery.pkg.apis.meta.v1.LabelSelector"),
-            "selector": {"type": "string"},
-        }
-    )
-    condition = _strict(
-        {
-            "type": {"type": "string"},
-            "status": {"type": "string"},
-            "reason": {"type": "string"},
-            "message": {"type": "string"},
-            "lastUpdateTime": _TIME,
-            "lastTransitionTime": _TIME,
-        },
-        required=("status", "type"),
-    )
-    return {
-        _PADDLE_DEF + "PaddleJob": _strict(
-            {
-                "apiVersion": {"type": "string"},
-                "kind": {"type": "string"},
-                "metadata": _k8s("io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta"),
-                "spec": _paddle("PaddleJobSpec"),
-                "status": _paddle("JobStatus"),
-            }
-        ),
-        _PADDLE_DEF + "PaddleJobSpec": _strict(
-            {
-                "runPolicy": _paddle("RunPolicy"),
-                "elasticPolicy": _paddle("PaddleElasticPolicy"),
-                "paddleReplicaSpecs": {
-                    "type": "object",
-                    "propertyNames": {"enum": list(PADDLE_REPLICA_TYPES)},
-                    "additionalProperties": _paddle("ReplicaSpec"),
-                },
-            },
-            required=("paddleReplicaSpecs",),
-        ),
-        _PADDLE_DEF + "ReplicaSpec": _strict(
-            {
-                "replicas": _INT32,
-                "restartPolicy": {"type": "string", "enum": list(PADDLE_RESTART_POLICIES)},
-                "template": _k8s("io.k8s.api.core.v1.PodTemplateSpec"),
-            }
-        ),
-        _PADDLE_DEF + "PaddleElasticPolicy": _strict(
-            {
-                "maxReplicas": _INT32,
-                "minReplicas": _INT32,
-                "maxRestarts": _INT32,
-                "metrics": {
-                    "type": "array",
-                    "items": _k8s("io.k8s.api.autoscaling.v2.MetricSpec"),
-                },
-            }
-        ),
-        _PADDLE_DEF + "RunPolicy": _strict(
-            {
-                "activeDeadlineSeconds": _INT64,
-                "backoffLimit": _INT32,
-                "cleanPodPolicy": {"type": "string", "enum": list(PADDLE_CLEAN_POD_POLICIES)},
-                "managedBy": {"type": "string"},
-                "schedulingPolicy": _paddle("SchedulingPolicy"),
-                "suspend": {"type": "boolean"},
-                "ttlSecondsAfterFinished": _INT32,
-            }
-        ),
-        _PADDLE_DEF + "SchedulingPolicy": _strict(
-            {
-                "minAvailable": _INT32,
-                "minResources": {
-                    "type": "object",
-                    "additionalProperties": _k8s("io.k8s.apimachinery.pkg.api.resource.Quantity"),
-                },
-                "priorityClass": {"type": "string"},
-                "queue": {"type": "string"},
-                "scheduleTimeoutSeconds": _INT32,
-            }
-        ),
-        _PADDLE_DEF + "JobStatus": _strict(
-            {
-                "conditions": {"type": "array", "items": condition},
-                "replicaStatuses": {"type": "object", "additionalProperties": replica_status},
-                "startTime": _TIME,
-                "completionTime": _TIME,
-                "lastReconcileTime": _TIME,
-            }
-        ),
-    }
-
-
 _DNS1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 
 
@@ -554,6 +131,11 @@ def _paddlejob_problems(doc: Mapping[str, Any]) -> list[str]:
         problems.append(f"spec.runPolicy.managedBy: {manager!r} is not one of {PADDLE_MANAGERS}")
     specs = _get(doc, "spec", "paddleReplicaSpecs")
     for rtype, rspec in (specs or {}).items() if isinstance(specs, Mapping) else ():
+        if rtype not in PADDLE_REPLICA_TYPES:
+            problems.append(
+                f"spec.paddleReplicaSpecs: {rtype!r} is not one of {list(PADDLE_REPLICA_TYPES)}"
+            )
+            continue
         where = f"spec.paddleReplicaSpecs.{rtype}.template.spec.containers"
         containers = _get(rspec, "template", "spec", "containers")
         if not isinstance(containers, list) or not containers:
@@ -618,25 +200,15 @@ def _builtin_validator(kind: str, api_version: str, version: str) -> Any | None:
 
 
 @functools.cache
-def _kserve_validator(kind: str, version: str) -> Any:
+def _crd_validator(group: str, kind: str, version: str) -> Any:
+    """The strict validator of a vendored CRD's kind (``components.kube.crds``), its metadata
+    the Kubernetes ``version`` ObjectMeta."""
     import jsonschema
 
     schema = {
+        **crds.schema(group, kind),
         "$schema": "https://json-schema.org/draft/2020-12/schema",
-        "$defs": {**_definitions(version)["$defs"], **kserve_definitions()},
-        "$ref": f"#/$defs/{_KSERVE_DEF}{_KSERVE_ROOTS[kind]}",
-    }
-    return jsonschema.Draft202012Validator(schema)
-
-
-@functools.cache
-def _paddlejob_validator(version: str) -> Any:
-    import jsonschema
-
-    schema = {
-        "$schema": "https://json-schema.org/draft/2020-12/schema",
-        "$defs": {**_definitions(version)["$defs"], **paddlejob_definitions()},
-        "$ref": f"#/$defs/{_PADDLE_DEF}PaddleJob",
+        "$defs": _definitions(version)["$defs"],
     }
     return jsonschema.Draft202012Validator(schema)
 
@@ -955,20 +527,19 @@ def manifest_problems(
             if not kind or not api_version:
                 continue
         group = str(api_version).split("/")[0]
-        crd_kinds = {KSERVE_GROUP: KSERVE_KINDS, TRAINING_GROUP: TRAINING_KINDS}.get(group)
-        if crd_kinds is not None and crd_kinds.get(kind) != api_version:
+        vendored = crd_kinds(group)
+        if vendored is not None and vendored.get(kind) != api_version:
             problems.append(
                 f"{where}: apiVersion {api_version!r}: no schema here "
-                f"(checked: {', '.join(f'{k} {v}' for k, v in crd_kinds.items())})"
+                f"(checked: {', '.join(f'{k} {v}' for k, v in vendored.items())})"
             )
             continue
-        if group == KSERVE_GROUP:
-            problems += _schema_problems(_kserve_validator(kind, version), doc, where)
+        if vendored is not None:
+            problems += _schema_problems(_crd_validator(group, kind, version), doc, where)
             if kind == "InferenceService":
                 problems += [f"{where}: {p}" for p in _kserve_problems(doc, runtimes)]
-        elif group == TRAINING_GROUP:
-            problems += _schema_problems(_paddlejob_validator(version), doc, where)
-            problems += [f"{where}: {p}" for p in _paddlejob_problems(doc)]
+            elif kind == "PaddleJob":
+                problems += [f"{where}: {p}" for p in _paddlejob_problems(doc)]
         else:
             validator = _builtin_validator(str(kind), str(api_version), version)
             if validator is None:
@@ -999,12 +570,11 @@ def check_manifests(
     if problems:
         raise StepError(
             f"{what}: {len(problems)} problem(s) (Kubernetes {kubernetes_version()} schemas, "
-            "KServe 0.21 models, training-operator 1.9 PaddleJob CRD, hardening policy):\n"
+            "vendored KServe 0.20 and training-operator 1.9 CRDs, hardening policy):\n"
             + "\n".join(f"  - {p}" for p in problems)
         )
     log.info(
-        "%s: %d document(s) pass the Kubernetes %s schemas, KServe models, PaddleJob CRD "
-        "and policy%s",
+        "%s: %d document(s) pass the Kubernetes %s schemas, the vendored CRDs and policy%s",
         what,
         len([d for d in docs if d is not None]),
         kubernetes_version(),

@@ -1,0 +1,139 @@
+"""The CustomResourceDefinitions of the kinds we ship, vendored verbatim, as strict validators.
+
+``components/kube/crds/`` holds the upstream CRD files byte for byte; ``SOURCES.json`` names,
+for each, the repository, the release ref, the commit, the path and the file's sha256, which is
+checked before a file is used (an edited copy is refused, not trusted):
+
+* KServe ``v0.20.0``, ``config/crd/full/``: InferenceService, ServingRuntime,
+  ClusterServingRuntime, ClusterStorageContainer;
+* Kubeflow training-operator ``release-1.9``, ``manifests/base/crds/``: PaddleJob.
+
+To update one: copy the new upstream file over it, update its row in ``SOURCES.json`` (ref,
+commit, sha256) and run ``pytest tests/test_k8s.py tests/test_paddlejob.py``.
+
+A CRD's ``openAPIV3Schema`` is a Kubernetes *structural* schema. :func:`json_schema` turns it
+into the JSON Schema the API server effectively enforces with ``kubectl apply
+--validate=strict``:
+
+* an object with no ``x-kubernetes-preserve-unknown-fields`` and no ``additionalProperties``
+  accepts only its ``properties``: an unknown field is an error (the API server would prune
+  it, and strict field validation reports it);
+* ``x-kubernetes-int-or-string`` accepts an integer or a string; ``nullable`` accepts null;
+  ``format: int32``/``int64`` become bounds;
+* the root's ``metadata`` (the CRD says only ``type: object``) is the Kubernetes ObjectMeta,
+  as strict as the built-in kinds' (``$defs`` given by the caller);
+* descriptions, defaults and the list/map markers are dropped; CEL rules
+  (``x-kubernetes-validations``) compare an update with the previous object (``self ==
+  oldSelf``) and cannot apply to a manifest before it exists: they are dropped too.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from components.core.artifacts import StepError
+
+CRD_DIR = Path(__file__).resolve().parent / "crds"
+SOURCES_FILE = CRD_DIR / "SOURCES.json"
+OBJECT_META = "io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta"
+
+_BOUNDS = {
+    "int32": {"minimum": -(2**31), "maximum": 2**31 - 1},
+    "int64": {"minimum": -(2**63), "maximum": 2**63 - 1},
+}
+# structural-schema keys JSON Schema does not know, or that do not constrain a new object
+_DROPPED = frozenset({"description", "default", "example", "externalDocs"})
+
+
+@functools.cache
+def sources() -> tuple[dict[str, str], ...]:
+    """The rows of ``SOURCES.json``: file, repository, ref, commit, path, sha256."""
+    return tuple(json.loads(SOURCES_FILE.read_text()))
+
+
+@functools.cache
+def _crd(file: str) -> dict[str, Any]:
+    import yaml
+
+    row = next((r for r in sources() if r["file"] == file), None)
+    path = CRD_DIR / file
+    if row is None:
+        raise StepError(f"{SOURCES_FILE}: no row for {file}")
+    data = path.read_bytes()
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != row["sha256"]:
+        raise StepError(
+            f"{path}: sha256 {digest} is not the vendored {row['sha256']} "
+            f"({row['repository']} {row['ref']} {row['path']}): restore the upstream file"
+        )
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    return yaml.load(data, Loader=loader)
+
+
+@functools.cache
+def kinds() -> dict[tuple[str, str], tuple[str, str]]:
+    """``(group, kind) -> (file, version)`` of every vendored CRD: its served storage version."""
+    out = {}
+    for row in sources():
+        crd = _crd(row["file"])
+        spec = crd["spec"]
+        storage = next(v["name"] for v in spec["versions"] if v.get("storage") and v.get("served"))
+        out[(spec["group"], spec["names"]["kind"])] = (row["file"], storage)
+    return out
+
+
+def api_version(group: str, kind: str) -> str | None:
+    """The ``apiVersion`` checked for ``kind`` of ``group``; None when no CRD is vendored."""
+    found = kinds().get((group, kind))
+    return f"{group}/{found[1]}" if found else None
+
+
+def json_schema(node: Any, *, root: bool = False) -> Any:
+    """The strict JSON Schema of a structural schema node (see the module's docstring)."""
+    if isinstance(node, list):
+        return [json_schema(n) for n in node]
+    if not isinstance(node, Mapping):
+        return node
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key in _DROPPED or key.startswith("x-kubernetes-") or key == "nullable":
+            continue
+        if key == "properties":
+            out[key] = {name: json_schema(sub) for name, sub in value.items()}
+        elif key == "additionalProperties" and isinstance(value, Mapping):
+            out[key] = json_schema(value)
+        elif key == "format" and value in _BOUNDS:
+            out.update(_BOUNDS[value])
+        elif key in ("items", "not") or key in ("anyOf", "allOf", "oneOf"):
+            out[key] = json_schema(value)
+        else:
+            out[key] = value
+    if node.get("x-kubernetes-int-or-string"):
+        out.pop("type", None)
+        out.setdefault("anyOf", [{"type": "integer"}, {"type": "string"}])
+    if node.get("nullable") and "type" in out:
+        out["type"] = [out["type"], "null"]
+    is_object = node.get("type") == "object"
+    if (
+        is_object
+        and not node.get("x-kubernetes-preserve-unknown-fields")
+        and "additionalProperties" not in node
+    ):
+        out["additionalProperties"] = False
+    if root:
+        out.setdefault("properties", {})["metadata"] = {"$ref": f"#/$defs/{OBJECT_META}"}
+    return out
+
+
+@functools.cache
+def schema(group: str, kind: str) -> dict[str, Any]:
+    """The strict JSON Schema of ``kind``'s vendored CRD (its served storage version); its
+    ``metadata`` refers to ``#/$defs/<ObjectMeta>``: the caller adds the Kubernetes ``$defs``."""
+    file, version = kinds()[(group, kind)]
+    crd_version = next(v for v in _crd(file)["spec"]["versions"] if v["name"] == version)
+    return json_schema(crd_version["schema"]["openAPIV3Schema"], root=True)
