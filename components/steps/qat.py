@@ -47,7 +47,6 @@ from typing import Any, Literal
 
 import numpy as np
 import paddle
-import paddle.nn.functional as F
 from tqdm import tqdm
 
 from components.core.artifacts import StepError, atomic_path, read_json, write_json, write_manifest
@@ -163,8 +162,9 @@ def finetune(
     data_dir: Path,
     params: QatParams,
 ) -> list[dict[str, float]]:
-    """Fine-tune the fake-quantized ``student`` with labels + distillation from ``teacher``,
-    on shuffled batches streamed from the training split's shards."""
+    """Fine-tune the fake-quantized ``student`` with the task's loss on its targets +
+    distillation from ``teacher`` (``Objective.loss``/``distillation``), on shuffled batches
+    streamed from the training split's shards."""
     check_format(data_dir, task.data, task.name)
     train = SnapshotData(
         snapshot.load(data_dir),
@@ -172,7 +172,8 @@ def finetune(
         StreamSettings(shuffle_buffer=params.shuffle_buffer, workers=0),
     )
     opt = paddle.optimizer.Adam(learning_rate=params.learning_rate, parameters=student.parameters())
-    t, w = params.distill_temperature, params.distill_weight
+    objective = task.objective()
+    label_names = dataset.read_label_names(data_dir)
     teacher.eval()
     history = []
     for epoch in tqdm(range(1, params.epochs + 1), desc="qat", unit="epoch"):
@@ -187,10 +188,10 @@ def finetune(
             batch = [paddle.to_tensor(x) for x in task.augment(piece.inputs, rng)]
             logits = student(*batch)
             with paddle.no_grad():
-                soft = F.softmax(teacher(*batch) / t, axis=1)
-            distill = F.kl_div(F.log_softmax(logits / t, axis=1), soft, reduction="batchmean")
-            hard = F.cross_entropy(logits, paddle.to_tensor(y))
-            loss = (1.0 - w) * hard + w * distill * t * t
+                parent = teacher(*batch)
+            distill = objective.distillation(logits, parent, params.distill_temperature)
+            hard = objective.loss(logits, paddle.to_tensor(y))
+            loss = (1.0 - params.distill_weight) * hard + params.distill_weight * distill
             loss.backward()
             opt.step()
             opt.clear_grad()
@@ -200,17 +201,15 @@ def finetune(
             if params.max_steps_per_epoch and steps >= params.max_steps_per_epoch:
                 break
         student.eval()
-        right, seen = 0, 0
+        scorer = task.scorer(data_dir, "val", label_names)
         with paddle.no_grad():
             for inputs, y_val in task.eval_batches(data_dir, "val"):
-                pred = student(*[paddle.to_tensor(x) for x in inputs]).numpy().argmax(1)
-                right += int((pred == y_val).sum())
-                seen += len(y_val)
+                scorer.add(student(*[paddle.to_tensor(x) for x in inputs]).numpy(), y_val)
         history.append(
             {
                 "epoch": epoch,
                 "loss": total / max(samples, 1),
-                "val_accuracy": right / max(seen, 1),
+                "val_accuracy": scorer.result().metrics["accuracy"],  # the task's outcome
                 "samples": samples,
             }
         )
@@ -267,6 +266,9 @@ def gate(comparisons: dict[str, dict[str, Any]], params: QatParams) -> GateDecis
     return GateDecision(passed=not reasons, reasons=reasons, rules=rules)
 
 
+KINDS = ("fp32", "int8")
+
+
 def compare(
     int8_dir: Path,
     fp32_dir: Path,
@@ -291,25 +293,23 @@ def compare(
     runtimes = (("openvino", ov), ("paddle_inference", pi))
     by_split: dict[str, dict[str, Any]] = {}
     for split in dict.fromkeys((params.split, params.report_split)):
-        # each model on each batch as it streams by; only the predicted classes are kept
-        preds: dict[tuple[str, str], list[np.ndarray]] = {
-            (r, k): [] for r, _ in runtimes for k in ("fp32", "int8")
-        }
-        labels_parts = []
+        # each model on each batch as it streams by, judged by the task's scorer (which keeps
+        # only per-sample outcomes: a classifier's predicted class, a segmenter's stroke class)
+        scorers = {(r, k): task.scorer(data_dir, split, names) for r, _ in runtimes for k in KINDS}
+        seen = 0
         for inputs, lbl in tqdm(
             task.eval_batches(data_dir, split), desc=f"compare {split}", leave=False
         ):
-            labels_parts.append(lbl)
+            seen += len(lbl)
             for runtime, predictors in runtimes:
-                for k in ("fp32", "int8"):
-                    preds[runtime, k].append(predictors[k].predict(inputs).argmax(axis=1))
-        if not labels_parts:
+                for k in KINDS:
+                    scorers[runtime, k].add(predictors[k].predict(inputs), lbl)
+        if not seen:
             raise StepError(f"{data_dir}: split {split} holds no samples (run ingest)")
-        labels = np.concatenate(labels_parts)
         by_split[split] = {}
         for runtime, _ in runtimes:
-            fp32, int8 = (np.concatenate(preds[runtime, k]) for k in ("fp32", "int8"))
-            paired = gates.compare(labels, fp32, int8, names)
+            fp32, int8 = (scorers[runtime, k].result() for k in KINDS)
+            paired = gates.compare(fp32.y_true, fp32.y_pred, int8.y_pred, names)
             by_split[split][runtime] = {**outcomes(paired), "paired": paired}
     comparisons = by_split[params.split]
 
@@ -349,7 +349,7 @@ def compare(
         "sizes": sizes,
         "int8_layer_precisions": ov["int8"].precision_by_layer_type(),
         "threads": threads,
-        "samples": int(len(labels)),  # of the report split
+        "samples": seen,  # of the report split
     }
 
 

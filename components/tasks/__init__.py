@@ -58,10 +58,8 @@ def task_module(name: str) -> str | None:
     return target.split(":")[0] if target else None
 
 
-def get_task(
-    name: str, options: dict[str, Any] | None = None, *, source: str = "params.yaml"
-) -> Task:
-    """The task ``name`` built from ``options``; errors name ``source`` (the params file)."""
+def task_class(name: str, *, source: str = "params.yaml") -> type[Task]:
+    """The class of task ``name`` (its module imported); errors name ``source``."""
     try:
         target = _targets()[name]
     except KeyError as exc:
@@ -69,7 +67,19 @@ def get_task(
             f"{source}: task.name '{name}' is not a known task; choose one of {available_tasks()}"
         ) from exc
     module_name, cls_name = target.split(":")
-    cls = getattr(importlib.import_module(module_name), cls_name)
+    return getattr(importlib.import_module(module_name), cls_name)
+
+
+def is_builtin(name: str) -> bool:
+    """Whether task ``name`` ships with this repository (not a plugin's)."""
+    return name in _REGISTRY
+
+
+def get_task(
+    name: str, options: dict[str, Any] | None = None, *, source: str = "params.yaml"
+) -> Task:
+    """The task ``name`` built from ``options``; errors name ``source`` (the params file)."""
+    cls = task_class(name, source=source)
     return cls.from_options({} if options is None else options, where=f"{source}: task.options")
 
 
@@ -99,6 +109,8 @@ __all__ = [
     "Task",
     "available_tasks",
     "get_task",
+    "is_builtin",
+    "task_class",
     "task_from_params",
     "task_module",
 ]

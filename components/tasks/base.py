@@ -118,6 +118,9 @@ class Task(abc.ABC):
     outputs_logits: ClassVar[bool] = True
     # what the per-sample outcome the gates compare is called (y_true == y_pred of Scores)
     outcome: ClassVar[str] = "accuracy"
+    # what the registered model is: its default name is "<task>-<model_kind>"
+    # (registry.model_name overrides it)
+    model_kind: ClassVar[str] = "classifier"  # (every built-in task's: BUILTIN_MODEL_KIND)
 
     @classmethod
     @abc.abstractmethod

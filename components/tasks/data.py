@@ -207,6 +207,14 @@ class DataFormat(abc.ABC):
         """The samples of an Arrow record batch read from a shard, as the task reads them
         (images ``uint8 [N, H, W, C]``, texts an object array of ``str``)."""
 
+    def to_targets(self, batch: Any) -> np.ndarray:
+        """What the model learns and is scored against for each sample of an Arrow record
+        batch, first dimension the sample: default the int64 ``label`` (a class); a format
+        with richer targets stores them in its payload (a segmentation mask ``[N, H, W]``).
+        The ``label`` column stays every format's per-sample class: splits, class balance and
+        the paired gates' per-class recall are of it."""
+        return batch.column("label").to_numpy().astype(np.int64)
+
     def batch_facts(self, batch: UnitBatch) -> dict[str, Any]:
         """Partial facts about a batch (JSON: counts as dicts, character sets as strings)
         that :func:`sum_facts` adds up per unit (e.g. image shapes)."""
@@ -367,9 +375,10 @@ def read_split(fmt: DataFormat, data_dir: str | Path, split: str) -> dataset.Spl
 def iter_split(
     fmt: DataFormat, data_dir: str | Path, split: str, batch_rows: int = 1024
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """(samples, int64 labels) of ``split`` in bounded batches, shard by shard."""
+    """(samples, targets) of ``split`` in bounded batches, shard by shard; targets are
+    :meth:`DataFormat.to_targets` (the int64 labels, unless the format has richer ones)."""
     for batch in snapshot.iter_batches(data_dir, split, batch_rows=batch_rows):
-        yield fmt.to_samples(batch), batch.column("label").to_numpy().astype(np.int64)
+        yield fmt.to_samples(batch), fmt.to_targets(batch)
 
 
 # --------------------------------------------------------------------------- label sets

@@ -66,6 +66,24 @@ class Objective(abc.ABC):
         parameters when it wraps)."""
         return paddle.DataParallel(model) if world_size > 1 else model
 
+    def loss(self, logits: paddle.Tensor, targets: paddle.Tensor) -> paddle.Tensor:
+        """The supervised loss of a batch (mean): cross-entropy over the class axis 1, which
+        fits class logits ``[N, C]`` with labels ``[N]`` and per-pixel logits ``[N, C, H, W]``
+        with masks ``[N, H, W]`` alike. QAT fine-tuning uses it."""
+        return F.cross_entropy(logits.astype("float32"), targets, axis=1)
+
+    def distillation(
+        self, logits: paddle.Tensor, teacher: paddle.Tensor, temperature: float
+    ) -> paddle.Tensor:
+        """KL(teacher || model) of temperature-softened class distributions (axis 1), averaged
+        over every position that has one (each sample of ``[N, C]``, each pixel of ``[N, C,
+        H, W]``) and scaled by ``temperature**2``. QAT fine-tuning uses it."""
+        t = temperature
+        soft = F.softmax(teacher.astype("float32") / t, axis=1)
+        kl = F.kl_div(F.log_softmax(logits.astype("float32") / t, axis=1), soft, reduction="sum")
+        positions = max(1, int(np.prod(logits.shape)) // int(logits.shape[1]))
+        return kl / positions * t * t
+
     @abc.abstractmethod
     def step(
         self,

@@ -69,8 +69,9 @@ class Task(Protocol):
 
 
 class SampleBatch(NamedTuple):
-    """Stored samples (images ``uint8 [N, H, W, C]``, texts ``object [N]``), their int64
-    labels and their keys (``|S32``)."""
+    """Stored samples (images ``uint8 [N, H, W, C]``, texts ``object [N]``), their targets
+    (int64 labels, or the format's richer targets: ``DataFormat.to_targets``) and their keys
+    (``|S32``)."""
 
     samples: np.ndarray
     labels: np.ndarray
@@ -78,8 +79,9 @@ class SampleBatch(NamedTuple):
 
 
 class InputBatch(NamedTuple):
-    """Preprocessed model inputs (one array per input spec), int64 labels and keys
-    (``uint8 [N, 32]``; :func:`key_strings` gives the ``|S32`` form)."""
+    """Preprocessed model inputs (one array per input spec), targets (int64 labels, or the
+    format's richer targets) and keys (``uint8 [N, 32]``; :func:`key_strings` gives the
+    ``|S32`` form)."""
 
     inputs: list[np.ndarray]
     labels: np.ndarray
@@ -194,8 +196,10 @@ class _ShardFiles:
         return table.slice(start, stop - start).combine_chunks().to_batches()[0]
 
 
-def _labels_keys(batch: Any) -> tuple[np.ndarray, np.ndarray]:
-    labels = batch.column("label").to_numpy().astype(np.int64)
+def _labels_keys(batch: Any, fmt: DataFormat) -> tuple[np.ndarray, np.ndarray]:
+    """The batch's targets (``DataFormat.to_targets``: int64 labels unless the format has
+    richer ones) and its sample keys."""
+    labels = fmt.to_targets(batch)
     keys = np.frombuffer(b"".join(batch.column("key").to_pylist()), dtype=np.uint8)
     return labels, keys.reshape(-1, KEY_BYTES).copy()
 
@@ -226,7 +230,7 @@ class PieceStream(paddle.io.IterableDataset):
             try:
                 batch = files.read(split, piece, columns)
                 inputs = self.preprocess(self.fmt.to_samples(batch))
-                labels, keys = _labels_keys(batch)
+                labels, keys = _labels_keys(batch, self.fmt)
             except StepError as exc:
                 yield [g, "error", str(exc)]
                 return
@@ -470,7 +474,7 @@ class SnapshotData(TrainingData):
     def samples(self, batch_rows: int = 1024) -> Iterator[SampleBatch]:
         fmt = self.task.data
         for batch in snapshot.iter_batches(self.snap, "train", batch_rows=batch_rows):
-            labels, keys = _labels_keys(batch)
+            labels, keys = _labels_keys(batch, fmt)
             yield SampleBatch(fmt.to_samples(batch), labels, key_strings(keys))
 
     def pieces(self) -> np.ndarray:

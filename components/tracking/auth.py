@@ -38,7 +38,13 @@ from components.core.artifacts import StepError
 from components.core.config import load_params, section
 from components.core.uris import redact_uri
 from components.kernel.cli import run_cli
-from components.tracking.registry import RegistryParams, tracking_uri
+from components.tasks import is_builtin, task_class
+from components.tracking.registry import (
+    BUILTIN_MODEL_KIND,
+    RegistryParams,
+    registered_name,
+    tracking_uri,
+)
 
 log = logging.getLogger(__name__)
 
@@ -468,7 +474,10 @@ def _defaults_from_params(params_file: str) -> tuple[str, str]:
     experiment = str(track.get("experiment") or "")
     registry = section(all_params, "registry", RegistryParams, source=params_file)
     task = (all_params.get("task") or {}).get("name")
-    model = registry.model_name or (f"{task}-classifier" if task else "")
+    model = ""
+    if task:  # a plugin's class says what it registers (built-in ones: no paddle import)
+        kind = BUILTIN_MODEL_KIND if is_builtin(task) else task_class(task).model_kind
+        model = registered_name(registry, task, kind)
     if not experiment or not model:
         raise StepError(
             f"{params_file}: cannot tell the experiment (track.experiment) or the model "

@@ -86,7 +86,7 @@ class RegistryParams:
     """``params.yaml: registry``: the registered model and how changes of its champion
     are serialised (read by register, promote and ``paddle-mlops registry``)."""
 
-    model_name: str | None = None  # default: "<task>-classifier"
+    model_name: str | None = None  # default: "<task>-<Task.model_kind>" (digits-classifier)
     lock_timeout_s: float = 120.0  # how long a promotion waits for another to finish
     lock_stale_s: float = 600.0  # a lock from another host older than this is abandoned
     history_length: int = 25
@@ -99,8 +99,17 @@ class RegistryParams:
         self.retry.check()
 
 
+BUILTIN_MODEL_KIND = "classifier"  # the model_kind of every built-in task
+
+
+def registered_name(params: RegistryParams, task_name: str, model_kind: str) -> str:
+    """``registry.model_name``, else ``<task>-<model_kind>`` (``digits-classifier``)."""
+    return params.model_name or f"{task_name}-{model_kind}"
+
+
 def model_name(params: RegistryParams, task: Any) -> str:
-    return params.model_name or f"{task.name}-classifier"
+    """The registered model name of ``task`` (:func:`registered_name`, ``Task.model_kind``)."""
+    return registered_name(params, task.name, task.model_kind)
 
 
 def tracking_uri() -> str:
