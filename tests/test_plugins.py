@@ -108,3 +108,16 @@ def test_a_plugin_that_takes_a_built_in_name_is_refused_in_one_line(tmp_path, di
     assert "task 'digits': entry point 'wide_digits:WideDigitsTask'" in last, last
     assert "wide-digits-task" in last and "rename one of them" in last, last
     assert not (tmp_path / "train").exists()
+
+
+def test_built_in_tasks_register_under_the_kind_auth_assumes_without_importing_them():
+    """``paddle-mlops mlflow-users`` names a built-in task's model without importing it (no
+    paddle): that shortcut holds only while every built-in task keeps the default kind."""
+    from components.tasks import available_tasks, get_task, is_builtin
+    from components.tracking.registry import BUILTIN_MODEL_KIND
+
+    builtin = [name for name in available_tasks() if is_builtin(name)]
+    assert {"digits", "digits_gan", "image_folder", "sentiment"} <= set(builtin)
+    assert {name: get_task(name).model_kind for name in builtin} == dict.fromkeys(
+        builtin, BUILTIN_MODEL_KIND
+    )

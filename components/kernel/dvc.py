@@ -49,14 +49,16 @@ _PER_PIPELINE_ROOTS = ("outputs", "metrics", "plots", "checkpoints")
 # ---------------------------------------------------------------------------- code deps
 
 
-def import_closure(*modules: str) -> list[str]:
+def import_closure(*modules: str, follow: Sequence[str] = ()) -> list[str]:
     """Repository files that importing ``modules`` runs, directly or not: each module's own
     file and the ``__init__.py`` of every package above it. Every module is its own unit (a
     package's other modules count only when something imports them); imports inside
     functions count too. A module's data directory, a directory of the module's name beside
     it that is not a package (``kube/crds.py`` and ``kube/crds/``), counts with the module.
     Only files inside the repository are returned (a task installed from elsewhere is not a
-    DVC dependency)."""
+    DVC dependency); the imports of the modules of the top-level packages in ``follow`` are
+    followed wherever those are installed (a task plugin's: the repository modules it imports
+    are dependencies even when the plugin itself is not)."""
     seen: set[Path] = set()
     todo = list(modules)
     done: set[str] = set()
@@ -65,7 +67,7 @@ def import_closure(*modules: str) -> list[str]:
         if name in done:
             continue
         done.add(name)
-        for file in _module_files(name):
+        for file in _module_files(name, outside=name.split(".")[0] in follow):
             if file in seen:
                 continue
             seen.add(file)
@@ -73,12 +75,17 @@ def import_closure(*modules: str) -> list[str]:
             if file.name != "__init__.py" and data.is_dir() and not (data / "__init__.py").exists():
                 seen.add(data)
             todo.extend(_imports(file, _package_of(name, file)))
-    return sorted(p.relative_to(REPO).as_posix() for p in seen if p.is_relative_to(REPO))
+    return sorted(
+        p.relative_to(REPO).as_posix()
+        for p in seen
+        if p.is_relative_to(REPO) and ".venv" not in p.relative_to(REPO).parts
+    )
 
 
 @functools.cache
-def _top_dir(top: str) -> Path | None:
-    """Directory holding top-level package ``top`` if its code lives in this repository."""
+def _top_dir(top: str, outside: bool = False) -> Path | None:
+    """Directory holding top-level package ``top`` if its code lives in this repository (or,
+    with ``outside``, wherever it is installed)."""
     if (REPO / top / "__init__.py").exists():
         return REPO
     try:
@@ -88,13 +95,15 @@ def _top_dir(top: str) -> Path | None:
     if spec is None or not spec.submodule_search_locations:
         return None
     where = Path(next(iter(spec.submodule_search_locations))).resolve().parent
-    return where if where.is_relative_to(REPO) and ".venv" not in where.parts else None
+    ours = where.is_relative_to(REPO) and ".venv" not in where.parts
+    return where if ours or outside else None
 
 
-def _module_files(name: str) -> list[Path]:
-    """The files importing ``name`` runs that belong to the repository (none: not ours)."""
+def _module_files(name: str, outside: bool = False) -> list[Path]:
+    """The files importing ``name`` runs that belong to the repository (none: not ours), or
+    with ``outside`` wherever its package is installed."""
     parts = name.split(".")
-    root = _top_dir(parts[0])
+    root = _top_dir(parts[0], outside)
     if root is None:
         return []
     files = []
@@ -168,6 +177,8 @@ def code_deps(step: Step, params: dict[str, Any]) -> list[str]:
         if module is None:
             raise StepError(f"task.name '{task}': no such task (built-in or entry point)")
         modules.append(module)
+        # a plugin's package is followed wherever it is installed: its imports of ours count
+        return import_closure(*modules, follow=(module.split(".")[0],))
     return import_closure(*modules)
 
 

@@ -1,0 +1,331 @@
+"""Digit segmentation: a task of another output kind, shipped outside paddle-mlops.
+
+Each pixel of a digits image is labelled: background, or the digit the stroke belongs to (the
+image's class where the pixel is darker than ``ingest.mask_threshold``). A small
+fully-convolutional network with a global-context branch predicts ``[N, K+1, H, W]`` logits
+(K digit classes and the background); it is scored by mean IoU and pixel accuracy, and its
+per-sample outcome for the paired gates is the class it paints the true stroke with (the
+digit whose probability, summed over the stroke's pixels, is highest).
+
+It plugs in through the public seams only: the entry point ``paddle_mlops.tasks``, a
+:class:`~components.tasks.data.DataFormat` whose targets are masks
+(:meth:`~components.tasks.data.DataFormat.to_targets`), an
+:class:`~components.tasks.objective.Objective`, a :class:`~components.tasks.base.Scorer`
+and ``Task.model_kind``. See ``examples/segmentation/README.md``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import paddle
+import paddle.nn.functional as F
+from paddle import nn
+
+from components.core.artifacts import StepError
+from components.core.config import from_dict
+from components.tasks.base import Scorer, Scores, TensorSpec
+from components.tasks.data import Unit, UnitBatch
+from components.tasks.image_data import ImageData, IngestParams
+from components.tasks.objective import Objective, StepContext
+from components.tasks.report import classification_report
+from components.tasks.stream import InputBatch
+from components.tasks.vision import ImageClassificationTask, check_image_options
+
+log = logging.getLogger(__name__)
+
+BACKGROUND = 0  # mask value of a background pixel; digit class c is c + 1
+
+
+# --------------------------------------------------------------------------- data
+
+
+@dataclass(frozen=True)
+class SegmentationIngestParams(IngestParams):
+    """``ingest``: the image source (any kind the image format reads) and how masks are made."""
+
+    mask_threshold: int = 64  # a pixel above this (0-255) is stroke, the rest background
+    upscale: int = 2  # each pixel repeated upscale x upscale times (images and masks)
+
+    def check(self) -> None:
+        super().check()
+        if not 0 <= self.mask_threshold < 255:
+            raise ValueError(f"mask_threshold must be within [0, 255), got {self.mask_threshold}")
+        if not 1 <= self.upscale <= 8:
+            raise ValueError(f"upscale must be within [1, 8], got {self.upscale}")
+
+
+class SegmentedImages(ImageData):
+    """Images with a per-pixel mask (``uint8 [H, W]``: 0 background, class + 1 stroke) stored
+    beside each image; its targets are the masks, its ``label`` stays the image's class."""
+
+    name = "segmented_image"
+    ingest_params = SegmentationIngestParams
+    duplicate_rule = "same image bytes and label"
+
+    def decode_params(self, params: SegmentationIngestParams) -> dict[str, Any]:
+        return {
+            **super().decode_params(params),
+            "mask_threshold": params.mask_threshold,
+            "upscale": params.upscale,
+        }
+
+    def read_unit(
+        self, params: SegmentationIngestParams, unit: Unit, params_file: str
+    ) -> Iterator[UnitBatch]:
+        for batch in super().read_unit(params, unit, params_file):
+            yield with_masks(batch, params.mask_threshold, params.upscale)
+
+    def payload_fields(self) -> list[Any]:
+        import pyarrow as pa
+
+        # the mask: uint8 H x W, one value per pixel of the stored image
+        return [*super().payload_fields(), pa.field("mask", pa.binary(), nullable=False)]
+
+    def to_targets(self, batch: Any) -> np.ndarray:
+        n = batch.num_rows
+        if n == 0:
+            return np.zeros((0, 0, 0), dtype=np.int64)
+        h = int(batch.column("height")[0].as_py())
+        w = int(batch.column("width")[0].as_py())
+        flat = np.frombuffer(b"".join(batch.column("mask").to_pylist()), dtype=np.uint8)
+        if flat.size != n * h * w:
+            raise StepError(
+                f"mask column holds {flat.size} bytes, {n} masks of {h}x{w} need {n * h * w}"
+            )
+        return flat.reshape(n, h, w).astype(np.int64)
+
+
+def with_masks(batch: UnitBatch, threshold: int, upscale: int) -> UnitBatch:
+    """``batch`` with its images upscaled and a mask column: stroke pixels (any channel above
+    ``threshold``) take the image's class + 1, the others background."""
+    n = len(batch)
+    h, w, c = (int(batch.columns[k][0]) for k in ("height", "width", "channels")) if n else (0,) * 3
+    images = np.frombuffer(b"".join(batch.columns["image"]), dtype=np.uint8).reshape(n, h, w, c)
+    images = images.repeat(upscale, axis=1).repeat(upscale, axis=2)
+    stroke = images.max(axis=3) > threshold
+    masks = np.where(stroke, (batch.labels + 1)[:, None, None], BACKGROUND).astype(np.uint8)
+    hh, ww = h * upscale, w * upscale
+    batch.columns = {
+        "image": [bytes(im) for im in np.ascontiguousarray(images).reshape(n, -1)],
+        "height": np.full(n, hh, np.int32),
+        "width": np.full(n, ww, np.int32),
+        "channels": np.full(n, c, np.int32),
+        "mask": [bytes(m) for m in masks.reshape(n, -1)],
+    }
+    return batch
+
+
+# --------------------------------------------------------------------------- model
+
+
+class ContextFCN(nn.Layer):
+    """conv3-conv3 features, a global-average context vector added back to every pixel (the
+    digit's identity needs the whole image), and a 1x1 classifier per pixel."""
+
+    def __init__(self, in_channels: int, classes: int, width: int):
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2D(in_channels, width, 3, padding=1),
+            nn.ReLU(),
+            nn.Conv2D(width, width, 3, padding=1),
+            nn.ReLU(),
+        )
+        self.context = nn.Sequential(nn.Linear(width, width), nn.ReLU())
+        self.head = nn.Sequential(
+            nn.Conv2D(width, width, 3, padding=1), nn.ReLU(), nn.Conv2D(width, classes, 1)
+        )
+
+    def forward(self, image: paddle.Tensor) -> paddle.Tensor:
+        x = self.features(image)
+        g = self.context(x.mean(axis=[2, 3]))
+        return self.head(x + g.unsqueeze(-1).unsqueeze(-1))
+
+
+# --------------------------------------------------------------------------- learning
+
+
+def _confusion(pred: np.ndarray, target: np.ndarray, k: int) -> np.ndarray:
+    """``k x k`` pixel counts, row the true class, column the predicted one."""
+    return np.bincount(target.ravel() * k + pred.ravel(), minlength=k * k).reshape(k, k)
+
+
+def iou(confusion: np.ndarray) -> np.ndarray:
+    """Per-class intersection over union of a pixel confusion matrix (NaN: class absent)."""
+    inter = np.diag(confusion).astype(np.float64)
+    union = confusion.sum(0) + confusion.sum(1) - inter
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(union > 0, inter / union, np.nan)
+
+
+class Segmentation(Objective):
+    """Per-pixel cross-entropy; early stopping follows the validation mean IoU."""
+
+    score = "mean_iou"
+
+    def step(
+        self,
+        nets: Any,
+        opts: dict[str, paddle.optimizer.Optimizer],
+        batch: list[paddle.Tensor],
+        labels: paddle.Tensor,
+        *,
+        weight: float,
+        ctx: StepContext,
+        soft: np.ndarray | None = None,
+        soft_targets: Any = None,
+    ) -> dict[str, float]:
+        with ctx.autocast():
+            logits = nets(*batch)
+        logits = logits.astype("float32")
+        loss = F.cross_entropy(logits, labels, axis=1)
+        ctx.update(loss * weight if weight != 1.0 else loss, next(iter(opts.values())))
+        n = int(labels.shape[0])
+        hits = (logits.argmax(axis=1) == labels).astype("float32").mean(axis=[1, 2]).sum()
+        return {"loss": float(loss) * n, "pixel_accuracy": float(hits)}
+
+    def validate(
+        self,
+        task: Any,
+        model: paddle.nn.Layer,
+        batches: Iterable[InputBatch],
+        rows: int,
+        world: Any,
+    ) -> dict[str, float]:
+        model.eval()
+        k = task.num_pixel_classes
+        total_loss, confusion = 0.0, np.zeros((k, k), dtype=np.int64)
+        with paddle.no_grad():
+            for batch in batches:
+                arrays = task.collate(batch.inputs)
+                logits = model(*[paddle.to_tensor(x) for x in arrays]).astype("float32")
+                if logits.shape[1] != k:
+                    raise StepError(
+                        f"the model answers {logits.shape[1]} pixel classes, the task expects {k}"
+                    )
+                y = paddle.to_tensor(batch.labels)
+                loss = F.cross_entropy(logits, y, axis=1, reduction="none")
+                total_loss += float(loss.reshape([loss.shape[0], -1]).mean(axis=1).sum())
+                confusion += _confusion(logits.argmax(axis=1).numpy(), batch.labels, k)
+        total_loss, *flat = world.all_sum([total_loss, *confusion.ravel().tolist()])
+        confusion = np.asarray(flat, dtype=np.int64).reshape(k, k)
+        pixels = max(int(confusion.sum()), 1)
+        return {
+            "loss": total_loss / rows,
+            "mean_iou": float(np.nanmean(iou(confusion))),
+            "pixel_accuracy": float(np.trace(confusion)) / pixels,
+        }
+
+
+class SegmentationScorer(Scorer):
+    """Mean IoU, per-class IoU and pixel accuracy of a split (a pixel confusion matrix, the
+    only thing kept besides two integers per sample), and each sample's outcome: its class and
+    the class the model paints its true stroke with."""
+
+    def __init__(self, label_names: list[str]):
+        super().__init__(label_names)
+        self.k = len(label_names) + 1
+        self.confusion = np.zeros((self.k, self.k), dtype=np.int64)
+
+    def add(self, outputs: np.ndarray, labels: np.ndarray) -> None:
+        outputs, masks = np.asarray(outputs, dtype=np.float32), np.asarray(labels)
+        if outputs.ndim != 4 or outputs.shape[1] != self.k or outputs.shape[2:] != masks.shape[1:]:
+            raise StepError(
+                f"segmentation outputs must be [N, {self.k}, H, W] for masks "
+                f"{list(masks.shape)}, got {list(outputs.shape)}"
+            )
+        self.confusion += _confusion(outputs.argmax(axis=1), masks, self.k)
+        e = np.exp(outputs - outputs.max(axis=1, keepdims=True))
+        prob = e / e.sum(axis=1, keepdims=True)
+        stroke = (masks != BACKGROUND)[:, None]
+        painted = (prob[:, 1:] * stroke).sum(axis=(2, 3))  # [N, K]: per digit, over the stroke
+        truth = np.where(stroke[:, 0], masks, 0).max(axis=(1, 2)) - 1  # the stroke's class
+        self._labels.append(truth.astype(np.int64))
+        self._preds.append(painted.argmax(axis=1))
+
+    def result(self) -> Scores:
+        labels, y_pred = self._outcomes()
+        report = classification_report(labels, y_pred, self.label_names)
+        per_class = iou(self.confusion)
+        names = ["background", *self.label_names]
+        report["iou"] = {
+            n: None if np.isnan(v) else float(v) for n, v in zip(names, per_class, strict=True)
+        }
+        pixels = max(int(self.confusion.sum()), 1)
+        metrics = {
+            "accuracy": report["accuracy"],
+            "macro_f1": report["macro_f1"],
+            "worst_class_recall": min(
+                (c["recall"] for c in report["per_class"].values()), default=0.0
+            ),
+            "mean_iou": float(np.nanmean(per_class)),
+            "worst_class_iou": float(np.nanmin(per_class)),
+            "pixel_accuracy": float(np.trace(self.confusion)) / pixels,
+        }
+        return Scores(labels, y_pred, report, metrics)
+
+
+# --------------------------------------------------------------------------- the task
+
+
+@dataclass(frozen=True)
+class SegmentationOptions:
+    image_size: list[int] = field(default_factory=lambda: [16, 16])  # = stored size
+    mean: list[float] = field(default_factory=lambda: [0.5])
+    std: list[float] = field(default_factory=lambda: [0.5])
+    width: int = 32  # channels of every hidden layer
+
+    def check(self) -> None:
+        check_image_options(self.image_size, self.mean, self.std, 0, min_size=4)
+        if self.width < 1:
+            raise ValueError(f"width must be >= 1, got {self.width}")
+
+
+class DigitsSegmentationTask(ImageClassificationTask):
+    """Per-pixel digit segmentation (see the module docstring)."""
+
+    name = "digits_seg"
+    data = SegmentedImages()
+    outputs_logits = False  # per-pixel logits, not one class per sample
+    outcome = "stroke_class_accuracy"
+    model_kind = "segmenter"
+
+    def __init__(self, options: SegmentationOptions):
+        super().__init__(tuple(options.image_size), options.mean, options.std, 0)
+        self.options = options
+        self.num_pixel_classes = 0  # classes + background, set by build_model
+
+    @classmethod
+    def from_options(
+        cls, options: dict[str, Any], *, where: str = "params.yaml: task.options"
+    ) -> DigitsSegmentationTask:
+        return cls(from_dict(SegmentationOptions, options, where=where))
+
+    def build_model(self, num_classes: int) -> nn.Layer:
+        self.num_pixel_classes = num_classes + 1
+        return ContextFCN(self.channels, num_classes + 1, self.options.width)
+
+    def output_specs(self, num_classes: int) -> list[TensorSpec]:
+        h, w = self.image_size
+        return [TensorSpec("mask_logits", (-1, num_classes + 1, h, w), "float32")]
+
+    def preprocess(self, raw: np.ndarray) -> list[np.ndarray]:
+        if raw.ndim == 4 and raw.shape[0] and tuple(raw.shape[1:3]) != self.image_size:
+            raise StepError(
+                f"task.options.image_size {list(self.image_size)} must be the stored image "
+                f"size {list(raw.shape[1:3])} (masks are not resized)"
+            )
+        return super().preprocess(raw)
+
+    def objective(self) -> Objective:
+        return Segmentation()
+
+    def scorer(self, data_dir: Any, split: str, label_names: list[str]) -> Scorer:
+        return SegmentationScorer(label_names)
+
+    def baseline(self) -> None:
+        return None

@@ -1,0 +1,238 @@
+"""The out-of-tree segmentation task (``examples/segmentation``): a package of another output
+kind, installed with pip, runs the whole pipeline through the unchanged steps.
+
+- its data format stores a mask per image and hands masks to training and scoring as targets;
+- its scorer's mean IoU, pixel accuracy and per-sample outcome on known outputs;
+- the package imports only public names of ``components``;
+- ``examples/segmentation/dvc.yaml`` is what ``paddle-mlops dvc-yaml`` writes;
+- the whole pipeline with a tiny config (``dvc repro``, the real DVC CLI): per-pixel logits
+  exported, QAT-gated on the task's outcome, scored by mean IoU, served by the C++ server and
+  checked against Paddle Inference, registered as ``digits_seg-segmenter``.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import yaml
+from conftest import BIN, REPO, SERVER_BIN, clone_repo, set_params
+
+EXAMPLE = REPO / "examples" / "segmentation"
+PACKAGE = EXAMPLE / "paddle_mlops_segmentation"
+PARAMS = "examples/segmentation/params.yaml"
+PIPELINE = "examples/segmentation/dvc.yaml"
+
+
+@pytest.fixture(scope="module")
+def plugin(tmp_path_factory) -> Path:
+    """The example installed with pip (no network, no build isolation) into a directory of
+    its own, as a user installs a task package; that directory goes on PYTHONPATH."""
+    site = tmp_path_factory.mktemp("segmentation-site")
+    src = tmp_path_factory.mktemp("segmentation-src") / "segmentation"
+    subprocess.run(["cp", "-r", str(EXAMPLE), str(src)], check=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
+         "--no-build-isolation", "--target", str(site), str(src)],
+        check=True, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    return site
+
+
+@pytest.fixture(scope="module")
+def seg(plugin):
+    """The installed package's module, imported from the pip-installed copy."""
+    sys.path.insert(0, str(plugin))
+    try:
+        import paddle_mlops_segmentation
+
+        assert Path(paddle_mlops_segmentation.__file__).is_relative_to(plugin)
+        yield paddle_mlops_segmentation
+    finally:
+        sys.path.remove(str(plugin))
+        sys.modules.pop("paddle_mlops_segmentation", None)
+
+
+def _unit_batch(images: np.ndarray, labels: np.ndarray):
+    from components.tasks.data import UnitBatch
+
+    n, h, w, c = images.shape
+    return UnitBatch(
+        keys=[bytes(32)] * n,
+        labels=labels.astype(np.int64),
+        sources=["s"] * n,
+        rows=np.arange(n, dtype=np.int64),
+        columns={
+            "image": [bytes(im) for im in images.reshape(n, -1)],
+            "height": np.full(n, h, np.int32),
+            "width": np.full(n, w, np.int32),
+            "channels": np.full(n, c, np.int32),
+        },
+    )
+
+
+def test_masks_mark_the_stroke_with_its_class_and_come_back_as_targets(seg):
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (5, 8, 8, 1), dtype=np.uint8)
+    labels = np.array([0, 3, 9, 3, 1])
+    batch = seg.with_masks(_unit_batch(images, labels), threshold=100, upscale=2)
+    fmt = seg.SegmentedImages()
+    table = pa.RecordBatch.from_pydict(
+        {f.name: batch.columns[f.name] for f in fmt.payload_fields()},
+        schema=pa.schema(fmt.payload_fields()),
+    )
+    big = fmt.to_samples(table)
+    masks = fmt.to_targets(table)
+    assert big.shape == (5, 16, 16, 1) and masks.shape == (5, 16, 16) and masks.dtype == np.int64
+    np.testing.assert_array_equal(big[:, ::2, ::2], images)  # each pixel repeated 2 x 2
+    stroke = big[..., 0] > 100
+    np.testing.assert_array_equal(masks[stroke], np.repeat(labels + 1, stroke.sum(axis=(1, 2))))
+    assert (masks[~stroke] == seg.BACKGROUND).all()
+
+
+def _one_hot(masks: np.ndarray, k: int) -> np.ndarray:
+    return (np.arange(k)[None, :, None, None] == masks[:, None]).astype(np.float32) * 10.0
+
+
+def test_the_scorer_reads_iou_pixel_accuracy_and_the_stroke_class(seg):
+    names = [str(i) for i in range(10)]
+    rng = np.random.default_rng(1)
+    labels = rng.integers(0, 10, 40)
+    masks = np.where(rng.random((40, 6, 6)) < 0.4, (labels + 1)[:, None, None], 0)
+    perfect = seg.SegmentationScorer(names)
+    perfect.add(_one_hot(masks, 11), masks)
+    scores = perfect.result()
+    assert scores.metrics["mean_iou"] == 1.0 and scores.metrics["pixel_accuracy"] == 1.0
+    np.testing.assert_array_equal(scores.y_true, labels)
+    np.testing.assert_array_equal(scores.y_pred, labels)
+
+    # every stroke painted as the next digit: pixels wrong, per-sample outcome wrong, the
+    # background still right
+    shifted = np.where(masks > 0, masks % 10 + 1, 0)
+    wrong = seg.SegmentationScorer(names)
+    for s in range(0, 40, 16):  # fed in batches
+        wrong.add(_one_hot(shifted[s : s + 16], 11), masks[s : s + 16])
+    scores = wrong.result()
+    np.testing.assert_array_equal(scores.y_pred, (labels + 1) % 10)
+    assert scores.metrics["accuracy"] == 0.0
+    assert scores.report["iou"]["background"] == 1.0
+    assert scores.metrics["pixel_accuracy"] == pytest.approx(float((masks == 0).mean()))
+
+    with pytest.raises(Exception, match=r"outputs must be \[N, 11, H, W\]"):
+        seg.SegmentationScorer(names).add(np.zeros((2, 10)), masks[:2])
+
+
+def test_the_package_imports_only_public_names_of_components():
+    """A plugin written against the seams, not against internals: every ``components``
+    module and name it imports is public (no leading underscore anywhere)."""
+    imported = []
+    for file in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(file.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("components"):
+                imported += [(node.module, a.name) for a in node.names]
+            elif isinstance(node, ast.Import):
+                imported += [(a.name, "") for a in node.names if a.name.startswith("components")]
+    assert imported, "the example imports nothing from components?"
+    private = [
+        (m, n) for m, n in imported if any(p.startswith("_") for p in [*m.split("."), n] if p)
+    ]
+    assert private == []
+
+
+# --------------------------------------------------------------------------- the pipeline
+
+
+def _sh(repo: Path, site: Path, *cmd: str) -> subprocess.CompletedProcess[str]:
+    env = {
+        **os.environ,
+        "PATH": BIN + os.pathsep + os.environ["PATH"],
+        "PYTHONPATH": f"{repo}{os.pathsep}{site}",
+    }
+    for var in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI"):
+        env.pop(var, None)
+    proc = subprocess.run(list(cmd), cwd=repo, env=env, capture_output=True, text=True,
+                          timeout=900)  # fmt: skip
+    if proc.returncode != 0:
+        raise AssertionError(f"{cmd} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory, plugin, server_binary) -> Path:
+    repo = clone_repo(tmp_path_factory.mktemp("segmentation"))
+    if not (repo / "data" / "raw" / "digits").exists():  # DVC-tracked: made as `make data` does
+        _sh(repo, plugin, sys.executable, "-m", "components.steps.ingest", "materialize",
+            "--out", "data/raw/digits")  # fmt: skip
+    committed = (repo / PIPELINE).read_text()
+    _sh(repo, plugin, "paddle-mlops", "dvc-yaml", "--params", PARAMS)
+    own = "    - examples/segmentation/paddle_mlops_segmentation/__init__.py\n"
+    # installed from a copy (not editable), the plugin's module is not a file of this clone:
+    # the committed file (written with `pip install -e`) lists it, nothing else differs
+    assert committed.replace(own, "") == (repo / PIPELINE).read_text()
+    set_params(
+        repo,
+        params_file=PARAMS,
+        train={"epochs": 4},
+        evaluate={"latency": {"warmup": 1, "repeats": 2}},
+        register={"min_accuracy": 0.0},  # a 4-epoch model; the example's floor is 0.85
+        qat={"allow_fp32_only": True},  # a 4-epoch model's int8 gate may go either way
+        serving_image={
+            "builder": "none",
+            "server_binary": str(SERVER_BIN),
+            "golden_samples": 16,
+            "latency_requests": 5,
+        },
+    )
+    _sh(repo, plugin, "dvc", "repro", PIPELINE)
+    return repo
+
+
+def test_the_segmentation_pipeline_runs_end_to_end(pipeline):
+    repo = pipeline
+    out, metrics = repo / "outputs" / "segmentation", repo / "metrics" / "segmentation"
+    labels = json.loads((out / "ingest" / "labels.json").read_text())
+    assert labels["format"] == "segmented_image"
+    train = json.loads((metrics / "train.json").read_text())
+    assert "best_val_mean_iou" in train and train["epochs_run"] == 4
+
+    signature = json.loads((out / "package" / "signature.json").read_text())
+    assert signature["inputs"] == [{"name": "image", "shape": [-1, 1, 16, 16], "dtype": "float32"}]
+    assert signature["outputs"] == [
+        {"name": "mask_logits", "shape": [-1, 11, 16, 16], "dtype": "float32"}
+    ]
+
+    evaluate = json.loads((metrics / "evaluate.json").read_text())
+    assert {"mean_iou", "worst_class_iou", "pixel_accuracy", "accuracy"} <= set(evaluate)
+    assert 0.0 <= evaluate["worst_class_iou"] <= evaluate["mean_iou"] <= 1.0
+    # even 4 epochs separate stroke from background far better than chance
+    assert evaluate["pixel_accuracy"] > 0.7
+
+    qat = json.loads((metrics / "qat.json").read_text())
+    # the int8 gate compared the task's per-sample outcome (the stroke's class), not pixels
+    assert 0 < qat["gate_samples"] < evaluate["samples"] * 2
+    assert qat["gate_worse"] + qat["gate_better"] <= qat["gate_samples"]
+    assert 0.0 <= qat["fp32_accuracy"] <= 1.0
+
+    infra = json.loads((out / "serving_image" / "infra.json").read_text())
+    assert infra["infra_validated"] is True
+    answers = infra["variants"][0]["checks"]["answers"]
+    assert "top1_agreement" not in answers and answers["max_abs_diff"] <= 1e-3
+
+    db = sqlite3.connect(repo / "mlflow.db")
+    names = {r[0] for r in db.execute("SELECT DISTINCT name FROM model_versions").fetchall()}
+    assert names == {"digits_seg-segmenter"}
+    blessing = json.loads((out / "register" / "blessing.json").read_text())
+    assert blessing["blessed"] is True and blessing["model"] == "digits_seg-segmenter"
+    assert {"mean_iou", "pixel_accuracy"} <= set(blessing["challenger"])
+    assert (
+        yaml.safe_load((repo / PIPELINE).read_text())["stages"].keys()
+        == yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"].keys()
+    )
