@@ -271,6 +271,18 @@ def copy_repo(dest: Path) -> Path:
     return dest
 
 
+def pip_install_target(project: Path, site: Path) -> Path:
+    """Install the package at ``project`` with pip into directory ``site`` (no network, no
+    deps, no build isolation), as a user installs a task package; ``site`` goes on
+    PYTHONPATH."""
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
+         "--no-build-isolation", "--target", str(site), str(project)],
+        check=True, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    return site
+
+
 def clone_repo(dest: Path) -> Path:
     """A fresh git repository holding the project's files, as a user's clone would."""
     copy_repo(dest)

@@ -12,7 +12,7 @@ from pathlib import Path
 import yaml
 
 from components.core.artifacts import read_json
-from tests.conftest import REPO, run_module
+from tests.conftest import REPO, pip_install_target, run_module
 
 PLUGIN = '''
 """A task shipped outside paddle-mlops: digits with a wider first convolution by default."""
@@ -53,13 +53,7 @@ def install_plugin(root: Path, entry_name: str) -> Path:
         'py-modules = ["wide_digits"]\n'
         'package-dir = {"" = "src"}\n'
     )
-    site = root / "site"
-    subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
-         "--no-build-isolation", "--target", str(site), str(root)],
-        check=True, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    return site
+    return pip_install_target(root, root / "site")
 
 
 def test_a_task_from_an_installed_package_runs_through_the_unchanged_steps(tmp_path, digits_data):

@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import yaml
-from conftest import BIN, REPO, SERVER_BIN, clone_repo, set_params
+from conftest import BIN, REPO, SERVER_BIN, clone_repo, pip_install_target, set_params
 
 EXAMPLE = REPO / "examples" / "segmentation"
 PACKAGE = EXAMPLE / "paddle_mlops_segmentation"
@@ -36,15 +36,9 @@ PIPELINE = "examples/segmentation/dvc.yaml"
 def plugin(tmp_path_factory) -> Path:
     """The example installed with pip (no network, no build isolation) into a directory of
     its own, as a user installs a task package; that directory goes on PYTHONPATH."""
-    site = tmp_path_factory.mktemp("segmentation-site")
     src = tmp_path_factory.mktemp("segmentation-src") / "segmentation"
     subprocess.run(["cp", "-r", str(EXAMPLE), str(src)], check=True)
-    subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
-         "--no-build-isolation", "--target", str(site), str(src)],
-        check=True, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    return site
+    return pip_install_target(src, tmp_path_factory.mktemp("segmentation-site"))
 
 
 @pytest.fixture(scope="module")
@@ -193,6 +187,49 @@ def pipeline(tmp_path_factory, plugin, server_binary) -> Path:
     )
     _sh(repo, plugin, "dvc", "repro", PIPELINE)
     return repo
+
+
+def _tamper_mask(data: Path, split: str) -> str:
+    """Give row 0 of ``split``'s shard a mask pixel of another class than its label, rewrite
+    the shard with pyarrow and re-pin it in snapshot.json (as a hand-written shard would be):
+    only validate's rules can catch it. Returns the shard's path."""
+    import hashlib
+
+    import pyarrow.parquet as pq
+
+    snapshot = json.loads((data / "snapshot.json").read_text())
+    entry = next(e for e in snapshot["shards"] if e["split"] == split)
+    path = data / entry["path"]
+    table = pq.read_table(path)
+    masks, label = table.column("mask").to_pylist(), table.column("label")[0].as_py()
+    wrong = (label + 2) % 10 + 1  # a digit class that is not label + 1
+    masks[0] = bytes([wrong]) + masks[0][1:]
+    table = table.set_column(
+        table.schema.get_field_index("mask"), "mask", pa.array(masks, pa.binary())
+    )
+    pq.write_table(table, path)
+    entry["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+    entry["bytes"] = path.stat().st_size
+    (data / "snapshot.json").write_text(json.dumps(snapshot))
+    return entry["path"]
+
+
+def test_validate_refuses_a_mask_with_another_class_than_its_image(pipeline, plugin, tmp_path):
+    data = tmp_path / "ingest"
+    subprocess.run(["cp", "-r", str(pipeline / "outputs" / "segmentation" / "ingest"), str(data)],
+                   check=True)  # fmt: skip
+    shard = _tamper_mask(data, "val")
+    proc = subprocess.run(
+        [sys.executable, "-m", "components", "validate", "--params", PARAMS,
+         "--data", str(data), "--report", str(tmp_path / "report")],
+        cwd=pipeline, capture_output=True, text=True, timeout=600,
+        env={**os.environ, "PYTHONPATH": f"{pipeline}{os.pathsep}{plugin}"},
+    )  # fmt: skip
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr
+    line = next(x for x in proc.stderr.splitlines() if "column 'mask'" in x)
+    assert line.startswith(f"  - {shard}: column 'mask': a mask holds height x width values")
+    assert "found 1 of" in line and "in a mask of label" in line and "at row 0 (" in line
 
 
 def test_the_segmentation_pipeline_runs_end_to_end(pipeline):

@@ -29,8 +29,14 @@ from paddle import nn
 from components.core.artifacts import StepError
 from components.core.config import from_dict
 from components.tasks.base import Scorer, Scores, TensorSpec
-from components.tasks.data import Unit, UnitBatch
-from components.tasks.image_data import ImageData, IngestParams
+from components.tasks.data import Examples, Unit, UnitBatch
+from components.tasks.image_data import (
+    SHARD_COLUMNS,
+    ImageData,
+    ImageShardStats,
+    IngestParams,
+    ValidateParams,
+)
 from components.tasks.objective import Objective, StepContext
 from components.tasks.report import classification_report
 from components.tasks.stream import InputBatch
@@ -66,6 +72,7 @@ class SegmentedImages(ImageData):
     name = "segmented_image"
     ingest_params = SegmentationIngestParams
     duplicate_rule = "same image bytes and label"
+    shard_columns = (*SHARD_COLUMNS, "mask_bad", "mask_found")
 
     def decode_params(self, params: SegmentationIngestParams) -> dict[str, Any]:
         return {
@@ -98,6 +105,71 @@ class SegmentedImages(ImageData):
                 f"mask column holds {flat.size} bytes, {n} masks of {h}x{w} need {n * h * w}"
             )
         return flat.reshape(n, h, w).astype(np.int64)
+
+    def shard_stats(self, params: ValidateParams) -> MaskShardStats:
+        return MaskShardStats(params)
+
+    def shard_expectations(
+        self, params: ValidateParams, facts: dict[str, dict[str, Any]]
+    ) -> tuple[list[Any], dict[str, Any]]:
+        import great_expectations.expectations as gxe
+
+        rules, found = super().shard_expectations(params, facts)
+        rules.append(
+            gxe.ExpectColumnValuesToBeBetween(
+                column="mask_bad",
+                max_value=0,
+                description="masks",
+                meta={
+                    "column": "mask",
+                    "rule": "a mask holds height x width values, each 0 (background) or the "
+                    "image's label + 1",
+                    "found": "mask_found",
+                },
+            )
+        )
+        return rules, found
+
+
+class MaskShardStats(ImageShardStats):
+    """The image rules, and one more: each mask has one value per pixel, 0 or label + 1."""
+
+    def __init__(self, params: ValidateParams) -> None:
+        super().__init__(params)
+        self.masks = Examples()
+
+    def add(self, batch: Any, first: int) -> None:
+        super().add(batch, first)
+        if "mask" not in batch.schema.names:
+            self.masks.add(
+                batch,
+                first,
+                np.arange(batch.num_rows),
+                ["no mask column"] * batch.num_rows,
+                raw=True,
+            )
+            return
+        labels = batch.column("label").to_numpy()
+        pixels = batch.column("height").to_numpy().astype(np.int64) * batch.column(
+            "width"
+        ).to_numpy().astype(np.int64)
+        bad, why = [], []
+        for i, mask in enumerate(batch.column("mask").to_pylist()):
+            values = np.frombuffer(mask or b"", dtype=np.uint8)
+            if values.size != pixels[i]:
+                bad.append(i)
+                why.append(f"{values.size} values for {pixels[i]} pixels")
+            elif not np.isin(values, (BACKGROUND, labels[i] + 1)).all():
+                other = sorted(set(values.tolist()) - {BACKGROUND, int(labels[i]) + 1})
+                bad.append(i)
+                why.append(f"values {other[:3]} in a mask of label {labels[i]}")
+        self.masks.add(batch, first, np.asarray(bad, dtype=np.int64), why, raw=True)
+
+    def result(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        columns, facts = super().result()
+        columns["mask_bad"] = self.masks.count
+        columns["mask_found"] = self.masks.found(self.rows, "with a bad mask")
+        return columns, facts
 
 
 def with_masks(batch: UnitBatch, threshold: int, upscale: int) -> UnitBatch:
