@@ -1,18 +1,20 @@
-"""Digit segmentation: a task of another output kind, shipped outside paddle-mlops.
+"""Semantic segmentation of generated shapes: a task of another output kind, shipped
+outside paddle-mlops.
 
-Each pixel of a digits image is labelled: background, or the digit the stroke belongs to (the
-image's class where the pixel is darker than ``ingest.mask_threshold``). A small
-fully-convolutional network with a global-context branch predicts ``[N, K+1, H, W]`` logits
-(K digit classes and the background); it is scored by mean IoU and pixel accuracy, and its
-per-sample outcome for the paired gates is the class it paints the true stroke with (the
-digit whose probability, summed over the stroke's pixels, is highest).
+Each image (``ingest.source: builtin:shapes``, generated: nothing is downloaded) holds one to
+three bright circles, squares and triangles on a noisy background; every pixel is labelled
+background or the class of the shape on it. A two-level U-Net predicts ``[N, K+1, H, W]``
+logits (K shape classes and the background); it is scored by mean IoU, per-class IoU and
+pixel accuracy. Its per-sample outcome for the paired gates (QAT, blessing) is the dominant
+class: the image's label is the class covering most of its mask, the prediction the class
+with the most probability summed over the mask's object pixels. The same format also
+segments the digits (any image source, masks from the strokes).
 
 It plugs in through the public seams only: the entry point ``paddle_mlops.tasks``, a
 :class:`~components.tasks.data.DataFormat` whose targets are masks
 (:meth:`~components.tasks.data.DataFormat.to_targets`), an
 :class:`~components.tasks.objective.Objective`, a :class:`~components.tasks.base.Scorer`
-and ``Task.model_kind``. See ``examples/segmentation/README.md``.
-"""
+and ``Task.model_kind``. See ``examples/segmentation/README.md"""
 
 from __future__ import annotations
 
@@ -44,7 +46,7 @@ from components.tasks.vision import ImageClassificationTask, check_image_options
 
 log = logging.getLogger(__name__)
 
-BACKGROUND = 0  # mask value of a background pixel; digit class c is c + 1
+BACKGROUND = 0  # mask value of a background pixel; class c is c + 1
 
 
 # --------------------------------------------------------------------------- data
@@ -54,36 +56,98 @@ BACKGROUND = 0  # mask value of a background pixel; digit class c is c + 1
 class SegmentationIngestParams(IngestParams):
     """``ingest``: the image source (any kind the image format reads) and how masks are made."""
 
+    # source builtin:shapes: generated images of circles, squares and triangles
+    shapes_count: int = 2000  # images generated (sample i is the same for any count)
+    shapes_size: int = 24  # H = W of a generated image
+    shapes_seed: int = 0
+    # other sources (digits): masks from the strokes
     mask_threshold: int = 64  # a pixel above this (0-255) is stroke, the rest background
-    upscale: int = 2  # each pixel repeated upscale x upscale times (images and masks)
+    upscale: int = 1  # each pixel repeated upscale x upscale times (images and masks)
 
     def check(self) -> None:
         super().check()
+        if self.shapes_count < 1 or not 12 <= self.shapes_size <= 256:
+            raise ValueError(
+                f"need shapes_count >= 1 and 12 <= shapes_size <= 256, got "
+                f"{self.shapes_count}, {self.shapes_size}"
+            )
         if not 0 <= self.mask_threshold < 255:
             raise ValueError(f"mask_threshold must be within [0, 255), got {self.mask_threshold}")
         if not 1 <= self.upscale <= 8:
             raise ValueError(f"upscale must be within [1, 8], got {self.upscale}")
 
 
+@dataclass(frozen=True)
+class SegmentationValidateParams(ValidateParams):
+    """``validate``: the image rules and the masks' class count."""
+
+    mask_classes: int = 3  # mask values run 0..mask_classes (0: background)
+
+    def check(self) -> None:
+        super().check()
+        if not 1 <= self.mask_classes <= 254:
+            raise ValueError(f"mask_classes must be within [1, 254], got {self.mask_classes}")
+
+
 class SegmentedImages(ImageData):
-    """Images with a per-pixel mask (``uint8 [H, W]``: 0 background, class + 1 stroke) stored
-    beside each image; its targets are the masks, its ``label`` stays the image's class."""
+    """Images with a per-pixel mask (``uint8 [H, W]``: 0 background, class + 1 where an object
+    of that class lies) stored beside each image; its targets are the masks, its ``label`` is
+    the class covering most of the image. Sources: ``builtin:shapes`` (generated), or any the
+    image format reads (digits: masks from the strokes, ``with_masks``)."""
 
     name = "segmented_image"
     ingest_params = SegmentationIngestParams
+    validate_params = SegmentationValidateParams
     duplicate_rule = "same image bytes and label"
     shard_columns = (*SHARD_COLUMNS, "mask_bad", "mask_found")
 
     def decode_params(self, params: SegmentationIngestParams) -> dict[str, Any]:
+        if params.source == SHAPES_SOURCE:
+            return {"shapes_size": params.shapes_size, "generator": SHAPES_VERSION}
         return {
             **super().decode_params(params),
             "mask_threshold": params.mask_threshold,
             "upscale": params.upscale,
         }
 
+    def units(self, params: SegmentationIngestParams, params_file: str) -> list[Unit]:
+        if params.source != SHAPES_SOURCE:
+            return super().units(params, params_file)
+        step = SHAPES_PER_UNIT  # fixed runs of sample ids: growing the count adds units
+        return [
+            Unit(
+                f"{SHAPES_SOURCE}[{a}:{min(a + step, params.shapes_count)}]",
+                (SHAPES_SOURCE,),
+                (("first", a), ("count", min(step, params.shapes_count - a))),
+            )
+            for a in range(0, params.shapes_count, step)
+        ]
+
+    def unit_inputs(self, params: SegmentationIngestParams, unit: Unit) -> dict[str, str]:
+        if params.source != SHAPES_SOURCE:
+            return super().unit_inputs(params, unit)
+        ctx = dict(unit.context)
+        return {unit.id: f"{SHAPES_VERSION}:{params.shapes_seed}:{ctx['first']}:{ctx['count']}"}
+
+    def label_source(self, params: SegmentationIngestParams, unit: Unit) -> str:
+        return unit.id if params.source == SHAPES_SOURCE else super().label_source(params, unit)
+
+    def fixed_label_names(
+        self, params: SegmentationIngestParams, params_file: str
+    ) -> list[str] | None:
+        if params.source == SHAPES_SOURCE:
+            return list(SHAPES)
+        return super().fixed_label_names(params, params_file)
+
     def read_unit(
         self, params: SegmentationIngestParams, unit: Unit, params_file: str
     ) -> Iterator[UnitBatch]:
+        if params.source == SHAPES_SOURCE:
+            ctx = dict(unit.context)
+            yield shapes_batch(
+                ctx["first"], ctx["count"], params.shapes_size, params.shapes_seed, unit.id
+            )
+            return
         for batch in super().read_unit(params, unit, params_file):
             yield with_masks(batch, params.mask_threshold, params.upscale)
 
@@ -106,11 +170,11 @@ class SegmentedImages(ImageData):
             )
         return flat.reshape(n, h, w).astype(np.int64)
 
-    def shard_stats(self, params: ValidateParams) -> MaskShardStats:
+    def shard_stats(self, params: SegmentationValidateParams) -> MaskShardStats:
         return MaskShardStats(params)
 
     def shard_expectations(
-        self, params: ValidateParams, facts: dict[str, dict[str, Any]]
+        self, params: SegmentationValidateParams, facts: dict[str, dict[str, Any]]
     ) -> tuple[list[Any], dict[str, Any]]:
         import great_expectations.expectations as gxe
 
@@ -122,8 +186,9 @@ class SegmentedImages(ImageData):
                 description="masks",
                 meta={
                     "column": "mask",
-                    "rule": "a mask holds height x width values, each 0 (background) or the "
-                    "image's label + 1",
+                    "rule": "a mask holds height x width values, each 0 (background) or a "
+                    f"class + 1 up to validate.mask_classes ({params.mask_classes}), and the "
+                    "image's label is the class covering most of it",
                     "found": "mask_found",
                 },
             )
@@ -132,10 +197,11 @@ class SegmentedImages(ImageData):
 
 
 class MaskShardStats(ImageShardStats):
-    """The image rules, and one more: each mask has one value per pixel, 0 or label + 1."""
+    """The image rules, and one more on the masks (``SegmentedImages.shard_expectations``)."""
 
-    def __init__(self, params: ValidateParams) -> None:
+    def __init__(self, params: SegmentationValidateParams) -> None:
         super().__init__(params)
+        self.classes = params.mask_classes
         self.masks = Examples()
 
     def add(self, batch: Any, first: int) -> None:
@@ -156,13 +222,17 @@ class MaskShardStats(ImageShardStats):
         bad, why = [], []
         for i, mask in enumerate(batch.column("mask").to_pylist()):
             values = np.frombuffer(mask or b"", dtype=np.uint8)
+            area = np.bincount(values, minlength=self.classes + 1)
             if values.size != pixels[i]:
                 bad.append(i)
                 why.append(f"{values.size} values for {pixels[i]} pixels")
-            elif not np.isin(values, (BACKGROUND, labels[i] + 1)).all():
-                other = sorted(set(values.tolist()) - {BACKGROUND, int(labels[i]) + 1})
+            elif area.size > self.classes + 1:
                 bad.append(i)
-                why.append(f"values {other[:3]} in a mask of label {labels[i]}")
+                above = (np.flatnonzero(area[self.classes + 1 :]) + self.classes + 1).tolist()
+                why.append(f"values {above[:3]} above {self.classes}")
+            elif area[1:].any() and int(area[1:].argmax()) != labels[i]:
+                bad.append(i)
+                why.append(f"label {labels[i]} but class {int(area[1:].argmax())} covers most")
         self.masks.add(batch, first, np.asarray(bad, dtype=np.int64), why, raw=True)
 
     def result(self) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -170,6 +240,65 @@ class MaskShardStats(ImageShardStats):
         columns["mask_bad"] = self.masks.count
         columns["mask_found"] = self.masks.found(self.rows, "with a bad mask")
         return columns, facts
+
+
+SHAPES_SOURCE = "builtin:shapes"
+SHAPES = ("circle", "square", "triangle")
+SHAPES_VERSION = "shapes-v1"  # bump when the generator changes what sample i looks like
+SHAPES_PER_UNIT = 500
+
+
+def draw_shapes(index: int, size: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Sample ``index``: a noisy dark ``uint8 [size, size]`` image with one to three bright
+    shapes (a later one covers an earlier one) and its mask (0 background, class + 1 where
+    a shape lies). A function of (seed, index) alone."""
+    rng = np.random.default_rng([seed, index])
+    image = rng.integers(0, 50, (size, size)).astype(np.float64)
+    mask = np.zeros((size, size), dtype=np.uint8)
+    yy, xx = np.mgrid[0:size, 0:size] + 0.5
+    for _ in range(int(rng.integers(1, 4))):
+        kind = int(rng.integers(0, len(SHAPES)))
+        r = rng.uniform(size * 0.12, size * 0.3)
+        cy, cx = rng.uniform(r, size - r, 2)
+        if kind == 0:
+            inside = (yy - cy) ** 2 + (xx - cx) ** 2 <= r * r
+        elif kind == 1:
+            inside = (np.abs(yy - cy) <= r * 0.85) & (np.abs(xx - cx) <= r * 0.85)
+        else:  # apex up: |x - cx| within the half-width that grows towards the base
+            t = (yy - (cy - r)) / (2 * r)
+            inside = (t >= 0) & (t <= 1) & (np.abs(xx - cx) <= t * r)
+        image[inside] = rng.uniform(130, 255) + rng.normal(0, 12, int(inside.sum()))
+        mask[inside] = kind + 1
+    return np.clip(image, 0, 255).astype(np.uint8), mask
+
+
+def shapes_batch(first: int, count: int, size: int, seed: int, source: str) -> UnitBatch:
+    """Generated samples ``first .. first + count - 1``; a sample's label is the shape class
+    covering most of its pixels, its key the sha256 of its image and mask."""
+    import hashlib
+
+    images, masks, labels = [], [], []
+    for i in range(first, first + count):
+        image, mask = draw_shapes(i, size, seed)
+        area = np.bincount(mask.ravel(), minlength=len(SHAPES) + 1)[1:]
+        images.append(image)
+        masks.append(mask)
+        labels.append(int(area.argmax()))
+    pairs = zip(images, masks, strict=True)
+    keys = [hashlib.sha256(im.tobytes() + m.tobytes()).digest() for im, m in pairs]
+    return UnitBatch(
+        keys=keys,
+        labels=np.asarray(labels, dtype=np.int64),
+        sources=[source] * count,
+        rows=np.arange(count, dtype=np.int64),
+        columns={
+            "image": [im.tobytes() for im in images],
+            "height": np.full(count, size, np.int32),
+            "width": np.full(count, size, np.int32),
+            "channels": np.ones(count, np.int32),
+            "mask": [m.tobytes() for m in masks],
+        },
+    )
 
 
 def with_masks(batch: UnitBatch, threshold: int, upscale: int) -> UnitBatch:
@@ -195,27 +324,38 @@ def with_masks(batch: UnitBatch, threshold: int, upscale: int) -> UnitBatch:
 # --------------------------------------------------------------------------- model
 
 
-class ContextFCN(nn.Layer):
-    """conv3-conv3 features, a global-average context vector added back to every pixel (the
-    digit's identity needs the whole image), and a 1x1 classifier per pixel."""
+def _block(cin: int, cout: int) -> nn.Sequential:
+    return nn.Sequential(
+        nn.Conv2D(cin, cout, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2D(cout, cout, 3, padding=1),
+        nn.ReLU(),
+    )
+
+
+class TinyUNet(nn.Layer):
+    """A two-level U-Net: an encoder block, a 2x down-sampled block with a global-average
+    context vector added back (a shape's class needs its whole outline), a 2x up-sampling
+    whose output is concatenated with the encoder's (the skip connection), and a 1x1
+    classifier per pixel. H and W must be even."""
 
     def __init__(self, in_channels: int, classes: int, width: int):
         super().__init__()
-        self.features = nn.Sequential(
-            nn.Conv2D(in_channels, width, 3, padding=1),
-            nn.ReLU(),
-            nn.Conv2D(width, width, 3, padding=1),
-            nn.ReLU(),
-        )
-        self.context = nn.Sequential(nn.Linear(width, width), nn.ReLU())
-        self.head = nn.Sequential(
-            nn.Conv2D(width, width, 3, padding=1), nn.ReLU(), nn.Conv2D(width, classes, 1)
-        )
+        self.enc = _block(in_channels, width)
+        self.down = nn.MaxPool2D(2, 2)
+        self.mid = _block(width, 2 * width)
+        self.context = nn.Sequential(nn.Linear(2 * width, 2 * width), nn.ReLU())
+        self.up = nn.Sequential(nn.Upsample(scale_factor=2, mode="nearest"),
+                                nn.Conv2D(2 * width, width, 3, padding=1), nn.ReLU())  # fmt: skip
+        self.dec = _block(2 * width, width)
+        self.head = nn.Conv2D(width, classes, 1)
 
     def forward(self, image: paddle.Tensor) -> paddle.Tensor:
-        x = self.features(image)
-        g = self.context(x.mean(axis=[2, 3]))
-        return self.head(x + g.unsqueeze(-1).unsqueeze(-1))
+        skip = self.enc(image)
+        x = self.mid(self.down(skip))
+        x = x + self.context(x.mean(axis=[2, 3])).unsqueeze(-1).unsqueeze(-1)
+        x = self.dec(paddle.concat([self.up(x), skip], axis=1))
+        return self.head(x)
 
 
 # --------------------------------------------------------------------------- learning
@@ -295,8 +435,9 @@ class Segmentation(Objective):
 
 class SegmentationScorer(Scorer):
     """Mean IoU, per-class IoU and pixel accuracy of a split (a pixel confusion matrix, the
-    only thing kept besides two integers per sample), and each sample's outcome: its class and
-    the class the model paints its true stroke with."""
+    only thing kept besides two integers per sample), and each sample's outcome: its dominant
+    class (covering most of its mask) and the class the model gives the most probability over
+    the mask's object pixels."""
 
     def __init__(self, label_names: list[str]):
         super().__init__(label_names)
@@ -313,9 +454,11 @@ class SegmentationScorer(Scorer):
         self.confusion += _confusion(outputs.argmax(axis=1), masks, self.k)
         e = np.exp(outputs - outputs.max(axis=1, keepdims=True))
         prob = e / e.sum(axis=1, keepdims=True)
-        stroke = (masks != BACKGROUND)[:, None]
-        painted = (prob[:, 1:] * stroke).sum(axis=(2, 3))  # [N, K]: per digit, over the stroke
-        truth = np.where(stroke[:, 0], masks, 0).max(axis=(1, 2)) - 1  # the stroke's class
+        classes = np.arange(1, self.k)[None, :, None, None]
+        area = (masks[:, None] == classes).sum(axis=(2, 3))  # [N, K] pixels of each class
+        objects = (masks != BACKGROUND)[:, None]
+        painted = (prob[:, 1:] * objects).sum(axis=(2, 3))  # [N, K] over the object pixels
+        truth = area.argmax(axis=1)  # the dominant class (the stored label's rule)
         self._labels.append(truth.astype(np.int64))
         self._preds.append(painted.argmax(axis=1))
 
@@ -346,24 +489,28 @@ class SegmentationScorer(Scorer):
 
 @dataclass(frozen=True)
 class SegmentationOptions:
-    image_size: list[int] = field(default_factory=lambda: [16, 16])  # = stored size
+    image_size: list[int] = field(default_factory=lambda: [24, 24])  # = stored size (even)
     mean: list[float] = field(default_factory=lambda: [0.5])
     std: list[float] = field(default_factory=lambda: [0.5])
-    width: int = 32  # channels of every hidden layer
+    width: int = 16  # channels of the U-Net's first level (the second has twice as many)
 
     def check(self) -> None:
         check_image_options(self.image_size, self.mean, self.std, 0, min_size=4)
+        if any(d % 2 for d in self.image_size):
+            raise ValueError(
+                f"image_size must be even (the U-Net halves it), got {self.image_size}"
+            )
         if self.width < 1:
             raise ValueError(f"width must be >= 1, got {self.width}")
 
 
-class DigitsSegmentationTask(ImageClassificationTask):
-    """Per-pixel digit segmentation (see the module docstring)."""
+class ShapesSegmentationTask(ImageClassificationTask):
+    """Per-pixel segmentation (see the module docstring)."""
 
-    name = "digits_seg"
+    name = "shapes_seg"
     data = SegmentedImages()
     outputs_logits = False  # per-pixel logits, not one class per sample
-    outcome = "stroke_class_accuracy"
+    outcome = "dominant_class_accuracy"
     model_kind = "segmenter"
 
     def __init__(self, options: SegmentationOptions):
@@ -374,12 +521,12 @@ class DigitsSegmentationTask(ImageClassificationTask):
     @classmethod
     def from_options(
         cls, options: dict[str, Any], *, where: str = "params.yaml: task.options"
-    ) -> DigitsSegmentationTask:
+    ) -> ShapesSegmentationTask:
         return cls(from_dict(SegmentationOptions, options, where=where))
 
     def build_model(self, num_classes: int) -> nn.Layer:
         self.num_pixel_classes = num_classes + 1
-        return ContextFCN(self.channels, num_classes + 1, self.options.width)
+        return TinyUNet(self.channels, num_classes + 1, self.options.width)
 
     def output_specs(self, num_classes: int) -> list[TensorSpec]:
         h, w = self.image_size
