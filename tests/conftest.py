@@ -9,7 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -295,9 +295,13 @@ def clone_repo(dest: Path) -> Path:
 BIN = str(Path(sys.executable).parent)
 
 
-def sh(repo: Path, *cmd: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    """Run a command in ``repo`` with this venv first on PATH (``python`` in dvc.yaml)."""
-    env = {**os.environ, "PATH": BIN + os.pathsep + os.environ["PATH"], "PYTHONPATH": str(repo)}
+def sh(
+    repo: Path, *cmd: str, check: bool = True, path: Sequence[str | Path] = ()
+) -> subprocess.CompletedProcess[str]:
+    """Run a command in ``repo`` with this venv first on PATH (``python`` in dvc.yaml) and
+    ``repo``, then ``path`` (an installed plugin's directory), on PYTHONPATH."""
+    pythonpath = os.pathsep.join(map(str, (repo, *path)))
+    env = {**os.environ, "PATH": BIN + os.pathsep + os.environ["PATH"], "PYTHONPATH": pythonpath}
     for var in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI"):
         env.pop(var, None)  # in-process tests may have set them; dvc runs use the defaults
     proc = subprocess.run(list(cmd), cwd=repo, env=env, capture_output=True, text=True, timeout=900)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import ast
 import json
-import os
 import sqlite3
 import subprocess
 import sys
@@ -25,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import yaml
-from conftest import BIN, REPO, SERVER_BIN, clone_repo, pip_install_target, set_params
+from conftest import REPO, SERVER_BIN, clone_repo, pip_install_target, set_params, sh
 
 EXAMPLE = REPO / "examples" / "segmentation"
 PACKAGE = EXAMPLE / "paddle_mlops_segmentation"
@@ -160,26 +159,11 @@ def test_the_package_imports_only_public_names_of_components():
 # --------------------------------------------------------------------------- the pipeline
 
 
-def _sh(repo: Path, site: Path, *cmd: str) -> subprocess.CompletedProcess[str]:
-    env = {
-        **os.environ,
-        "PATH": BIN + os.pathsep + os.environ["PATH"],
-        "PYTHONPATH": f"{repo}{os.pathsep}{site}",
-    }
-    for var in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI"):
-        env.pop(var, None)
-    proc = subprocess.run(list(cmd), cwd=repo, env=env, capture_output=True, text=True,
-                          timeout=900)  # fmt: skip
-    if proc.returncode != 0:
-        raise AssertionError(f"{cmd} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
-    return proc
-
-
 @pytest.fixture(scope="module")
 def pipeline(tmp_path_factory, plugin, server_binary) -> Path:
     repo = clone_repo(tmp_path_factory.mktemp("segmentation"))
     committed = (repo / PIPELINE).read_text()
-    _sh(repo, plugin, "paddle-mlops", "dvc-yaml", "--params", PARAMS)
+    sh(repo, "paddle-mlops", "dvc-yaml", "--params", PARAMS, path=[plugin])
     own = "    - examples/segmentation/paddle_mlops_segmentation/__init__.py\n"
     # installed from a copy (not editable), the plugin's module is not a file of this clone:
     # the committed file (written with `pip install -e`) lists it, nothing else differs
@@ -198,7 +182,7 @@ def pipeline(tmp_path_factory, plugin, server_binary) -> Path:
             "latency_requests": 5,
         },
     )
-    _sh(repo, plugin, "dvc", "repro", PIPELINE)
+    sh(repo, "dvc", "repro", PIPELINE, path=[plugin])
     return repo
 
 
@@ -231,12 +215,9 @@ def test_validate_refuses_a_mask_with_a_class_that_does_not_exist(pipeline, plug
     subprocess.run(["cp", "-r", str(pipeline / "outputs" / "segmentation" / "ingest"), str(data)],
                    check=True)  # fmt: skip
     shard = _tamper_mask(data, "val")
-    proc = subprocess.run(
-        [sys.executable, "-m", "components", "validate", "--params", PARAMS,
-         "--data", str(data), "--report", str(tmp_path / "report")],
-        cwd=pipeline, capture_output=True, text=True, timeout=600,
-        env={**os.environ, "PYTHONPATH": f"{pipeline}{os.pathsep}{plugin}"},
-    )  # fmt: skip
+    proc = sh(pipeline, sys.executable, "-m", "components", "validate", "--params", PARAMS,
+              "--data", str(data), "--report", str(tmp_path / "report"), check=False,
+              path=[plugin])  # fmt: skip
     assert proc.returncode != 0
     assert "Traceback" not in proc.stderr
     line = next(x for x in proc.stderr.splitlines() if "column 'mask'" in x)

@@ -87,12 +87,6 @@ def kinds() -> dict[tuple[str, str], tuple[str, str]]:
     return out
 
 
-def api_version(group: str, kind: str) -> str | None:
-    """The ``apiVersion`` checked for ``kind`` of ``group``; None when no CRD is vendored."""
-    found = kinds().get((group, kind))
-    return f"{group}/{found[1]}" if found else None
-
-
 def json_schema(node: Any, *, root: bool = False) -> Any:
     """The strict JSON Schema of a structural schema node (see the module's docstring)."""
     if isinstance(node, list):

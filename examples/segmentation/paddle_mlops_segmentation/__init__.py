@@ -394,7 +394,7 @@ class Segmentation(Objective):
         with ctx.autocast():
             logits = nets(*batch)
         logits = logits.astype("float32")
-        loss = F.cross_entropy(logits, labels, axis=1)
+        loss = self.loss(logits, labels)
         ctx.update(loss * weight if weight != 1.0 else loss, next(iter(opts.values())))
         n = int(labels.shape[0])
         hits = (logits.argmax(axis=1) == labels).astype("float32").mean(axis=[1, 2]).sum()
