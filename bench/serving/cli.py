@@ -31,6 +31,7 @@ from bench.serving.common import (
 )
 from bench.serving.compute import confirm_compute, run_compute
 from bench.serving.loads import H2load, Wrk, measure
+from bench.serving.predlog import run_prediction_log
 from bench.serving.report import last_line, render
 from bench.serving.servers import (
     check_answers,
@@ -101,6 +102,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--slow-concurrency", type=int, default=16, help="good clients (wrk connections)"
+    )
+    parser.add_argument(
+        "--log-concurrency",
+        type=int,
+        default=16,
+        help="digits, batching off: the prediction log's cost (no log / outputs / inputs 0.1)",
     )
     parser.add_argument("--max-batch-size", type=int, default=16, help="digits servers")
     parser.add_argument(
@@ -183,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         action="append",
         choices=[*PARTS, "digits"],
         help="run only these parts (repeatable): resnet, batching, python, grpc, slow-clients, "
-        "or digits (the last four); default: everything",
+        "prediction-log, or digits (all but resnet); default: everything",
     )
     parser.add_argument("--quick", action="store_true", help="short cells, fewer of them")
     parser.add_argument("--skip-cpp", action="store_true", help="no C++ server (development)")
@@ -286,8 +293,10 @@ def run_all(args: argparse.Namespace, report: Report, work: Path, wrk_bin: str) 
                 cpu_pinning=args.cpu_pinning,
             )
             report.compute_rounds = confirm_compute(args, report, work, wrk, resnet_dir)
-    if any(p in args.parts for p in DIGITS_PARTS):
+    if any(p in args.parts for p in DIGITS_PARTS if p != "prediction-log"):
         run_overhead(args, report, work, wrk)
+    if "prediction-log" in args.parts and not args.skip_cpp:
+        run_prediction_log(args, report, work, wrk)
     report.ratios = ratios(report, args.overhead_concurrency)
 
 

@@ -37,10 +37,10 @@ GRPC_METHOD = "/inference.GRPCInferenceService/ModelInfer"
 
 
 # what --only selects; "digits" is every overhead-bound part
-PARTS = ("resnet", "batching", "python", "grpc", "slow-clients")
+PARTS = ("resnet", "batching", "python", "grpc", "slow-clients", "prediction-log")
 
 
-DIGITS_PARTS = ("batching", "python", "grpc", "slow-clients")
+DIGITS_PARTS = ("batching", "python", "grpc", "slow-clients", "prediction-log")
 
 
 # A load generator run: seconds -> (counters like the wrk script's, its CPU seconds, wall s).
@@ -49,7 +49,7 @@ Load = Callable[[float], tuple[dict[str, float], float, float]]
 
 @dataclass
 class Cell:
-    regime: str  # compute | overhead
+    regime: str  # compute | overhead | predlog (the prediction log's cost)
     target: str  # cpp | python
     model: str
     layout: str  # "<workers>x<threads per worker>"
@@ -98,6 +98,8 @@ class Report:
     cells: list[Cell] = field(default_factory=list)
     checks: list[dict[str, Any]] = field(default_factory=list)
     slow_clients: dict[str, Any] = field(default_factory=dict)
+    # the prediction log's servers: records written / dropped / answered (predlog.py)
+    prediction_log: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # skipped parts and why
     ratios: dict[str, Any] = field(default_factory=dict)
     # ResNet: the best server cell and the best in-process batch, measured in alternation

@@ -68,7 +68,7 @@ def render(report: Report) -> str:
     lines += [
         "",
         f"{'regime':<9}{'target':<7}{'model':<9}{'WxT':>4}{'batching':>9}{'proto':>6}"
-        f"{'bg':>9}{'conc':>5}{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'err':>4}{'batch':>6}"
+        f"{'bg':>10}{'conc':>5}{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'err':>4}{'batch':>6}"
         f"{'busy%':>6}{'gen CPU%':>9}{'srv CPU%':>9}{'other%':>7}  req/s of each round",
     ]
     for c in report.cells:
@@ -77,7 +77,7 @@ def render(report: Report) -> str:
         each = " ".join(f"{x:.0f}" for x in c.rps_samples) if len(c.rps_samples) > 1 else ""
         lines.append(
             f"{c.regime:<9}{c.target:<7}{c.model:<9}{c.layout:>4}{c.batching:>9}"
-            f"{c.protocol:>6}{c.background:>9}{c.concurrency:>5}{c.throughput:>9.1f}"
+            f"{c.protocol:>6}{c.background:>10}{c.concurrency:>5}{c.throughput:>9.1f}"
             f"{c.p50_ms:>9.2f}{c.p99_ms:>9.2f}{c.errors:>4}{batch:>6}{busy:>6}"
             f"{c.generator_cpu_pct:>9.0f}{c.server_cpu_pct:>9.0f}{c.other_cpu_pct:>7.0f}"
             f"  {each}".rstrip()
@@ -88,8 +88,9 @@ def render(report: Report) -> str:
         "workers) (C++ /metrics; batches straddling the window count whole); gen = wrk or "
         "h2load, srv = server process, other = the rest of the machine (noise: should be ~0; "
         "the slow-clients helper's CPU is not in it); bg = background load (slowN: N slow "
-        "clients held); a cell measured in several rounds shows the median of each "
-        "number and every round's req/s",
+        "clients held; log-outs / log-in0.1: the prediction log, outputs only / with inputs at "
+        "rate 0.1, against the same server without a log, regime predlog); a cell measured "
+        "in several rounds shows the median of each number and every round's req/s",
     ]
     r = report.ratios
     if r.get("batching"):
@@ -125,6 +126,14 @@ def render(report: Report) -> str:
                 f"{_fmt(g['ratio']):>7}{g['grpc_p50_ms']:>10.2f}{g['rest_p50_ms']:>10.2f}"
                 f"{g['grpc_p99_ms']:>10.2f}{g['rest_p99_ms']:>10.2f}{g['grpc_errors']:>10}"
             )
+    for key in ("log_overhead_outputs", "log_overhead_inputs_10pct"):
+        if r.get(key) is not None:
+            lines.append(
+                f"{key} = {_fmt(r[key])} (req/s with the log / without, median of the rounds "
+                f"{_rounds(r[key + '_rounds'])}; p99 ms with / without {r[key + '_p99_ms']})"
+            )
+    if r.get("prediction_log"):
+        lines.append(f"prediction log records: {r['prediction_log']}")
     s = report.slow_clients
     if s:
         with_cell, without = r.get("slow_cell"), r.get("slow_baseline")
@@ -238,5 +247,7 @@ def last_line(r: dict[str, Any]) -> str:
         f"batching_c1_p50={_fmt(r.get('batching_c1_p50'))} "
         f"grpc_vs_rest_c16={_fmt(r.get('grpc_vs_rest_c16'))} "
         f"rss_per_idle_conn_kib={_fmt(r.get('rss_per_idle_conn_kib'))} "
-        f"slow_clients_errors={'nan' if errors is None else errors}"
+        f"slow_clients_errors={'nan' if errors is None else errors} "
+        f"log_overhead_outputs={_fmt(r.get('log_overhead_outputs'))} "
+        f"log_overhead_inputs_10pct={_fmt(r.get('log_overhead_inputs_10pct'))}"
     )

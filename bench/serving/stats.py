@@ -177,7 +177,7 @@ def ratios(report: Report, concurrency: int) -> dict[str, Any]:
             }
         )
         out[f"grpc_vs_rest_c{c}"] = out["grpc"][-1]["ratio"]
-    slow = next((c for c in cells if c.background != "-"), None)
+    slow = next((c for c in cells if c.background.startswith("slow")), None)
     if slow is not None:
         baseline = _digits_rest(cells, batching="off", concurrency=slow.concurrency)
         out["slow_cell"] = asdict(slow)
@@ -185,4 +185,17 @@ def ratios(report: Report, concurrency: int) -> dict[str, Any]:
         out["slow_clients_p99_ms"] = slow.p99_ms
         out["slow_clients_errors"] = slow.errors
         out["rss_per_idle_conn_kib"] = report.slow_clients.get("rss_per_idle_conn_kib")
+    # the prediction log: each logging server against the same server without one
+    plain = best(cells, regime="predlog", background="-")
+    for background, key in (
+        ("log-outs", "log_overhead_outputs"),
+        ("log-in0.1", "log_overhead_inputs_10pct"),
+    ):
+        logged = best(cells, regime="predlog", background=background)
+        if plain is not None and logged is not None:
+            out[f"{key}_rounds"] = paired(logged, plain)
+            out[key] = median(out[f"{key}_rounds"])
+            out[f"{key}_p99_ms"] = [logged.p99_ms, plain.p99_ms]
+    if report.prediction_log:
+        out["prediction_log"] = report.prediction_log
     return out

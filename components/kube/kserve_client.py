@@ -85,10 +85,17 @@ class KServeClient:
             return 0
 
     def infer(
-        self, model: str, inputs: dict[str, np.ndarray], *, binary: bool = False
+        self,
+        model: str,
+        inputs: dict[str, np.ndarray],
+        *,
+        binary: bool = False,
+        request_id: str | None = None,
     ) -> dict[str, np.ndarray]:
         """Run one request; ``binary`` sends and receives raw tensor bytes. String arrays
-        (dtype object, str or bytes) are sent as BYTES (UTF-8)."""
+        (dtype object, str or bytes) are sent as BYTES (UTF-8). ``request_id`` is the
+        request's ``id``: the server's prediction log files the answer under it (labels fed
+        back later join on it)."""
         specs, blobs = [], []
         for name, arr in inputs.items():
             arr = np.ascontiguousarray(arr)
@@ -119,6 +126,8 @@ class KServeClient:
                 spec["data"] = arr.reshape(-1).tolist()
             specs.append(spec)
         request: dict[str, Any] = {"inputs": specs}
+        if request_id is not None:
+            request["id"] = request_id
         if binary:
             request["parameters"] = {"binary_data_output": True}
         header = json.dumps(request).encode()

@@ -48,12 +48,17 @@ class ModelConfig:
     dynamic_batching: bool
     max_queue_size: int
     request_timeout_ms: int
+    # the share of requests whose inputs the prediction log keeps (outputs: always), when
+    # the server runs with a log directory (serving/src/prediction_log.h)
+    log_input_rate: float
 
     def check(self) -> None:
         for name, minimum in MINIMUMS.items():
             value = getattr(self, name)
             if value < minimum:
                 raise ValueError(f"{name}: must be >= {minimum}, got {value}")
+        if not 0.0 <= self.log_input_rate <= 1.0:
+            raise ValueError(f"log_input_rate: must be in [0, 1], got {self.log_input_rate}")
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -79,13 +84,18 @@ def read(bundle_dir: str | Path) -> ModelConfig:
     for key, value in doc.items():
         if key not in known:
             raise StepError(f"{path}: field '{key}': not a per-model setting ({sorted(known)})")
-        want = bool if known[key].type in ("bool", bool) else int
-        if type(value) is not want:
-            raise StepError(f"{path}: field '{key}': must be {want.__name__}, got {value!r}")
+        kind = known[key].type
+        want: tuple[type, ...] = (int,)
+        if kind in ("bool", bool):
+            want = (bool,)
+        elif kind in ("float", float):
+            want = (float, int)
+        if type(value) not in want:
+            raise StepError(f"{path}: field '{key}': must be {want[0].__name__}, got {value!r}")
     missing = sorted(set(known) - set(doc))
     if missing:
         raise StepError(f"{path}: missing field(s) {missing}")
-    config = ModelConfig(**doc)
+    config = ModelConfig(**{**doc, "log_input_rate": float(doc["log_input_rate"])})
     try:
         config.check()
     except ValueError as exc:

@@ -13,7 +13,7 @@
 namespace serving {
 namespace {
 
-enum class Kind { kString, kInt, kBool };
+enum class Kind { kString, kInt, kBool, kDouble };
 
 struct Flag {
   const char* name;
@@ -105,6 +105,34 @@ Flag IntFlag(const char* name, const char* help, T ServerConfig::*m,
       [m](const ServerConfig& c) { return std::to_string(c.*m); }};
 }
 
+// A number in [0, 1] (a rate).
+Flag RateFlag(const char* name, const char* help, double ServerConfig::*m) {
+  return Flag{name,
+              Kind::kDouble,
+              help,
+              nullptr,
+              [name, m](ServerConfig* c, const std::string& v) {
+                double parsed = 0;
+                const char* end = v.data() + v.size();
+                auto res = std::from_chars(v.data(), end, parsed);
+                if (v.empty() || res.ec != std::errc() || res.ptr != end) {
+                  return InvalidArgument(std::string("--") + name + ": '" + v +
+                                         "' is not a number");
+                }
+                if (!(parsed >= 0.0 && parsed <= 1.0)) {
+                  return InvalidArgument(std::string("--") + name +
+                                         ": must be in [0, 1], got " + v);
+                }
+                c->*m = parsed;
+                return Status::Ok();
+              },
+              [m](const ServerConfig& c) {
+                std::ostringstream out;
+                out << c.*m;
+                return out.str();
+              }};
+}
+
 Flag BoolFlag(const char* name, const char* help, bool ServerConfig::*m) {
   return Flag{name,
               Kind::kBool,
@@ -125,7 +153,8 @@ const std::vector<std::string>& PerModelFlags() {
   static const std::vector<std::string> names = {
       "workers",        "threads-per-worker", "max-batch-size",
       "max-queue-delay-us", "dynamic-batching", "max-queue-size",
-      "request-timeout-ms", "precision",      "cpu-pinning"};
+      "request-timeout-ms", "precision",      "cpu-pinning",
+      "log-input-rate"};
   return names;
 }
 
@@ -243,6 +272,29 @@ const std::vector<Flag>& Flags() {
               "on SIGTERM, keep serving (ready = 503) this long before "
               "closing the listener",
               &ServerConfig::drain_delay_ms, 0),
+      StringFlag("prediction-log-dir",
+                 "write one CloudEvents JSON line per answered inference "
+                 "request into this directory (empty: no prediction log)",
+                 &ServerConfig::prediction_log_dir),
+      IntFlag("prediction-log-max-bytes",
+              "the prediction log directory's segments together at most; "
+              "the oldest are deleted",
+              &ServerConfig::prediction_log_max_bytes, 1024),
+      IntFlag("prediction-log-segment-bytes",
+              "a prediction log segment file is closed past this size",
+              &ServerConfig::prediction_log_segment_bytes, 1024),
+      IntFlag("prediction-log-queue-size",
+              "records waiting for the log writer at most; more are dropped "
+              "and counted (serving_prediction_log_dropped_total)",
+              &ServerConfig::prediction_log_queue_size, 1),
+      StringFlag("prediction-log-sink",
+                 "also POST each record as a CloudEvent (binary mode, ce-* "
+                 "headers like KServe's logger) to this http:// URL",
+                 &ServerConfig::prediction_log_sink),
+      RateFlag("log-input-rate",
+               "share of requests whose input tensors the prediction log "
+               "keeps (0..1; outputs are always logged)",
+               &ServerConfig::log_input_rate),
       StringFlag("log-level", "debug | info | warn | error",
                  &ServerConfig::log_level, {"debug", "info", "warn", "error"}),
       BoolFlag("access-log", "log one JSON line per HTTP request",
@@ -420,10 +472,13 @@ StatusOr<ServerConfig> ApplyModelConfig(const ServerConfig& config) {
       text = value.get<bool>() ? "true" : "false";
     } else if (flag->kind == Kind::kString && value.is_string()) {
       text = value.get<std::string>();
+    } else if (flag->kind == Kind::kDouble && value.is_number()) {
+      text = value.dump();
     } else {
-      const char* want = flag->kind == Kind::kInt    ? "an integer"
-                         : flag->kind == Kind::kBool ? "true or false"
-                                                     : "a string";
+      const char* want = flag->kind == Kind::kInt      ? "an integer"
+                         : flag->kind == Kind::kBool   ? "true or false"
+                         : flag->kind == Kind::kDouble ? "a number"
+                                                       : "a string";
       return InvalidArgument(path + ": field '" + key + "': must be " + want +
                              ", got " + value.dump());
     }
@@ -453,6 +508,8 @@ nlohmann::json PerModelJson(const ServerConfig& config) {
       out[Underscored(name)] = std::stoll(text);
     } else if (flag->kind == Kind::kBool) {
       out[Underscored(name)] = text == "true";
+    } else if (flag->kind == Kind::kDouble) {
+      out[Underscored(name)] = std::stod(text);
     } else {
       out[Underscored(name)] = text;
     }

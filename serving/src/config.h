@@ -54,6 +54,13 @@ struct ServerConfig {
   int keep_alive_max_count = 1000;
   int keep_alive_timeout_s = 30;
   int64_t drain_delay_ms = 0;
+  // Prediction log (prediction_log.h): off unless a directory is given.
+  std::string prediction_log_dir;
+  int64_t prediction_log_max_bytes = 1ll << 30;
+  int64_t prediction_log_segment_bytes = 64ll << 20;
+  int64_t prediction_log_queue_size = 8192;
+  std::string prediction_log_sink;
+  double log_input_rate = kDefaultLogInputRate;  // per model
   std::string log_level = "info";
   bool access_log = true;
   // Flags (by name, e.g. "max-batch-size") the operator set with a flag or an

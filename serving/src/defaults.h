@@ -13,5 +13,7 @@ inline constexpr int64_t kDefaultMaxQueueDelayUs = 0;
 inline constexpr int64_t kDefaultMaxQueueSize = 4096;  // 0: unbounded
 inline constexpr int kDefaultWorkers = 1;
 inline constexpr int kDefaultThreadsPerWorker = 0;  // 0: runtime default
+// The share of requests whose inputs the prediction log keeps (0..1).
+inline constexpr double kDefaultLogInputRate = 0.0;
 
 }  // namespace serving

@@ -708,7 +708,8 @@ struct GrpcServer::Impl final : public RawService {
                               call->model(), call->infer_request(), *outputs,
                               &call->response());
                         }));
-                      });
+                      },
+                      call->infer_request().id.value_or(""));
     return Status::Ok();
   }
 

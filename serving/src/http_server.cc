@@ -519,6 +519,13 @@ class HttpServer::Impl::Session
                                     "'timeout' parameter)")));
     });
     auto executor = stream_.get_executor();
+    // The id the prediction log files the answer under: the body's "id",
+    // else an X-Request-Id header (KServe's logger), else a new UUID.
+    std::string request_id = request->id.value_or("");
+    if (request_id.empty()) {
+      const auto rid = request_.find("x-request-id");
+      if (rid != request_.end()) request_id = std::string(rid->value());
+    }
     model->InferAsync(
         std::move(request->inputs), deadline,
         [self = shared_from_this(), model, request, token, version,
@@ -545,7 +552,8 @@ class HttpServer::Impl::Session
             if (token != self->infer_token_ || !self->inflight_) return;
             self->FinishInfer(std::move(res));
           });
-        });
+        },
+        request_id);
   }
 
   void FinishInfer(Response res) {

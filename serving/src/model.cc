@@ -4,7 +4,9 @@
 
 #include <sys/stat.h>
 
+#include <cmath>
 #include <cstring>
+#include <random>
 #include <utility>
 
 #include "logging.h"
@@ -253,19 +255,93 @@ StatusOr<std::vector<Tensor>> Model::Infer(std::vector<Tensor> inputs,
   return std::move(job->outputs());
 }
 
+void Model::SetPredictionLog(PredictionLog* log, std::string role) {
+  log_ = log;
+  log_role_ = std::move(role);
+}
+
+void Model::Summarize(const StatusOr<std::vector<Tensor>>& result,
+                      PredictionRecord* record) const {
+  if (!result.ok()) {
+    record->code = HttpStatusFor(result.status().code());
+    record->error = result.status().message();
+    return;
+  }
+  if (result->empty()) return;
+  const Tensor& out = result->front();
+  if (out.dtype != DataType::kFp32 || out.shape.empty()) return;
+  const int64_t batch = out.shape[0];
+  if (batch <= 0) return;
+  const int64_t per_item =
+      static_cast<int64_t>(out.byte_size() / sizeof(float)) / batch;
+  const float* data = out.data_as<float>();
+  if (out.shape.size() == 2 && per_item > 1) {
+    // a classifier: top-1 and its softmax probability (logits or probs)
+    record->top1.reserve(batch);
+    record->confidence.reserve(batch);
+    for (int64_t i = 0; i < batch; ++i) {
+      const float* row = data + i * per_item;
+      int64_t best = 0;
+      for (int64_t c = 1; c < per_item; ++c) {
+        if (row[c] > row[best]) best = c;
+      }
+      double sum = 0.0;
+      for (int64_t c = 0; c < per_item; ++c) sum += std::exp(row[c] - row[best]);
+      record->top1.push_back(best);
+      record->confidence.push_back(static_cast<float>(1.0 / sum));
+    }
+    return;
+  }
+  record->output_mean.reserve(batch);
+  for (int64_t i = 0; i < batch; ++i) {
+    double sum = 0.0;
+    for (int64_t j = 0; j < per_item; ++j) sum += data[i * per_item + j];
+    record->output_mean.push_back(
+        static_cast<float>(per_item > 0 ? sum / per_item : 0.0));
+  }
+}
+
 void Model::InferAsync(std::vector<Tensor> inputs, Clock::time_point deadline,
-                       InferJob::Callback done) {
+                       InferJob::Callback done, const std::string& request_id) {
   // `done` is shared so that it can still be called if Submit fails after
   // handing it to a job that never ran.
   auto shared = std::make_shared<InferJob::Callback>(std::move(done));
+  InferJob::Callback callback;
+  if (log_ == nullptr) {
+    callback = [shared](StatusOr<std::vector<Tensor>> result) {
+      (*shared)(std::move(result));
+    };
+  } else {
+    auto record = std::make_shared<PredictionRecord>();
+    record->id = request_id.empty() ? NewRequestId() : request_id;
+    record->model = name_;
+    record->version = version_;
+    record->role = log_role_;
+    record->time_us = std::chrono::duration_cast<std::chrono::microseconds>(
+                          std::chrono::system_clock::now().time_since_epoch())
+                          .count();
+    record->batch = inputs.empty() || inputs[0].shape.empty() ? 0 : inputs[0].shape[0];
+    const double rate = config_.log_input_rate;
+    if (rate > 0.0) {
+      thread_local std::mt19937_64 rng{std::random_device{}()};
+      if (rate >= 1.0 || std::uniform_real_distribution<double>(0.0, 1.0)(rng) < rate) {
+        record->inputs = inputs;  // a copy: the request's own move on
+      }
+    }
+    const auto start = Clock::now();
+    callback = [this, shared, record, start](StatusOr<std::vector<Tensor>> result) {
+      record->latency_us = std::chrono::duration_cast<std::chrono::microseconds>(
+                               Clock::now() - start)
+                               .count();
+      Summarize(result, record.get());
+      PredictionLog* log = log_;
+      (*shared)(std::move(result));  // the client first
+      log->Submit(std::move(*record));
+    };
+  }
   std::shared_ptr<InferJob> job;
-  const Status status = Submit(
-      std::move(inputs), deadline,
-      [shared](StatusOr<std::vector<Tensor>> result) {
-        (*shared)(std::move(result));
-      },
-      &job);
-  if (!status.ok()) (*shared)(status);
+  const Status status = Submit(std::move(inputs), deadline, callback, &job);
+  if (!status.ok()) callback(status);
 }
 
 void Model::Stop() {

@@ -15,6 +15,7 @@
 #include "codec.h"
 #include "config.h"
 #include "signature.h"
+#include "prediction_log.h"
 #include "stats.h"
 #include "status.h"
 #include "tokenizer.h"
@@ -47,8 +48,14 @@ class Model {
   // The asynchronous form: `done` gets the outputs or the error exactly once,
   // either from this call (bad input, not ready, stopped) or later from a
   // batcher worker (see InferJob::Callback).
+  // With a prediction log, the answer (or error) is logged under
+  // `request_id` (empty: a generated UUID), after `done` ran.
   void InferAsync(std::vector<Tensor> inputs, Clock::time_point deadline,
-                  InferJob::Callback done);
+                  InferJob::Callback done, const std::string& request_id = "");
+
+  // Where this version logs its answers (nullable; must outlive the model),
+  // and its role in the log ("" when it is the only version served).
+  void SetPredictionLog(PredictionLog* log, std::string role = "");
 
   // Stops the batcher after running what is queued; Infer then fails.
   void Stop();
@@ -91,6 +98,13 @@ class Model {
   // Tokenizes text and queues the job.
   Status Submit(std::vector<Tensor> inputs, Clock::time_point deadline,
                 InferJob::Callback done, std::shared_ptr<InferJob>* job);
+
+  // The prediction record of a request, filled from its result.
+  void Summarize(const StatusOr<std::vector<Tensor>>& result,
+                 PredictionRecord* record) const;
+
+  PredictionLog* log_ = nullptr;
+  std::string log_role_;
 
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<DynamicBatcher> batcher_;

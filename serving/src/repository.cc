@@ -63,6 +63,16 @@ ModelRepository::~ModelRepository() {
 
 Status ModelRepository::Prepare() {
   ASSIGN_OR_RETURN(auto model, Model::Create(config_, factory_));
+  if (!config_.prediction_log_dir.empty() && !log_) {
+    PredictionLogOptions options;
+    options.dir = config_.prediction_log_dir;
+    options.max_bytes = config_.prediction_log_max_bytes;
+    options.segment_bytes = config_.prediction_log_segment_bytes;
+    options.queue_size = config_.prediction_log_queue_size;
+    options.sink_url = config_.prediction_log_sink;
+    ASSIGN_OR_RETURN(log_, PredictionLog::Open(options, registry_));
+  }
+  model->SetPredictionLog(log_.get());
   std::lock_guard<std::mutex> lock(mu_);
   name_ = model->name();
   prepared_ = std::shared_ptr<Model>(std::move(model));
@@ -184,6 +194,7 @@ StatusOr<std::shared_ptr<Model>> ModelRepository::Build(
     const ServerConfig& config) {
   ASSIGN_OR_RETURN(auto created, Model::Create(config, factory_));
   std::shared_ptr<Model> model(std::move(created));
+  model->SetPredictionLog(log_.get());
   ServingMetrics* metrics = nullptr;
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -13,6 +13,7 @@
 
 #include "config.h"
 #include "model.h"
+#include "prediction_log.h"
 #include "status.h"
 
 namespace serving {
@@ -70,6 +71,9 @@ class ModelRepository {
   // Stops every version (draining) and waits for retired ones.
   void StopAll();
 
+  // The prediction log (nullptr without --prediction-log-dir).
+  PredictionLog* prediction_log() const { return log_.get(); }
+
  private:
   struct Version {
     std::shared_ptr<Model> model;
@@ -90,6 +94,8 @@ class ModelRepository {
   const ServerConfig config_;
   const BackendFactory factory_;
   Registry* const registry_;
+  // Before every model member: destroyed after them (they log into it).
+  std::unique_ptr<PredictionLog> log_;
   std::string name_;
   ServingMetrics* server_metrics_ = nullptr;
 

@@ -1,0 +1,254 @@
+"""The C++ server's prediction log, read back the way the monitor reads it.
+
+Real server binary on the digits export, bound to 127.0.0.1; every load loop is bounded.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from components.ml.prediction_log import LogReader, parse_line, read_log
+from components.steps.serving_image import RunningServer
+from tests.conftest import with_model_config
+
+NAME = "digits"
+
+
+def start(binary: Path, model_dir: Path, tmp: Path, *extra: str) -> RunningServer:
+    server = RunningServer(
+        binary, model_dir, "fp32", NAME, tmp / f"server-{time.time()}.log", extra_args=list(extra)
+    )
+    server.wait_ready(60)
+    return server
+
+
+def metric(server: RunningServer, name: str) -> float:
+    """One sample of the server's /metrics (labels included in ``name``), 0 when absent."""
+    import urllib.request
+
+    text = urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=10).read()
+    for line in text.decode().splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def wait_written(server: RunningServer, count: int, limit_s: float = 20.0) -> None:
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        done = metric(server, "serving_prediction_log_written_total") + metric(
+            server, 'serving_prediction_log_dropped_total{reason="queue_full"}'
+        )
+        if done >= count:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"the log did not account for {count} records in {limit_s} s")
+
+
+@pytest.fixture(scope="module")
+def golden(digits_task, digits_data):
+    (images,), _ = digits_task.eval_head(digits_data, "test", 64)
+    return images
+
+
+def test_every_answer_is_logged_once_under_its_id_with_sampled_inputs(
+    server_binary, exported_int8, golden, tmp_path
+):
+    """Outputs of every request the model answered, inputs of about the configured share
+    (the model's own model_config.json: log_input_rate), under the client's ids. A request
+    the protocol layer refuses (malformed, wrong shape) never reached a model: counted in
+    the metrics, not logged."""
+    bundle = with_model_config(exported_int8, tmp_path / "bundle", log_input_rate=0.3)
+    log_dir = tmp_path / "log"
+    server = start(server_binary, bundle, tmp_path, f"--prediction-log-dir={log_dir}")
+    try:
+        assert server.client.model_config(NAME)["settings"]["log_input_rate"] == pytest.approx(0.3)
+        sent: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+
+        def one(i: int) -> None:
+            x = golden[i % 64 : i % 64 + 1 + i % 3]
+            out = server.client.infer(NAME, {"image": x}, binary=i % 2 == 0, request_id=f"r-{i}")
+            sent[f"r-{i}"] = (x, next(iter(out.values())))
+
+        with ThreadPoolExecutor(4) as pool:
+            list(pool.map(one, range(200)))
+        bad = np.zeros((1, 1, 27, 28), np.float32)
+        with pytest.raises(Exception, match="400"):
+            server.client.infer(NAME, {"image": bad}, request_id="r-bad")
+        wait_written(server, 200)
+    finally:
+        assert server.stop() == 0
+
+    reader = LogReader(log_dir)
+    records = list(reader)
+    assert reader.torn == 0
+    ids = [r.id for r in records]
+    assert sorted(ids) == sorted(sent)  # each exactly once, and not r-bad
+    by_id = {r.id: r for r in records}
+    sampled = 0
+    for rid, (x, logits) in sent.items():
+        r = by_id[rid]
+        assert r.ok and r.model == NAME and r.role == "default" and r.answered
+        assert r.batch == len(x) and r.top1 == logits.argmax(1).tolist()
+        probs = np.exp(logits - logits.max(1, keepdims=True))
+        probs /= probs.sum(1, keepdims=True)
+        np.testing.assert_allclose(r.confidence, probs.max(1), rtol=1e-4)
+        if r.inputs is not None:
+            sampled += 1
+            np.testing.assert_array_equal(r.inputs["image"], x)
+    # Binomial(200, 0.3): mean 60, sd 6.5; outside [30, 90] has probability < 1e-5
+    assert 30 <= sampled <= 90, sampled
+
+
+def test_rotation_keeps_the_directory_within_its_bound(
+    server_binary, exported_int8, golden, tmp_path
+):
+    log_dir = tmp_path / "log"
+    server = start(
+        server_binary,
+        exported_int8,
+        tmp_path,
+        f"--prediction-log-dir={log_dir}",
+        "--prediction-log-segment-bytes=8192",
+        "--prediction-log-max-bytes=32768",
+        "--log-input-rate=1",
+    )
+    try:
+        for i in range(120):  # ~4.3 KB per record with its input: ~60 segments written
+            server.client.infer(NAME, {"image": golden[i % 64 : i % 64 + 1]}, request_id=f"r-{i}")
+        wait_written(server, 120)
+        segments = metric(server, "serving_prediction_log_segments_total")
+    finally:
+        assert server.stop() == 0
+    files = sorted(log_dir.glob("predictions-*.jsonl"))
+    total = sum(f.stat().st_size for f in files)
+    assert segments > len(files) >= 2
+    assert total <= 32768
+    ids = [r.id for r in read_log(log_dir)]
+    assert ids and ids == [f"r-{i}" for i in range(120 - len(ids), 120)]  # the newest, in order
+
+
+def test_sigkill_leaves_no_torn_record_a_reader_accepts(
+    server_binary, exported_int8, golden, tmp_path
+):
+    log_dir = tmp_path / "log"
+    server = start(
+        server_binary,
+        exported_int8,
+        tmp_path,
+        f"--prediction-log-dir={log_dir}",
+        "--log-input-rate=1",
+    )
+    sent: set[str] = set()
+    answered: list[str] = []
+    stop = threading.Event()
+
+    def load(worker: int) -> None:
+        for i in range(5000):
+            if stop.is_set():
+                return
+            rid = f"w{worker}-{i}"
+            sent.add(rid)
+            try:
+                server.client.infer(NAME, {"image": golden[:8]}, binary=True, request_id=rid)
+            except Exception:
+                return
+            answered.append(rid)
+
+    threads = [threading.Thread(target=load, args=(w,)) for w in range(4)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 20
+    while len(answered) < 300 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    server.proc.send_signal(signal.SIGKILL)
+    server.proc.wait()
+    stop.set()
+    for t in threads:
+        t.join(30)
+    server.stop()
+    assert len(answered) >= 300
+
+    reader = LogReader(log_dir)
+    records = list(reader)
+    assert reader.torn <= 1  # at most the unterminated tail of the segment being written
+    ids = [r.id for r in records]
+    assert len(ids) == len(set(ids)) and set(ids) <= sent and len(ids) >= 100
+    for r in records:  # every accepted record is whole: its 8 inputs decode
+        assert r.inputs["image"].shape == (8, 1, 28, 28) and len(r.top1) == 8
+        np.testing.assert_array_equal(r.inputs["image"], golden[:8])
+
+    segment = sorted(log_dir.glob("predictions-*.jsonl"))[-1]
+    lines = segment.read_bytes().splitlines(keepends=True)
+    for cut in (1, len(lines[0]) // 2, len(lines[0]) - 2):  # a cut record never parses
+        assert parse_line(lines[0][:cut]) is None
+    if reader.torn == 0:  # the kill fell between two writes: leave the tail it could have left
+        segment.write_bytes(b"".join(lines) + lines[-1][: len(lines[-1]) // 2])
+    torn = LogReader(log_dir)
+    assert len(list(torn)) == len(ids) and torn.torn == 1
+
+    # a restarted server writes a new segment: the torn tail is never followed by a record
+    server = start(server_binary, exported_int8, tmp_path, f"--prediction-log-dir={log_dir}")
+    try:
+        server.client.infer(NAME, {"image": golden[:1]}, request_id="after-restart")
+        wait_written(server, 1)
+    finally:
+        assert server.stop() == 0
+    after = LogReader(log_dir)
+    ids_after = [r.id for r in after]
+    assert after.torn == 1 and ids_after == [*ids, "after-restart"]
+
+
+class _Sink(http.server.BaseHTTPRequestHandler):
+    events: list[tuple[dict[str, str], dict]] = []
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        self.events.append(({k.lower(): v for k, v in self.headers.items()}, json.loads(body)))
+        self.send_response(202)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_sink_gets_cloudevents_with_kserve_logger_headers(
+    server_binary, exported_int8, golden, tmp_path
+):
+    sink = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Sink)
+    threading.Thread(target=sink.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{sink.server_address[1]}/events"
+    server = start(
+        server_binary,
+        exported_int8,
+        tmp_path,
+        f"--prediction-log-dir={tmp_path / 'log'}",
+        f"--prediction-log-sink={url}",
+    )
+    try:
+        for i in range(5):
+            server.client.infer(NAME, {"image": golden[i : i + 2]}, request_id=f"s-{i}")
+        deadline = time.monotonic() + 20
+        while metric(server, "serving_prediction_log_sink_sent_total") < 5:
+            assert time.monotonic() < deadline, "the sink did not get 5 events"
+            time.sleep(0.05)
+    finally:
+        assert server.stop() == 0
+        sink.shutdown()
+    assert [h["ce-id"] for h, _ in _Sink.events] == [f"s-{i}" for i in range(5)]
+    for headers, body in _Sink.events:
+        assert headers["ce-specversion"] == "1.0"
+        assert headers["ce-type"] == "org.kubeflow.serving.inference.response"
+        assert headers["ce-inferenceservicename"] == NAME
+        assert headers["content-type"] == "application/json"
+        assert body["model_name"] == NAME and len(body["top1"]) == 2
