@@ -15,11 +15,12 @@ from components.core.config import load_params
 from components.kernel.cli import step_parser
 from components.kernel.dvc import dvc_stage, task_pipelines
 from components.kernel.kfp import kfp_main
-from components.kernel.step import STEPS, Step, all_steps, flag, load
+from components.kernel.step import AFTER_DEPLOY, STEPS, Step, all_steps, flag, load
 from pipelines.training import FANOUT_STEPS
 from tests.conftest import REPO, run_module
 
 DECLARED = {s.name: s for s in all_steps()}
+AFTER = {name: load(name) for name in AFTER_DEPLOY}  # CLI and KFP only, no dvc.yaml stage
 
 
 def test_dvc_yaml_is_generated_from_the_declarations():
@@ -111,21 +112,22 @@ def test_kfp_component_has_the_declared_sections_and_ports(compiled, name):
 
 def test_every_params_section_is_read_by_a_step_and_every_step_section_exists():
     shipped = yaml.safe_load((REPO / "params.yaml").read_text())
-    read = {s for step in DECLARED.values() for s in step.sections}
+    read = {s for step in (*DECLARED.values(), *AFTER.values()) for s in step.sections}
     assert read | {"resources", "paddlejob"} == set(shipped)  # resources: the KFP compiler's
-    for step in DECLARED.values():
+    for step in (*DECLARED.values(), *AFTER.values()):
         if step.params is not None:
             assert step.name in step.sections
         for section, _, _ in step.shared:
             assert section in step.sections
 
 
-@pytest.mark.parametrize("name", STEPS)
+@pytest.mark.parametrize("name", (*STEPS, *AFTER_DEPLOY))
 def test_paddle_mlops_step_help(name):
     proc = run_module("components", name, "--help", timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert f"usage: paddle-mlops {name}" in proc.stdout
-    for port in (*DECLARED[name].cli_inputs(), *DECLARED[name].cli_outputs()):
+    step = DECLARED.get(name) or AFTER[name]
+    for port in (*step.cli_inputs(), *step.cli_outputs()):
         assert f"--{flag(port.name)}" in proc.stdout
 
 

@@ -23,7 +23,7 @@ from components.core.artifacts import StepError, sweep_dead_temporaries
 from components.core.config import load_params
 from components.core.uris import redact_uri
 from components.faults import failpoints
-from components.kernel.step import STEPS, In, Step, flag, load
+from components.kernel.step import AFTER_DEPLOY, STEPS, In, Step, flag, load
 
 log = logging.getLogger(__name__)
 
@@ -188,8 +188,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in COMMANDS:
         return int(importlib.import_module(COMMANDS[argv[0]]).main(argv[1:]))
-    if not argv or argv[0] not in STEPS:
-        names = ",".join((*STEPS, *COMMANDS))
+    if not argv or argv[0] not in (*STEPS, *AFTER_DEPLOY):
+        names = ",".join((*STEPS, *AFTER_DEPLOY, *COMMANDS))
         sys.stderr.write(f"usage: paddle-mlops {{{names}}} [options]\n")
         return 2
     step = load(argv[0])

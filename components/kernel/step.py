@@ -46,6 +46,10 @@ STEPS = (
     "promote",
     "deploy",
 )
+# steps that run after deploy, on live traffic, outside the training DAG (no dvc.yaml stage:
+# their input grows by the second, and an alarm of theirs starts the DAG): CLI and KFP
+# component (pipelines/monitoring.py) only
+AFTER_DEPLOY = ("monitor",)
 
 KfpType = Literal["Dataset", "Model", "Artifact", "Metrics", "ClassificationMetrics", "HTML"]
 
@@ -179,8 +183,8 @@ def flag(name: str) -> str:
 
 def load(name: str) -> Step:
     """The declaration of step ``name`` (imports its module)."""
-    if name not in STEPS:
-        raise StepError(f"unknown step {name!r}: one of {', '.join(STEPS)}")
+    if name not in (*STEPS, *AFTER_DEPLOY):
+        raise StepError(f"unknown step {name!r}: one of {', '.join((*STEPS, *AFTER_DEPLOY))}")
     step = importlib.import_module(f"components.steps.{name}").STEP
     assert isinstance(step, Step) and step.name == name, name
     return step

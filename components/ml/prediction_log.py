@@ -79,9 +79,10 @@ class LogReader:
     def __iter__(self) -> Iterator[Prediction]:
         self.segments = sorted(Path(self.directory).glob(SEGMENT_GLOB))
         for segment in self.segments:
-            yield from self._segment(segment)
+            yield from self.segment_records(segment)
 
-    def _segment(self, path: Path) -> Iterator[Prediction]:
+    def segment_records(self, path: Path) -> Iterator[Prediction]:
+        """The whole records of one segment file (torn lines counted in ``torn``)."""
         try:
             handle = path.open("rb")
         except FileNotFoundError:  # rotated away while we read

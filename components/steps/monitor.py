@@ -1,0 +1,387 @@
+"""monitor: drift and live accuracy of the served model, from its prediction log.
+
+Reads the newest ``monitor.window`` answered items of the server's prediction log (``--log``,
+the directory ``--prediction-log-dir`` writes; ``components.ml.prediction_log``), joins the
+labels fed back so far (``--labels``: JSON Lines ``{"id": ..., "label": ...}``, or
+``"labels": [...]`` for a batch request), and compares them with the reference: the bundle's
+model on the held-out splits of its training snapshot (``monitor.reference_splits``, at most
+``monitor.reference_samples``). The checks and their calibration are those of
+``components.ml.monitoring``.
+
+Writes ``monitor.json`` (every statistic, p-value, threshold and decision), ``report.html``,
+``monitor.prom`` (Prometheus gauges, node-exporter textfile format), logs one readable line,
+and, with ``--tracking-uri``, records the verdict on the champion's registered version (tags)
+and its run (metrics). On an alarm, ``monitor.on_alarm`` starts retraining (``dvc``: ``dvc
+repro`` in the repository, the reason in ``PADDLE_MLOPS_RETRAIN_REASON``, which ``track``
+records on the run and the new version); the exit code is 0 either way: an alarm is a
+finding, not a failure.
+
+Not a stage of the training DAG: its input is live traffic, and its alarm starts that DAG.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import logging
+import os
+import subprocess
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from components.core.artifacts import StepError, atomic_path, read_json, write_json
+from components.kernel.step import In, Out, Step, Value
+from components.ml.monitoring import MonitorLimits, Sample, Verdict, compare, softmax_top1
+from components.ml.prediction_log import SEGMENT_GLOB, LogReader, Prediction
+from components.ml.runtime import ModelFiles, PaddlePredictor
+from components.tasks.base import Task
+
+log = logging.getLogger(__name__)
+
+RETRAIN_REASON_ENV = "PADDLE_MLOPS_RETRAIN_REASON"
+
+
+@dataclass(frozen=True)
+class MonitorParams:
+    alpha: float  # family-wise false-alarm rate per window (Bonferroni over the checks)
+    min_samples: int  # a check runs when the window has at least this many samples for it
+    max_accuracy_drop: float  # a live-accuracy alarm needs at least this observed drop
+    window: int  # the newest answered items judged
+    reference_samples: int  # at most, from reference_splits
+    reference_splits: list[str]
+    on_alarm: str  # none | dvc
+
+    def check(self) -> None:
+        self.limits().check()
+        if self.window < self.min_samples:
+            raise ValueError(f"window: must be >= min_samples, got {self.window}")
+        if self.reference_samples < self.min_samples:
+            raise ValueError("reference_samples: must be >= min_samples")
+        if self.on_alarm not in ("none", "dvc"):
+            raise ValueError(f"on_alarm: one of none, dvc; got {self.on_alarm!r}")
+
+    def limits(self) -> MonitorLimits:
+        return MonitorLimits(self.alpha, self.min_samples, self.max_accuracy_drop)
+
+
+@dataclass
+class Window:
+    """The newest answered items of one model version in the log."""
+
+    version: str | None
+    ids: list[tuple[str, int]]  # (request id, item index) per item
+    top1: np.ndarray
+    confidence: np.ndarray
+    features: dict[str, np.ndarray]
+    records: int
+    first_time: str | None
+    last_time: str | None
+
+
+def _served(record: Prediction) -> bool:
+    return record.answered and record.ok and record.top1 is not None
+
+
+def read_window(
+    log_dir: Path, task: Task, size: int, input_names: list[str], version: str | None = None
+) -> Window:
+    """The newest ``size`` items answered by ``version`` (default: the newest record's),
+    segment by segment from the newest, so memory holds one segment and the window."""
+    if not log_dir.is_dir():
+        raise StepError(f"{log_dir}: no prediction log directory (--log)")
+    segments = sorted(log_dir.glob(SEGMENT_GLOB))
+    chosen: list[Prediction] = []
+    items = 0
+    torn = 0
+    for segment in reversed(segments):
+        reader = LogReader(log_dir)
+        records = [r for r in reader.segment_records(segment) if _served(r)]
+        torn += reader.torn
+        if version is None and records:
+            version = records[-1].version
+        records = [r for r in records if r.version == version]
+        for r in reversed(records):
+            chosen.append(r)
+            items += r.batch
+            if items >= size:
+                break
+        if items >= size:
+            break
+    chosen.reverse()
+    ids: deque[tuple[str, int]] = deque(maxlen=size)
+    top1: deque[int] = deque(maxlen=size)
+    conf: deque[float] = deque(maxlen=size)
+    feats: dict[str, list[np.ndarray]] = {}
+    for r in chosen:
+        for i, (t, c) in enumerate(zip(r.top1 or [], r.confidence or [], strict=True)):
+            ids.append((r.id, i))
+            top1.append(int(t))
+            conf.append(float(c))
+        if r.inputs is not None:
+            try:
+                arrays = [np.asarray(r.inputs[n]) for n in input_names]
+            except KeyError:
+                continue
+            for name, values in task.monitor_features(arrays).items():
+                feats.setdefault(name, []).append(np.asarray(values, dtype=np.float64))
+    if torn:
+        log.warning("%s: %d torn or invalid line(s) skipped", log_dir, torn)
+    return Window(
+        version=version,
+        ids=list(ids),
+        top1=np.asarray(top1, dtype=np.int64),
+        confidence=np.asarray(conf, dtype=np.float64),
+        features={k: np.concatenate(v) for k, v in feats.items()},
+        records=len(chosen),
+        first_time=chosen[0].time if chosen else None,
+        last_time=chosen[-1].time if chosen else None,
+    )
+
+
+def read_labels(path: Path, wanted: set[str]) -> dict[str, list[int]]:
+    """The fed-back labels of the requests in ``wanted`` (streamed: only those are kept).
+    A bad line is one error naming the file, the line and the rule."""
+    out: dict[str, list[int]] = {}
+    with path.open(encoding="utf-8") as handle:
+        for n, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                doc = json.loads(line)
+                rid = doc["id"]
+                labels = doc["labels"] if "labels" in doc else [doc["label"]]
+                labels = [int(x) for x in labels]
+            except (ValueError, KeyError, TypeError) as exc:
+                raise StepError(
+                    f"{path}:{n}: a label line must be JSON with 'id' and an integer 'label' "
+                    f"(or a list 'labels'): {exc}"
+                ) from None
+            if rid in wanted:
+                out[rid] = labels
+    return out
+
+
+def reference_sample(
+    task: Task, model_dir: Path, data_dir: Path, splits: list[str], limit: int
+) -> tuple[Sample, list[str]]:
+    """The bundle's model on the held-out splits (at most ``limit`` samples), as the window
+    side is summarised: top-1, confidence, correctness and input features."""
+    predictor = PaddlePredictor(ModelFiles.in_dir(model_dir), threads=1)
+    task.load_assets(model_dir)
+    top1, conf, correct = [], [], []
+    feats: dict[str, list[np.ndarray]] = {}
+    have = 0
+    for split in splits:
+        for inputs, labels in task.eval_batches(data_dir, split, 256):
+            take = min(len(labels), limit - have)
+            inputs = [x[:take] for x in inputs]
+            logits = predictor.predict(inputs)
+            logits = logits[0] if isinstance(logits, list) else logits
+            t, c = softmax_top1(logits)
+            top1.append(t)
+            conf.append(c)
+            correct.append(t == labels[:take])
+            for name, values in task.monitor_features(inputs).items():
+                feats.setdefault(name, []).append(np.asarray(values, dtype=np.float64))
+            have += take
+            if have >= limit:
+                break
+        if have >= limit:
+            break
+    if have == 0:
+        raise StepError(f"{data_dir}: the reference splits {splits} hold no samples")
+    names = [s.name for s in task.input_specs()]
+    return (
+        Sample(
+            np.concatenate(top1),
+            np.concatenate(conf),
+            {k: np.concatenate(v) for k, v in feats.items()},
+            np.concatenate(correct),
+        ),
+        names,
+    )
+
+
+def prometheus(verdict: Verdict, model: str, version: str | None, window: Window) -> str:
+    labels = f'model="{model}",version="{version or ""}"'
+    lines = [
+        "# HELP paddle_mlops_monitor_alarm 1 when the last monitor run alarmed",
+        "# TYPE paddle_mlops_monitor_alarm gauge",
+        f"paddle_mlops_monitor_alarm{{{labels}}} {int(verdict.alarm)}",
+        "# HELP paddle_mlops_monitor_p_value p-value of each check (absent: skipped)",
+        "# TYPE paddle_mlops_monitor_p_value gauge",
+    ]
+    for c in verdict.checks:
+        if c.p_value is not None:
+            lines.append(
+                f'paddle_mlops_monitor_p_value{{{labels},check="{c.name}"}} {c.p_value:.6g}'
+            )
+    lines += [
+        "# HELP paddle_mlops_monitor_window_items answered items in the judged window",
+        "# TYPE paddle_mlops_monitor_window_items gauge",
+        f"paddle_mlops_monitor_window_items{{{labels}}} {len(window.top1)}",
+        "# HELP paddle_mlops_monitor_live_accuracy accuracy on the labelled window items",
+        "# TYPE paddle_mlops_monitor_live_accuracy gauge",
+    ]
+    acc = next((c for c in verdict.checks if c.name == "accuracy" and c.skipped is None), None)
+    if acc is not None:
+        lines.append(
+            f"paddle_mlops_monitor_live_accuracy{{{labels}}} {acc.detail['window_accuracy']:.6g}"
+        )
+    lines.append(f"paddle_mlops_monitor_timestamp_seconds{{{labels}}} {time.time():.0f}")
+    return "\n".join(lines) + "\n"
+
+
+def report_html(doc: dict[str, Any]) -> str:
+    rows = []
+    for c in doc["verdict"]["checks"]:
+        p = "-" if c["p_value"] is None else f"{c['p_value']:.3g}"
+        thr = "-" if c["threshold"] is None else f"{c['threshold']:.3g}"
+        state = "ALARM" if c["alarm"] else ("skipped: " + c["skipped"] if c["skipped"] else "ok")
+        rows.append(
+            "<tr>"
+            + "".join(
+                f"<td>{html.escape(str(v))}</td>"
+                for v in (c["name"], c["test"], p, thr, c["n_reference"], c["n_window"], state)
+            )
+            + "</tr>"
+        )
+    verdict = doc["verdict"]
+    head = "ALARM: " + "; ".join(verdict["reasons"]) if verdict["alarm"] else "no alarm"
+    w, ref = doc["window"], doc["reference"]
+    summary = (
+        f"window: {w['items']} items of {w['records']} requests, {w['first_time']} to "
+        f"{w['last_time']}; reference: {ref['samples']} samples of {', '.join(ref['splits'])}; "
+        f"alpha {doc['params']['alpha']} over {doc['checks_run']} checks"
+    )
+    return (
+        "<!doctype html><meta charset='utf-8'><title>monitor</title>"
+        f"<h1>{html.escape(doc['model'])} version {html.escape(str(w['version']))}</h1>"
+        f"<p><b>{html.escape(head)}</b></p><p>{html.escape(summary)}</p>"
+        "<table border=1 cellpadding=4><tr><th>check</th><th>test</th><th>p</th>"
+        "<th>threshold</th><th>n reference</th><th>n window</th><th>state</th></tr>"
+        + "".join(rows)
+        + "</table>"
+    )
+
+
+def retrain(reason: str, repo: Path) -> int:
+    """``dvc repro`` of the training pipeline, the reason handed to ``track``."""
+    log.warning("monitor: retraining (dvc repro in %s): %s", repo, reason)
+    env = {**os.environ, RETRAIN_REASON_ENV: reason}
+    return subprocess.run(["dvc", "repro"], cwd=repo, env=env, check=False).returncode
+
+
+def run(
+    params: MonitorParams,
+    task: Task,
+    model_dir: str | Path,
+    data_dir: str | Path,
+    log_dir: str | Path,
+    out_dir: str | Path,
+    labels_file: str = "",
+    model_version: str = "",
+    model_name: str = "",
+) -> dict[str, Any]:
+    model_dir, data_dir, log_dir, out_dir = map(Path, (model_dir, data_dir, log_dir, out_dir))
+    try:
+        params.check()
+    except ValueError as exc:
+        raise StepError(f"monitor: {exc}") from exc
+    signature = read_json(model_dir / "signature.json")
+    name = model_name or f"{signature.get('task', task.name)}-{task.model_kind}"
+    num_classes = len(signature.get("label_names") or []) or 2
+    reference, input_names = reference_sample(
+        task, model_dir, data_dir, params.reference_splits, params.reference_samples
+    )
+    window = read_window(log_dir, task, params.window, input_names, model_version or None)
+    correct = None
+    labelled = 0
+    if labels_file:
+        labels = read_labels(Path(labels_file), {rid for rid, _ in window.ids})
+        hits = [
+            (t, labels[rid][i])
+            for (rid, i), t in zip(window.ids, window.top1, strict=True)
+            if rid in labels and i < len(labels[rid])
+        ]
+        labelled = len(hits)
+        correct = np.asarray([t == y for t, y in hits], dtype=bool)
+    sample = Sample(window.top1, window.confidence, window.features, correct)
+    verdict = compare(reference, sample, params.limits(), num_classes)
+    doc = {
+        "model": name,
+        "alarm": verdict.alarm,
+        "verdict": verdict.to_json(),
+        "checks_run": sum(1 for c in verdict.checks if c.skipped is None),
+        "window": {
+            "version": window.version,
+            "items": len(window.top1),
+            "records": window.records,
+            "labelled": labelled,
+            "sampled_inputs": len(next(iter(window.features.values()), [])),
+            "first_time": window.first_time,
+            "last_time": window.last_time,
+            "log": str(log_dir),
+        },
+        "reference": {
+            "splits": params.reference_splits,
+            "samples": len(reference.top1),
+            "accuracy": float(reference.correct.mean()) if reference.correct is not None else None,
+        },
+        "params": {
+            "alpha": params.alpha,
+            "min_samples": params.min_samples,
+            "max_accuracy_drop": params.max_accuracy_drop,
+            "window": params.window,
+        },
+        "retrain": None,
+    }
+    if verdict.alarm:
+        line = f"monitor: ALARM {name} version {window.version}: " + "; ".join(verdict.reasons)
+        log.warning(line)
+        if params.on_alarm == "dvc":
+            doc["retrain"] = {"how": "dvc repro", "reason": line}
+    else:
+        log.info(
+            "monitor: no alarm for %s version %s (%d items, %d labelled, %d checks)",
+            name,
+            window.version,
+            len(window.top1),
+            labelled,
+            doc["checks_run"],
+        )
+    with atomic_path(out_dir) as tmp:
+        tmp.mkdir(parents=True, exist_ok=True)
+        write_json(tmp / "monitor.json", doc)
+        (tmp / "report.html").write_text(report_html(doc), encoding="utf-8")
+        (tmp / "monitor.prom").write_text(prometheus(verdict, name, window.version, window))
+    if doc["retrain"] is not None:
+        code = retrain(doc["retrain"]["reason"], Path.cwd())
+        doc["retrain"]["exit_code"] = code
+        write_json(out_dir / "monitor.json", doc)
+    return doc
+
+
+STEP = Step(
+    name="monitor",
+    doc=__doc__,
+    params=MonitorParams,
+    sections=("task", "monitor"),
+    run=run,
+    inputs=(
+        In("bundle", "outputs/package", "model_dir", help="the served (champion's) bundle"),
+        In("data", "outputs/ingest", "data_dir", help="its training snapshot"),
+        In("log", ".deploy/predictions", "log_dir", help="the server's prediction log dir"),
+    ),
+    outputs=(Out("report", "outputs/monitor", "out_dir", kfp="HTML", help="monitor.json, HTML"),),
+    values=(
+        Value("labels", "labels_file", "", help="fed-back labels, JSON Lines {id, label}"),
+        Value("model_version", "model_version", "", help="version judged (default: newest)"),
+        Value("model_name", "model_name", "", help="name in the report (default: <task>-<kind>)"),
+    ),
+)

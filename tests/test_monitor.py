@@ -1,0 +1,211 @@
+"""The monitor: calibrated drift and live-accuracy alarms, and the step on a real server's log.
+
+Calibration, like the gates' (tests/test_gates.py): the real digits model on the real
+held-out digits (val + test) gives per-sample predictions and input features; simulated
+windows draw reference and window i.i.d. from them (with replacement: under no shift both
+sides come from one distribution, the pool's), at the sizes ``params.yaml`` ships, and run
+through the same ``components.ml.monitoring.compare`` with the shipped limits. Shifted
+windows take 30 % of their images inverted or rotated (through the task's own preprocessing
+and the model), or triple one class's share.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from components.core.config import load_params, section
+from components.ml.monitoring import Sample, compare
+from components.ml.runtime import ModelFiles, PaddlePredictor
+from components.steps.monitor import MonitorParams, reference_sample
+from components.steps.serving_image import RunningServer
+from tests.conftest import REPO, run_module, with_model_config
+
+SIMULATIONS = 2000
+SHIFTED_SIMULATIONS = 500
+NAME = "digits"
+
+
+def shipped() -> MonitorParams:
+    return section(load_params(REPO / "params.yaml"), "monitor", MonitorParams)
+
+
+def shipped_input_rate() -> float:
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    return float(params["package"]["model_config"]["log_input_rate"])
+
+
+@pytest.fixture(scope="module")
+def pool(digits_task, digits_data, exported):
+    """Per held-out sample: prediction, confidence, correctness and input features, as is
+    and with its image inverted or rotated by 90 degrees."""
+    params = shipped()
+    base, _ = reference_sample(digits_task, exported, digits_data, params.reference_splits, 10**6)
+    raws, labels = zip(*(digits_task.read_split(digits_data, s) for s in params.reference_splits))
+    raw, y = np.concatenate(raws), np.concatenate(labels)
+    predictor = PaddlePredictor(ModelFiles.in_dir(exported), threads=1)
+
+    def shifted(images: np.ndarray) -> Sample:
+        (x,) = digits_task.preprocess(images)
+        logits = predictor.predict([x])
+        logits = logits[0] if isinstance(logits, list) else logits
+        from components.ml.features import softmax_top1
+
+        t, c = softmax_top1(logits)
+        return Sample(t, c, digits_task.monitor_features([x]), t == y)
+
+    return {
+        "base": base,
+        "labels": y,
+        "invert": shifted(255 - raw),
+        "rotate": shifted(np.ascontiguousarray(np.rot90(raw, 1, axes=(1, 2)))),
+    }
+
+
+def _take(s: Sample, idx: np.ndarray) -> Sample:
+    return Sample(
+        s.top1[idx], s.confidence[idx], {k: v[idx] for k, v in s.features.items()}, s.correct[idx]
+    )
+
+
+def alarm_rate(pool, shift: str, simulations: int, seed: int) -> tuple[float, dict[str, int]]:
+    params = shipped()
+    rng = np.random.default_rng(seed)
+    base, y = pool["base"], pool["labels"]
+    n = len(y)
+    n_ref = min(params.reference_samples, n)
+    n_win = params.window
+    n_inputs = int(round(n_win * shipped_input_rate()))
+    alarms, which = 0, {}
+    for _ in range(simulations):
+        ref = _take(base, rng.integers(0, n, n_ref))
+        if shift == "prior":  # one class (3) triples its share: 10 % -> 30 %
+            w = np.where(y == 3, 0.3, 0.7 / 9) / np.bincount(y)[y]
+            idx = rng.choice(n, n_win, p=w / w.sum())
+        else:
+            idx = rng.integers(0, n, n_win)
+        win = _take(base, idx)
+        if shift in ("invert", "rotate"):
+            hit = rng.random(n_win) < 0.3
+            other = _take(pool[shift], idx)
+            win.top1[hit], win.confidence[hit] = other.top1[hit], other.confidence[hit]
+            win.correct[hit] = other.correct[hit]
+            for k in win.features:
+                win.features[k][hit] = other.features[k][hit]
+        # inputs logged for a sample of the requests, labels fed back for half of them
+        win.features = {k: v[:n_inputs] for k, v in win.features.items()}
+        win.correct = win.correct[: n_win // 2]
+        verdict = compare(ref, win, params.limits(), 10)
+        alarms += verdict.alarm
+        for c in verdict.checks:
+            which[c.name] = which.get(c.name, 0) + int(c.alarm)
+    return alarms / simulations, which
+
+
+def test_no_shift_alarms_at_most_one_window_in_a_hundred(pool, record_property):
+    rate, which = alarm_rate(pool, "none", SIMULATIONS, seed=1)
+    record_property("false_alarm_rate", rate)
+    print(f"false alarms per window: {rate:.4f} ({which})")
+    assert rate <= 0.01, which
+
+
+@pytest.mark.parametrize("shift", ["invert", "rotate", "prior"])
+def test_specified_shifts_are_detected_nine_times_in_ten(pool, shift, record_property):
+    rate, which = alarm_rate(pool, shift, SHIFTED_SIMULATIONS, seed=2)
+    record_property(f"detection_{shift}", rate)
+    print(f"detection of {shift}: {rate:.3f} ({which})")
+    assert rate >= 0.9, which
+    if shift in ("invert", "rotate"):  # seen in the inputs themselves, not only the answers
+        inputs = max(v for k, v in which.items() if k.startswith("input:"))
+        assert inputs / SHIFTED_SIMULATIONS >= 0.9, which
+
+
+def _serve_and_log(server_binary, bundle, tmp: Path, log_dir: Path) -> RunningServer:
+    server = RunningServer(
+        server_binary,
+        bundle,
+        "fp32",
+        NAME,
+        tmp / f"server-{time.time()}.log",
+        extra_args=[f"--prediction-log-dir={log_dir}"],
+    )
+    server.wait_ready(60)
+    return server
+
+
+def test_the_step_stays_quiet_on_test_traffic_and_alarms_on_inverted_images(
+    server_binary, exported_int8, digits_task, digits_data, tmp_path
+):
+    """The real server logs real traffic; the monitor CLI reads it and the labels fed back."""
+    bundle = with_model_config(exported_int8, tmp_path / "bundle", log_input_rate=0.5)
+    raw, y = digits_task.read_split(digits_data, "test")
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params["monitor"] |= {"window": 400, "min_samples": 50}
+    params_file = tmp_path / "params.yaml"
+    params_file.write_text(yaml.safe_dump(params))
+
+    def replay(server: RunningServer, images: np.ndarray, prefix: str, labels_file: Path) -> None:
+        (x,) = digits_task.preprocess(images)
+        with labels_file.open("a") as out:
+            for start in range(0, 400, 4):
+                rows = np.arange(start, start + 4) % len(x)
+                rid = f"{prefix}-{start}"
+                server.client.infer(NAME, {"image": x[rows]}, binary=True, request_id=rid)
+                out.write(json.dumps({"id": rid, "labels": y[rows].tolist()}) + "\n")
+
+    def monitor(log_dir: Path, labels: Path, out: Path) -> tuple[dict, str]:
+        proc = run_module(
+            "components",
+            "monitor",
+            "--params",
+            str(params_file),
+            "--bundle",
+            str(bundle),
+            "--data",
+            str(digits_data),
+            "--log",
+            str(log_dir),
+            "--labels",
+            str(labels),
+            "--report",
+            str(out),
+        )
+        assert proc.returncode == 0, proc.stderr
+        return json.loads((out / "monitor.json").read_text()), proc.stderr
+
+    log_dir, labels = tmp_path / "log", tmp_path / "labels.jsonl"
+    server = _serve_and_log(server_binary, bundle, tmp_path, log_dir)
+    try:
+        replay(server, raw, "test", labels)
+    finally:
+        assert server.stop() == 0
+    quiet, _ = monitor(log_dir, labels, tmp_path / "quiet")
+    assert not quiet["alarm"], quiet["verdict"]["reasons"]
+    assert quiet["window"]["items"] == 400 and quiet["window"]["labelled"] == 400
+    assert 100 <= quiet["window"]["sampled_inputs"] <= 300
+    checks = {c["name"]: c for c in quiet["verdict"]["checks"]}
+    assert {"input:mean", "prediction:class_prior", "prediction:confidence", "accuracy"} <= set(
+        checks
+    )
+    assert all(c["skipped"] is None and c["p_value"] is not None for c in checks.values())
+    prom = (tmp_path / "quiet" / "monitor.prom").read_text()
+    assert 'paddle_mlops_monitor_alarm{model="digits-classifier",version="1"} 0' in prom
+    assert "<table" in (tmp_path / "quiet" / "report.html").read_text()
+
+    # the same server again, now sent inverted digits: the newest 400 items are all shifted
+    server = _serve_and_log(server_binary, bundle, tmp_path, log_dir)
+    try:
+        replay(server, 255 - raw, "inverted", labels)
+    finally:
+        assert server.stop() == 0
+    loud, stderr = monitor(log_dir, labels, tmp_path / "loud")
+    assert loud["alarm"]
+    names = {c["name"] for c in loud["verdict"]["checks"] if c["alarm"]}
+    assert "input:mean" in names
+    line = [ln for ln in stderr.splitlines() if "monitor: ALARM" in ln]
+    assert len(line) == 1 and "input:mean" in line[0], stderr
