@@ -46,8 +46,9 @@ def pool(digits_task, digits_data, exported):
     and with its image inverted or rotated by 90 degrees."""
     params = shipped()
     base, _ = reference_sample(digits_task, exported, digits_data, params.reference_splits, 10**6)
-    raws, labels = zip(*(digits_task.read_split(digits_data, s) for s in params.reference_splits))
-    raw, y = np.concatenate(raws), np.concatenate(labels)
+    parts = [digits_task.read_split(digits_data, s) for s in params.reference_splits]
+    raw = np.concatenate([p[0] for p in parts])
+    y = np.concatenate([p[1] for p in parts])
     predictor = PaddlePredictor(ModelFiles.in_dir(exported), threads=1)
 
     def shifted(images: np.ndarray) -> Sample:
