@@ -29,6 +29,7 @@ from components.core.artifacts import StepError, read_json, sha256_tree, write_j
 from components.kernel.step import REPO
 from components.kube.check import check_manifests
 from components.kube.kserve_client import KServeClient
+from components.ml.prediction_log import LogReader
 from components.ml.runtime import ModelFiles, PaddlePredictor
 from components.steps.deploy import (
     FETCH_CONTAINERS,
@@ -391,6 +392,18 @@ def test_promote_serve_rollback_with_real_containers(
         two = assert_serves(second["local"]["url"], v2, golden, 2)
         assert not np.allclose(one, two, atol=1e-2)  # the check can tell the versions apart
         assert_settings(second["local"]["url"], v2, tmp_path / "v2" / "infra")
+        # the server logged both versions' answers into the state directory, through the
+        # swap, every record whole (the monitor reads this directory)
+        log_dir = Path(second["local"]["prediction_log"])
+        assert log_dir == tmp_path / "state" / "predictions"
+        deadline = time.monotonic() + 10
+        while True:
+            reader = LogReader(log_dir)
+            versions = {r.version for r in reader}
+            if {"1", "2"} <= versions or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert {"1", "2"} <= versions and reader.torn == 0, versions
 
         # rollback in the registry, then the deploy step's CLI (what a user runs)
         Registry(mlflow_client(server.uri), NAME, RegistryParams()).rollback(reason="test")

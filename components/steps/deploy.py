@@ -74,6 +74,7 @@ VERSION_LABEL = "paddle-mlops/model-version"  # the version a container was star
 MODEL_LABEL = "paddle-mlops/model"
 SERVER_IMAGE_LABEL = "paddle-mlops.server-image"  # set by the serving image's model layer
 MODELS_ROOT = "/mnt/models-root"  # podman: local_state_dir/models/MODEL, read-only
+PREDICTION_LOG_DIR = "/var/log/predictions"  # the server's prediction log, in its container
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,10 @@ class DeployParams:
     local_name: str = "paddle-mlops-server"  # podman container name
     local_state_dir: str = ".deploy"  # podman: verified model copies, by version
     swap: str = "load"  # podman: load (in place, no restart, when possible) | restart
+    # the server logs every answer (serving/src/prediction_log.h) under PREDICTION_LOG_DIR:
+    # podman mounts local_state_dir/predictions there, the k8s templates a volume
+    prediction_log: bool = True
+    prediction_log_max_bytes: int = 1 << 30
 
     def check(self) -> None:
         if self.target not in TARGETS:
@@ -107,6 +112,8 @@ class DeployParams:
             raise ValueError("rollout_timeout_s must be > 0")
         if self.swap not in SWAPS:
             raise ValueError(f"swap must be one of {', '.join(SWAPS)}")
+        if self.prediction_log_max_bytes < 1 << 20:
+            raise ValueError("prediction_log_max_bytes must be >= 1 MiB")
 
 
 @dataclass(frozen=True)
@@ -194,13 +201,19 @@ def _pod_spec(doc: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
-def _server_args(rel: Release, variant: str) -> list[str]:
-    return [
+def _server_args(rel: Release, params: DeployParams) -> list[str]:
+    args = [
         "--model-dir=/mnt/models",
-        f"--variant={variant}",
+        f"--variant={params.server_variant}",
         f"--model-name={rel.model}",
         f"--model-version={rel.version}",
     ]
+    if params.prediction_log:
+        args += [
+            f"--prediction-log-dir={PREDICTION_LOG_DIR}",
+            f"--prediction-log-max-bytes={params.prediction_log_max_bytes}",
+        ]
+    return args
 
 
 def render(
@@ -243,7 +256,7 @@ def _pin(
     for container in [*spec.get("initContainers", []), *spec.get("containers", [])]:
         if container["name"] in SERVER_CONTAINERS:
             container["image"] = rel.image
-            container["args"] = _server_args(rel, params.server_variant)
+            container["args"] = _server_args(rel, params)
         elif container["name"] in FETCH_CONTAINERS:
             container["image"] = components_image
             container["args"] = [
@@ -417,6 +430,11 @@ def _swap_in_place(
     return {"method": "load", "server_image": running_image}
 
 
+def prediction_log_dir(params: DeployParams) -> Path:
+    """Where the podman server's prediction log is on this machine (``monitor --log``)."""
+    return Path(params.local_state_dir).resolve() / "predictions"
+
+
 def deploy_podman(rel: Release, params: DeployParams, tracking: str) -> dict[str, Any]:
     """Run ``rel`` on this machine as the init container + server pod would (module doc)."""
 
@@ -428,6 +446,8 @@ def deploy_podman(rel: Release, params: DeployParams, tracking: str) -> dict[str
     _podman("pull", "--quiet", rel.image)
     url = f"http://127.0.0.1:{params.local_port}"
     local = {"url": url, "container": params.local_name, "model_dir": str(model_dir)}
+    if params.prediction_log:
+        local["prediction_log"] = str(prediction_log_dir(params))
     running = _running_server(params, rel) if params.swap == "load" else None
     if running is not None:
         swapped = _swap_in_place(rel, params, url, running["image"])
@@ -441,16 +461,22 @@ def deploy_podman(rel: Release, params: DeployParams, tracking: str) -> dict[str
         _podman("rename", name, previous)
         _podman("stop", "--time", "10", previous)
     control = "true" if params.swap == "load" else "false"
+    log_mount: list[str] = []
+    if params.prediction_log:
+        log_dir = prediction_log_dir(params)
+        log_dir.mkdir(parents=True, exist_ok=True)
+        log_dir.chmod(0o777)  # the server runs as 10001; the monitor reads as whoever runs it
+        log_mount = ["--volume", f"{log_dir}:{PREDICTION_LOG_DIR}"]
     _podman(
         "run", "--detach", "--name", name,
         "--read-only", "--cap-drop=ALL", "--security-opt=no-new-privileges",
         "--user", "10001:10001", "--tmpfs", "/tmp",
         "--publish", f"127.0.0.1:{params.local_port}:8080",
-        "--volume", f"{models_root}:{MODELS_ROOT}:ro",
+        "--volume", f"{models_root}:{MODELS_ROOT}:ro", *log_mount,
         "--label", f"{MODEL_LABEL}={rel.model}",
         "--label", f"{VERSION_LABEL}={rel.version}",
         "--label", f"paddle-mlops/model-control={control}",
-        rel.image, *_server_args(rel, params.server_variant),
+        rel.image, *_server_args(rel, params),
         f"--model-dir={MODELS_ROOT}/v{rel.version}", f"--model-control={control}",
     )  # fmt: skip
     if not _wait_ready(url, params.rollout_timeout_s, name):

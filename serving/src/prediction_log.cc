@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <ctime>
@@ -316,7 +317,17 @@ StatusOr<std::unique_ptr<PredictionLog>> PredictionLog::Open(
                              [](char c) { return c == '-' || c == ':'; }),
               stamp.end());
   std::replace(stamp.begin(), stamp.end(), '.', '-');
-  log->prefix_ = std::string(kSegmentPrefix) + stamp + "-" +
+  // time, host and pid: replicas sharing one volume (every pod is pid 1)
+  // never pick the same name
+  char host[256] = {0};
+  if (::gethostname(host, sizeof(host) - 1) != 0 || host[0] == '\0') {
+    std::snprintf(host, sizeof(host), "host");
+  }
+  std::string host_part = host;
+  for (char& c : host_part) {
+    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+  }
+  log->prefix_ = std::string(kSegmentPrefix) + stamp + "-" + host_part + "-" +
                  std::to_string(::getpid()) + "-";
   RETURN_IF_ERROR(log->OpenSegment());
   if (registry != nullptr) {

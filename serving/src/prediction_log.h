@@ -110,7 +110,7 @@ class PredictionLog {
   int64_t segment_size_ = 0;
   int64_t segment_seq_ = 0;
   std::string segment_path_;
-  std::string prefix_;  // predictions-<utc start>-<pid>-
+  std::string prefix_;  // predictions-<utc start>-<host>-<pid>-
   TimeFormat time_format_;
 
   // sink: serialized events waiting to be POSTed
