@@ -29,6 +29,7 @@ from components.core.artifacts import StepError, read_json, sha256_tree, write_j
 from components.kernel.step import REPO
 from components.kube.check import check_manifests
 from components.kube.kserve_client import KServeClient
+from components.ml.monitoring import RETRAIN_REASON_ENV
 from components.ml.prediction_log import LogReader
 from components.ml.runtime import ModelFiles, PaddlePredictor
 from components.steps.deploy import (
@@ -382,7 +383,15 @@ def test_promote_serve_rollback_with_real_containers(
         # v2: same server image, so it is loaded into the running server while a client
         # keeps sending requests: none fails, the container stays, and v2 runs with its own
         # bundle's settings
+        # v2 as the monitor's alarm starts it: the reason lands on the run and the version
+        why = "monitor: ALARM digits version 1: input:mean (ks_2samp p=1e-09 < 0.00071)"
+        monkeypatch.setenv(RETRAIN_REASON_ENV, why)
         promoted = release_version(*args, v2, tmp_path / "v2", digits_task, digits_data)
+        monkeypatch.delenv(RETRAIN_REASON_ENV)
+        mv2 = mlflow_client(server.uri).get_model_version(NAME, "2")
+        assert mv2.tags["retrain_reason"] == why
+        assert mlflow_client(server.uri).get_run(mv2.run_id).data.tags["retrain_reason"] == why
+        assert "retrain_reason" not in mlflow_client(server.uri).get_model_version(NAME, "1").tags
         with Streaming(first["local"]["url"], golden[:1]) as stream:
             second = deploy_run(params, promoted, tmp_path / "deploy2")
         assert second["version"] == 2 and second["image"] != first["image"]

@@ -12,6 +12,8 @@ and the model), or triple one class's share.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -20,7 +22,7 @@ import pytest
 import yaml
 
 from components.core.config import load_params, section
-from components.ml.monitoring import Sample, compare
+from components.ml.monitoring import RETRAIN_REASON_ENV, Sample, compare
 from components.ml.runtime import ModelFiles, PaddlePredictor
 from components.steps.monitor import MonitorParams, reference_sample
 from components.steps.serving_image import RunningServer
@@ -159,23 +161,12 @@ def test_the_step_stays_quiet_on_test_traffic_and_alarms_on_inverted_images(
                 server.client.infer(NAME, {"image": x[rows]}, binary=True, request_id=rid)
                 out.write(json.dumps({"id": rid, "labels": y[rows].tolist()}) + "\n")
 
-    def monitor(log_dir: Path, labels: Path, out: Path) -> tuple[dict, str]:
+    def monitor(log_dir: Path, labels: Path, out: Path, cwd: Path = REPO) -> tuple[dict, str]:
         proc = run_module(
-            "components",
-            "monitor",
-            "--params",
-            str(params_file),
-            "--bundle",
-            str(bundle),
-            "--data",
-            str(digits_data),
-            "--log",
-            str(log_dir),
-            "--labels",
-            str(labels),
-            "--report",
-            str(out),
-        )
+            "components", "monitor", "--params", str(params_file), "--bundle", str(bundle),
+            "--data", str(digits_data), "--log", str(log_dir), "--labels", str(labels),
+            "--report", str(out), cwd=cwd,
+        )  # fmt: skip
         assert proc.returncode == 0, proc.stderr
         return json.loads((out / "monitor.json").read_text()), proc.stderr
 
@@ -204,8 +195,21 @@ def test_the_step_stays_quiet_on_test_traffic_and_alarms_on_inverted_images(
         replay(server, 255 - raw, "inverted", labels)
     finally:
         assert server.stop() == 0
-    loud, stderr = monitor(log_dir, labels, tmp_path / "loud")
+    # on_alarm: dvc runs `dvc repro` where the monitor runs (here a one-stage project that
+    # keeps the reason it was started with, as track records it on the run)
+    project = tmp_path / "project"
+    project.mkdir()
+    subprocess.run([sys.executable, "-m", "dvc", "init", "--no-scm", "-q"], cwd=project, check=True)
+    keep = f"import os; open('reason.txt', 'w').write(os.environ['{RETRAIN_REASON_ENV}'])"
+    stage = {"cmd": f'{sys.executable} -c "{keep}"', "outs": ["reason.txt"]}
+    (project / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"train": stage}}))
+    params["monitor"]["on_alarm"] = "dvc"
+    params_file.write_text(yaml.safe_dump(params))
+    loud, stderr = monitor(log_dir, labels, tmp_path / "loud", cwd=project)
     assert loud["alarm"]
+    assert loud["retrain"]["exit_code"] == 0 and loud["retrain"]["how"] == "dvc repro"
+    assert (project / "reason.txt").read_text() == loud["retrain"]["reason"]
+    assert loud["retrain"]["reason"].startswith("monitor: ALARM digits-classifier version 1")
     names = {c["name"] for c in loud["verdict"]["checks"] if c["alarm"]}
     assert "input:mean" in names
     line = [ln for ln in stderr.splitlines() if "monitor: ALARM" in ln]

@@ -26,7 +26,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
-from scipy import stats
 
 from components.ml.features import image_features, softmax_top1
 
@@ -39,6 +38,11 @@ __all__ = [
     "image_features",
     "softmax_top1",
 ]
+
+
+# why a pipeline run retrains: set by the monitor when its alarm starts the pipeline; track
+# records it on the run (tag retrain_reason), and register copies it onto the new version
+RETRAIN_REASON_ENV = "PADDLE_MLOPS_RETRAIN_REASON"
 
 
 @dataclass(frozen=True)
@@ -98,6 +102,8 @@ class Verdict:
 
 def compare(reference: Sample, window: Sample, limits: MonitorLimits, num_classes: int) -> Verdict:
     """Every check of ``window`` against ``reference``; see the module doc."""
+    from scipy import stats  # here: track imports this module for RETRAIN_REASON_ENV only
+
     planned: list[tuple[str, str, str, Any]] = []
     for name in sorted(set(reference.features) & set(window.features)):
         planned.append((f"input:{name}", "input_drift", "ks_2samp", name))

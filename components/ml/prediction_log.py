@@ -2,8 +2,8 @@
 
 The server writes one CloudEvents 1.0 event per answered request (structured mode, type
 ``org.kubeflow.serving.inference.response``, as KServe's logger names it) into JSON Lines
-segments ``predictions-<utc start>-<host>-<pid>-<seq>.jsonl`` of a size-bounded directory. A line is a
-record only when it ends in a newline and parses with every field present: a SIGKILL can
+segments ``predictions-<utc start>-<host>-<pid>-<seq>.jsonl`` of a size-bounded directory. A
+line is a record only when it ends in a newline and parses with every field present: a SIGKILL can
 leave an unterminated last line, which is counted as ``torn`` and never returned.
 
 Records stream segment by segment, oldest first; nothing holds the whole log in memory.

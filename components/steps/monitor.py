@@ -26,6 +26,7 @@ import json
 import logging
 import os
 import subprocess
+import sys
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -36,14 +37,19 @@ import numpy as np
 
 from components.core.artifacts import StepError, atomic_path, read_json, write_json
 from components.kernel.step import In, Out, Step, Value
-from components.ml.monitoring import MonitorLimits, Sample, Verdict, compare, softmax_top1
+from components.ml.monitoring import (
+    RETRAIN_REASON_ENV,
+    MonitorLimits,
+    Sample,
+    Verdict,
+    compare,
+    softmax_top1,
+)
 from components.ml.prediction_log import SEGMENT_GLOB, LogReader, Prediction
 from components.ml.runtime import ModelFiles, PaddlePredictor
 from components.tasks.base import Task
 
 log = logging.getLogger(__name__)
-
-RETRAIN_REASON_ENV = "PADDLE_MLOPS_RETRAIN_REASON"
 
 
 @dataclass(frozen=True)
@@ -272,9 +278,12 @@ def report_html(doc: dict[str, Any]) -> str:
 
 def retrain(reason: str, repo: Path) -> int:
     """``dvc repro`` of the training pipeline, the reason handed to ``track``."""
-    log.warning("monitor: retraining (dvc repro in %s): %s", repo, reason)
+    log.warning("monitor: retraining: dvc repro in %s (the alarm above is its reason)", repo)
     env = {**os.environ, RETRAIN_REASON_ENV: reason}
-    return subprocess.run(["dvc", "repro"], cwd=repo, env=env, check=False).returncode
+    # this interpreter's dvc: the one installed with the project, whatever PATH holds
+    return subprocess.run(
+        [sys.executable, "-m", "dvc", "repro"], cwd=repo, env=env, check=False
+    ).returncode
 
 
 def run(

@@ -96,6 +96,7 @@ _EXTRA_TAGS = (
     "serving_image_id",
     "serving_image_built",
     "component_image",
+    "retrain_reason",  # the monitor alarm that started the run (track, RETRAIN_REASON_ENV)
     "served_sha256",
     SNAPSHOT_TAG,  # the training snapshot (track's; register's data set for older runs)
 )

@@ -40,6 +40,7 @@ from components.core.uris import redact_uri
 from components.faults import failpoints
 from components.kernel.step import In, Out, Step, Value
 from components.ml import snapshot
+from components.ml.monitoring import RETRAIN_REASON_ENV
 from components.tracking.liveness import (
     FAILURE_TAG,
     HOST_TAG,
@@ -202,6 +203,8 @@ def lineage_tags(
         **_machine_tags(manifests["train"]),
         # the container image (reference@id) the steps ran in, when an orchestrator says so
         **({"component_image": image} if (image := os.environ.get("PADDLE_MLOPS_IMAGE")) else {}),
+        # why this run retrains, when the monitor's alarm started it
+        **({"retrain_reason": why[:4000]} if (why := os.environ.get(RETRAIN_REASON_ENV)) else {}),
     }
 
 
