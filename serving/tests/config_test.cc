@@ -204,6 +204,10 @@ TEST_F(ModelConfigTest, BadFilesNameTheFileTheFieldAndTheRule) {
             path + ": field 'max_batch_size': must be an integer, got \"8\""},
            {R"({"dynamic_batching": 1})",
             path + ": field 'dynamic_batching': must be true or false, got 1"},
+           {R"({"log_input_rate": 1.5})",
+            path + ": field 'log_input_rate': must be in [0, 1], got 1.5"},
+           {R"({"log_input_rate": "0.1"})",
+            path + ": field 'log_input_rate': must be a number, got \"0.1\""},
            {R"({"port": 9000})", path + ": field 'port': not a per-model setting"},
            {R"({"max_batch": 8})", path + ": field 'max_batch': not a per-model setting"},
            {R"([1, 2])", path + ": top level must be an object"},
@@ -216,6 +220,21 @@ TEST_F(ModelConfigTest, BadFilesNameTheFileTheFieldAndTheRule) {
     EXPECT_EQ(c.status().message().rfind(bad.expect, 0), 0u)
         << c.status().message() << "\n  wanted prefix: " << bad.expect;
   }
+}
+
+TEST_F(ModelConfigTest, TheLogInputRateIsARateFromFileOrFlag) {
+  Write(R"({"log_input_rate": 0.25})");
+  auto c = Apply({});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_DOUBLE_EQ(c->log_input_rate, 0.25);
+  EXPECT_DOUBLE_EQ(PerModelJson(*c)["log_input_rate"].get<double>(), 0.25);
+  auto flag = Apply({"--log-input-rate=1"});
+  ASSERT_TRUE(flag.ok());
+  EXPECT_DOUBLE_EQ(flag->log_input_rate, 1.0);  // flag > file
+  EXPECT_FALSE(Apply({"--log-input-rate=-0.1"}).ok());
+  EXPECT_FALSE(Apply({"--log-input-rate=x"}).ok());
+  Write(R"({"log_input_rate": 0})");  // an integer is a number too
+  ASSERT_TRUE(Apply({}).ok());
 }
 
 TEST_F(ModelConfigTest, ABadFileIsAnErrorEvenWhenFlagsSetEverything) {
