@@ -10,6 +10,8 @@ import json
 import signal
 import threading
 import time
+import urllib.error
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -18,7 +20,7 @@ import pytest
 
 from components.ml.prediction_log import LogReader, parse_line, read_log
 from components.steps.serving_image import RunningServer
-from tests.conftest import with_model_config
+from tests.conftest import fp32_bundle, untrained_export, with_model_config
 
 NAME = "digits"
 
@@ -33,8 +35,6 @@ def start(binary: Path, model_dir: Path, tmp: Path, *extra: str) -> RunningServe
 
 def metric(server: RunningServer, name: str) -> float:
     """One sample of the server's /metrics (labels included in ``name``), 0 when absent."""
-    import urllib.request
-
     text = urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=10).read()
     for line in text.decode().splitlines():
         if line.startswith(name + " "):
@@ -252,3 +252,108 @@ def test_sink_gets_cloudevents_with_kserve_logger_headers(
         assert headers["ce-inferenceservicename"] == NAME
         assert headers["content-type"] == "application/json"
         assert body["model_name"] == NAME and len(body["top1"]) == 2
+
+
+# --------------------------------------------------------------------------- two versions
+
+
+def _post(port: int, path: str, body: dict) -> tuple[int, dict]:
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}{path}",
+        json.dumps(body).encode(),
+        {"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=60) as res:
+            return res.status, json.loads(res.read() or b"{}")
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read() or b"{}")
+
+
+def _infer(port: int, x: np.ndarray, rid: str, version: str = "") -> tuple[str, list[int]]:
+    path = f"/v2/models/{NAME}" + (f"/versions/{version}" if version else "") + "/infer"
+    status, body = _post(
+        port,
+        path,
+        {
+            "id": rid,
+            "inputs": [
+                {"name": "image", "datatype": "FP32", "shape": list(x.shape),
+                 "data": x.reshape(-1).tolist()}
+            ],
+        },
+    )  # fmt: skip
+    assert status == 200, body
+    logits = np.asarray(body["outputs"][0]["data"], np.float32).reshape(len(x), -1)
+    return body["model_version"], logits.argmax(1).tolist()
+
+
+@pytest.fixture(scope="module")
+def challenger_bundle(tmp_path_factory, digits_task, digits_data) -> Path:
+    """Another real model (random weights, exported and packaged): other answers."""
+    root = tmp_path_factory.mktemp("challenger")
+    return fp32_bundle(untrained_export(root, digits_task, digits_data, 7), root / "bundle")
+
+
+def test_shadow_canary_promote_and_rollback_of_a_challenger(
+    server_binary, exported_int8, challenger_bundle, golden, tmp_path
+):
+    """Two versions of one model under a traffic policy: every request answered by exactly
+    one version, both versions' answers logged under its id."""
+    log_dir = tmp_path / "log"
+    server = start(server_binary, exported_int8, tmp_path, f"--prediction-log-dir={log_dir}",
+                   "--model-control=true")  # fmt: skip
+    port = server.port
+    load = f"/v2/repository/models/{NAME}/load"
+    try:
+        challenger = {"model_dir": str(challenger_bundle), "version": "2", "role": "challenger"}
+        status, body = _post(port, load, {"parameters": {**challenger, "policy": "mirror"}})
+        assert status == 400 and "shadow or canary" in body["error"]
+        status, _ = _post(port, load, {"parameters": {**challenger, "policy": "shadow",
+                                                      "fraction": "1"}})  # fmt: skip
+        assert status == 200
+        # the challenger's own answers, asked for by version
+        own = {i: _infer(port, golden[i : i + 2], f"own-{i}", "2")[1] for i in range(0, 40, 2)}
+        champion = {i: _infer(port, golden[i : i + 2], f"ref-{i}", "1")[1] for i in range(0, 40, 2)}
+        assert own != champion
+        for i in range(0, 40, 2):  # shadow: clients only ever get the champion's answer
+            assert _infer(port, golden[i : i + 2], f"shadow-{i}") == ("1", champion[i])
+
+        status, _ = _post(port, load, {"parameters": {**challenger, "policy": "canary",
+                                                      "fraction": "0.5"}})  # fmt: skip
+        assert status == 200
+        answered_by = [_infer(port, golden[:2], f"canary-{i}")[0] for i in range(200)]
+        # Binomial(200, 0.5): outside [60, 140] has probability < 1e-8
+        assert 60 <= answered_by.count("2") <= 140 and set(answered_by) == {"1", "2"}
+
+        status, _ = _post(port, f"/v2/repository/models/{NAME}/unload",
+                          {"parameters": {"role": "challenger"}})  # fmt: skip
+        assert status == 200  # rolled back: the champion alone
+        assert {_infer(port, golden[:2], f"back-{i}")[0] for i in range(20)} == {"1"}
+        status, _ = _post(port, load, {"parameters": {**challenger, "policy": "canary",
+                                                      "fraction": "0.1"}})  # fmt: skip
+        status, _ = _post(port, f"/v2/repository/models/{NAME}/promote", {})
+        assert status == 200
+        assert {_infer(port, golden[:2], f"promoted-{i}")[0] for i in range(20)} == {"2"}
+        status, body = _post(port, "/v2/repository/index", {"ready": True})
+        assert [(m["version"], m["state"]) for m in body] == [("2", "READY")]
+        wait_written(server, 20 + 20 + 2 * 20 + 200 + 20 + 20)
+    finally:
+        assert server.stop() == 0
+
+    records = list(read_log(log_dir))
+    by_id: dict[str, list] = {}
+    for r in records:
+        by_id.setdefault(r.id, []).append(r)
+    for i in range(0, 40, 2):  # shadowed: the champion's answer and the challenger's, once each
+        pair = sorted(by_id[f"shadow-{i}"], key=lambda r: r.version)
+        assert [(r.version, r.role, r.answered) for r in pair] == [
+            ("1", "champion", True),
+            ("2", "challenger", False),
+        ]
+        assert pair[0].top1 == champion[i] and pair[1].top1 == own[i]
+    canary = [by_id[f"canary-{i}"] for i in range(200)]
+    assert all(len(rs) == 1 and rs[0].answered for rs in canary)  # exactly once each
+    assert [rs[0].version for rs in canary] == answered_by
+    assert {rs[0].role for rs in canary} == {"champion", "challenger"}
+    assert all(len(by_id[f"back-{i}"]) == 1 for i in range(20))

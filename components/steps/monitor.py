@@ -302,6 +302,11 @@ def run(
         params.check()
     except ValueError as exc:
         raise StepError(f"monitor: {exc}") from exc
+    if not task.outputs_logits:
+        raise StepError(
+            f"monitor: task {task.name}'s model answers no class logits (a {task.model_kind}); "
+            "the monitor judges classifiers (prediction drift and accuracy need classes)"
+        )
     signature = read_json(model_dir / "signature.json")
     name = model_name or f"{signature.get('task', task.name)}-{task.model_kind}"
     num_classes = len(signature.get("label_names") or []) or 2

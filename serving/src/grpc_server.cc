@@ -679,13 +679,13 @@ struct GrpcServer::Impl final : public RawService {
       return parsed;
     }
     const ModelInferRequest& request = call->request();
-    auto found =
-        repository->Find(request.model_name(), request.model_version());
-    if (!found.ok()) {
+    auto routed =
+        repository->Route(request.model_name(), request.model_version());
+    if (!routed.ok()) {
       call->Track(repository->server_metrics());
-      return found.status();
+      return routed.status();
     }
-    std::shared_ptr<Model> model = std::move(found).value();
+    std::shared_ptr<Model> model = routed->answer;
     call->Track(model->metrics());
     if (!model->ready()) {
       return Unavailable("model '" + model->name() + "' is not ready");
@@ -695,6 +695,14 @@ struct GrpcServer::Impl final : public RawService {
     const auto deadline = InferDeadline(options.request_timeout_ms,
                                         call->infer_request().timeout_us,
                                         call->context()->deadline());
+    LogContext context{call->infer_request().id.value_or(""), routed->role, true};
+    if (routed->shadow) {
+      // the challenger runs a copy; its answer is only logged, under the same id
+      if (context.id.empty()) context.id = NewRequestId();
+      routed->shadow->InferAsync(
+          call->infer_request().inputs, deadline, [](StatusOr<std::vector<Tensor>>) {},
+          LogContext{context.id, "challenger", false});
+    }
     std::vector<Tensor> inputs = std::move(call->infer_request().inputs);
     call->SetModel(model);
     // From here on the model's callback finishes `call` (on a batcher
@@ -709,7 +717,7 @@ struct GrpcServer::Impl final : public RawService {
                               &call->response());
                         }));
                       },
-                      call->infer_request().id.value_or(""));
+                      context);
     return Status::Ok();
   }
 

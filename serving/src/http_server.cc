@@ -416,9 +416,9 @@ class HttpServer::Impl::Session
     }
     if (parts.size() == 5 && parts[0] == "v2" && parts[1] == "repository" &&
         parts[2] == "models" && !parts[3].empty() &&
-        (parts[4] == "load" || parts[4] == "unload")) {
+        (parts[4] == "load" || parts[4] == "unload" || parts[4] == "promote")) {
       if (!post) return MethodNotAllowed();
-      return Control(parts[3], parts[4] == "load");
+      return Control(parts[3], parts[4]);
     }
     ModelRoute route;
     if (ParseModelRoute(parts, &route)) {
@@ -458,18 +458,18 @@ class HttpServer::Impl::Session
   }
 
   // Load/unload run on the control thread; the answer comes back here.
-  void Control(const std::string& name, bool load) {
+  void Control(const std::string& name, const std::string& action) {
     const unsigned version = request_.version();
-    auto body = ParseJsonBody(request_.body(), load ? "load" : "unload");
+    auto body = ParseJsonBody(request_.body(), action.c_str());
     if (!body.ok()) return Send(ErrorResponse(version, body.status()));
     json parameters = body->contains("parameters") ? (*body)["parameters"]
                                                    : json();
-    if (!load) parameters = json();  // unload_dependents: nothing depends
-    net::post(server_->control, [self = shared_from_this(), name, load,
+    net::post(server_->control, [self = shared_from_this(), name, action,
                                  parameters = std::move(parameters), version] {
       ModelRepository& repo = *self->server_->repository;
-      const Status status =
-          load ? repo.Load(name, parameters) : repo.Unload(name);
+      const Status status = action == "load"     ? repo.Load(name, parameters)
+                            : action == "unload" ? repo.Unload(name, parameters)
+                                                 : repo.Promote(name);
       Response res = status.ok() ? MakeResponse(version, 200, "{}")
                                  : ErrorResponse(version, status);
       net::post(self->stream_.get_executor(),
@@ -482,9 +482,9 @@ class HttpServer::Impl::Session
   // ---- inference ------------------------------------------------------------
   void Infer(const ModelRoute& route) {
     const unsigned version = request_.version();
-    auto found = server_->repository->Find(route.name, route.version);
-    if (!found.ok()) return Send(ErrorResponse(version, found.status()));
-    std::shared_ptr<Model> model = std::move(found).value();
+    auto routed = server_->repository->Route(route.name, route.version);
+    if (!routed.ok()) return Send(ErrorResponse(version, routed.status()));
+    std::shared_ptr<Model> model = routed->answer;
     model_metrics_ = model->metrics();
     if (!model->ready()) {
       return Send(ErrorResponse(
@@ -521,10 +521,17 @@ class HttpServer::Impl::Session
     auto executor = stream_.get_executor();
     // The id the prediction log files the answer under: the body's "id",
     // else an X-Request-Id header (KServe's logger), else a new UUID.
-    std::string request_id = request->id.value_or("");
-    if (request_id.empty()) {
+    LogContext context{request->id.value_or(""), routed->role, true};
+    if (context.id.empty()) {
       const auto rid = request_.find("x-request-id");
-      if (rid != request_.end()) request_id = std::string(rid->value());
+      if (rid != request_.end()) context.id = std::string(rid->value());
+    }
+    if (routed->shadow) {
+      // the challenger runs a copy; its answer is only logged, under the same id
+      if (context.id.empty()) context.id = NewRequestId();
+      routed->shadow->InferAsync(
+          request->inputs, deadline, [](StatusOr<std::vector<Tensor>>) {},
+          LogContext{context.id, "challenger", false});
     }
     model->InferAsync(
         std::move(request->inputs), deadline,
@@ -553,7 +560,7 @@ class HttpServer::Impl::Session
             self->FinishInfer(std::move(res));
           });
         },
-        request_id);
+        context);
   }
 
   void FinishInfer(Response res) {

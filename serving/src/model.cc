@@ -255,10 +255,7 @@ StatusOr<std::vector<Tensor>> Model::Infer(std::vector<Tensor> inputs,
   return std::move(job->outputs());
 }
 
-void Model::SetPredictionLog(PredictionLog* log, std::string role) {
-  log_ = log;
-  log_role_ = std::move(role);
-}
+void Model::SetPredictionLog(PredictionLog* log) { log_ = log; }
 
 void Model::Summarize(const StatusOr<std::vector<Tensor>>& result,
                       PredictionRecord* record) const {
@@ -302,7 +299,7 @@ void Model::Summarize(const StatusOr<std::vector<Tensor>>& result,
 }
 
 void Model::InferAsync(std::vector<Tensor> inputs, Clock::time_point deadline,
-                       InferJob::Callback done, const std::string& request_id) {
+                       InferJob::Callback done, const LogContext& context) {
   // `done` is shared so that it can still be called if Submit fails after
   // handing it to a job that never ran.
   auto shared = std::make_shared<InferJob::Callback>(std::move(done));
@@ -313,10 +310,11 @@ void Model::InferAsync(std::vector<Tensor> inputs, Clock::time_point deadline,
     };
   } else {
     auto record = std::make_shared<PredictionRecord>();
-    record->id = request_id.empty() ? NewRequestId() : request_id;
+    record->id = context.id.empty() ? NewRequestId() : context.id;
     record->model = name_;
     record->version = version_;
-    record->role = log_role_;
+    record->role = context.role;
+    record->answered = context.answered;
     record->time_us = std::chrono::duration_cast<std::chrono::microseconds>(
                           std::chrono::system_clock::now().time_since_epoch())
                           .count();

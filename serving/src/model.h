@@ -24,6 +24,13 @@ namespace serving {
 
 class ServingMetrics;
 
+// How a request's answer is filed in the prediction log.
+struct LogContext {
+  std::string id;    // the request id (empty: a generated UUID)
+  std::string role;  // "" (one version served), "champion" or "challenger"
+  bool answered = true;  // false: a shadow run whose answer no client sees
+};
+
 using BackendFactory =
     std::function<StatusOr<std::unique_ptr<Backend>>(const BackendOptions&)>;
 
@@ -48,14 +55,13 @@ class Model {
   // The asynchronous form: `done` gets the outputs or the error exactly once,
   // either from this call (bad input, not ready, stopped) or later from a
   // batcher worker (see InferJob::Callback).
-  // With a prediction log, the answer (or error) is logged under
-  // `request_id` (empty: a generated UUID), after `done` ran.
+  // With a prediction log, the answer (or error) is logged as `context`
+  // says, after `done` ran.
   void InferAsync(std::vector<Tensor> inputs, Clock::time_point deadline,
-                  InferJob::Callback done, const std::string& request_id = "");
+                  InferJob::Callback done, const LogContext& context = {});
 
-  // Where this version logs its answers (nullable; must outlive the model),
-  // and its role in the log ("" when it is the only version served).
-  void SetPredictionLog(PredictionLog* log, std::string role = "");
+  // Where this version logs its answers (nullable; must outlive the model).
+  void SetPredictionLog(PredictionLog* log);
 
   // Stops the batcher after running what is queued; Infer then fails.
   void Stop();
@@ -104,7 +110,6 @@ class Model {
                  PredictionRecord* record) const;
 
   PredictionLog* log_ = nullptr;
-  std::string log_role_;
 
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<DynamicBatcher> batcher_;

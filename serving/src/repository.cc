@@ -1,5 +1,6 @@
 #include "repository.h"
 
+#include <random>
 #include <utility>
 
 #include "logging.h"
@@ -47,6 +48,54 @@ json Entry(const std::string& name, const std::string& version,
            const std::string& state, const std::string& reason) {
   return {{"name", name}, {"version", version}, {"state", state},
           {"reason", reason}};
+}
+
+// "role", "policy" and "fraction" of a load's parameters (removed from them).
+Status TakeRole(json* parameters, bool* challenger, TrafficPolicy* policy) {
+  *challenger = false;
+  if (!parameters->is_object()) return Status::Ok();
+  auto take = [&](const char* key, std::string* out) -> Status {
+    const auto it = parameters->find(key);
+    if (it == parameters->end()) return Status::Ok();
+    if (!it->is_string()) {
+      return InvalidArgument(std::string("load parameter '") + key + "' must be a string");
+    }
+    *out = it->get<std::string>();
+    parameters->erase(it);
+    return Status::Ok();
+  };
+  std::string role, mode, fraction;
+  RETURN_IF_ERROR(take("role", &role));
+  RETURN_IF_ERROR(take("policy", &mode));
+  RETURN_IF_ERROR(take("fraction", &fraction));
+  if (role.empty() || role == "champion") {
+    if (!mode.empty() || !fraction.empty()) {
+      return InvalidArgument("load parameters 'policy' and 'fraction' need \"role\": \"challenger\"");
+    }
+    return Status::Ok();
+  }
+  if (role != "challenger") {
+    return InvalidArgument("load parameter 'role' must be champion or challenger, got '" + role + "'");
+  }
+  if (mode != "shadow" && mode != "canary") {
+    return InvalidArgument("a challenger needs load parameter 'policy': shadow or canary");
+  }
+  char* end = nullptr;
+  const double f = std::strtod(fraction.c_str(), &end);
+  if (fraction.empty() || end != fraction.c_str() + fraction.size() || !(f > 0.0 && f <= 1.0)) {
+    return InvalidArgument("load parameter 'fraction' must be a number in (0, 1], got '" +
+                           fraction + "'");
+  }
+  *challenger = true;
+  policy->mode = mode;
+  policy->fraction = f;
+  return Status::Ok();
+}
+
+bool Draw(double fraction) {
+  if (fraction >= 1.0) return true;
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  return std::uniform_real_distribution<double>(0.0, 1.0)(rng) < fraction;
 }
 
 }  // namespace
@@ -140,11 +189,61 @@ StatusOr<std::shared_ptr<Model>> ModelRepository::Find(
   if (!current_) {
     return Unavailable("model '" + name + "' is not loaded");
   }
+  if (challenger_ && !version.empty() && version == challenger_->version() &&
+      version != current_->version()) {
+    return challenger_;
+  }
   if (!version.empty() && version != current_->version()) {
     return NotFound("unknown version '" + version + "' of model '" + name +
-                    "'; available: " + current_->version());
+                    "'; available: " + current_->version() +
+                    (challenger_ ? ", " + challenger_->version() : ""));
   }
   return current_;
+}
+
+StatusOr<Routed> ModelRepository::Route(const std::string& name,
+                                        const std::string& version) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  RETURN_IF_ERROR(KnownName(name));
+  if (!current_) return Unavailable("model '" + name + "' is not loaded");
+  Routed out;
+  if (!challenger_) {
+    if (!version.empty() && version != current_->version()) {
+      return NotFound("unknown version '" + version + "' of model '" + name +
+                      "'; available: " + current_->version());
+    }
+    out.answer = current_;
+    return out;
+  }
+  if (!version.empty()) {  // an explicit version: that one, no policy
+    if (version == current_->version()) {
+      out.answer = current_;
+      out.role = "champion";
+    } else if (version == challenger_->version()) {
+      out.answer = challenger_;
+      out.role = "challenger";
+    } else {
+      return NotFound("unknown version '" + version + "' of model '" + name +
+                      "'; available: " + current_->version() + ", " +
+                      challenger_->version());
+    }
+    return out;
+  }
+  const bool drawn = Draw(policy_.fraction);
+  if (policy_.mode == "canary" && drawn) {
+    out.answer = challenger_;
+    out.role = "challenger";
+  } else {
+    out.answer = current_;
+    out.role = "champion";
+    if (policy_.mode == "shadow" && drawn) out.shadow = challenger_;
+  }
+  return out;
+}
+
+TrafficPolicy ModelRepository::policy() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return policy_;
 }
 
 bool ModelRepository::ready() const {
@@ -212,8 +311,12 @@ StatusOr<std::shared_ptr<Model>> ModelRepository::Build(
 }
 
 Status ModelRepository::Load(const std::string& name,
-                             const json& parameters) {
+                             const json& given) {
   RETURN_IF_ERROR(ControlAllowed(name));
+  json parameters = given;
+  bool as_challenger = false;
+  TrafficPolicy policy;
+  RETURN_IF_ERROR(TakeRole(&parameters, &as_challenger, &policy));
   ASSIGN_OR_RETURN(ServerConfig config, Overrides(parameters));
   config.model_name = name_;
   std::lock_guard<std::mutex> load_lock(load_mu_);
@@ -221,8 +324,27 @@ Status ModelRepository::Load(const std::string& name,
                             {"version", config.model_version},
                             {"model_dir", config.model_dir},
                             {"variant", config.variant}});
+  if (as_challenger) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!current_) {
+      return InvalidArgument("a challenger needs a current version to run beside");
+    }
+    if (config.model_version == current_->version()) {
+      return InvalidArgument("the challenger's version must differ from the current one (" +
+                             current_->version() + ")");
+    }
+  }
   ASSIGN_OR_RETURN(std::shared_ptr<Model> model, Build(config));
   std::lock_guard<std::mutex> lock(mu_);
+  if (as_challenger) {
+    if (challenger_) RetireLocked(std::move(challenger_), "replaced by challenger " + model->version());
+    model->metrics()->SetReady(true);
+    challenger_ = std::move(model);
+    policy_ = policy;
+    LogInfo("challenger loaded", {{"model", name_}, {"version", challenger_->version()},
+                                  {"policy", policy_.mode}, {"fraction", policy_.fraction}});
+    return Status::Ok();
+  }
   if (current_) RetireCurrentLocked("replaced by version " + model->version());
   // Drop stale entries of the version being (re)loaded.
   for (auto it = history_.begin(); it != history_.end();) {
@@ -240,17 +362,58 @@ Status ModelRepository::Load(const std::string& name,
   return Status::Ok();
 }
 
-Status ModelRepository::Unload(const std::string& name) {
+Status ModelRepository::Unload(const std::string& name, const json& parameters) {
+  RETURN_IF_ERROR(ControlAllowed(name));
+  std::string role;
+  if (parameters.is_object()) {
+    for (const auto& [key, value] : parameters.items()) {
+      if (key == "unload_dependents") continue;  // Triton's; nothing depends here
+      if (key != "role" || !value.is_string()) {
+        return InvalidArgument(
+            "unload takes the string parameter 'role' (challenger) and "
+            "'unload_dependents' only");
+      }
+      role = value.get<std::string>();
+    }
+  }
+  if (!role.empty() && role != "challenger") {
+    return InvalidArgument("unload parameter 'role' must be challenger, got '" + role + "'");
+  }
+  std::lock_guard<std::mutex> load_lock(load_mu_);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (role == "challenger") {
+    if (!challenger_) return NotFound("model '" + name_ + "' has no challenger");
+    LogInfo("challenger unloaded", {{"model", name_}, {"version", challenger_->version()}});
+    RetireLocked(std::move(challenger_), "challenger unloaded");
+    policy_ = TrafficPolicy();
+    return Status::Ok();
+  }
+  if (current_) RetireCurrentLocked("unloaded");
+  if (challenger_) RetireLocked(std::move(challenger_), "unloaded");
+  policy_ = TrafficPolicy();
+  return Status::Ok();
+}
+
+Status ModelRepository::Promote(const std::string& name) {
   RETURN_IF_ERROR(ControlAllowed(name));
   std::lock_guard<std::mutex> load_lock(load_mu_);
   std::lock_guard<std::mutex> lock(mu_);
-  if (current_) RetireCurrentLocked("unloaded");
+  if (!challenger_) return NotFound("model '" + name_ + "' has no challenger to promote");
+  const std::string version = challenger_->version();
+  if (current_) RetireCurrentLocked("replaced by challenger " + version);
+  current_ = std::move(challenger_);
+  policy_ = TrafficPolicy();
+  LogInfo("challenger promoted", {{"model", name_}, {"version", version}});
   return Status::Ok();
 }
 
 void ModelRepository::RetireCurrentLocked(const std::string& reason) {
   std::shared_ptr<Model> old = std::move(current_);
   current_.reset();
+  RetireLocked(std::move(old), reason);
+}
+
+void ModelRepository::RetireLocked(std::shared_ptr<Model> old, const std::string& reason) {
   if (old->metrics() != nullptr) old->metrics()->SetReady(false);
   history_.push_back({old, "UNLOADING", reason});
   // Drain off every request thread: Stop() runs what is queued and joins
@@ -271,6 +434,11 @@ json ModelRepository::Index(bool ready_only) const {
   std::lock_guard<std::mutex> lock(mu_);
   json out = json::array();
   if (current_) out.push_back(Entry(name_, current_->version(), "READY", ""));
+  if (challenger_) {
+    out.push_back(Entry(name_, challenger_->version(), "READY",
+                        "challenger (" + policy_.mode + " " +
+                            std::to_string(policy_.fraction) + ")"));
+  }
   if (ready_only) return out;
   if (!loading_version_.empty()) {
     out.push_back(Entry(name_, loading_version_, "LOADING", ""));
@@ -295,6 +463,7 @@ StatusOr<json> ModelRepository::Statistics(const std::string& name,
     stats.push_back(model.stats().Json(name_, model.version()));
   };
   if (current_) add(*current_);
+  if (challenger_) add(*challenger_);
   for (auto it = history_.rbegin(); it != history_.rend(); ++it) {
     add(*it->model);
   }
@@ -306,12 +475,14 @@ StatusOr<json> ModelRepository::Statistics(const std::string& name,
 }
 
 void ModelRepository::StopAll() {
-  std::shared_ptr<Model> current;
+  std::shared_ptr<Model> current, challenger;
   {
     std::lock_guard<std::mutex> lock(mu_);
     current = current_;
+    challenger = challenger_;
   }
   if (current) current->Stop();
+  if (challenger) challenger->Stop();
   std::vector<std::thread> drainers;
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -21,6 +21,23 @@ namespace serving {
 class Registry;
 class ServingMetrics;
 
+// How requests are shared between the champion (the current version) and a
+// challenger loaded beside it: "shadow" also runs `fraction` of the requests
+// on the challenger (clients get the champion's answer only); "canary" lets
+// the challenger answer `fraction` of them. Both answers are logged under the
+// request's id (prediction_log.h).
+struct TrafficPolicy {
+  std::string mode = "none";  // none | shadow | canary
+  double fraction = 0.0;
+};
+
+// Which version answers a request, and which (if any) shadows it.
+struct Routed {
+  std::shared_ptr<Model> answer;
+  std::string role;  // "" (one version served), "champion" or "challenger"
+  std::shared_ptr<Model> shadow;  // nullptr: none
+};
+
 class ModelRepository {
  public:
   // `config` describes the initial model; `registry` (metrics) must outlive
@@ -42,15 +59,27 @@ class ModelRepository {
   StatusOr<std::shared_ptr<Model>> Find(const std::string& name,
                                         const std::string& version) const;
 
+  // The version(s) a request for `name` [and `version`] runs on, under the
+  // traffic policy (an explicit version: that one alone).
+  StatusOr<Routed> Route(const std::string& name,
+                         const std::string& version) const;
+
   // Loads `name` with `parameters` (strings: model_dir, version, variant,
   // model_file, params_file; "config": a JSON object string with the same
-  // keys) over the server's configuration. The current version serves until
+  // keys) over the server's configuration. With "role": "challenger" the
+  // version is loaded beside the current one under "policy" (shadow | canary)
+  // and "fraction" (0 < f <= 1) instead of replacing it. The current version serves until
   // the new one is ready, then drains. Blocking and serialized: call it off
   // the I/O threads. InvalidArgument for unknown keys or a disabled
   // --model-control, NotFound for another model name.
   Status Load(const std::string& name, const nlohmann::json& parameters);
   // Stops serving `name`; its queued and running requests still finish.
-  Status Unload(const std::string& name);
+  // With "role": "challenger" in `parameters`: only the challenger (a
+  // rollback: the champion alone serves again).
+  Status Unload(const std::string& name, const nlohmann::json& parameters = {});
+  // The challenger becomes the current version (the old one drains).
+  Status Promote(const std::string& name);
+  TrafficPolicy policy() const;
 
   // [{name, version, state, reason}] (state READY | LOADING | UNLOADING |
   // UNAVAILABLE); `ready_only` keeps the READY ones.
@@ -90,6 +119,7 @@ class ModelRepository {
   // Moves the current version to the retired list and drains it in the
   // background. Under mu_.
   void RetireCurrentLocked(const std::string& reason);
+  void RetireLocked(std::shared_ptr<Model> old, const std::string& reason);
 
   const ServerConfig config_;
   const BackendFactory factory_;
@@ -103,6 +133,8 @@ class ModelRepository {
   mutable std::mutex mu_;
   std::shared_ptr<Model> prepared_;  // between Prepare and LoadPrepared
   std::shared_ptr<Model> current_;
+  std::shared_ptr<Model> challenger_;  // beside current_, under policy_
+  TrafficPolicy policy_;
   std::string loading_version_;      // non-empty while a load runs
   std::vector<Version> history_;     // retired and failed versions
   std::vector<std::unique_ptr<ServingMetrics>> metrics_;  // never shrinks
