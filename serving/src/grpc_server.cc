@@ -697,11 +697,11 @@ struct GrpcServer::Impl final : public RawService {
                                         call->context()->deadline());
     LogContext context{call->infer_request().id.value_or(""), routed->role, true};
     if (routed->shadow) {
-      // the challenger runs a copy; its answer is only logged, under the same id
+      // the other version runs a copy; its answer is only logged, under the same id
       if (context.id.empty()) context.id = NewRequestId();
       routed->shadow->InferAsync(
           call->infer_request().inputs, deadline, [](StatusOr<std::vector<Tensor>>) {},
-          LogContext{context.id, "challenger", false});
+          LogContext{context.id, routed->shadow_role, false});
     }
     std::vector<Tensor> inputs = std::move(call->infer_request().inputs);
     call->SetModel(model);

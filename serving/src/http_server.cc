@@ -527,11 +527,11 @@ class HttpServer::Impl::Session
       if (rid != request_.end()) context.id = std::string(rid->value());
     }
     if (routed->shadow) {
-      // the challenger runs a copy; its answer is only logged, under the same id
+      // the other version runs a copy; its answer is only logged, under the same id
       if (context.id.empty()) context.id = NewRequestId();
       routed->shadow->InferAsync(
           request->inputs, deadline, [](StatusOr<std::vector<Tensor>>) {},
-          LogContext{context.id, "challenger", false});
+          LogContext{context.id, routed->shadow_role, false});
     }
     model->InferAsync(
         std::move(request->inputs), deadline,

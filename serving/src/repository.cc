@@ -233,10 +233,15 @@ StatusOr<Routed> ModelRepository::Route(const std::string& name,
   if (policy_.mode == "canary" && drawn) {
     out.answer = challenger_;
     out.role = "challenger";
+    out.shadow = current_;
+    out.shadow_role = "champion";
   } else {
     out.answer = current_;
     out.role = "champion";
-    if (policy_.mode == "shadow" && drawn) out.shadow = challenger_;
+    if (policy_.mode == "shadow" && drawn) {
+      out.shadow = challenger_;
+      out.shadow_role = "challenger";
+    }
   }
   return out;
 }

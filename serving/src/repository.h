@@ -31,11 +31,15 @@ struct TrafficPolicy {
   double fraction = 0.0;
 };
 
-// Which version answers a request, and which (if any) shadows it.
+// Which version answers a request, and which (if any) shadows it: under
+// shadow the challenger shadows the champion's sampled requests; under canary
+// the champion shadows the requests the challenger answers, so every request
+// a challenger saw has both answers (paired evidence for the judge).
 struct Routed {
   std::shared_ptr<Model> answer;
   std::string role;  // "" (one version served), "champion" or "challenger"
   std::shared_ptr<Model> shadow;  // nullptr: none
+  std::string shadow_role;
 };
 
 class ModelRepository {
