@@ -22,9 +22,9 @@ from tests.conftest import REPO
 # (the bundle's model_config.json), same values, plus dynamic_batching, max_queue_size and
 # request_timeout_ms written out at the server's own defaults (true, 4096, 10000).
 EFFECTIVE = {
-    "params.yaml": "ee0bf5ad",
-    "tasks/digits_gan/params.yaml": "a1cc87c6",
-    "tasks/sentiment/params.yaml": "a51aec08",
+    "params.yaml": "afe3ca31",
+    "tasks/digits_gan/params.yaml": "7be19a55",
+    "tasks/sentiment/params.yaml": "c9014173",
 }
 
 

@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from components.core.artifacts import StepError
+
 EVENT_TYPE = "org.kubeflow.serving.inference.response"
 SEGMENT_GLOB = "predictions-*.jsonl"
 _REQUIRED = ("specversion", "id", "type", "source", "time", "data")
@@ -157,3 +159,26 @@ def decode_tensor(tensor: dict[str, Any]) -> np.ndarray:
 def read_log(directory: str | Path) -> Iterator[Prediction]:
     """Every whole record of the log directory, oldest segment first."""
     return iter(LogReader(Path(directory)))
+
+
+def read_labels(path: Path, wanted: set[str]) -> dict[str, list[int]]:
+    """The fed-back labels of the requests in ``wanted`` (streamed: only those are kept).
+    A bad line is one error naming the file, the line and the rule."""
+    out: dict[str, list[int]] = {}
+    with path.open(encoding="utf-8") as handle:
+        for n, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                doc = json.loads(line)
+                rid = doc["id"]
+                labels = doc["labels"] if "labels" in doc else [doc["label"]]
+                labels = [int(x) for x in labels]
+            except (ValueError, KeyError, TypeError) as exc:
+                raise StepError(
+                    f"{path}:{n}: a label line must be JSON with 'id' and an integer 'label' "
+                    f"(or a list 'labels'): {exc}"
+                ) from None
+            if rid in wanted:
+                out[rid] = labels
+    return out

@@ -22,7 +22,6 @@ Not a stage of the training DAG: its input is live traffic, and its alarm starts
 from __future__ import annotations
 
 import html
-import json
 import logging
 import os
 import subprocess
@@ -45,7 +44,7 @@ from components.ml.monitoring import (
     compare,
     softmax_top1,
 )
-from components.ml.prediction_log import SEGMENT_GLOB, LogReader, Prediction
+from components.ml.prediction_log import SEGMENT_GLOB, LogReader, Prediction, read_labels
 from components.ml.runtime import ModelFiles, PaddlePredictor
 from components.tasks.base import Task
 
@@ -147,29 +146,6 @@ def read_window(
         first_time=chosen[0].time if chosen else None,
         last_time=chosen[-1].time if chosen else None,
     )
-
-
-def read_labels(path: Path, wanted: set[str]) -> dict[str, list[int]]:
-    """The fed-back labels of the requests in ``wanted`` (streamed: only those are kept).
-    A bad line is one error naming the file, the line and the rule."""
-    out: dict[str, list[int]] = {}
-    with path.open(encoding="utf-8") as handle:
-        for n, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                doc = json.loads(line)
-                rid = doc["id"]
-                labels = doc["labels"] if "labels" in doc else [doc["label"]]
-                labels = [int(x) for x in labels]
-            except (ValueError, KeyError, TypeError) as exc:
-                raise StepError(
-                    f"{path}:{n}: a label line must be JSON with 'id' and an integer 'label' "
-                    f"(or a list 'labels'): {exc}"
-                ) from None
-            if rid in wanted:
-                out[rid] = labels
-    return out
 
 
 def reference_sample(

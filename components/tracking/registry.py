@@ -418,6 +418,19 @@ class Registry:
             "%s: pinned holdout = test split of v%s (sha256 %s)", self.name, mv.version, sha[:12]
         )
 
+    def record_judgement(self, action: str, version: int, reason: str) -> dict[str, Any]:
+        """Record a live-traffic verdict on a challenger that did not become champion (the
+        judge's rollback): a history event and tags on the version; the aliases stay."""
+        with self.lock():
+            champion = self.aliases().get(CHAMPION)
+            event = self._record(action, version, champion, forced=False, reason=reason)
+            self.client.set_model_version_tag(self.name, str(version), "judged", action)
+            self.client.set_model_version_tag(
+                self.name, str(version), "judged_reason", reason[:TAG_LIMIT]
+            )
+        log.info("%s: v%d %s on live traffic: %s", self.name, version, action, reason)
+        return event
+
     def rollback(self, *, reason: str = "") -> dict[str, Any]:
         """Restore the previous champion (alias ``previous-champion``) in one call."""
         with self.lock():
