@@ -436,3 +436,25 @@ def test_a_holdout_changed_after_pinning_is_refused(
             )
     finally:
         reg.client.set_registered_model_tag(name, "holdout_sha256", pinned)
+
+
+def test_the_judges_rollback_of_a_challenger_is_recorded_with_its_evidence(server):
+    """A challenger rolled back on live traffic never was champion: the aliases stay, the
+    history and the version say why."""
+    from components.ml.judging import Judgement
+    from components.steps.judge import record
+    from components.tracking.registry import RegistryParams
+
+    reg = registry(server)
+    before = reg.aliases()
+    challenger = reg.aliases()[CHALLENGER]
+    verdict = Judgement(
+        "rollback", ["service level breached: p99 latency 412.0 ms > 100"], {"pairs": 37}
+    )
+    done = record(verdict, server, "digits-classifier", RegistryParams(), str(challenger))
+    assert done["event"]["action"] == "reject" and done["event"]["version"] == challenger
+    assert reg.aliases() == before
+    event = reg.history()[-1]
+    assert event["action"] == "reject" and "p99 latency 412.0 ms" in event["reason"]
+    tags = reg.version(challenger).tags
+    assert tags["judged"] == "reject" and "judge on live traffic" in tags["judged_reason"]
