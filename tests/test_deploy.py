@@ -9,6 +9,7 @@ server containers the deploy step starts.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shutil
 import signal
@@ -445,6 +446,57 @@ def test_promote_serve_rollback_with_real_containers(
             capture_output=True, text=True, check=True,
         ).stdout.strip()  # fmt: skip
         assert label == "1"
+
+        # a worse version as a canary beside the champion (v1 again with model control, then
+        # the previous champion v2 loaded beside it), judged on labelled live traffic and
+        # rolled back: every client request answered, the rejection in the registry
+        control = dataclasses.replace(params, swap="load")
+        fourth = deploy_run(control, promoted, tmp_path / "deploy4")
+        assert fourth["version"] == 1 and fourth["local"]["method"] == "restart"
+        canary = dataclasses.replace(
+            params, alias="previous-champion", challenger="canary", challenger_fraction=0.5
+        )
+        fifth = deploy_run(canary, promoted, tmp_path / "deploy5")
+        assert fifth["version"] == 2 and fifth["local"]["method"] == "challenger"
+        images, labels = digits_task.eval_head(digits_data, "test", 64)
+        client = KServeClient(fifth["local"]["url"])
+        feedback = tmp_path / "labels.jsonl"
+        with feedback.open("w") as out:
+            for i in range(100):
+                rows = np.arange(4 * i, 4 * i + 4) % 64
+                client.infer(NAME, {"image": images[0][rows]}, request_id=f"c-{i}")
+                out.write(json.dumps({"id": f"c-{i}", "labels": labels[rows].tolist()}) + "\n")
+        judge_params = yaml.safe_load((REPO / "params.yaml").read_text())
+        judge_params["judge"] |= {"min_labelled": 100, "min_pairs": 100}
+        judge_params["registry"]["model_name"] = NAME
+        (tmp_path / "judge.yaml").write_text(yaml.safe_dump(judge_params))
+        time.sleep(0.3)  # the log writer's period
+        proc = subprocess.run(
+            [sys.executable, "-m", "components", "judge", "--params", str(tmp_path / "judge.yaml"),
+             "--log", fifth["local"]["prediction_log"], "--labels", str(feedback),
+             "--server", fifth["local"]["url"], "--judgement", str(tmp_path / "judge")],
+            cwd=REPO, capture_output=True, text=True, timeout=600,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        verdict = read_json(tmp_path / "judge" / "judgement.json")
+        assert (verdict["action"], verdict["challenger"], verdict["champion"]) == (
+            "rollback",
+            "2",
+            "1",
+        )
+        assert "McNemar" in verdict["reasons"][0]
+        assert {client.infer(NAME, {"image": images[0][:1]}, request_id=f"after-{i}") is not None
+                for i in range(3)}  # fmt: skip
+        index = json.loads(urllib.request.urlopen(urllib.request.Request(
+            f"{fifth['local']['url']}/v2/repository/index", b"{}", method="POST",
+            headers={"Content-Type": "application/json"})).read())  # fmt: skip
+        assert [(m["version"], m["state"]) for m in index if m["state"] == "READY"] == [
+            ("1", "READY")
+        ]
+        reg = Registry(mlflow_client(server.uri), NAME, RegistryParams())
+        assert reg.aliases()["champion"] == 1 and reg.history()[-1]["action"] == "reject"
+        assert reg.version(2).tags["judged"] == "reject"
     finally:
         subprocess.run(["podman", "rm", "--force", params.local_name], capture_output=True)
         subprocess.run(

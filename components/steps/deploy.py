@@ -97,6 +97,10 @@ class DeployParams:
     # podman mounts local_state_dir/predictions there, the k8s templates a volume
     prediction_log: bool = True
     prediction_log_max_bytes: int = 1 << 30
+    # podman: none replaces the served version; shadow | canary loads the alias's version
+    # beside it as a challenger for `paddle-mlops judge` (challenger_fraction of the traffic)
+    challenger: str = "none"
+    challenger_fraction: float = 0.1
 
     def check(self) -> None:
         if self.target not in TARGETS:
@@ -114,6 +118,15 @@ class DeployParams:
             raise ValueError(f"swap must be one of {', '.join(SWAPS)}")
         if self.prediction_log_max_bytes < 1 << 20:
             raise ValueError("prediction_log_max_bytes must be >= 1 MiB")
+        if self.challenger not in ("none", "shadow", "canary"):
+            raise ValueError("challenger must be none, shadow or canary")
+        if not 0.0 < self.challenger_fraction <= 1.0:
+            raise ValueError("challenger_fraction must be in (0, 1]")
+        if self.challenger != "none" and self.target != "podman":
+            raise ValueError(
+                "challenger: podman only (a cluster canary is KServe's canaryTrafficPercent or "
+                "a second Deployment, not built yet)"
+            )
 
 
 @dataclass(frozen=True)
@@ -430,6 +443,47 @@ def _swap_in_place(
     return {"method": "load", "server_image": running_image}
 
 
+def _load_challenger(rel: Release, params: DeployParams, url: str) -> dict[str, Any]:
+    """Load ``rel`` beside the version the running server serves, under the policy."""
+    running = _running_server(params, rel)
+    if running is None:
+        raise StepError(
+            f"deploy.challenger {params.challenger}: no running server of {rel.model} with model "
+            f"control ({params.local_name}); deploy the champion first (deploy.challenger: none)"
+        )
+    if _image_config(running["image"]) != _image_config(rel.image):
+        raise StepError(
+            f"{rel.model} v{rel.version}'s server image differs from the running one: a "
+            "challenger must run in the champion's server (same image and configuration)"
+        )
+    client = KServeClient(url, timeout=params.rollout_timeout_s)
+    config = {
+        "model_dir": f"{MODELS_ROOT}/v{rel.version}",
+        "version": str(rel.version),
+        "variant": params.server_variant,
+        "role": "challenger",
+        "policy": params.challenger,
+        "fraction": str(params.challenger_fraction),
+    }
+    try:
+        client.load_model(rel.model, config)
+    except KServeError as exc:
+        raise StepError(
+            f"the server at {url} could not load challenger v{rel.version}: {exc}"
+        ) from None
+    log.info(
+        "%s v%d runs beside the champion as a %s challenger (%.0f%% of requests); judge it with "
+        "paddle-mlops judge --server %s",
+        rel.model, rel.version, params.challenger, 100 * params.challenger_fraction, url,
+    )  # fmt: skip
+    return {
+        "method": "challenger",
+        "policy": params.challenger,
+        "fraction": params.challenger_fraction,
+        "server_image": running["image"],
+    }
+
+
 def prediction_log_dir(params: DeployParams) -> Path:
     """Where the podman server's prediction log is on this machine (``monitor --log``)."""
     return Path(params.local_state_dir).resolve() / "predictions"
@@ -448,6 +502,8 @@ def deploy_podman(rel: Release, params: DeployParams, tracking: str) -> dict[str
     local = {"url": url, "container": params.local_name, "model_dir": str(model_dir)}
     if params.prediction_log:
         local["prediction_log"] = str(prediction_log_dir(params))
+    if params.challenger != "none":
+        return {**local, **_load_challenger(rel, params, url)}
     running = _running_server(params, rel) if params.swap == "load" else None
     if running is not None:
         swapped = _swap_in_place(rel, params, url, running["image"])
