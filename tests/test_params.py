@@ -22,9 +22,9 @@ from tests.conftest import REPO
 # (the bundle's model_config.json), same values, plus dynamic_batching, max_queue_size and
 # request_timeout_ms written out at the server's own defaults (true, 4096, 10000).
 EFFECTIVE = {
-    "params.yaml": "afe3ca31",
-    "tasks/digits_gan/params.yaml": "7be19a55",
-    "tasks/sentiment/params.yaml": "c9014173",
+    "params.yaml": "316b482a",
+    "tasks/digits_gan/params.yaml": "e3bd1902",
+    "tasks/sentiment/params.yaml": "b4a6d61a",
 }
 
 

@@ -451,7 +451,8 @@ def _load_challenger(rel: Release, params: DeployParams, url: str) -> dict[str, 
             f"deploy.challenger {params.challenger}: no running server of {rel.model} with model "
             f"control ({params.local_name}); deploy the champion first (deploy.challenger: none)"
         )
-    if _image_config(running["image"]) != _image_config(rel.image):
+    running_image = running["image"]
+    if _image_config(running_image) != _image_config(rel.image):
         raise StepError(
             f"{rel.model} v{rel.version}'s server image differs from the running one: a "
             "challenger must run in the champion's server (same image and configuration)"
@@ -480,7 +481,7 @@ def _load_challenger(rel: Release, params: DeployParams, url: str) -> dict[str, 
         "method": "challenger",
         "policy": params.challenger,
         "fraction": params.challenger_fraction,
-        "server_image": running["image"],
+        "server_image": running_image,
     }
 
 
