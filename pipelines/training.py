@@ -43,7 +43,7 @@ from kfp import compiler, dsl, kubernetes
 from kfp.dsl import HTML, Artifact, Dataset, Input, Output
 
 from components.kernel.kfp import kfp_component
-from components.kernel.step import Step, all_steps
+from components.kernel.step import AFTER_DEPLOY, Step, all_steps, load
 from pipelines import paddlejob as pj
 
 IMAGE = "registry.example.com/paddle-mlops/components:latest"
@@ -57,6 +57,11 @@ STEPS: dict[str, Step] = {s.name: s for s in all_steps()}
 FANOUT_STEPS = ("ingest", "validate")
 # the pipeline's parameters: one per params.yaml section that some step reads
 SECTIONS = tuple(dict.fromkeys(s for step in STEPS.values() for s in step.sections))
+# the sections only the steps after deploy read (monitor, judge): params.yaml holds them, this
+# pipeline does not take them
+AFTER_DEPLOY_SECTIONS = frozenset(
+    s for name in AFTER_DEPLOY for s in load(name).sections if s not in SECTIONS
+)
 
 
 def fingerprint_op(task: dict, ingest: dict) -> str:
@@ -612,7 +617,9 @@ def pipeline_params(params: dict[str, Any], backend: str | None = None) -> dict[
     backend (``backend``, default: :func:`train_backend` of ``params``), else not passed."""
     backend = train_backend(params) if backend is None else backend
     # resources: compile time; paddlejob: the launcher's, when compiled in
-    unknown = sorted(set(params) - set(SECTIONS) - {"resources", "paddlejob"})
+    unknown = sorted(
+        set(params) - set(SECTIONS) - AFTER_DEPLOY_SECTIONS - {"resources", "paddlejob"}
+    )
     if unknown:
         raise ValueError(f"params sections {unknown} are not parameters of the pipeline")
     return {s: _drop_nulls(params.get(s) or {}) for s in pipeline_sections(backend)}
