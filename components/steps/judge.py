@@ -23,7 +23,7 @@ import logging
 import os
 import urllib.error
 import urllib.request
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,24 +40,10 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class JudgeParams:
-    min_pairs: int
-    min_labelled: int
-    min_agreement: float
-    max_error_rate: float
-    max_p99_latency_ms: float
-    slo_min_requests: int
-    window: int  # the newest paired requests judged
+class JudgeParams(JudgeLimits):
+    """``judge`` in params.yaml: the verdict's limits, and how much of the log is read."""
 
-    def limits(self) -> JudgeLimits:
-        return JudgeLimits(
-            self.min_pairs,
-            self.min_labelled,
-            self.min_agreement,
-            self.max_error_rate,
-            self.max_p99_latency_ms,
-            self.slo_min_requests,
-        )
+    window: int  # the newest paired requests (and challenger answers) judged
 
 
 def blessing_limits(all_params: Any) -> PairedLimits:
@@ -78,33 +64,44 @@ def blessing_limits(all_params: Any) -> PairedLimits:
 
 def evidence(log_dir: Path, window: int, labels_file: str) -> tuple[Evidence, str, str]:
     """The trial's paired answers (the newest challenger version and its champion), the
-    challenger's service record, and the versions: (evidence, champion, challenger)."""
+    challenger's service record, and the versions: (evidence, champion, challenger). One pass
+    over the log; memory holds the newest ``window`` requests."""
     if not log_dir.is_dir():
         raise StepError(f"{log_dir}: no prediction log directory (--log)")
-    records = [r for r in LogReader(log_dir) if r.role in ("champion", "challenger")]
-    challengers = [r for r in records if r.role == "challenger"]
-    if not challengers:
-        raise StepError(f"{log_dir}: no challenger answers logged; load one beside the champion")
-    challenger = challengers[-1].version
-    champions = [r for r in records if r.role == "champion"]
-    champion = champions[-1].version if champions else ""
-    pairs: OrderedDict[str, dict[str, Any]] = OrderedDict()
-    ev = Evidence()
-    for r in records:
-        if r.role == "challenger" and r.version == challenger:
-            ev.challenger_requests += 1
-            ev.challenger_errors += int(r.code >= 500)
-            ev.challenger_latency_us.append(r.latency_us)
-        if r.version not in (champion, challenger) or not r.ok or r.top1 is None:
+    challenger, champion = "", ""
+    answers: deque[tuple[bool, int]] = deque(maxlen=window)  # (5xx, latency) of challenger
+    pairs: OrderedDict[str, dict[str, tuple[str, list[int]]]] = OrderedDict()
+    for r in LogReader(log_dir):
+        if r.role == "champion":
+            champion = r.version
+        elif r.role == "challenger":
+            if r.version != challenger:  # a new trial: the older one's answers are not its
+                challenger = r.version
+                answers.clear()
+            answers.append((r.code >= 500, r.latency_us))
+        else:
             continue
-        pairs.setdefault(r.id, {})[r.role] = r.top1
-        pairs.move_to_end(r.id)
-        while len(pairs) > window:
-            pairs.popitem(last=False)
-    complete = {k: v for k, v in pairs.items() if len(v) == 2}
+        if r.ok and r.top1 is not None:
+            pairs.setdefault(r.id, {})[r.role] = (r.version, r.top1)
+            pairs.move_to_end(r.id)
+            while len(pairs) > window:
+                pairs.popitem(last=False)
+    if not challenger:
+        raise StepError(f"{log_dir}: no challenger answers logged; load one beside the champion")
+    ev = Evidence(
+        challenger_requests=len(answers),
+        challenger_errors=sum(failed for failed, _ in answers),
+        challenger_latency_us=[latency for _, latency in answers],
+    )
+    complete = {
+        rid: (both["champion"][1], both["challenger"][1])
+        for rid, both in pairs.items()
+        if both.get("champion", ("",))[0] == champion
+        and both.get("challenger", ("",))[0] == challenger
+    }
     labels = read_labels(Path(labels_file), set(complete)) if labels_file else {}
-    for rid, both in complete.items():
-        for i, (a, b) in enumerate(zip(both["champion"], both["challenger"], strict=True)):
+    for rid, (ours, theirs) in complete.items():
+        for i, (a, b) in enumerate(zip(ours, theirs, strict=True)):
             ev.champion.append(int(a))
             ev.challenger.append(int(b))
             got = labels.get(rid)
@@ -168,13 +165,13 @@ def run(
 ) -> Judgement:
     log_dir, out_dir = Path(log_dir), Path(out_dir)
     try:
-        params.limits().check()
+        params.check()
     except ValueError as exc:
         raise StepError(f"judge: {exc}") from exc
     paired = blessing_limits(all_params)
     ev, champion, challenger = evidence(log_dir, params.window, labels_file)
     names = [str(i) for i in range(max([*ev.champion, *ev.challenger, 1]) + 1)]
-    judgement = judge(ev, params.limits(), paired, names)
+    judgement = judge(ev, params, paired, names)
     name = model_name or registered_name(registry_params, task.name, task.model_kind)
     line = f"judge: {judgement.action.upper()} {name} v{challenger} (champion v{champion}): " + (
         "; ".join(judgement.reasons)
