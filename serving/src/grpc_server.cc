@@ -696,13 +696,7 @@ struct GrpcServer::Impl final : public RawService {
                                         call->infer_request().timeout_us,
                                         call->context()->deadline());
     LogContext context{call->infer_request().id.value_or(""), routed->role, true};
-    if (routed->shadow) {
-      // the other version runs a copy; its answer is only logged, under the same id
-      if (context.id.empty()) context.id = NewRequestId();
-      routed->shadow->InferAsync(
-          call->infer_request().inputs, deadline, [](StatusOr<std::vector<Tensor>>) {},
-          LogContext{context.id, routed->shadow_role, false});
-    }
+    StartShadow(*routed, call->infer_request().inputs, deadline, &context);
     std::vector<Tensor> inputs = std::move(call->infer_request().inputs);
     call->SetModel(model);
     // From here on the model's callback finishes `call` (on a batcher

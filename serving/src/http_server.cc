@@ -526,13 +526,7 @@ class HttpServer::Impl::Session
       const auto rid = request_.find("x-request-id");
       if (rid != request_.end()) context.id = std::string(rid->value());
     }
-    if (routed->shadow) {
-      // the other version runs a copy; its answer is only logged, under the same id
-      if (context.id.empty()) context.id = NewRequestId();
-      routed->shadow->InferAsync(
-          request->inputs, deadline, [](StatusOr<std::vector<Tensor>>) {},
-          LogContext{context.id, routed->shadow_role, false});
-    }
+    StartShadow(*routed, request->inputs, deadline, &context);
     model->InferAsync(
         std::move(request->inputs), deadline,
         [self = shared_from_this(), model, request, token, version,

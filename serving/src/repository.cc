@@ -100,6 +100,14 @@ bool Draw(double fraction) {
 
 }  // namespace
 
+void StartShadow(const Routed& routed, const std::vector<Tensor>& inputs,
+                 Clock::time_point deadline, LogContext* context) {
+  if (!routed.shadow) return;
+  if (context->id.empty()) context->id = NewRequestId();
+  routed.shadow->InferAsync(inputs, deadline, [](StatusOr<std::vector<Tensor>>) {},
+                            LogContext{context->id, routed.shadow_role, false});
+}
+
 ModelRepository::ModelRepository(ServerConfig config, BackendFactory factory,
                                  Registry* registry)
     : config_(std::move(config)),

@@ -42,6 +42,12 @@ struct Routed {
   std::string shadow_role;
 };
 
+// Runs `routed`'s shadow version (if any) on a copy of `inputs`, its answer only
+// logged, under `context`'s id (a new one when empty, then set in `context` so the
+// answering version logs under it too).
+void StartShadow(const Routed& routed, const std::vector<Tensor>& inputs,
+                 Clock::time_point deadline, LogContext* context);
+
 class ModelRepository {
  public:
   // `config` describes the initial model; `registry` (metrics) must outlive
