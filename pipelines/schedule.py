@@ -3,12 +3,16 @@
     python -m pipelines.schedule create --host URL --cron "0 0 3 * * 1" [--dry-run]
     python -m pipelines.schedule list   --host URL
     python -m pipelines.schedule disable|enable|delete --host URL --name NAME
+    python -m pipelines.schedule trigger --host URL --monitor outputs/monitor/monitor.json
 
 ``create`` uploads ``pipelines/compiled/training.yaml`` as a new version of pipeline
 ``paddle-mlops-training`` (creating the pipeline on first use), then creates the recurring
 run, or replaces an existing one of the same name. The cron expression has six fields
 (seconds first) as the KFP API expects; runs never overlap (``max_concurrency=1``) and missed
-slots are not caught up (``no_catchup=True``). ``--dry-run`` prints exactly the calls that
+slots are not caught up (``no_catchup=True``). ``trigger`` is retraining by evidence: when the
+monitor's ``monitor.json`` says it alarmed, it uploads the pipeline the same way and starts one
+run now, its ``retrain_reason`` argument the alarm line (the track step tags it on the MLflow run,
+register on the new version); no alarm, no call. ``--dry-run`` prints exactly the calls that
 would be sent and contacts nothing.
 """
 
@@ -68,25 +72,7 @@ def plan_create(
 ) -> SchedulePlan:
     """The calls ``create`` makes, in order (upload first, then the recurring run)."""
     check_cron(cron)
-    upload = (
-        Call(
-            "upload_pipeline_version",
-            {
-                "pipeline_package_path": str(package),
-                "pipeline_version_name": version,
-                "pipeline_id": pipeline_id,
-            },
-        )
-        if pipeline_id
-        else Call(
-            "upload_pipeline",
-            {
-                "pipeline_package_path": str(package),
-                "pipeline_name": PIPELINE_NAME,
-                "description": "paddle-mlops training + promotion",
-            },
-        )
-    )
+    upload = _upload(package, version, pipeline_id)
     recurring: dict[str, Any] = {
         "experiment_id": experiment_id,
         "job_name": job_name,
@@ -107,6 +93,57 @@ def plan_create(
     return SchedulePlan([upload, Call("create_recurring_run", recurring)])
 
 
+def _upload(package: Path, version: str, pipeline_id: str | None) -> Call:
+    """A new version of the pipeline, or the pipeline itself on first use."""
+    return (
+        Call(
+            "upload_pipeline_version",
+            {
+                "pipeline_package_path": str(package),
+                "pipeline_version_name": version,
+                "pipeline_id": pipeline_id,
+            },
+        )
+        if pipeline_id
+        else Call(
+            "upload_pipeline",
+            {
+                "pipeline_package_path": str(package),
+                "pipeline_name": PIPELINE_NAME,
+                "description": "paddle-mlops training + promotion",
+            },
+        )
+    )
+
+
+def plan_trigger(
+    package: Path,
+    *,
+    experiment_id: str,
+    job_name: str,
+    params: dict[str, Any],
+    reason: str,
+    version: str,
+    pipeline_id: str | None,
+    service_account: str | None,
+    pipeline_root: str | None,
+) -> SchedulePlan:
+    """The calls ``trigger`` makes: the upload, then one run now with ``reason``."""
+    run: dict[str, Any] = {
+        "experiment_id": experiment_id,
+        "job_name": job_name,
+        "params": {**params, "retrain_reason": reason},
+        "pipeline_id": pipeline_id or "<id returned by upload_pipeline>",
+        "version_id": "<id returned by the upload>",
+        "enable_caching": None,
+    }
+    if service_account:
+        run["service_account"] = service_account
+    if pipeline_root:
+        run["pipeline_root"] = pipeline_root
+    return SchedulePlan([_upload(package, version, pipeline_id), Call("run_pipeline", run)])
+
+
 def _client(host: str) -> Any:
     import kfp
 
@@ -118,18 +155,35 @@ def _find_recurring(client: Any, experiment_id: str, name: str) -> Any | None:
     return next((r for r in runs or [] if r.display_name == name), None)
 
 
+def _connect(args: argparse.Namespace) -> tuple[Any, str, str | None]:
+    """(client or None for a dry run, experiment id, the pipeline's id if it exists)."""
+    if args.dry_run:
+        return None, f"<id of experiment {args.experiment}>", None
+    client = _client(args.host)
+    experiment_id = client.create_experiment(args.experiment).experiment_id
+    return client, experiment_id, client.get_pipeline_id(PIPELINE_NAME)
+
+
+def _uploaded(client: Any, upload: Call, pipeline_id: str | None) -> tuple[str, str]:
+    """Send the upload call: (pipeline id, the new version's id)."""
+    uploaded = getattr(client, upload.method)(**upload.kwargs)
+    pipeline_id = getattr(uploaded, "pipeline_id", None) or pipeline_id
+    version_id = getattr(uploaded, "pipeline_version_id", None)
+    if version_id is None:  # a new pipeline: its first version
+        versions = client.list_pipeline_versions(
+            pipeline_id, page_size=1, sort_by="created_at desc"
+        )
+        version_id = versions.pipeline_versions[0].pipeline_version_id
+    return str(pipeline_id), str(version_id)
+
+
 def create(args: argparse.Namespace, params: dict[str, Any]) -> SchedulePlan:
     from pipelines.training import compile_pipeline, pipeline_params
 
     # compiled from the same params file as the run's arguments (resources, train backend)
     package = compile_pipeline(args.package, args.gpus, params_file=args.params)
     version = args.version or datetime.now(UTC).strftime("v%Y%m%d-%H%M%S")
-    client = None if args.dry_run else _client(args.host)
-    pipeline_id = None
-    experiment_id = f"<id of experiment {args.experiment}>"
-    if client is not None:
-        experiment_id = client.create_experiment(args.experiment).experiment_id
-        pipeline_id = client.get_pipeline_id(PIPELINE_NAME)
+    client, experiment_id, pipeline_id = _connect(args)
     plan = plan_create(
         package,
         experiment_id=experiment_id,
@@ -143,14 +197,7 @@ def create(args: argparse.Namespace, params: dict[str, Any]) -> SchedulePlan:
     )
     if client is None:
         return plan
-    uploaded = getattr(client, plan.calls[0].method)(**plan.calls[0].kwargs)
-    pipeline_id = getattr(uploaded, "pipeline_id", None) or pipeline_id
-    version_id = getattr(uploaded, "pipeline_version_id", None)
-    if version_id is None:  # a new pipeline: its first version
-        versions = client.list_pipeline_versions(
-            pipeline_id, page_size=1, sort_by="created_at desc"
-        )
-        version_id = versions.pipeline_versions[0].pipeline_version_id
+    pipeline_id, version_id = _uploaded(client, plan.calls[0], pipeline_id)
     kwargs = dict(plan.calls[1].kwargs, pipeline_id=pipeline_id, version_id=version_id)
     existing = _find_recurring(client, experiment_id, args.name)
     if existing is not None:  # "update": KFP has no update call, so replace it
@@ -159,10 +206,45 @@ def create(args: argparse.Namespace, params: dict[str, Any]) -> SchedulePlan:
     return plan
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    from components.core.config import load_params
-    from components.kernel.cli import run_cli
+def trigger(args: argparse.Namespace, params: dict[str, Any]) -> SchedulePlan:
+    """One run now when ``args.monitor`` (a monitor.json) alarmed; no alarm: no call."""
+    from components.core.artifacts import StepError, read_json
+    from pipelines.training import compile_pipeline, pipeline_params
 
+    path = Path(args.monitor)
+    if not path.is_file():
+        raise StepError(f"{path}: no monitor.json (--monitor: the monitor's --report/monitor.json)")
+    doc = read_json(path)
+    if not doc.get("alarm"):
+        log.info("%s: no alarm, no retraining run", path)
+        return SchedulePlan()
+    reason = str(doc.get("alarm_line") or f"monitor alarm ({path})")
+    package = compile_pipeline(args.package, args.gpus, params_file=args.params)
+    now = datetime.now(UTC)
+    client, experiment_id, pipeline_id = _connect(args)
+    plan = plan_trigger(
+        package,
+        experiment_id=experiment_id,
+        job_name=f"{args.name}-retrain-{now:%Y%m%d-%H%M%S}",
+        params=pipeline_params(params),
+        reason=reason,
+        version=args.version or now.strftime("v%Y%m%d-%H%M%S"),
+        pipeline_id=pipeline_id,
+        service_account=args.service_account,
+        pipeline_root=args.pipeline_root,
+    )
+    if client is None:
+        return plan
+    pipeline_id, version_id = _uploaded(client, plan.calls[0], pipeline_id)
+    run = client.run_pipeline(
+        **dict(plan.calls[1].kwargs, pipeline_id=pipeline_id, version_id=version_id)
+    )
+    log.warning("started KFP run %s: %s", getattr(run, "run_id", "?"), reason)
+    return plan
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (the manifests under k8s/ are checked against it)."""
     parser = argparse.ArgumentParser(
         prog="python -m pipelines.schedule",
         description=__doc__,
@@ -174,23 +256,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p_create = sub.add_parser("create", help="upload + create/replace the recurring run")
     p_create.add_argument("--cron", default="0 0 3 * * 1", help="6 fields, seconds first")
-    p_create.add_argument("--params", default="params.yaml")
-    p_create.add_argument("--package", default="pipelines/compiled/training.yaml")
-    p_create.add_argument("--version", default=None, help="default: vYYYYmmdd-HHMMSS")
-    p_create.add_argument("--gpus", type=int, default=0)
-    p_create.add_argument("--service-account", default="paddle-mlops-pipeline")
-    p_create.add_argument("--pipeline-root", default=None)
-    p_create.add_argument("--dry-run", action="store_true", help="print the calls, send none")
+    p_trigger = sub.add_parser("trigger", help="upload + one run now, if the monitor alarmed")
+    p_trigger.add_argument("--monitor", required=True, help="the monitor's monitor.json")
+    for p in (p_create, p_trigger):
+        p.add_argument("--params", default="params.yaml")
+        p.add_argument("--package", default="pipelines/compiled/training.yaml")
+        p.add_argument("--version", default=None, help="default: vYYYYmmdd-HHMMSS")
+        p.add_argument("--gpus", type=int, default=0)
+        p.add_argument("--service-account", default="paddle-mlops-pipeline")
+        p.add_argument("--pipeline-root", default=None)
+        p.add_argument("--dry-run", action="store_true", help="print the calls, send none")
     for name in ("list", "enable", "disable", "delete"):
         sub.add_parser(name)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from components.core.config import load_params
+    from components.kernel.cli import run_cli
+
+    args = build_parser().parse_args(argv)
 
     def _go() -> None:
         from components.core.artifacts import StepError
 
-        if args.command == "create":
+        if args.command in ("create", "trigger"):
+            if args.host is None and not args.dry_run:
+                raise StepError("--host is required (the KFP API endpoint)")
+            action = create if args.command == "create" else trigger
             try:
-                plan = create(args, load_params(args.params))
+                plan = action(args, load_params(args.params))
             except ValueError as exc:
                 raise StepError(str(exc)) from exc
             sys.stdout.write(plan.to_json() + "\n")

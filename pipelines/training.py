@@ -421,11 +421,14 @@ def ops(image: str) -> dict[str, Any]:
 
 def _pipeline_function(names: Sequence[str], dag: Callable[[dict[str, Any]], None]) -> Any:
     """A function whose parameters KFP reads as the pipeline's (one ``dict`` per params.yaml
-    section in ``names``, then ``build_in_cluster``); it calls ``dag`` with them by name."""
+    section in ``names``, then ``build_in_cluster`` and ``retrain_reason``: why this run
+    retrains, set by ``python -m pipelines.schedule trigger`` from a monitor's alarm); it calls
+    ``dag`` with them by name."""
     kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
     signature = inspect.Signature(
         [inspect.Parameter(n, kind, annotation=dict) for n in names]
         + [inspect.Parameter("build_in_cluster", kind, annotation=bool, default=False)]
+        + [inspect.Parameter("retrain_reason", kind, annotation=str, default="")]
     )
 
     def training_pipeline(*args: Any, **kwargs: Any) -> None:
@@ -535,7 +538,10 @@ def make_pipeline(
                     continue
                 values = {}
                 if name == "track":
-                    values = {"pipeline_run": PIPELINE_RUN}
+                    values = {
+                        "pipeline_run": PIPELINE_RUN,
+                        "retrain_reason": sections["retrain_reason"],
+                    }
                 tasks[name] = step_task(name, sections, tasks, **values)
             for t in (fingerprint_t, tasks["ingest"], *fanout):
                 t.set_retry(**retry)  # http(s) and s3 sources

@@ -632,3 +632,62 @@ def test_mlflow_is_authenticated_hardened_and_fenced():
         for d in yaml.safe_load_all((K8S / "pipelines" / "secrets.template.yaml").read_text())
     ]
     assert {"mlflow-auth", "mlflow-deploy-auth"} <= set(templates)
+
+
+def test_the_monitor_cronjob_runs_the_real_clis_on_the_servers_log_volume():
+    """The CronJob's command line parses with the real monitor and schedule parsers, reads the
+    claim the serving pods write their prediction log to, at the path they write it, and
+    starts a retraining run only through ``schedule trigger`` on the monitor's own report."""
+    import shlex
+
+    from components.kernel.cli import step_parser
+    from components.kernel.step import load
+    from pipelines.schedule import build_parser
+
+    docs = {(d["kind"], d["metadata"]["name"]): d for _, d in documents()}
+    cron = docs[("CronJob", "paddle-mlops-monitor")]["spec"]
+    assert cron["concurrencyPolicy"] == "Forbid"
+    pod = cron["jobTemplate"]["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    env = docs[("ConfigMap", "monitor-schedule")]["data"]
+    script = container["args"][0]
+    for var, value in env.items():
+        script = script.replace(f'"${var}"', shlex.quote(value))
+    monitor_cmd, trigger_cmd = (shlex.split(part) for part in script.split("&&"))
+    assert monitor_cmd[:4] == ["python", "-m", "components", "monitor"]
+    monitor = step_parser(load("monitor")).parse_args(monitor_cmd[4:])
+    assert monitor.reference == "registry" and monitor.labels
+    assert trigger_cmd[:3] == ["python", "-m", "pipelines.schedule"]
+    trigger = build_parser().parse_args(trigger_cmd[3:])
+    assert trigger.command == "trigger" and not trigger.dry_run
+    assert Path(trigger.monitor) == Path(monitor.report) / "monitor.json"
+    assert trigger.host == env["KFP_HOST"]
+
+    # the log: the claim and sub-path the server pods write, mounted read-only here
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    (log_mount,) = [m for m in mounts.values() if Path(monitor.log).is_relative_to(m["mountPath"])]
+    assert log_mount["readOnly"] is True
+    claim = volumes[log_mount["name"]]["persistentVolumeClaim"]["claimName"]
+    assert ("PersistentVolumeClaim", claim) in docs
+    pvc = docs[("PersistentVolumeClaim", claim)]
+    assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
+    server = _container("digits-server")
+    server_pod = docs[("Deployment", "digits-server")]["spec"]["template"]["spec"]
+    (written,) = [v for v in server_pod["volumes"] if v.get("persistentVolumeClaim")]
+    assert written["persistentVolumeClaim"]["claimName"] == claim
+    (server_mount,) = [m for m in server["volumeMounts"] if m["name"] == written["name"]]
+    log_flag = next(a for a in server["args"] if a.startswith("--prediction-log-dir="))
+    assert log_flag.split("=", 1)[1] == server_mount["mountPath"]
+    assert Path(monitor.log) == Path(log_mount["mountPath"]) / server_mount["subPath"]
+    # the rest of the filesystem is read-only: what the monitor writes goes to emptyDirs
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    for path in (monitor.report, trigger.package):
+        assert any(Path(path).is_relative_to(m["mountPath"]) and "emptyDir" in
+                   volumes[m["name"]] for m in mounts.values()), path  # fmt: skip
+    # MLflow: the client environment and credentials of the pipeline's pods
+    assert {"configMapRef": {"name": "mlflow-client-env"}} in container["envFrom"]
+    assert {e["name"] for e in container["env"]} >= {
+        "MLFLOW_TRACKING_USERNAME",
+        "MLFLOW_TRACKING_PASSWORD",
+    }

@@ -85,7 +85,7 @@ def sections_read(task: dict) -> set[str]:
         p["componentInputParameter"].removeprefix("pipelinechannel--")
         for p in params
         if "componentInputParameter" in p
-    } - {"build_in_cluster"}
+    } - {"build_in_cluster", "retrain_reason"}
 
 
 def test_each_step_is_keyed_only_on_the_params_sections_it_reads(compiled):
@@ -121,7 +121,11 @@ def test_each_step_is_keyed_only_on_the_params_sections_it_reads(compiled):
     assert set(compiled["root"]["inputDefinitions"]["parameters"]) == {
         *SECTIONS,
         "build_in_cluster",
+        "retrain_reason",
     }
+    # a monitor's alarm reaches the MLflow run through the track task alone
+    readers = {n for n, t in steps.items() if "retrain_reason" in str(t.get("inputs"))}
+    assert readers == {"track-op"}
 
 
 def test_only_a_blessed_model_gets_an_image_and_the_champion_alias(compiled):

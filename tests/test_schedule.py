@@ -92,3 +92,39 @@ def test_five_field_cron_is_refused_readably(tmp_path):
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert "KFP needs 6" in proc.stderr
     assert check_cron("0 0 3 * * 1") == "0 0 3 * * 1"
+
+
+def trigger(tmp_path, monitor: dict) -> subprocess.CompletedProcess:
+    (tmp_path / "monitor.json").write_text(json.dumps(monitor))
+    return subprocess.run(
+        [sys.executable, "-m", "pipelines.schedule", "trigger", "--dry-run",
+         "--monitor", str(tmp_path / "monitor.json"), "--package", str(tmp_path / "t.yaml")],
+        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+
+
+def test_a_monitor_alarm_starts_one_run_with_its_reason_and_no_alarm_starts_none(tmp_path):
+    """Retraining by evidence on a cluster: the monitor CronJob's alarm (monitor.json) becomes
+    one KFP run whose retrain_reason argument the track task reads."""
+    line = "monitor: ALARM digits-classifier version 3: input:mean (ks_2samp p=1e-09 < 0.0007)"
+    proc = trigger(tmp_path, {"alarm": True, "alarm_line": line})
+    assert proc.returncode == 0, proc.stderr
+    calls = json.loads(proc.stdout)
+    assert [c["method"] for c in calls] == ["upload_pipeline", "run_pipeline"]
+    for call in calls:
+        bind(call)
+    run = calls[1]["kwargs"]
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    assert run["params"] == {**pipeline_params(params), "retrain_reason": line}
+    assert run["service_account"] == "paddle-mlops-pipeline"
+    compiled = next(yaml.safe_load_all((tmp_path / "t.yaml").read_text()))
+    assert compiled["root"]["inputDefinitions"]["parameters"]["retrain_reason"] == {
+        "defaultValue": "",
+        "isOptional": True,
+        "parameterType": "STRING",
+    }
+
+    proc = trigger(tmp_path, {"alarm": False})
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == []

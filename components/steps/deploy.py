@@ -587,6 +587,17 @@ def run(
             log.warning("%s has no '%s' alias: nothing to deploy", registry.name, params.alias)
             write_json(tmp / "deployment.json", {**record, "deployed": False, "version": None})
             return {**record, "deployed": False}
+        blessed = registry.version(version).tags.get("blessed")
+        if params.alias != CHAMPION and blessed != "true":
+            # the newest registered version carries `challenger` whether blessed or not: an
+            # unblessed one is a normal outcome of a retraining, never served
+            why = f"{registry.name} v{version} ('{params.alias}') is not blessed ({blessed})"
+            log.warning("%s: nothing deployed", why)
+            write_json(
+                tmp / "deployment.json",
+                {**record, "deployed": False, "version": version, "refused": why},
+            )
+            return {**record, "deployed": False, "refused": why}
         try:
             rel = release(registry, version)
         except StepError as exc:

@@ -10,8 +10,10 @@ model on the held-out splits of its training snapshot (``monitor.reference_split
 
 Writes ``monitor.json`` (every statistic, p-value, threshold and decision), ``report.html``,
 ``monitor.prom`` (Prometheus gauges, node-exporter textfile format), logs one readable line,
-and, with ``--tracking-uri``, records the verdict on the champion's registered version (tags)
-and its run (metrics). On an alarm, ``monitor.on_alarm`` starts retraining (``dvc``: ``dvc
+and, with ``--tracking-uri`` (or ``MLFLOW_TRACKING_URI``), records the verdict on the judged
+registered version (tags ``monitor_alarm``, ``monitor_reasons``, ``monitor_checked_at``) and on
+its run (metrics ``monitor_alarm``, ``monitor_p_<check>``, ``monitor_live_accuracy``, one point per
+monitor run). On an alarm, ``monitor.on_alarm`` starts retraining (``dvc``: ``dvc
 repro`` in the repository, the reason in ``PADDLE_MLOPS_RETRAIN_REASON``, which ``track``
 records on the run and the new version); the exit code is 0 either way: an alarm is a
 finding, not a failure.
@@ -21,11 +23,13 @@ Not a stage of the training DAG: its input is live traffic, and its alarm starts
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import logging
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -47,6 +51,16 @@ from components.ml.monitoring import (
 from components.ml.prediction_log import SEGMENT_GLOB, LogReader, Prediction, read_labels
 from components.ml.runtime import ModelFiles, PaddlePredictor
 from components.tasks.base import Task
+from components.tracking.registry import (
+    CHAMPION,
+    HOLDOUT_DIR,
+    Registry,
+    RegistryParams,
+    client,
+    download_version,
+    fetch_holdout,
+    registered_name,
+)
 
 log = logging.getLogger(__name__)
 
@@ -252,6 +266,76 @@ def report_html(doc: dict[str, Any]) -> str:
     )
 
 
+def registry_reference(
+    tracking_uri: str, name: str, params: RegistryParams, version: str, dest: Path
+) -> tuple[Path, Path, str]:
+    """The reference as a cluster has it, from the registry alone: the version's bundle (its
+    ``bundle_sha256`` checked) and the test split it was blessed on (the ``holdout/`` of its
+    run, checked against its ``test_split_sha256`` tag). ``version`` empty: the champion.
+    Returns (bundle, snapshot directory whose samples read as split ``test``, version)."""
+    if not tracking_uri:
+        raise StepError(
+            "monitor --reference registry: no tracking URI (--tracking-uri or MLFLOW_TRACKING_URI)"
+        )
+    registry = Registry(client(tracking_uri), name, params)
+    if not version:
+        champion = registry.aliases().get(CHAMPION)
+        if champion is None:
+            raise StepError(f"monitor --reference registry: {name} has no '{CHAMPION}' alias")
+        version = str(champion)
+    mv = registry.version(int(version))
+    sha = mv.tags.get("test_split_sha256")
+    if not sha:
+        raise StepError(
+            f"monitor --reference registry: {name} v{version} has no test_split_sha256 tag (no "
+            "test split stored with it); use --reference snapshot with its --data"
+        )
+    bundle = download_version(registry.client, tracking_uri, name, int(version), dest / "model")
+    run_uri = registry.client.get_run(mv.run_id).info.artifact_uri.rstrip("/")
+    tags = {
+        "holdout_version": version,
+        "holdout_uri": f"{run_uri}/{HOLDOUT_DIR}",
+        "holdout_sha256": sha,
+    }
+    data = fetch_holdout(registry.client, tracking_uri, tags, dest / "data", "test")
+    log.info("monitor: reference = %s v%s and its test split, from %s", name, version, run_uri)
+    return bundle, data, version
+
+
+def record(doc: dict[str, Any], tracking_uri: str, name: str, params: RegistryParams) -> dict:
+    """The verdict on the judged registered version: tags on the version (the latest verdict)
+    and metrics on its run (one point per monitor run, so the history plots in MLflow)."""
+    version = doc["window"]["version"]
+    if not tracking_uri or version is None:
+        return {}
+    registry = Registry(client(tracking_uri), name, params)
+    try:
+        mv = registry.version(int(version))
+    except (StepError, ValueError) as exc:
+        log.warning("monitor: %s v%s not in the registry (%s): verdict not recorded", name,
+                    version, exc)  # fmt: skip
+        return {}
+    verdict = doc["verdict"]
+    tags = {
+        "monitor_alarm": str(verdict["alarm"]).lower(),
+        "monitor_checked_at": str(doc["window"]["last_time"]),
+        "monitor_reasons": ("; ".join(verdict["reasons"]) or "-")[:4000],
+    }
+    for key, value in tags.items():
+        registry.client.set_model_version_tag(name, str(version), key, value)
+    now = int(time.time() * 1000)
+    metrics = {"monitor_alarm": float(verdict["alarm"]), "monitor_items": doc["window"]["items"]}
+    for c in verdict["checks"]:
+        if c["p_value"] is not None:
+            key = "monitor_p_" + c["name"].replace(":", "_")
+            metrics[key] = float(c["p_value"])
+        if c["kind"] == "accuracy" and c["detail"].get("window_accuracy") is not None:
+            metrics["monitor_live_accuracy"] = float(c["detail"]["window_accuracy"])
+    for key, value in metrics.items():
+        registry.client.log_metric(mv.run_id, key, float(value), timestamp=now)
+    return {"registry": name, "version": int(version), "run_id": mv.run_id, "tags": tags}
+
+
 def retrain(reason: str, repo: Path) -> int:
     """``dvc repro`` of the training pipeline, the reason handed to ``track``."""
     log.warning("monitor: retraining: dvc repro in %s (the alarm above is its reason)", repo)
@@ -272,19 +356,39 @@ def run(
     labels_file: str = "",
     model_version: str = "",
     model_name: str = "",
+    tracking_uri: str = "",
+    registry_params: RegistryParams | None = None,
+    reference: str = "snapshot",
 ) -> dict[str, Any]:
     model_dir, data_dir, log_dir, out_dir = map(Path, (model_dir, data_dir, log_dir, out_dir))
     try:
         params.check()
     except ValueError as exc:
         raise StepError(f"monitor: {exc}") from exc
+    if reference not in ("snapshot", "registry"):
+        raise StepError(f"monitor --reference: snapshot or registry, got {reference!r}")
+    registry_params = registry_params or RegistryParams()
+    uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI", "")
+    if reference == "registry":
+        name = model_name or registered_name(registry_params, task.name, task.model_kind)
+        with tempfile.TemporaryDirectory(prefix="monitor-reference-") as tmp:
+            model_dir, data_dir, model_version = registry_reference(
+                uri, name, registry_params, model_version, Path(tmp)
+            )
+            params = dataclasses.replace(params, reference_splits=["test"])
+            return run(
+                params, task, model_dir, data_dir, log_dir, out_dir, labels_file,
+                model_version, name, uri, registry_params,
+            )  # fmt: skip
     if not task.outputs_logits:
         raise StepError(
             f"monitor: task {task.name}'s model answers no class logits (a {task.model_kind}); "
             "the monitor judges classifiers (prediction drift and accuracy need classes)"
         )
     signature = read_json(model_dir / "signature.json")
-    name = model_name or f"{signature.get('task', task.name)}-{task.model_kind}"
+    name = model_name or registered_name(
+        registry_params, signature.get("task", task.name), task.model_kind
+    )
     num_classes = len(signature.get("label_names") or []) or 2
     reference, input_names = reference_sample(
         task, model_dir, data_dir, params.reference_splits, params.reference_samples
@@ -292,6 +396,9 @@ def run(
     window = read_window(log_dir, task, params.window, input_names, model_version or None)
     correct = None
     labelled = 0
+    if labels_file and not Path(labels_file).is_file():
+        log.warning("monitor: %s does not exist: no labels fed back yet", labels_file)
+        labels_file = ""
     if labels_file:
         labels = read_labels(Path(labels_file), {rid for rid, _ in window.ids})
         hits = [
@@ -330,10 +437,12 @@ def run(
             "window": params.window,
         },
         "retrain": None,
+        "registry": {},
     }
     if verdict.alarm:
         line = f"monitor: ALARM {name} version {window.version}: " + "; ".join(verdict.reasons)
         log.warning(line)
+        doc["alarm_line"] = line  # the retraining's reason (dvc here, a KFP run: schedule trigger)
         if params.on_alarm == "dvc":
             doc["retrain"] = {"how": "dvc repro", "reason": line}
     else:
@@ -345,6 +454,7 @@ def run(
             labelled,
             doc["checks_run"],
         )
+    doc["registry"] = record(doc, uri, name, registry_params)
     with atomic_path(out_dir) as tmp:
         tmp.mkdir(parents=True, exist_ok=True)
         write_json(tmp / "monitor.json", doc)
@@ -361,7 +471,8 @@ STEP = Step(
     name="monitor",
     doc=__doc__,
     params=MonitorParams,
-    sections=("task", "monitor"),
+    sections=("task", "monitor", "registry"),
+    shared=(("registry", "registry_params", RegistryParams),),
     run=run,
     inputs=(
         In("bundle", "outputs/package", "model_dir", help="the served (champion's) bundle"),
@@ -372,6 +483,14 @@ STEP = Step(
     values=(
         Value("labels", "labels_file", "", help="fed-back labels, JSON Lines {id, label}"),
         Value("model_version", "model_version", "", help="version judged (default: newest)"),
-        Value("model_name", "model_name", "", help="name in the report (default: <task>-<kind>)"),
+        Value("model_name", "model_name", "", help="registered name (default: registry's)"),
+        Value("tracking_uri", "tracking_uri", "", help="MLflow (default: $MLFLOW_TRACKING_URI)"),
+        Value(
+            "reference",
+            "reference",
+            "snapshot",
+            help="snapshot: --bundle on --data's held-out splits; registry: the champion's (or "
+            "--model-version's) bundle and blessed test split from MLflow (a cluster's way)",
+        ),
     ),
 )

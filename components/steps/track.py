@@ -203,8 +203,6 @@ def lineage_tags(
         **_machine_tags(manifests["train"]),
         # the container image (reference@id) the steps ran in, when an orchestrator says so
         **({"component_image": image} if (image := os.environ.get("PADDLE_MLOPS_IMAGE")) else {}),
-        # why this run retrains, when the monitor's alarm started it
-        **({"retrain_reason": why[:4000]} if (why := os.environ.get(RETRAIN_REASON_ENV)) else {}),
     }
 
 
@@ -306,6 +304,7 @@ def run(
     out_dir: str | Path,
     outputs: StepOutputs,
     pipeline_run: str = "",
+    retrain_reason: str = "",
 ) -> TrackResult:
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     import mlflow
@@ -333,6 +332,10 @@ def run(
     client = mlflow.MlflowClient(tracking_uri=uri)
     close_dead_runs(client, experiment_id, params.stale_run_s, f"track (pid {os.getpid()})")
     tags = {**tags, **owner_tags(), **({PIPELINE_RUN_TAG: pipeline_run} if pipeline_run else {})}
+    # why this run retrains, when a monitor's alarm started it (KFP: the pipeline argument;
+    # dvc repro: the environment the monitor set)
+    if why := (retrain_reason or os.environ.get(RETRAIN_REASON_ENV, "")):
+        tags["retrain_reason"] = why[:4000]
     with (
         mlflow.start_run(run_name=run_name, tags=tags) as parent,
         _closed_on_failure(client, parent.info.run_id),
@@ -422,10 +425,11 @@ def run_step(
     all_params: Mapping[str, Any],
     run_info: Path,
     pipeline_run: str = "",
+    retrain_reason: str = "",
     **paths: Path,
 ) -> TrackResult:
     """:func:`run` with each upstream output as its own port (the STEP binding)."""
-    return run(params, all_params, run_info, StepOutputs(**paths), pipeline_run)
+    return run(params, all_params, run_info, StepOutputs(**paths), pipeline_run, retrain_reason)
 
 
 def _port(name: str, path: str, source: str, kfp: Any = "Artifact") -> In:
@@ -476,6 +480,12 @@ STEP = Step(
             "pipeline_run",
             help="the orchestrator's id of this pipeline run (KFP: its job id), tagged "
             "pipeline_run_id on the MLflow runs",
+        ),
+        Value(
+            "retrain_reason",
+            "retrain_reason",
+            help="why this run retrains (a monitor's alarm line), tagged retrain_reason on the "
+            f"run and the version; default ${RETRAIN_REASON_ENV}",
         ),
     ),
 )
