@@ -9,7 +9,6 @@ server containers the deploy step starts.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import shutil
 import signal
@@ -447,56 +446,7 @@ def test_promote_serve_rollback_with_real_containers(
         ).stdout.strip()  # fmt: skip
         assert label == "1"
 
-        # a worse version as a canary beside the champion (v1 again with model control, then
-        # the previous champion v2 loaded beside it), judged on labelled live traffic and
-        # rolled back: every client request answered, the rejection in the registry
-        control = dataclasses.replace(params, swap="load")
-        fourth = deploy_run(control, promoted, tmp_path / "deploy4")
-        assert fourth["version"] == 1 and fourth["local"]["method"] == "restart"
-        canary = dataclasses.replace(
-            params, alias="previous-champion", challenger="canary", challenger_fraction=0.5
-        )
-        fifth = deploy_run(canary, promoted, tmp_path / "deploy5")
-        assert fifth["version"] == 2 and fifth["local"]["method"] == "challenger"
-        images, labels = digits_task.eval_head(digits_data, "test", 64)
-        client = KServeClient(fifth["local"]["url"])
-        feedback = tmp_path / "labels.jsonl"
-        with feedback.open("w") as out:
-            for i in range(100):
-                rows = np.arange(4 * i, 4 * i + 4) % 64
-                client.infer(NAME, {"image": images[0][rows]}, request_id=f"c-{i}")
-                out.write(json.dumps({"id": f"c-{i}", "labels": labels[rows].tolist()}) + "\n")
-        judge_params = yaml.safe_load((REPO / "params.yaml").read_text())
-        judge_params["judge"] |= {"min_labelled": 100, "min_pairs": 100}
-        judge_params["registry"]["model_name"] = NAME
-        (tmp_path / "judge.yaml").write_text(yaml.safe_dump(judge_params))
-        time.sleep(0.3)  # the log writer's period
-        proc = subprocess.run(
-            [sys.executable, "-m", "components", "judge", "--params", str(tmp_path / "judge.yaml"),
-             "--log", fifth["local"]["prediction_log"], "--labels", str(feedback),
-             "--server", fifth["local"]["url"], "--judgement", str(tmp_path / "judge")],
-            cwd=REPO, capture_output=True, text=True, timeout=600,
-            env={**os.environ, "PYTHONPATH": str(REPO)},
-        )  # fmt: skip
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        verdict = read_json(tmp_path / "judge" / "judgement.json")
-        assert (verdict["action"], verdict["challenger"], verdict["champion"]) == (
-            "rollback",
-            "2",
-            "1",
-        )
-        assert "McNemar" in verdict["reasons"][0]
-        assert {client.infer(NAME, {"image": images[0][:1]}, request_id=f"after-{i}") is not None
-                for i in range(3)}  # fmt: skip
-        index = json.loads(urllib.request.urlopen(urllib.request.Request(
-            f"{fifth['local']['url']}/v2/repository/index", b"{}", method="POST",
-            headers={"Content-Type": "application/json"})).read())  # fmt: skip
-        assert [(m["version"], m["state"]) for m in index if m["state"] == "READY"] == [
-            ("1", "READY")
-        ]
-        reg = Registry(mlflow_client(server.uri), NAME, RegistryParams())
-        assert reg.aliases()["champion"] == 1 and reg.history()[-1]["action"] == "reject"
-        assert reg.version(2).tags["judged"] == "reject"
+        # shadow, canary, judge and rollback on live traffic: tests/test_closed_loop.py
     finally:
         subprocess.run(["podman", "rm", "--force", params.local_name], capture_output=True)
         subprocess.run(
@@ -525,6 +475,27 @@ def test_deploy_refuses_a_version_without_an_image_digest(server, unpushed, tmp_
     # render-only (a laptop): recorded, not an error
     record = deploy_run(DeployParams(alias="candidate"), unpushed.promotion, tmp_path / "out")
     assert record["deployed"] is False and "no serving image digest" in record["refused"]
+
+
+def test_an_unblessed_challenger_is_never_served_and_that_is_no_error(
+    server, unpushed, tmp_path, monkeypatch
+):
+    """The newest version carries ``challenger`` blessed or not; a retraining that was not
+    blessed deploys nothing (the pipeline goes on), whatever else it lacks."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", server.uri)
+    client = mlflow_client(server.uri)
+    version = str(unpushed.version)
+    client.set_registered_model_alias(NAME, "challenger", version)
+    client.set_model_version_tag(NAME, version, "blessed", "false")
+    try:
+        params = DeployParams(
+            target="podman", alias="challenger", challenger="shadow", local_state_dir=str(tmp_path)
+        )
+        record = deploy_run(params, unpushed.promotion, tmp_path / "out")
+    finally:
+        client.set_model_version_tag(NAME, version, "blessed", "true")
+    assert record["deployed"] is False and "is not blessed" in record["refused"]
+    assert read_json(tmp_path / "out" / "deployment.json")["version"] == unpushed.version
 
 
 def test_fetch_model_verifies_places_and_is_idempotent(server, unpushed, exported_int8, tmp_path):
