@@ -214,3 +214,39 @@ def test_the_step_stays_quiet_on_test_traffic_and_alarms_on_inverted_images(
     assert "input:mean" in names
     line = [ln for ln in stderr.splitlines() if "monitor: ALARM" in ln]
     assert len(line) == 1 and "input:mean" in line[0], stderr
+
+
+def test_the_window_is_the_newest_items_of_the_newest_version_across_segments(
+    digits_task, tmp_path
+):
+    """Segment by segment from the newest, one streaming pass each: the newest ``size`` items
+    of the version the newest record names, in log order, shadow answers and errors left out."""
+    from components.ml.prediction_log import EVENT_TYPE
+    from components.steps.monitor import read_window
+
+    def line(n: int, version: str, batch: int, **data: object) -> str:
+        event = {
+            "specversion": "1.0", "id": f"r{n}", "type": EVENT_TYPE, "source": "test",
+            "time": f"2026-12-04T10:00:{n:02d}Z",
+            "data": {"model_name": "m", "model_version": version, "role": "default",
+                     "answered": True, "latency_us": 10, "code": 200, "batch": batch,
+                     "top1": [n % 10] * batch, "confidence": [0.9] * batch, **data},
+        }  # fmt: skip
+        return json.dumps(event) + "\n"
+
+    log_dir = tmp_path / "log"
+    log_dir.mkdir()
+    old = [line(n, "1", 2) for n in range(0, 10)] + [line(n, "2", 2) for n in range(10, 20)]
+    new = [line(n, "2", 3) for n in range(20, 25)] + [line(25, "2", 1, answered=False)]
+    new += [line(26, "2", 1, code=500), line(27, "1", 1), line(28, "2", 1)]
+    (log_dir / "predictions-20261204T100000Z-h-1-0.jsonl").write_text("".join(old))
+    (log_dir / "predictions-20261204T100100Z-h-1-1.jsonl").write_text("".join(new) + "{torn")
+    window = read_window(log_dir, digits_task, 20, ["image"])
+    # newest record of a served answer: r28, version 2; 1 + 5*3 = 16 items there, 4 from the
+    # older segment (r18, r19: 2 items each)
+    assert window.version == "2" and len(window.top1) == 20
+    assert [rid for rid, _ in window.ids][:4] == ["r18", "r18", "r19", "r19"]
+    assert window.ids[-1] == ("r28", 0) and "r27" not in {rid for rid, _ in window.ids}
+    assert window.records == 8 and window.last_time.endswith(":28Z")
+    one = read_window(log_dir, digits_task, 5, ["image"], version="1")
+    assert [rid for rid, _ in one.ids] == ["r8", "r8", "r9", "r9", "r27"]

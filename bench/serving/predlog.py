@@ -43,22 +43,21 @@ def run_prediction_log(args: argparse.Namespace, report: Report, work: Path, wrk
         for label, flags in VARIANTS.items():
             log_dir = work / f"predictions-{label.strip('-') or 'none'}"
             extra = [] if not flags else [f"--prediction-log-dir={log_dir}", *flags]
-            saved = args.server_args
-            args.server_args = [*saved, *extra]
-            try:
-                servers[label] = start_cpp(
-                    args,
-                    model_dir,
-                    "digits",
-                    workers,
-                    threads,
-                    False,
-                    work / f"cpp-digits-log-{label.strip('-') or 'none'}.log",
-                    args.digits_queue_delay_us,
-                    args.max_batch_size,
-                )
-            finally:
-                args.server_args = saved
+            # this server's flags on a copy of the run's arguments (the caller's stay as given)
+            server_args = argparse.Namespace(
+                **{**vars(args), "server_args": [*args.server_args, *extra]}
+            )
+            servers[label] = start_cpp(
+                server_args,
+                model_dir,
+                "digits",
+                workers,
+                threads,
+                False,
+                work / f"cpp-digits-log-{label.strip('-') or 'none'}.log",
+                args.digits_queue_delay_us,
+                args.max_batch_size,
+            )
             report.checks.append(
                 check_answers(servers[label], "digits", reference, shape, f"cpp digits {label}")
             )

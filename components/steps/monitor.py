@@ -110,7 +110,8 @@ def read_window(
     log_dir: Path, task: Task, size: int, input_names: list[str], version: str | None = None
 ) -> Window:
     """The newest ``size`` items answered by ``version`` (default: the newest record's),
-    segment by segment from the newest, so memory holds one segment and the window."""
+    segment by segment from the newest, each in one streaming pass: memory holds the window
+    (per version seen in a segment), never a segment."""
     if not log_dir.is_dir():
         raise StepError(f"{log_dir}: no prediction log directory (--log)")
     segments = sorted(log_dir.glob(SEGMENT_GLOB))
@@ -118,13 +119,26 @@ def read_window(
     items = 0
     torn = 0
     for segment in reversed(segments):
+        # one streaming pass: per version, only the newest records that can still be chosen
+        need = size - items
         reader = LogReader(log_dir)
-        records = [r for r in reader.segment_records(segment) if _served(r)]
+        tails: dict[str, deque[Prediction]] = {}
+        held: dict[str, int] = {}
+        newest = None
+        for r in reader.segment_records(segment):
+            if not _served(r):
+                continue
+            newest = r.version
+            if version is not None and r.version != version:
+                continue
+            tail = tails.setdefault(r.version, deque())
+            tail.append(r)
+            held[r.version] = held.get(r.version, 0) + r.batch
+            while held[r.version] - tail[0].batch >= need:
+                held[r.version] -= tail.popleft().batch
         torn += reader.torn
-        if version is None and records:
-            version = records[-1].version
-        records = [r for r in records if r.version == version]
-        for r in reversed(records):
+        version = newest if version is None else version
+        for r in reversed(tails.get(version or "", ())):
             chosen.append(r)
             items += r.batch
             if items >= size:

@@ -238,23 +238,6 @@ Status Model::Submit(std::vector<Tensor> inputs, Clock::time_point deadline,
   return batcher_->Enqueue(*job);
 }
 
-StatusOr<std::vector<Tensor>> Model::Infer(std::vector<Tensor> inputs,
-                                           Clock::time_point deadline) {
-  std::shared_ptr<InferJob> job;
-  RETURN_IF_ERROR(Submit(std::move(inputs), deadline, nullptr, &job));
-  auto future = job->future();
-  if (future.wait_until(deadline) != std::future_status::ready) {
-    job->Cancel();
-    return DeadlineExceeded(
-        "inference request timed out (--request-timeout-ms=" +
-        std::to_string(config_.request_timeout_ms) +
-        " or the request's 'timeout' parameter)");
-  }
-  Status status = future.get();
-  RETURN_IF_ERROR(status);
-  return std::move(job->outputs());
-}
-
 void Model::SetPredictionLog(PredictionLog* log) { log_ = log; }
 
 void Model::Summarize(const StatusOr<std::vector<Tensor>>& result,

@@ -45,25 +45,19 @@ class Model {
   // the model is ready afterwards. `metrics` (nullable) must outlive it.
   Status Load(ServingMetrics* metrics);
 
-  // Queues one request and blocks until its outputs (model output order), an
-  // error, or `deadline` (DeadlineExceeded; the late result is discarded).
-  // `inputs` are the model's inputs, or (a text model) its one BYTES text
-  // input, which is tokenized here first.
-  StatusOr<std::vector<Tensor>> Infer(std::vector<Tensor> inputs,
-                                      Clock::time_point deadline);
-
-  // The asynchronous form: `done` gets the outputs or the error exactly once,
-  // either from this call (bad input, not ready, stopped) or later from a
-  // batcher worker (see InferJob::Callback).
-  // With a prediction log, the answer (or error) is logged as `context`
-  // says, after `done` ran.
+  // Queues one request: `done` gets the outputs (model output order) or the
+  // error exactly once, either from this call (bad input, not ready, stopped)
+  // or later from a batcher worker (see InferJob::Callback). `inputs` are the
+  // model's inputs, or (a text model) its one BYTES text input, tokenized
+  // here first. With a prediction log, the answer (or error) is logged as
+  // `context` says, after `done` ran.
   void InferAsync(std::vector<Tensor> inputs, Clock::time_point deadline,
                   InferJob::Callback done, const LogContext& context = {});
 
   // Where this version logs its answers (nullable; must outlive the model).
   void SetPredictionLog(PredictionLog* log);
 
-  // Stops the batcher after running what is queued; Infer then fails.
+  // Stops the batcher after running what is queued; InferAsync then fails.
   void Stop();
 
   bool ready() const { return ready_.load(std::memory_order_acquire); }
