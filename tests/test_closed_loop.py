@@ -35,6 +35,8 @@ import pytest
 from components.core.artifacts import read_json, sha256_file
 from components.kube.kserve_client import KServeClient
 from components.ml.prediction_log import LogReader
+from components.steps.deploy import DeployParams
+from components.steps.deploy import run as deploy_run
 from components.tracking.registry import Registry, RegistryParams
 from components.tracking.registry import client as mlflow_client
 from pipelines.containers import free_port, mlflow_server
@@ -181,7 +183,7 @@ def served_versions(url: str) -> list[tuple[str, str]]:
 
 
 def test_monitor_alarm_retrains_judge_promotes_and_rolls_back_in_containers(
-    tracking, oci_registry, images, digits_task, tmp_path  # noqa: F811
+    tracking, oci_registry, images, digits_task, tmp_path, monkeypatch  # noqa: F811
 ):  # fmt: skip
     from components.steps.ingest import write_idx
     from components.tasks.image_data import builtin_digits
@@ -328,6 +330,15 @@ def test_monitor_alarm_retrains_judge_promotes_and_rolls_back_in_containers(
         assert registry.aliases()["challenger"] == 3
         canary = read_json(repo / "outputs" / "deploy" / "deployment.json")
         assert (canary["version"], canary["local"]["policy"]) == (3, "canary")
+        # what a cluster would get now (render only): the champion's pods with v3 beside
+        cluster = DeployParams(
+            manifests=["deployment"], alias="challenger", challenger="canary",
+            challenger_fraction=0.5,
+        )  # fmt: skip
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", tracking)
+        rendered = deploy_run(cluster, repo / "outputs" / "promote", tmp_path / "k8s-before")
+        assert (rendered["version"], rendered["challenger"]["version"]) == (2, 3)
+        assert "fetch-challenger" in (tmp_path / "k8s-before" / "deployment.yaml").read_text()
         verdict, requests = judge_until_decided(
             project, traffic, xs, y, log_dir, url, tmp_path / "judge3", "canary"
         )
@@ -340,6 +351,10 @@ def test_monitor_alarm_retrains_judge_promotes_and_rolls_back_in_containers(
         assert registry.aliases()["champion"] == 2
         assert registry.version(3).tags["judged"] == "reject"
         assert registry.history()[-1]["action"] == "reject"
+        # ...and after the verdict: the same deploy converges on the champion alone
+        rendered = deploy_run(cluster, repo / "outputs" / "promote", tmp_path / "k8s-after")
+        assert rendered["version"] == 2 and "rolled back" in rendered["challenger"]["refused"]
+        assert "challenger" not in (tmp_path / "k8s-after" / "deployment.yaml").read_text()
     finally:
         if traffic is not None:
             traffic.stop()

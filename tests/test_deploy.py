@@ -143,6 +143,53 @@ def test_a_changed_version_changes_the_pod_template_so_the_pods_roll():
     assert template(one) != template(two)
 
 
+def test_a_cluster_challenger_runs_in_the_champions_pods_with_flags_the_server_takes(
+    server_binary,
+):
+    """deploy.challenger on Kubernetes: the champion's pods also fetch the challenger (its
+    own verified copy) and start the server with it beside the champion, so every request
+    the challenger sees is paired in the log, as on podman; KServe's unpaired split refused."""
+    params = DeployParams(
+        target="kubernetes", manifests=["deployment"], challenger="canary",
+        challenger_fraction=0.25, alias="challenger",
+    )  # fmt: skip
+    params.check()
+    v8 = dataclasses.replace(
+        REL, version=8, model_uri="models:/digits-classifier/8", bundle_sha256="12" * 32
+    )
+    alone = render(REL, params, REPO / "k8s", COMPONENTS)["deployment"]
+    rendered = render(REL, params, REPO / "k8s", COMPONENTS, challenger=v8)["deployment"]
+    check_manifests(rendered, require_digest=True)
+    deployment = next(d for d in rendered if d["kind"] == "Deployment")
+    template = deployment["spec"]["template"]
+    assert template != next(d for d in alone if d["kind"] == "Deployment")["spec"]["template"]
+    assert template["metadata"]["labels"]["paddle-mlops/challenger-version"] == "8"
+    spec = template["spec"]
+    fetchers = {c["name"]: c for c in spec["initContainers"]}
+    assert fetchers["fetch-model"]["args"] == ["models:/digits-classifier/7", "/mnt/models"]
+    assert fetchers["fetch-challenger"]["args"] == [
+        "models:/digits-classifier/8",
+        "/mnt/challenger",
+    ]
+    assert fetchers["fetch-challenger"]["image"] == COMPONENTS
+    (server,) = spec["containers"]
+    assert server["image"] == REL.image  # the champion's server runs both
+    mounts = {m["mountPath"]: m for m in server["volumeMounts"]}
+    assert mounts["/mnt/challenger"]["readOnly"] is True
+    flags = [a for a in server["args"] if a.startswith("--challenger")]
+    assert flags == [
+        "--challenger-model-dir=/mnt/challenger", "--challenger-version=8",
+        "--challenger-policy=canary", "--challenger-fraction=0.25",
+    ]  # fmt: skip
+    usage = subprocess.run(
+        [str(server_binary), "--help"], capture_output=True, text=True, check=True
+    ).stdout
+    for flag in server["args"]:
+        assert f"  {flag.split('=')[0]}" in usage, flag  # every rendered flag is the server's
+    with pytest.raises(ValueError, match="manifests \\[deployment\\] only"):
+        dataclasses.replace(params, manifests=["deployment", "kserve"]).check()
+
+
 def test_templates_with_a_tag_instead_of_a_digest_are_refused_for_a_cluster():
     rel = dataclasses.replace(REL, image="registry.example.com/paddle-mlops/digits-server:v7")
     rendered = render(rel, DeployParams(), REPO / "k8s", COMPONENTS)

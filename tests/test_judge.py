@@ -121,3 +121,60 @@ def test_the_judge_acts_on_the_running_server(
         assert [m["version"] for m in index] == (["1"] if worse else ["2"])
     finally:
         assert server.stop() == 0
+
+
+def test_a_challenger_given_at_start_needs_no_model_control(
+    server_binary, exported, digits_task, digits_data, golden, tmp_path
+):
+    """How a Kubernetes pod runs a canary (k8s/serving, deploy.challenger on a cluster): both
+    versions from the command line, no repository API; its log judged as on podman."""
+    v1 = fp32_bundle(exported, tmp_path / "v1")
+    v2 = fp32_bundle(untrained_export(tmp_path / "u", digits_task, digits_data, 5), tmp_path / "v2")
+    log_dir, labels = tmp_path / "log", tmp_path / "labels.jsonl"
+    flags = [f"--challenger-model-dir={v2}", "--challenger-policy=canary",
+             "--challenger-fraction=0.5"]  # fmt: skip
+    bad = RunningServer(server_binary, v1, "fp32", NAME, tmp_path / "bad.log", extra_args=flags)
+    assert bad.proc.wait(60) == 1  # no --challenger-version: refused, readably
+    bad.stop()
+    assert "--challenger-model-dir needs --challenger-version" in (tmp_path / "bad.log").read_text()
+    server = RunningServer(
+        server_binary, v1, "fp32", NAME, tmp_path / "server.log",
+        extra_args=[f"--prediction-log-dir={log_dir}", *flags, "--challenger-version=2"],
+    )  # fmt: skip
+    server.wait_ready(60)
+    raw, y = golden
+    (x,) = digits_task.preprocess(raw)
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # ready serves the champion; the challenger follows it
+            status, index = _post(server.port, "/v2/repository/index", {"ready": True})
+            if len(index) == 2 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert [(m["version"], m["reason"]) for m in index] == [
+            ("1", ""), ("2", "challenger (canary 0.500000)")
+        ]  # fmt: skip
+        status, _ = _post(server.port, f"/v2/repository/models/{NAME}/unload", {})
+        assert status == 400  # and no model control: the API stays closed
+        answered = []
+        with labels.open("w") as out:
+            for start in range(0, 4 * 120, 4):
+                rows = np.arange(start, start + 4) % len(x)
+                answered.append(_infer(server.port, x[rows], f"k-{start}")[0])
+                out.write(json.dumps({"id": f"k-{start}", "labels": y[rows].tolist()}) + "\n")
+        assert 30 <= answered.count("2") <= 90  # about half, Binomial(120, 0.5) +- 5.5 sigma
+        time.sleep(0.2)
+        params = yaml.safe_load((REPO / "params.yaml").read_text())
+        params["judge"] |= {"min_pairs": 100, "min_labelled": 100}
+        (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+        proc = run_module(
+            "components", "judge", "--params", str(tmp_path / "params.yaml"), "--log",
+            str(log_dir), "--labels", str(labels), "--model-name", NAME,
+            "--judgement", str(tmp_path / "judge"),
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        doc = json.loads((tmp_path / "judge" / "judgement.json").read_text())
+        assert (doc["action"], doc["champion"], doc["challenger"]) == ("rollback", "1", "2")
+        assert doc["server"] == {}  # told no server: the verdict is for deploy to apply
+    finally:
+        assert server.stop() == 0

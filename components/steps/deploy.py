@@ -29,12 +29,19 @@ recorded by ``promote`` when the image was pushed) or with incomplete lineage. T
      container is replaced by one running the version's image; if that never becomes ready
      the previous one is restarted.
 
+With ``deploy.challenger: shadow | canary`` the ``deploy.alias`` version runs beside the
+champion for ``paddle-mlops judge``: podman loads it into the running server; a cluster's
+Deployment pods fetch both and start the server with ``--challenger-*`` (``manifests:
+[deployment]``). A challenger never blessed, rolled back by the judge, or already promoted
+is not deployed: the champion alone is (so ``judge`` then ``deploy`` converge).
+
 ``deployment.json`` records the version, image, model URI, target and what was applied. With
 no champion yet (nothing was ever blessed) there is nothing to deploy: it says so and succeeds.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import subprocess
@@ -75,6 +82,8 @@ MODEL_LABEL = "paddle-mlops/model"
 SERVER_IMAGE_LABEL = "paddle-mlops.server-image"  # set by the serving image's model layer
 MODELS_ROOT = "/mnt/models-root"  # podman: local_state_dir/models/MODEL, read-only
 PREDICTION_LOG_DIR = "/var/log/predictions"  # the server's prediction log, in its container
+CHALLENGER_DIR = "/mnt/challenger"  # a cluster pod's challenger bundle (fetch-challenger)
+CHALLENGER_LABEL = "paddle-mlops/challenger-version"
 
 
 @dataclass(frozen=True)
@@ -97,8 +106,9 @@ class DeployParams:
     # podman mounts local_state_dir/predictions there, the k8s templates a volume
     prediction_log: bool = True
     prediction_log_max_bytes: int = 1 << 30
-    # podman: none replaces the served version; shadow | canary loads the alias's version
-    # beside it as a challenger for `paddle-mlops judge` (challenger_fraction of the traffic)
+    # none replaces the served version; shadow | canary runs the alias's version beside the
+    # champion as a challenger for `paddle-mlops judge` (challenger_fraction of the traffic):
+    # podman loads it into the running server, a cluster's pods start with both versions
     challenger: str = "none"
     challenger_fraction: float = 0.1
 
@@ -122,10 +132,11 @@ class DeployParams:
             raise ValueError("challenger must be none, shadow or canary")
         if not 0.0 < self.challenger_fraction <= 1.0:
             raise ValueError("challenger_fraction must be in (0, 1]")
-        if self.challenger != "none" and self.target != "podman":
+        if self.challenger != "none" and self.target != "podman" and "kserve" in self.manifests:
             raise ValueError(
-                "challenger: podman only (a cluster canary is KServe's canaryTrafficPercent or "
-                "a second Deployment, not built yet)"
+                "challenger on a cluster: manifests [deployment] only (the server pods run both "
+                "versions and log both answers per request; KServe's canaryTrafficPercent would "
+                "split requests without pairing them, which the judge needs)"
             )
 
 
@@ -214,7 +225,9 @@ def _pod_spec(doc: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
-def _server_args(rel: Release, params: DeployParams) -> list[str]:
+def _server_args(
+    rel: Release, params: DeployParams, challenger: Release | None = None
+) -> list[str]:
     args = [
         "--model-dir=/mnt/models",
         f"--variant={params.server_variant}",
@@ -226,13 +239,50 @@ def _server_args(rel: Release, params: DeployParams) -> list[str]:
             f"--prediction-log-dir={PREDICTION_LOG_DIR}",
             f"--prediction-log-max-bytes={params.prediction_log_max_bytes}",
         ]
+    if challenger is not None:
+        args += [
+            f"--challenger-model-dir={CHALLENGER_DIR}",
+            f"--challenger-version={challenger.version}",
+            f"--challenger-policy={params.challenger}",
+            f"--challenger-fraction={params.challenger_fraction}",
+        ]
     return args
 
 
+def _add_challenger(spec: dict[str, Any], challenger: Release) -> None:
+    """The pod also fetches ``challenger`` (a copy of the fetch-model init container, into
+    its own volume) and the server mounts it read-only at :data:`CHALLENGER_DIR`."""
+    fetchers = [c for c in spec.get("initContainers", []) if c["name"] in FETCH_CONTAINERS]
+    if not fetchers:
+        return
+    fetcher = copy.deepcopy(fetchers[0])
+    fetcher["name"] = "fetch-challenger"
+    fetcher["args"] = [challenger.model_uri, CHALLENGER_DIR]
+    fetcher["volumeMounts"] = [
+        {"name": "challenger", "mountPath": CHALLENGER_DIR}
+        if m["mountPath"] == "/mnt/models"
+        else m
+        for m in fetcher.get("volumeMounts", [])
+    ]
+    spec["initContainers"].append(fetcher)
+    models = next(v for v in spec["volumes"] if v["name"] == "models")
+    spec["volumes"].append({**copy.deepcopy(models), "name": "challenger"})
+    for container in spec["containers"]:
+        if container["name"] in SERVER_CONTAINERS:
+            container.setdefault("volumeMounts", []).append(
+                {"name": "challenger", "mountPath": CHALLENGER_DIR, "readOnly": True}
+            )
+
+
 def render(
-    rel: Release, params: DeployParams, templates: Path, components_image: str
+    rel: Release,
+    params: DeployParams,
+    templates: Path,
+    components_image: str,
+    challenger: Release | None = None,
 ) -> dict[str, list[dict[str, Any]]]:
-    """The manifests of each variant in ``params.manifests``, pinned to ``rel``."""
+    """The manifests of each variant in ``params.manifests``, pinned to ``rel``; with
+    ``challenger``, the server pods run it beside ``rel`` (``params.challenger`` policy)."""
     rendered = {}
     for variant in params.manifests:
         directory = templates / ("serving" if variant == "deployment" else "kserve")
@@ -243,7 +293,7 @@ def render(
             if not doc["kind"].startswith("Cluster"):
                 meta["namespace"] = params.namespace
             meta.setdefault("labels", {}).update(labels)
-            _pin(doc, rel, params, components_image, labels)
+            _pin(doc, rel, params, components_image, labels, challenger)
         rendered[variant] = docs
     return rendered
 
@@ -254,28 +304,37 @@ def _pin(
     params: DeployParams,
     components_image: str,
     labels: dict[str, str],
+    challenger: Release | None = None,
 ) -> None:
     if doc["kind"] == "InferenceService":
         doc["spec"]["predictor"]["model"]["storageUri"] = rel.model_uri
+    with_challenger = challenger is not None and doc["kind"] == "Deployment"
     if doc["kind"] == "Deployment":
         template = doc["spec"]["template"]
         template.setdefault("metadata", {}).setdefault("labels", {}).update(labels)
-        template["metadata"].setdefault("annotations", {})["paddle-mlops/bundle-sha256"] = (
-            rel.bundle_sha256
-        )
+        notes = template["metadata"].setdefault("annotations", {})
+        notes["paddle-mlops/bundle-sha256"] = rel.bundle_sha256
+        if with_challenger:  # a changed challenger changes the pod template: the pods roll
+            template["metadata"]["labels"][CHALLENGER_LABEL] = str(challenger.version)
+            notes["paddle-mlops/challenger-bundle-sha256"] = challenger.bundle_sha256
+            notes["paddle-mlops/challenger-policy"] = (
+                f"{params.challenger} {params.challenger_fraction}"
+            )
     spec = _pod_spec(doc)
     if spec is None:
         return
     for container in [*spec.get("initContainers", []), *spec.get("containers", [])]:
         if container["name"] in SERVER_CONTAINERS:
             container["image"] = rel.image
-            container["args"] = _server_args(rel, params)
+            container["args"] = _server_args(rel, params, challenger if with_challenger else None)
         elif container["name"] in FETCH_CONTAINERS:
             container["image"] = components_image
             container["args"] = [
                 rel.model_uri if str(a).startswith("models:/") else a
                 for a in container.get("args", [])
             ]
+    if with_challenger:
+        _add_challenger(spec, challenger)
 
 
 # --------------------------------------------------------------------------- kubernetes
@@ -574,7 +633,8 @@ def run(
     registry = Registry(
         mlflow_client(tracking), str(promotion["model"]), registry_params or RegistryParams()
     )
-    version = registry.aliases().get(params.alias)
+    aliases = registry.aliases()
+    version = aliases.get(params.alias)
     record: dict[str, Any] = {
         "model": registry.name,
         "alias": params.alias,
@@ -587,17 +647,28 @@ def run(
             log.warning("%s has no '%s' alias: nothing to deploy", registry.name, params.alias)
             write_json(tmp / "deployment.json", {**record, "deployed": False, "version": None})
             return {**record, "deployed": False}
-        blessed = registry.version(version).tags.get("blessed")
-        if params.alias != CHAMPION and blessed != "true":
-            # the newest registered version carries `challenger` whether blessed or not: an
-            # unblessed one is a normal outcome of a retraining, never served
-            why = f"{registry.name} v{version} ('{params.alias}') is not blessed ({blessed})"
-            log.warning("%s: nothing deployed", why)
+        challenger: Release | None = None
+        refusal = _not_deployable(registry, version, aliases.get(CHAMPION), params)
+        if params.challenger != "none" and params.target in ("kubernetes", "none"):
+            # the pods run the champion and, beside it, the alias's version; a challenger the
+            # judge promoted or rolled back (or one never blessed) leaves the champion alone
+            champion = aliases.get(CHAMPION)
+            if champion is None:
+                raise StepError(f"{registry.name}: no '{CHAMPION}' to run a challenger beside")
+            if refusal:
+                log.warning("%s: the champion v%d alone", refusal, champion)
+                record["challenger"] = {"refused": refusal}
+            else:
+                challenger = release(registry, version)
+                record["challenger"] = {**asdict(challenger), "policy": params.challenger}
+            version = champion
+        elif refusal:
+            log.warning("%s: nothing deployed", refusal)
             write_json(
                 tmp / "deployment.json",
-                {**record, "deployed": False, "version": version, "refused": why},
+                {**record, "deployed": False, "version": version, "refused": refusal},
             )
-            return {**record, "deployed": False, "refused": why}
+            return {**record, "deployed": False, "refused": refusal}
         try:
             rel = release(registry, version)
         except StepError as exc:
@@ -607,7 +678,9 @@ def run(
             write_json(tmp / "deployment.json", {**record, "deployed": False, "refused": str(exc)})
             return {**record, "deployed": False, "refused": str(exc)}
         components_image = params.components_image or os.environ.get("PADDLE_MLOPS_IMAGE", "")
-        rendered = render(rel, params, templates, components_image or "paddle-mlops-components")
+        rendered = render(
+            rel, params, templates, components_image or "paddle-mlops-components", challenger
+        )
 
         for variant, docs in rendered.items():
             check_manifests(docs, require_digest=params.target == "kubernetes")
@@ -631,6 +704,27 @@ def run(
         "rendered only" if params.target == "none" else f"deployed with {params.target}",
     )
     return record
+
+
+def _not_deployable(
+    registry: Registry, version: int, champion: int | None, params: DeployParams
+) -> str:
+    """Why the alias's version is not deployed beside (or instead of) the champion: never
+    blessed (the newest version carries ``challenger`` whether blessed or not), judged and
+    rolled back, or the champion already (promoted). Empty: deployable."""
+    if params.alias == CHAMPION:
+        return ""
+    tags = registry.version(version).tags
+    what = f"{registry.name} v{version} ('{params.alias}')"
+    if tags.get("blessed") != "true":
+        return f"{what} is not blessed ({tags.get('blessed')})"
+    if params.challenger == "none":
+        return ""
+    if tags.get("judged") == "reject":
+        return f"{what} was rolled back by the judge ({tags.get('judged_reason', '')[:200]})"
+    if version == champion:
+        return f"{what} is the champion already"
+    return ""
 
 
 def _templates(configured: str) -> Path:

@@ -295,6 +295,20 @@ const std::vector<Flag>& Flags() {
                "share of requests whose input tensors the prediction log "
                "keeps (0..1; outputs are always logged)",
                &ServerConfig::log_input_rate),
+      StringFlag("challenger-model-dir",
+                 "also load this version beside the model as a challenger "
+                 "(a Kubernetes pod's way; with --model-control: the "
+                 "repository API's load with role challenger)",
+                 &ServerConfig::challenger_model_dir),
+      StringFlag("challenger-version", "the challenger's version",
+                 &ServerConfig::challenger_version),
+      StringFlag("challenger-policy",
+                 "shadow: the challenger also runs a share of the requests, "
+                 "clients get the model's answer; canary: it answers them",
+                 &ServerConfig::challenger_policy, {"shadow", "canary"}),
+      RateFlag("challenger-fraction",
+               "the share of requests the challenger runs (0 < f <= 1)",
+               &ServerConfig::challenger_fraction),
       StringFlag("log-level", "debug | info | warn | error",
                  &ServerConfig::log_level, {"debug", "info", "warn", "error"}),
       BoolFlag("access-log", "log one JSON line per HTTP request",

@@ -61,6 +61,13 @@ struct ServerConfig {
   int64_t prediction_log_queue_size = 8192;
   std::string prediction_log_sink;
   double log_input_rate = kDefaultLogInputRate;  // per model
+  // A challenger beside the model from the start (ModelRepository::
+  // LoadConfiguredChallenger): its directory and version, under policy
+  // shadow | canary with this fraction of the requests. Empty dir: none.
+  std::string challenger_model_dir;
+  std::string challenger_version;
+  std::string challenger_policy = "shadow";
+  double challenger_fraction = 0.1;
   std::string log_level = "info";
   bool access_log = true;
   // Flags (by name, e.g. "max-batch-size") the operator set with a flag or an

@@ -208,6 +208,12 @@ int Run(int argc, char** argv) {
     http_thread.join();
     return 1;
   }
+  if (Status s = repository.LoadConfiguredChallenger(); !s.ok()) {
+    LogError("cannot load the challenger", {{"error", s.message()}});
+    server->Stop();
+    http_thread.join();
+    return 1;
+  }
   {
     auto model = repository.Find(repository.name(), "");
     LogInfo("model ready",

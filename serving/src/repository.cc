@@ -1,5 +1,7 @@
 #include "repository.h"
 
+#include <sstream>
+
 #include <random>
 #include <utility>
 
@@ -326,6 +328,25 @@ StatusOr<std::shared_ptr<Model>> ModelRepository::Build(
 Status ModelRepository::Load(const std::string& name,
                              const json& given) {
   RETURN_IF_ERROR(ControlAllowed(name));
+  return LoadUnchecked(given);
+}
+
+Status ModelRepository::LoadConfiguredChallenger() {
+  if (config_.challenger_model_dir.empty()) return Status::Ok();
+  if (config_.challenger_version.empty()) {
+    return InvalidArgument("--challenger-model-dir needs --challenger-version");
+  }
+  std::ostringstream fraction;
+  fraction << config_.challenger_fraction;
+  return LoadUnchecked(json{{"model_dir", config_.challenger_model_dir},
+                            {"version", config_.challenger_version},
+                            {"variant", config_.variant},
+                            {"role", "challenger"},
+                            {"policy", config_.challenger_policy},
+                            {"fraction", fraction.str()}});
+}
+
+Status ModelRepository::LoadUnchecked(const json& given) {
   json parameters = given;
   bool as_challenger = false;
   TrafficPolicy policy;

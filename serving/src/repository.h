@@ -83,6 +83,11 @@ class ModelRepository {
   // the I/O threads. InvalidArgument for unknown keys or a disabled
   // --model-control, NotFound for another model name.
   Status Load(const std::string& name, const nlohmann::json& parameters);
+  // The challenger of the command line (--challenger-model-dir and the rest),
+  // loaded as Load with "role": "challenger" would, whatever --model-control
+  // says: a Kubernetes pod gets both versions at start. Nothing configured:
+  // Ok, nothing loaded.
+  Status LoadConfiguredChallenger();
   // Stops serving `name`; its queued and running requests still finish.
   // With "role": "challenger" in `parameters`: only the challenger (a
   // rollback: the champion alone serves again).
@@ -125,6 +130,7 @@ class ModelRepository {
   Status KnownName(const std::string& name) const;
   // --model-control is on and `name` is served.
   Status ControlAllowed(const std::string& name) const;
+  Status LoadUnchecked(const nlohmann::json& parameters);
   StatusOr<std::shared_ptr<Model>> Build(const ServerConfig& config);
   // Moves the current version to the retired list and drains it in the
   // background. Under mu_.
