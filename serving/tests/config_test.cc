@@ -113,6 +113,23 @@ TEST(ConfigTest, RejectsBadInput) {
   expect_error({}, "environment SERVING_WORKERS", env);
 }
 
+TEST(ConfigTest, AChallengerAtStart) {
+  auto none = Parse({});
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(none->challenger_model_dir.empty());  // none unless asked
+  auto c = Parse({"--challenger-model-dir=/mnt/challenger", "--challenger-version=8",
+                  "--challenger-policy=canary", "--challenger-fraction=0.25"});
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->challenger_model_dir, "/mnt/challenger");
+  EXPECT_EQ(c->challenger_version, "8");
+  EXPECT_EQ(c->challenger_policy, "canary");
+  EXPECT_DOUBLE_EQ(c->challenger_fraction, 0.25);
+  auto bad = Parse({"--challenger-policy=mirror"});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("not one of shadow|canary"), std::string::npos);
+  EXPECT_FALSE(Parse({"--challenger-fraction=1.5"}).ok());
+}
+
 TEST(ConfigTest, HelpAndUsage) {
   bool help = false;
   auto c = ParseConfig({"--port=x", "--help"}, nullptr, &help);
