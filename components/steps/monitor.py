@@ -156,10 +156,9 @@ def read_window(
             top1.append(int(t))
             conf.append(float(c))
         if r.inputs is not None:
-            try:
-                arrays = [np.asarray(r.inputs[n]) for n in input_names]
-            except KeyError:
-                continue
+            # the model's inputs, or what the client sent instead (a text model's raw text)
+            names = input_names if all(n in r.inputs for n in input_names) else list(r.inputs)
+            arrays = [np.asarray(r.inputs[n]) for n in names]
             for name, values in task.monitor_features(arrays).items():
                 feats.setdefault(name, []).append(np.asarray(values, dtype=np.float64))
     if torn:

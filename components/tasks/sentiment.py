@@ -35,6 +35,7 @@ from tqdm import tqdm
 
 from components.core.artifacts import StepError, read_json, write_json
 from components.core.config import from_dict
+from components.ml.features import token_features
 from components.tasks.base import (
     ASSETS_DIR,
     Optimization,
@@ -542,6 +543,23 @@ class SentimentTask(Task):
         change (the attention mask comes from the padding), the cost falls with the length."""
         width = max(1, int((batch[0] != 0).sum(axis=1).max()))
         return [x[:, :width] for x in batch]
+
+    def monitor_features(self, inputs: list[np.ndarray]) -> dict[str, np.ndarray]:
+        """Token and length statistics of each text (:func:`token_features`), from the ids
+        (the reference, a client that sends ids) or from raw texts as a text client sends
+        them (the logged ``text`` input, tokenized here as the server does)."""
+        x = inputs[0] if inputs else None
+        if x is None:
+            return {}
+        if x.dtype == object or x.dtype.kind in "SU":
+            texts = [
+                t.decode("utf-8", "replace") if isinstance(t, bytes) else str(t)
+                for t in x.reshape(-1).tolist()
+            ]
+            x = self.preprocess(np.asarray(texts, dtype=object))[0]
+        ids = self._require_tokenizer().vocab.token_to_idx
+        special = [ids[t] for t in SPECIAL_TOKENS if t in ids]
+        return token_features(x, special, ids.get("[UNK]", -1))
 
     def preprocessing_doc(self) -> dict[str, Any]:
         return {
