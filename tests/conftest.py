@@ -310,6 +310,22 @@ def sh(
     return proc
 
 
+# the digits pipeline made tiny for tests of the wiring (not of the accuracy): set_params(**)
+TINY_DIGITS: dict[str, dict] = {
+    "task": {"options": {"conv_channels": [6, 16]}},
+    "train": {"epochs": 3},
+    # a 3-epoch model is not worth gating tightly; the gate itself is tested in test_qat
+    "qat": {
+        "epochs": 1,
+        "max_accuracy_drop": 5.0,
+        "max_class_drop": 30.0,
+        "latency": {"warmup": 1, "repeats": 3},
+    },
+    "evaluate": {"latency": {"warmup": 1, "repeats": 3}},
+    "register": {"min_accuracy": 0.5},
+}
+
+
 def set_params(repo: Path, *, params_file: str = "params.yaml", **updates: dict) -> None:
     """Deep-merge ``updates`` into the sections of the repo's ``params_file`` (an overlay
     keeps its ``extends``: the updates land in it, on top of its base)."""

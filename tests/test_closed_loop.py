@@ -40,7 +40,7 @@ from components.steps.deploy import run as deploy_run
 from components.tracking.registry import Registry, RegistryParams
 from components.tracking.registry import client as mlflow_client
 from pipelines.containers import free_port, mlflow_server
-from tests.conftest import BIN, STAGES, clone_repo, ran, set_params
+from tests.conftest import BIN, STAGES, TINY_DIGITS, clone_repo, ran, set_params
 from tests.test_deploy import oci_registry  # noqa: F401 - the module's registry fixture
 
 NAME = "closed-loop-digits"
@@ -192,18 +192,10 @@ def test_monitor_alarm_retrains_judge_promotes_and_rolls_back_in_containers(
     project = Project(repo, tracking)
     state, port = tmp_path / "state", free_port()
     container = f"paddle-mlops-loop-{os.getpid()}"
+    set_params(repo, **TINY_DIGITS)  # tiny: the loop is under test, not the accuracy
     set_params(
         repo,
-        # tiny: the loop is under test, not the accuracy
-        task={"options": {"conv_channels": [6, 16]}},
         train={"epochs": 5},
-        qat={
-            "epochs": 1,
-            "max_accuracy_drop": 5.0,
-            "max_class_drop": 30.0,
-            "latency": {"warmup": 1, "repeats": 3},
-        },
-        evaluate={"latency": {"warmup": 1, "repeats": 3}},
         # the offline gates are tested in test_gates/test_registry: here a few points of noise
         # between 5-epoch models must not decide, a broken model must
         register={"min_accuracy": 0.5, "max_regression": 3.0, "max_class_regression": 30.0},

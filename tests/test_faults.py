@@ -37,7 +37,7 @@ import pytest
 from components.faults.failpoints import ENV as FAILPOINTS
 from components.kernel.step import STEPS
 from components.tracking.registry import TrackingRetry
-from tests.conftest import BIN, REPO, SERVER_BIN, clone_repo, set_params, sh
+from tests.conftest import BIN, REPO, SERVER_BIN, TINY_DIGITS, clone_repo, set_params, sh
 
 ALL = os.environ.get("PADDLE_MLOPS_FAULTS") == "all"
 MATRIX_OUT = os.environ.get("PADDLE_MLOPS_FAULTS_MATRIX")
@@ -178,16 +178,7 @@ class Tracking:
 
 # --------------------------------------------------------------------------- the pipeline
 TINY = {
-    "task": {"options": {"conv_channels": [6, 16]}},
-    "train": {"epochs": 3},
-    "qat": {
-        "epochs": 1,
-        "max_accuracy_drop": 5.0,
-        "max_class_drop": 30.0,
-        "latency": {"warmup": 1, "repeats": 3},
-    },
-    "evaluate": {"latency": {"warmup": 1, "repeats": 3}},
-    "register": {"min_accuracy": 0.5},
+    **TINY_DIGITS,
     "serving_image": {
         "server_binary": str(SERVER_BIN),
         "builder": "none",

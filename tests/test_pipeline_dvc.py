@@ -16,7 +16,7 @@ import pytest
 from components.core.artifacts import sha256_file, sha256_tree
 from components.ml import snapshot
 from components.tracking.registry import LINEAGE_TAGS
-from tests.conftest import SERVER_BIN, STAGES, clone_repo, ran, set_params, sh
+from tests.conftest import SERVER_BIN, STAGES, TINY_DIGITS, clone_repo, ran, set_params, sh
 
 
 @pytest.fixture(scope="module")
@@ -25,17 +25,7 @@ def repo(tmp_path_factory: pytest.TempPathFactory, server_binary: Path) -> Path:
     # tiny params: the point is the wiring, not the accuracy
     set_params(
         repo,
-        task={"options": {"conv_channels": [6, 16]}},
-        train={"epochs": 3},
-        # a 3-epoch model is not worth gating tightly; the gate itself is tested in test_qat
-        qat={
-            "epochs": 1,
-            "max_accuracy_drop": 5.0,
-            "max_class_drop": 30.0,
-            "latency": {"warmup": 1, "repeats": 3},
-        },
-        evaluate={"latency": {"warmup": 1, "repeats": 3}},
-        register={"min_accuracy": 0.5},
+        **TINY_DIGITS,
         serving_image={
             "server_binary": str(SERVER_BIN),
             "golden_samples": 32,
