@@ -164,8 +164,10 @@ def _connect(args: argparse.Namespace) -> tuple[Any, str, str | None]:
     return client, experiment_id, client.get_pipeline_id(PIPELINE_NAME)
 
 
-def _uploaded(client: Any, upload: Call, pipeline_id: str | None) -> tuple[str, str]:
-    """Send the upload call: (pipeline id, the new version's id)."""
+def _uploaded(client: Any, plan: SchedulePlan, pipeline_id: str | None) -> dict[str, Any]:
+    """Send the plan's upload call: the arguments of its second call, with the ids of the
+    pipeline and of the version just uploaded."""
+    upload = plan.calls[0]
     uploaded = getattr(client, upload.method)(**upload.kwargs)
     pipeline_id = getattr(uploaded, "pipeline_id", None) or pipeline_id
     version_id = getattr(uploaded, "pipeline_version_id", None)
@@ -174,7 +176,7 @@ def _uploaded(client: Any, upload: Call, pipeline_id: str | None) -> tuple[str, 
             pipeline_id, page_size=1, sort_by="created_at desc"
         )
         version_id = versions.pipeline_versions[0].pipeline_version_id
-    return str(pipeline_id), str(version_id)
+    return dict(plan.calls[1].kwargs, pipeline_id=str(pipeline_id), version_id=str(version_id))
 
 
 def create(args: argparse.Namespace, params: dict[str, Any]) -> SchedulePlan:
@@ -197,8 +199,7 @@ def create(args: argparse.Namespace, params: dict[str, Any]) -> SchedulePlan:
     )
     if client is None:
         return plan
-    pipeline_id, version_id = _uploaded(client, plan.calls[0], pipeline_id)
-    kwargs = dict(plan.calls[1].kwargs, pipeline_id=pipeline_id, version_id=version_id)
+    kwargs = _uploaded(client, plan, pipeline_id)
     existing = _find_recurring(client, experiment_id, args.name)
     if existing is not None:  # "update": KFP has no update call, so replace it
         client.delete_recurring_run(existing.recurring_run_id)
@@ -235,10 +236,7 @@ def trigger(args: argparse.Namespace, params: dict[str, Any]) -> SchedulePlan:
     )
     if client is None:
         return plan
-    pipeline_id, version_id = _uploaded(client, plan.calls[0], pipeline_id)
-    run = client.run_pipeline(
-        **dict(plan.calls[1].kwargs, pipeline_id=pipeline_id, version_id=version_id)
-    )
+    run = client.run_pipeline(**_uploaded(client, plan, pipeline_id))
     log.warning("started KFP run %s: %s", getattr(run, "run_id", "?"), reason)
     return plan
 

@@ -53,7 +53,6 @@ from components.ml.runtime import ModelFiles, PaddlePredictor
 from components.tasks.base import Task
 from components.tracking.registry import (
     CHAMPION,
-    HOLDOUT_DIR,
     Registry,
     RegistryParams,
     client,
@@ -297,21 +296,15 @@ def registry_reference(
             raise StepError(f"monitor --reference registry: {name} has no '{CHAMPION}' alias")
         version = str(champion)
     mv = registry.version(int(version))
-    sha = mv.tags.get("test_split_sha256")
-    if not sha:
+    tags = registry.test_split(mv)
+    if not tags["holdout_sha256"]:
         raise StepError(
             f"monitor --reference registry: {name} v{version} has no test_split_sha256 tag (no "
             "test split stored with it); use --reference snapshot with its --data"
         )
     bundle = download_version(registry.client, tracking_uri, name, int(version), dest / "model")
-    run_uri = registry.client.get_run(mv.run_id).info.artifact_uri.rstrip("/")
-    tags = {
-        "holdout_version": version,
-        "holdout_uri": f"{run_uri}/{HOLDOUT_DIR}",
-        "holdout_sha256": sha,
-    }
     data = fetch_holdout(registry.client, tracking_uri, tags, dest / "data", "test")
-    log.info("monitor: reference = %s v%s and its test split, from %s", name, version, run_uri)
+    log.info("monitor: reference %s v%s, test split %s", name, version, tags["holdout_uri"])
     return bundle, data, version
 
 

@@ -406,17 +406,21 @@ class Registry:
             )
             self.client.set_registered_model_tag(self.name, "holdout_replaced", note)
             log.warning("%s: pinned holdout %s", self.name, note)
-        uri = self.client.get_run(mv.run_id).info.artifact_uri.rstrip("/") + "/" + HOLDOUT_DIR
-        for key, value in (
-            ("holdout_version", mv.version),
-            ("holdout_sha256", sha),
-            ("holdout_uri", uri),
-            (HOLDOUT_FORMAT_TAG, HOLDOUT_FORMAT),
-        ):
+        for key, value in (*self.test_split(mv).items(), (HOLDOUT_FORMAT_TAG, HOLDOUT_FORMAT)):
             self.client.set_registered_model_tag(self.name, key, str(value))
         log.info(
             "%s: pinned holdout = test split of v%s (sha256 %s)", self.name, mv.version, sha[:12]
         )
+
+    def test_split(self, mv: Any) -> dict[str, str]:
+        """Where the test split ``mv`` was blessed on is stored (its run's ``holdout/``), as
+        the tags a holdout pin records and :func:`fetch_holdout` reads."""
+        uri = self.client.get_run(mv.run_id).info.artifact_uri.rstrip("/") + "/" + HOLDOUT_DIR
+        return {
+            "holdout_version": str(mv.version),
+            "holdout_sha256": str(mv.tags.get("test_split_sha256", "")),
+            "holdout_uri": uri,
+        }
 
     def record_judgement(self, action: str, version: int, reason: str) -> dict[str, Any]:
         """Record a live-traffic verdict on a challenger that did not become champion (the
