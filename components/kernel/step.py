@@ -49,7 +49,7 @@ STEPS = (
 # steps that run after deploy, on live traffic, outside the training DAG (no dvc.yaml stage:
 # their input grows by the second, and an alarm of theirs starts the DAG): CLI and KFP
 # component (pipelines/monitoring.py) only
-AFTER_DEPLOY = ("monitor", "judge")
+AFTER_DEPLOY = ("monitor", "judge", "harvest")
 
 KfpType = Literal["Dataset", "Model", "Artifact", "Metrics", "ClassificationMetrics", "HTML"]
 

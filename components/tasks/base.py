@@ -307,6 +307,15 @@ class Task(abc.ABC):
             return image_features(x)
         return {}
 
+    def raw_samples(self, inputs: list[np.ndarray], like: Any) -> tuple[list[Any], np.ndarray]:
+        """The stored samples (as ingest stores them, like the stored sample ``like``) that
+        logged model inputs came from, and which of them could be recovered (``bool [N]``):
+        what ``harvest`` writes back into the source. Default: none can (an error)."""
+        raise StepError(
+            f"task {self.name}: cannot turn logged inputs back into stored samples, so its "
+            "logged traffic cannot be harvested"
+        )
+
     def int8_blocker(self) -> str | None:
         """Why this task's model cannot be quantized and exported as int8 on this stack
         (None: it can). The qat step stops on it unless ``qat.allow_fp32_only``."""

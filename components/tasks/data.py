@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import abc
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -22,6 +22,7 @@ import numpy as np
 
 from components.core.artifacts import StepError
 from components.ml import dataset, snapshot
+from components.ml.harvest import Harvested
 
 
 @dataclass(frozen=True)
@@ -225,6 +226,16 @@ class DataFormat(abc.ABC):
         manifest; ``StepError`` where the units disagree in a way the data set cannot hold
         (images of several sizes)."""
         return {}
+
+    # ---------------------------------------------------------------- harvest
+
+    def write_harvest(
+        self, params: Any, name: str, rows: Iterable[tuple[str, Any, int]], params_file: str
+    ) -> Harvested:
+        """Write ``rows`` (request id, stored sample, label) as a new unit ``name`` of the
+        source, atomically, and say how ``ingest`` params must change to read it into the
+        train split (``components.ml.harvest``). Default: the format cannot (an error)."""
+        raise StepError(f"{self.name} data: harvested traffic cannot be written as a source unit")
 
     # ---------------------------------------------------------------- serving (MLflow pyfunc)
 

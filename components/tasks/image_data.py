@@ -21,10 +21,13 @@ import gzip
 import hashlib
 import io
 import math
+import re
+import shutil
 import struct
+import tempfile
 import zlib
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -32,6 +35,7 @@ from typing import Any, Literal
 import numpy as np
 
 from components.core.artifacts import StepError, atomic_path, sha256_bytes, sha256_file
+from components.ml.harvest import Harvested, local_source, png_bytes
 from components.ml.sources import join_uri, read_bytes
 from components.tasks.data import (
     CommonValidateParams,
@@ -418,6 +422,78 @@ def write_idx(dest: Path, array: np.ndarray) -> None:
         tmp.write_bytes(header + arr.tobytes())
 
 
+def _harvest_idx(root: Path, name: str, rows: Iterable[tuple[str, Any, int]]) -> Harvested:
+    """Harvested images as one more IDX pair ``<name>-images-idx3-ubyte`` /
+    ``<name>-labels-idx1-ubyte`` (streamed through a temporary body: the header needs the
+    count), listed in ``ingest.idx_files`` and forced into train."""
+    files = (f"{name}-images-idx3-ubyte", f"{name}-labels-idx1-ubyte")
+    shape: tuple[int, ...] | None = None
+    count = 0
+    with tempfile.TemporaryDirectory(dir=root, prefix=".harvest-") as tmp:
+        body, labels = Path(tmp) / "images", Path(tmp) / "labels"
+        with body.open("wb") as images_out, labels.open("wb") as labels_out:
+            for _, image, label in rows:
+                pixels = np.asarray(image, dtype=np.uint8)[..., 0]  # [h, w, 1] -> [h, w]
+                if shape is None:
+                    shape = pixels.shape
+                if not 0 <= label < 256:
+                    raise StepError(f"label {label}: an IDX label file holds 0-255")
+                images_out.write(np.ascontiguousarray(pixels).tobytes())
+                labels_out.write(bytes([label]))
+                count += 1
+        if count == 0 or shape is None:
+            return Harvested({}, {}, 0)
+        for dest, part, dims in ((files[0], body, (count, *shape)), (files[1], labels, (count,))):
+            header = struct.pack(">BBBB", 0, 0, 0x08, len(dims)) + struct.pack(
+                f">{len(dims)}I", *dims
+            )
+            with atomic_path(root / dest) as out, out.open("wb") as handle:
+                handle.write(header)
+                with part.open("rb") as src:
+                    shutil.copyfileobj(src, handle)
+    digests = {f: sha256_file(root / f) for f in files}
+    return Harvested(
+        digests,
+        {"idx_files": [list(files)], "sha256": digests, "split": {"files": {f"{name}-*": "train"}}},
+        count,
+    )
+
+
+def _harvest_folder(
+    root: Path, name: str, rows: Iterable[tuple[str, Any, int]], classes: list[str]
+) -> Harvested:
+    """Harvested images as PNGs ``<class>/<name>/<request id>-<n>.png``: written under a
+    hidden staging folder (ingest skips it), then moved in one folder per class."""
+    staging = root / f".harvest-{name}.tmp"
+    shutil.rmtree(staging, ignore_errors=True)
+    count = 0
+    try:
+        for rid, image, label in rows:
+            if not 0 <= label < len(classes):
+                raise StepError(f"label {label}: the source has {len(classes)} class folders")
+            safe = re.sub(r"[^A-Za-z0-9_.-]", "_", rid)
+            dest = staging / classes[label] / name / f"{safe}-{count}.png"
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_bytes(png_bytes(np.asarray(image, dtype=np.uint8)))
+            count += 1
+        moved = []
+        for folder in sorted(staging.glob(f"*/{name}")):
+            target = root / folder.parent.name / name
+            if target.exists():
+                raise StepError(f"{target}: a harvested unit of that name exists")
+            folder.rename(target)
+            moved.append(target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    if count == 0:
+        return Harvested({}, {}, 0)
+    return Harvested(
+        {str(p.relative_to(root)): "" for p in moved},
+        {"split": {"files": {f"*/{name}/*": "train"}}},
+        count,
+    )
+
+
 def materialize_builtin_digits(out_dir: str | Path) -> dict[str, str]:
     """Write scikit-learn's digits as IDX files; returns their sha256 by file name."""
     out_dir = Path(out_dir)
@@ -718,6 +794,18 @@ class ImageData(DataFormat):
         if params.kind == "mnist_idx":
             return read_idx_unit(params, unit)
         return read_folder_unit(params, unit)
+
+    def write_harvest(
+        self,
+        params: IngestParams,
+        name: str,
+        rows: Iterable[tuple[str, Any, int]],
+        params_file: str,
+    ) -> Harvested:
+        root = local_source(params.source, params.kind)
+        if params.kind == "mnist_idx":
+            return _harvest_idx(root, name, rows)
+        return _harvest_folder(root, name, rows, _class_folders(params))
 
     def label_source(self, params: IngestParams, unit: Unit) -> str:
         if params.kind == "mnist_idx":

@@ -561,6 +561,21 @@ class SentimentTask(Task):
         special = [ids[t] for t in SPECIAL_TOKENS if t in ids]
         return token_features(x, special, ids.get("[UNK]", -1))
 
+    def raw_samples(self, inputs: list[np.ndarray], like: Any) -> tuple[list[Any], np.ndarray]:
+        """The texts a text client sent (the logged ``text`` input); logged token ids are not
+        recovered (WordPiece does not give the text back)."""
+        x = inputs[0] if inputs else np.zeros(0)
+        if x.dtype == object or x.dtype.kind in "SU":
+            texts: list[Any] = []
+            for t in x.reshape(-1).tolist():
+                try:
+                    texts.append(t.decode("utf-8") if isinstance(t, bytes) else str(t))
+                except UnicodeDecodeError:
+                    texts.append(None)  # not UTF-8: not a text ingest would store
+            return texts, np.array([t is not None for t in texts], dtype=bool)
+        n = len(x)
+        return [None] * n, np.zeros(n, dtype=bool)
+
     def preprocessing_doc(self) -> dict[str, Any]:
         return {
             "input_layout": "UTF-8 text, one string per sample (as stored by ingest)",

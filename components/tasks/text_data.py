@@ -32,7 +32,7 @@ import importlib.util
 import io
 import json
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -40,8 +40,9 @@ from typing import Any, Literal
 import numpy as np
 import pandas as pd
 
-from components.core.artifacts import StepError, sha256_bytes
+from components.core.artifacts import StepError, atomic_path, sha256_bytes
 from components.ml import dataset
+from components.ml.harvest import Harvested, local_source
 from components.ml.sources import join_uri, read_bytes
 from components.tasks.data import (
     CommonValidateParams,
@@ -576,6 +577,56 @@ class TextData(DataFormat):
             rows=np.asarray(numbers, dtype=np.int64),
             columns={"text": texts},
             dropped=dropped,
+        )
+
+    def write_harvest(
+        self,
+        params: TextIngestParams,
+        name: str,
+        rows: Iterable[tuple[str, Any, int]],
+        params_file: str,
+    ) -> Harvested:
+        """Harvested texts as one more table ``<name>.jsonl`` (``.csv``/``.tsv`` when
+        ``ingest.table_format`` says so) of the source directory, listed in ``ingest.files``
+        and forced into train; the request id goes in ``ingest.id_field`` when one is set."""
+        root = local_source(params.source, params.kind)
+        if not params.files:
+            raise StepError(
+                f"{params_file}: ingest.files is empty (the source is one table); harvest adds "
+                "a table to a source directory whose ingest.files lists its tables"
+            )
+        kind = "jsonl" if params.table_format == "auto" else params.table_format
+        fname = f"{name}.{kind}"
+        columns = [params.text_field, params.label_field] + (
+            [params.id_field] if params.id_field else []
+        )
+        count = 0
+        with atomic_path(root / fname) as tmp, tmp.open("w", encoding=params.encoding) as out:
+            writer = (
+                None
+                if kind == "jsonl"
+                else csv.writer(out, delimiter="," if kind == "csv" else "\t")
+            )
+            if writer is not None:
+                writer.writerow(columns)
+            for rid, text, label in rows:
+                values = [text, int(label)] + ([rid] if params.id_field else [])
+                if writer is None:
+                    out.write(
+                        json.dumps(dict(zip(columns, values, strict=True)), ensure_ascii=False)
+                    )
+                    out.write("\n")
+                else:
+                    writer.writerow(values)
+                count += 1
+        if count == 0:
+            (root / fname).unlink()
+            return Harvested({}, {}, 0)
+        digest = sha256_bytes((root / fname).read_bytes())
+        return Harvested(
+            {fname: digest},
+            {"files": [fname], "sha256": {fname: digest}, "split": {"files": {fname: "train"}}},
+            count,
         )
 
     def label_source(self, params: TextIngestParams, unit: Unit) -> str:

@@ -9,6 +9,7 @@ import paddle
 from paddle.vision import transforms as T
 from tqdm import tqdm
 
+from components.ml.harvest import AffineImageInverse
 from components.tasks.base import Task, TensorSpec
 from components.tasks.image_data import ImageData
 
@@ -83,6 +84,17 @@ class ImageClassificationTask(Task):
             for i in items:
                 out[i] = self._transform(np.ascontiguousarray(raw[i])).numpy()
         return [out]
+
+    def raw_samples(self, inputs: list[np.ndarray], like: Any) -> tuple[list[Any], np.ndarray]:
+        """Stored images shaped like ``like`` back from logged model inputs, by the measured
+        least-squares inverse of :meth:`preprocess` (``components.ml.harvest``); an input no
+        stored image of that shape reproduces within one grey level is not recovered."""
+        shape = tuple(np.asarray(like).shape)
+        inverses = self.__dict__.setdefault("_inverses", {})
+        if shape not in inverses:
+            inverses[shape] = AffineImageInverse(lambda raw: self.preprocess(raw)[0], shape)
+        images, ok = inverses[shape].invert(inputs[0])
+        return list(images), ok
 
     def augment(self, inputs: list[np.ndarray], rng: np.random.Generator) -> list[np.ndarray]:
         """Shift each image by up to ``augment_shift`` pixels, filling with black."""

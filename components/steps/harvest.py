@@ -1,0 +1,206 @@
+"""harvest: labelled logged traffic into the next training snapshot (opt-in).
+
+Reads the server's prediction log (``--log``) and the labels fed back (``--labels``: JSON
+Lines ``{"id": ..., "label": ...}``, or ``"labels": [...]`` for a batch request), and writes
+every answered request whose inputs were logged and whose labels came back as a new unit of
+the ingest source, in the source's own format (``DataFormat.write_harvest``): an IDX pair, a
+folder of PNGs per class, a table. The task turns each logged model input back into the
+sample ingest stores (``Task.raw_samples``: an image task inverts its preprocessing and checks
+the result reproduces the logged input; a text task takes the text a client sent); an input it
+cannot recover is counted and left out, never guessed.
+
+Then ``params.yaml`` (``--params``) is updated in place so ``ingest`` reads the unit — and
+``ingest.split.files`` sends all of it to ``train``: logged traffic never enters the pinned
+holdout or a test split a champion was blessed on. A request is harvested once: the ids of
+each unit are kept under ``<source>/.harvested/``. Nothing else changes: the next ``dvc
+repro`` (after ``dvc commit data.dvc``, where the source is tracked) ingests, validates and
+trains as for any new data. ``harvest.json`` (``--report``) counts what was read, written
+and refused, and why.
+
+Not a stage of the training DAG: its input is live traffic. The source must be a local
+directory (the copy ``data.dvc`` tracks); a built-in corpus or a remote URI is refused.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from components.core.artifacts import StepError, write_json
+from components.core.config import params_source, section
+from components.kernel.step import In, Out, Step, Value
+from components.ml.dataset import SPLITS
+from components.ml.harvest import (
+    HARVEST_DIR,
+    harvested_ids,
+    local_source,
+    sample_digest,
+    update_params,
+    write_ids,
+)
+from components.ml.prediction_log import LogReader, Prediction, read_labels
+from components.tasks.base import Task
+from components.tasks.data import iter_split
+
+log = logging.getLogger(__name__)
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+def _candidates(log_dir: Path, done: set[str]) -> set[str]:
+    """Ids of answered, successful requests whose inputs were logged (first pass)."""
+    return {r.id for r in LogReader(log_dir) if _usable(r) and r.id not in done}
+
+
+def _usable(record: Prediction) -> bool:
+    return record.answered and record.ok and record.inputs is not None
+
+
+def run(
+    task: Task,
+    all_params: Any,
+    params_file: str,
+    data_dir: str | Path,
+    log_dir: str | Path,
+    out_dir: str | Path,
+    labels_file: str = "",
+    name: str = "",
+    split: str = "train",
+) -> dict[str, Any]:
+    data_dir, log_dir, out_dir = Path(data_dir), Path(log_dir), Path(out_dir)
+    source = params_source(all_params)
+    ingest = section(dict(all_params), "ingest", task.data.ingest_params, source=source)
+    name = name or time.strftime("harvest-%Y%m%dT%H%M%SZ", time.gmtime())
+    if not NAME.fullmatch(name):
+        raise StepError(f"harvest --name {name!r}: letters, digits, '_', '.', '-' (at most 64)")
+    if split not in ("train", "hash"):
+        raise StepError(f"harvest --split: train or hash, got {split!r}")
+    if not labels_file:
+        raise StepError("harvest: --labels is required (only labelled traffic is harvested)")
+    if not Path(labels_file).is_file():
+        raise StepError(f"{labels_file}: no labels file (--labels)")
+    if not log_dir.is_dir():
+        raise StepError(f"{log_dir}: no prediction log directory (--log)")
+    root = local_source(ingest.source, ingest.kind)
+    if (root / HARVEST_DIR / f"{name}.ids").exists():
+        raise StepError(f"{root}: a unit named {name!r} was harvested already (--name)")
+    like, _ = task.read_head(data_dir, "train", 1)
+    if len(like) == 0:
+        raise StepError(f"{data_dir}: the train split is empty; run ingest first (--data)")
+    done = harvested_ids(root)
+    labels = read_labels(Path(labels_file), _candidates(log_dir, done))
+    names = [s.name for s in task.input_specs()]
+
+    def recovered() -> Iterator[tuple[str, Any, int, bool]]:
+        """(request id, stored sample or None, label, recovered) of every labelled item."""
+        seen: set[str] = set()
+        for r in LogReader(log_dir):
+            if not _usable(r) or r.id not in labels or r.id in seen:
+                continue
+            seen.add(r.id)
+            assert r.inputs is not None
+            keys = names if all(n in r.inputs for n in names) else list(r.inputs)
+            samples, ok = task.raw_samples([np.asarray(r.inputs[k]) for k in keys], like[0])
+            wanted = labels[r.id]
+            if len(wanted) != len(samples):
+                yield r.id, None, -1, False  # a batch whose labels do not match it: refused
+                continue
+            for sample, good, label in zip(samples, ok, wanted, strict=True):
+                yield r.id, sample if good else None, int(label), bool(good)
+
+    # pass 1: the digests of what would be written; pass 2: those the snapshot already holds
+    digests = {sample_digest(x) for _, x, _, good in recovered() if good}
+    known = _in_snapshot(task, data_dir, digests)
+    counts = {"requests": 0, "samples": 0, "not_recovered": 0, "in_snapshot": 0, "repeated": 0}
+    taken: list[str] = []
+
+    def rows() -> Iterator[tuple[str, Any, int]]:  # pass 3: written
+        written: set[bytes] = set()
+        last = None
+        for rid, sample, label, good in recovered():
+            if rid != last:
+                counts["requests"] += 1
+                taken.append(rid)
+                last = rid
+            if not good:
+                counts["not_recovered"] += 1
+                continue
+            digest = sample_digest(sample)
+            if digest in known:
+                counts["in_snapshot"] += 1
+            elif digest in written:
+                counts["repeated"] += 1
+            else:
+                written.add(digest)
+                counts["samples"] += 1
+                yield rid, sample, label
+
+    unit = task.data.write_harvest(ingest, name, rows(), params_file)
+    update = unit.ingest_update
+    if split == "hash":  # ingest's own rule splits the unit like any new data
+        update = {k: v for k, v in update.items() if k != "split"}
+    doc: dict[str, Any] = {
+        "name": name,
+        "source": ingest.source,
+        "split": split,
+        "already_harvested_requests": len(done),
+        "labelled_requests": len(labels),
+        **counts,
+        "files": unit.files,
+        "ingest_update": update if unit.samples else {},
+    }
+    if unit.samples:
+        update_params(params_file, update)
+        log.info(
+            "harvest: %d labelled logged samples of %d requests -> %s under %s (split: %s); "
+            "left out: %d not recovered, %d already in the snapshot, %d repeated; %s updated",
+            unit.samples, counts["requests"], ", ".join(unit.files), ingest.source, split,
+            counts["not_recovered"], counts["in_snapshot"], counts["repeated"], params_file,
+        )  # fmt: skip
+    else:
+        log.warning("harvest: nothing new to harvest from %s", log_dir)
+    write_ids(root, name, taken)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_json(out_dir / "harvest.json", doc)
+    return doc
+
+
+def _in_snapshot(task: Task, data_dir: Path, digests: set[bytes]) -> set[bytes]:
+    """Which of ``digests`` are samples the snapshot already holds, in any split (streamed)."""
+    found: set[bytes] = set()
+    if not digests:
+        return found
+    for split in SPLITS:
+        for samples, _ in iter_split(task.data, data_dir, split, 4096):
+            found.update(d for d in map(sample_digest, samples) if d in digests)
+    return found
+
+
+STEP = Step(
+    name="harvest",
+    doc=__doc__,
+    params=None,
+    sections=("task", "ingest"),
+    run=run,
+    inputs=(
+        In("data", "outputs/ingest", "data_dir", help="the current snapshot (a stored sample)"),
+        In("log", ".deploy/predictions", "log_dir", help="the server's prediction log dir"),
+    ),
+    outputs=(Out("report", "outputs/harvest", "out_dir", help="harvest.json"),),
+    values=(
+        Value("labels", "labels_file", "", help="fed-back labels, JSON Lines {id, label}"),
+        Value("name", "name", "", help="the unit's name (default: harvest-<UTC time>)"),
+        Value(
+            "split",
+            "split",
+            "train",
+            help="train: every harvested sample trains (ingest.split.files); hash: ingest's "
+            "rule splits them like any new data. Either way the pinned holdout is untouched",
+        ),
+    ),
+)
