@@ -23,6 +23,7 @@ directory (the copy ``data.dvc`` tracks); a built-in corpus or a remote URI is r
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
 import time
@@ -96,33 +97,44 @@ def run(
     labels = read_labels(Path(labels_file), _candidates(log_dir, done))
     names = [s.name for s in task.input_specs()]
 
-    def recovered() -> Iterator[tuple[str, Any, int, bool]]:
-        """(request id, stored sample or None, label, recovered) of every labelled item."""
+    def recovered() -> Iterator[tuple[str, Any, int, bool, bytes | None]]:
+        """(request id, stored sample or None, label, recovered, digest of the model input
+        or None) of every labelled item."""
         seen: set[str] = set()
         for r in LogReader(log_dir):
             if not _usable(r) or r.id not in labels or r.id in seen:
                 continue
             seen.add(r.id)
             assert r.inputs is not None
-            keys = names if all(n in r.inputs for n in names) else list(r.inputs)
-            samples, ok = task.raw_samples([np.asarray(r.inputs[k]) for k in keys], like[0])
+            model_inputs = all(n in r.inputs for n in names)
+            arrays = [np.asarray(r.inputs[k]) for k in (names if model_inputs else r.inputs)]
+            samples, ok = task.raw_samples(arrays, like[0])
             wanted = labels[r.id]
             if len(wanted) != len(samples):
-                yield r.id, None, -1, False  # a batch whose labels do not match it: refused
+                yield r.id, None, -1, False, None  # labels that do not match the batch
                 continue
-            for sample, good, label in zip(samples, ok, wanted, strict=True):
-                yield r.id, sample if good else None, int(label), bool(good)
+            for i, (sample, good, label) in enumerate(zip(samples, ok, wanted, strict=True)):
+                digest = inputs_digest(arrays, i) if model_inputs else None
+                yield r.id, sample if good else None, int(label), bool(good), digest
 
-    # pass 1: the digests of what would be written; pass 2: those the snapshot already holds
-    digests = {sample_digest(x) for _, x, _, good in recovered() if good}
-    known = _in_snapshot(task, data_dir, digests)
+    # pass 1: digests of what would be written; pass 2: those the snapshot already holds,
+    # as stored samples or as the model inputs they preprocess to (a client preprocessing
+    # as the task does sends exactly those); pass 3: the rest is written
+    wanted_raw: set[bytes] = set()
+    wanted_inputs: set[bytes] = set()
+    for _, sample, _, good, digest in recovered():
+        if good:
+            wanted_raw.add(sample_digest(sample))
+            if digest is not None:
+                wanted_inputs.add(digest)
+    known_raw, known_inputs = _in_snapshot(task, data_dir, wanted_raw, wanted_inputs)
     counts = {"requests": 0, "samples": 0, "not_recovered": 0, "in_snapshot": 0, "repeated": 0}
     taken: list[str] = []
 
-    def rows() -> Iterator[tuple[str, Any, int]]:  # pass 3: written
+    def rows() -> Iterator[tuple[str, Any, int]]:
         written: set[bytes] = set()
         last = None
-        for rid, sample, label, good in recovered():
+        for rid, sample, label, good, in_digest in recovered():
             if rid != last:
                 counts["requests"] += 1
                 taken.append(rid)
@@ -131,7 +143,7 @@ def run(
                 counts["not_recovered"] += 1
                 continue
             digest = sample_digest(sample)
-            if digest in known:
+            if digest in known_raw or in_digest in known_inputs:
                 counts["in_snapshot"] += 1
             elif digest in written:
                 counts["repeated"] += 1
@@ -170,15 +182,28 @@ def run(
     return doc
 
 
-def _in_snapshot(task: Task, data_dir: Path, digests: set[bytes]) -> set[bytes]:
-    """Which of ``digests`` are samples the snapshot already holds, in any split (streamed)."""
-    found: set[bytes] = set()
-    if not digests:
-        return found
+def inputs_digest(arrays: list[np.ndarray], row: int) -> bytes:
+    """The digest of sample ``row``'s model inputs (one per input tensor, in order)."""
+    return hashlib.sha256(b"".join(sample_digest(a[row]) for a in arrays)).digest()
+
+
+def _in_snapshot(
+    task: Task, data_dir: Path, raw: set[bytes], inputs: set[bytes]
+) -> tuple[set[bytes], set[bytes]]:
+    """Which of the ``raw`` sample digests and of the model ``inputs`` digests the snapshot
+    already holds, in any split (streamed; the samples preprocessed batch by batch)."""
+    found_raw: set[bytes] = set()
+    found_inputs: set[bytes] = set()
+    if not raw:
+        return found_raw, found_inputs
     for split in SPLITS:
-        for samples, _ in iter_split(task.data, data_dir, split, 4096):
-            found.update(d for d in map(sample_digest, samples) if d in digests)
-    return found
+        for samples, _ in iter_split(task.data, data_dir, split, 1024):
+            found_raw.update(d for d in map(sample_digest, samples) if d in raw)
+            if inputs:
+                arrays = task.preprocess(samples)
+                digests = (inputs_digest(arrays, i) for i in range(len(samples)))
+                found_inputs.update(d for d in digests if d in inputs)
+    return found_raw, found_inputs
 
 
 STEP = Step(
