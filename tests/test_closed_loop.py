@@ -5,9 +5,10 @@ A fresh clone of the project, the real DVC CLI, a real ``mlflow server``, a loca
 
 1. ``dvc repro`` trains, blesses, pushes and deploys v1; test-split traffic is replayed with
    its labels fed back: ``paddle-mlops monitor`` stays quiet.
-2. Shifted traffic (half of the images inverted) is replayed, and the week's new labelled data
-   (inverted digits) lands in ``data/raw`` as the README's data-growth path says: the monitor
-   alarms, and its alarm (``monitor.on_alarm: dvc``) runs ``dvc repro``, the reason recorded.
+2. A week of shifted traffic (inverted digits) is served with its labels fed back, and
+   ``paddle-mlops harvest`` writes the logged, labelled samples into ``data/raw`` (to train):
+   the monitor alarms on shifted traffic, and its alarm (``monitor.on_alarm: dvc``) runs ``dvc
+   repro``, the reason recorded.
 3. That retraining's v2 is blessed and deployed as a shadow beside v1; ``paddle-mlops judge``
    promotes it on the labelled live traffic (server and registry).
 4. A deliberately worse v3 (a retrain that lost the week's data: it passes the offline gate on
@@ -32,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from components.core.artifacts import read_json, sha256_file
+from components.core.artifacts import read_json
 from components.kube.kserve_client import KServeClient
 from components.ml.prediction_log import LogReader
 from components.steps.deploy import DeployParams
@@ -185,7 +186,6 @@ def served_versions(url: str) -> list[tuple[str, str]]:
 def test_monitor_alarm_retrains_judge_promotes_and_rolls_back_in_containers(
     tracking, oci_registry, images, digits_task, tmp_path, monkeypatch  # noqa: F811
 ):  # fmt: skip
-    from components.steps.ingest import write_idx
     from components.tasks.image_data import builtin_digits
 
     repo = clone_repo(tmp_path / "repo")
@@ -248,24 +248,31 @@ def test_monitor_alarm_retrains_judge_promotes_and_rolls_back_in_containers(
         client = mlflow_client(tracking)
         assert client.get_model_version(NAME, "1").tags["monitor_alarm"] == "false"
 
-        # 2. the world shifts: half the images arrive inverted; the week's labelled data (the
-        # same shift) is added as the README says; the alarm retrains, and the new version goes
-        # out as a shadow of the champion (the operator's choice for every retrained version)
+        # 2. the world shifts: digits arrive inverted. A week of such traffic, its labels fed
+        # back, is harvested from the log into data/raw (an IDX pair, to train) and committed
+        # as the README's data-growth path says; the alarm retrains on it, and the new version
+        # goes out as a shadow of the champion (the operator's choice for every retrained one)
         images_raw, labels_raw = builtin_digits()
-        raw = repo / "data" / "raw" / "digits"
-        week = ("w49-images-idx3-ubyte", "w49-labels-idx1-ubyte")
-        write_idx(raw / week[0], 255 - images_raw)
-        write_idx(raw / week[1], labels_raw.astype(np.uint8))
+        (week_x,) = digits_task.preprocess(255 - images_raw[..., None])
+        traffic.replay("week", week_x, labels_raw.astype(np.int64))
+        time.sleep(0.3)
         original_files = [list(p) for p in project_params(repo)["ingest"]["idx_files"]]
         set_params(
             repo,
-            ingest={
-                "idx_files": [*original_files, list(week)],
-                "sha256": {n: sha256_file(raw / n) for n in week},
-            },
             promote={"auto_promote": False},
             deploy={"alias": "challenger", "challenger": "shadow", "challenger_fraction": 0.5},
         )
+        project.cli("harvest", "--log", log_dir, "--labels", str(traffic.labels), "--name", "w49",
+                    "--report", str(tmp_path / "harvest"), timing="harvest_s")  # fmt: skip
+        harvest = read_json(tmp_path / "harvest" / "harvest.json")
+        week = ("w49-images-idx3-ubyte", "w49-labels-idx1-ubyte")
+        assert sorted(harvest["files"]) == sorted(week) and harvest["not_recovered"] == 0
+        # about INPUT_RATE of the week's images were logged; the replayed test split was
+        # (its preprocessing is what the snapshot holds): left out
+        assert harvest["samples"] >= 0.3 * len(images_raw), harvest
+        assert harvest["in_snapshot"] > 0
+        project.timings["harvested_samples"] = harvest["samples"]
+        assert project_params(repo)["ingest"]["split"]["files"] == {"w49-*": "train"}
         project("dvc", "commit", "-f", "-q", "data.dvc")
         xs = shifted(x)
         traffic.replay("shift", xs, y)

@@ -22,6 +22,7 @@ from components.ml import snapshot
 from components.ml.harvest import AffineImageInverse
 from components.steps.serving_image import RunningServer
 from components.tasks import get_task
+from components.tasks.data import SplitParams
 from components.tasks.image_data import builtin_digits, materialize_builtin_digits
 from tests.conftest import REPO, run_module, with_model_config
 
@@ -204,3 +205,129 @@ def test_refusals_are_one_line_and_leave_nothing(project):
         "digits-labels-idx1-ubyte",
     ]
     assert not (tmp / "out").exists()
+
+
+def _text_event(rid: str, texts: list[str]) -> str:
+    import base64
+
+    from components.ml.prediction_log import EVENT_TYPE
+
+    blob = b"".join(len(t.encode()).to_bytes(4, "little") + t.encode() for t in texts)
+    return json.dumps({
+        "specversion": "1.0", "id": rid, "type": EVENT_TYPE, "source": "test",
+        "time": "2026-12-04T10:00:00Z",
+        "data": {"model_name": "m", "model_version": "1", "role": "default", "answered": True,
+                 "latency_us": 10, "code": 200, "batch": len(texts),
+                 "top1": [0] * len(texts), "confidence": [0.9] * len(texts),
+                 "inputs": [{"name": "text", "datatype": "BYTES", "shape": [len(texts)],
+                             "data_base64": base64.b64encode(blob).decode()}]},
+    })  # fmt: skip
+
+
+def test_texts_a_client_sent_become_a_table_of_the_source(tmp_path):
+    """A text client's logged texts (not token ids) go into one more table of the source,
+    into train; a text the snapshot holds is left out."""
+    src = tmp_path / "reviews"
+    src.mkdir()
+    rows = [{"text": f"review {i} is {'good' if i % 2 else 'bad'}", "label": i % 2}
+            for i in range(200)]  # fmt: skip
+    (src / "week1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    params = tmp_path / "params.yaml"
+    params.write_text(
+        "task:\n  name: sentiment   # the text task\n"
+        f"ingest:\n  source: {src}\n  kind: table\n  files: [week1.jsonl]\n"
+    )
+    before, after = tmp_path / "before", tmp_path / "after"
+    ingest = ["components", "ingest", "--params", str(params), "--data"]
+    assert run_module(*ingest, str(before)).returncode == 0
+    log_dir = tmp_path / "log"
+    log_dir.mkdir()
+    new = [f"a new review {i}, much longer than the old ones" for i in range(6)]
+    (log_dir / "predictions-20261204T100000Z-h-1-0.jsonl").write_text(
+        _text_event("t1", new[:3]) + "\n" + _text_event("t2", [*new[3:], rows[0]["text"]]) + "\n"
+    )
+    (tmp_path / "labels.jsonl").write_text(
+        json.dumps({"id": "t1", "labels": [1, 0, 1]}) + "\n"
+        + json.dumps({"id": "t2", "labels": [0, 1, 1, 0]}) + "\n"
+    )  # fmt: skip
+    proc = run_module(
+        "components", "harvest", "--params", str(params), "--data", str(before),
+        "--log", str(log_dir), "--labels", str(tmp_path / "labels.jsonl"), "--name", "w2",
+        "--report", str(tmp_path / "out"),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = read_json(tmp_path / "out" / "harvest.json")
+    assert (doc["samples"], doc["in_snapshot"], doc["requests"]) == (6, 1, 2)
+    written = [json.loads(line) for line in (src / "w2.jsonl").read_text().splitlines()]
+    assert [(r["text"], r["label"]) for r in written] == list(
+        zip(new, [1, 0, 1, 0, 1, 1], strict=True)
+    )
+    conf = yaml.safe_load(params.read_text())["ingest"]
+    assert conf["files"] == ["week1.jsonl", "w2.jsonl"]
+    assert conf["split"]["files"] == {"w2.jsonl": "train"}
+    assert "# the text task" in params.read_text()
+    assert run_module(*ingest, str(after)).returncode == 0
+    for split in ("val", "test"):
+        assert _ids(after, split) == _ids(before, split)
+    assert len(_ids(after, "train") - _ids(before, "train")) == 6
+
+
+def test_images_of_a_folder_source_come_back_as_pngs_of_their_class(tmp_path):
+    """An image-folder source gets the harvested images as PNGs in each class folder, in a
+    sub-folder of the unit's name that ingest sends to train."""
+    from PIL import Image
+
+    from components.ml.harvest import update_params
+    from components.steps.ingest import run as ingest
+    from components.tasks.image_data import IngestParams
+
+    root = tmp_path / "folder"
+    rng = np.random.default_rng(0)
+    for cls in ("cat", "dog"):
+        for i in range(30):
+            (root / cls).mkdir(parents=True, exist_ok=True)
+            Image.fromarray(rng.integers(0, 256, (12, 12, 3), dtype=np.uint8)).save(
+                root / cls / f"{i:03d}.png"
+            )
+    task = get_task("image_folder", {"image_size": [32, 32]})
+    params = IngestParams(source=str(root), kind="image_folder", image_mode="RGB")
+    ingest(params, task, tmp_path / "before")
+    new = rng.integers(0, 256, (5, 12, 12, 3), dtype=np.uint8)
+    unit = task.data.write_harvest(
+        params, "w2", [(f"r/{i}", new[i], i % 2) for i in range(5)], "params.yaml"
+    )
+    assert unit.samples == 5 and unit.ingest_update == {"split": {"files": {"*/w2/*": "train"}}}
+    assert sorted(p.relative_to(root).as_posix() for p in root.glob("*/w2/*.png")) == [
+        "cat/w2/r_0-0.png", "cat/w2/r_2-2.png", "cat/w2/r_4-4.png",
+        "dog/w2/r_1-1.png", "dog/w2/r_3-3.png",
+    ]  # fmt: skip
+    np.testing.assert_array_equal(np.asarray(Image.open(root / "dog/w2/r_3-3.png")), new[3])
+    conf = tmp_path / "params.yaml"
+    conf.write_text(f"ingest:\n  source: {root}\n  kind: image_folder\n  split:\n    files: {{}}\n")
+    update_params(conf, unit.ingest_update)
+    files = yaml.safe_load(conf.read_text())["ingest"]["split"]["files"]
+    ingest(
+        IngestParams(source=str(root), kind="image_folder", image_mode="RGB",
+                     split=SplitParams(files=files)),
+        task, tmp_path / "after",
+    )  # fmt: skip
+    for split in ("val", "test"):
+        assert _ids(tmp_path / "after", split) == _ids(tmp_path / "before", split)
+    assert len(_ids(tmp_path / "after", "train") - _ids(tmp_path / "before", "train")) == 5
+
+
+def test_the_params_harvest_writes_are_loggable_by_mlflow():
+    """``split.files`` keys are globs, which MLflow cannot name a parameter: track logs such a
+    mapping as one JSON value (the closed-loop test runs track on a real server after a
+    harvest)."""
+    from mlflow.utils.validation import _validate_param_name
+
+    from components.steps.track import flatten
+
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params["ingest"]["split"]["files"] = {"w49-*": "train", "holdout/*": "test"}
+    flat = dict(flatten(params))
+    for key in flat:
+        _validate_param_name(key)
+    assert json.loads(flat["ingest.split.files"]) == {"holdout/*": "test", "w49-*": "train"}
+    assert flat["ingest.split.method"] == "hash"

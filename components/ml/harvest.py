@@ -205,11 +205,8 @@ def update_params(params_file: str | Path, ingest_update: dict[str, Any]) -> Non
     if not isinstance(doc, dict) or not isinstance(doc.get("ingest"), dict):
         raise StepError(f"{path}: no ingest section to add the harvested unit to")
     ingest = doc["ingest"]
-    for key in ("split",):  # a flow-style `files: {}` must become a block mapping to grow
-        if key in ingest_update and ingest.get(key) is None:
-            ingest[key] = {}
     _merge(ingest, ingest_update)
-    for sub in _flow_nodes(ingest):
+    for sub in _flow_nodes(ingest):  # a flow-style `files: {}` that grew: written as a block
         sub.fa.set_block_style()
     buffer = io.StringIO()
     yaml.dump(doc, buffer)

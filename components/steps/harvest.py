@@ -7,15 +7,17 @@ the ingest source, in the source's own format (``DataFormat.write_harvest``): an
 folder of PNGs per class, a table. The task turns each logged model input back into the
 sample ingest stores (``Task.raw_samples``: an image task inverts its preprocessing and checks
 the result reproduces the logged input; a text task takes the text a client sent); an input it
-cannot recover is counted and left out, never guessed.
+cannot recover is counted and left out, never guessed. So is a sample the snapshot holds
+already (as stored, or as the model input it preprocesses to), and a repeat within the unit.
 
-Then ``params.yaml`` (``--params``) is updated in place so ``ingest`` reads the unit — and
-``ingest.split.files`` sends all of it to ``train``: logged traffic never enters the pinned
-holdout or a test split a champion was blessed on. A request is harvested once: the ids of
-each unit are kept under ``<source>/.harvested/``. Nothing else changes: the next ``dvc
-repro`` (after ``dvc commit data.dvc``, where the source is tracked) ingests, validates and
-trains as for any new data. ``harvest.json`` (``--report``) counts what was read, written
-and refused, and why.
+Then ``params.yaml`` (``--params``) is updated in place (comments kept) so ``ingest`` reads the
+unit; with ``--split train`` (the default) ``ingest.split.files`` sends all of it to train,
+with ``--split hash`` ingest's own rule splits it like any new data. Either way the pinned
+holdout (the test split a champion was blessed on, pinned in MLflow) does not change, and no
+existing sample changes split. A request is harvested once: the ids of each unit are kept
+under ``<source>/.harvested/``. The next ``dvc repro`` (after ``dvc commit data.dvc``, where the
+source is tracked) ingests, validates and trains as for any new data. ``harvest.json``
+(``--report``) counts what was read, written and left out, and why.
 
 Not a stage of the training DAG: its input is live traffic. The source must be a local
 directory (the copy ``data.dvc`` tracks); a built-in corpus or a remote URI is refused.

@@ -161,9 +161,13 @@ def _unit_key(job: _Job, inputs: dict[str, str]) -> str:
     )
 
 
-def _file_split(rel: str, patterns: dict[str, str]) -> str | None:
+def _file_split(src: str, patterns: dict[str, str], source: str) -> str | None:
+    """The split ``ingest.split.files`` forces on a sample of input ``src``: patterns are
+    globs under the source (a format that records whole URIs is matched without it)."""
+    prefix = source.rstrip("/") + "/"
+    rel = src[len(prefix) :] if src.startswith(prefix) else src
     for pattern, split in patterns.items():
-        if fnmatch.fnmatch(rel, pattern):
+        if fnmatch.fnmatch(rel, pattern) or fnmatch.fnmatch(src, pattern):
             return split
     return None
 
@@ -200,7 +204,9 @@ def _ingest_unit(job: _Job) -> _UnitResult:
         else:
             where = snapshot.stable_split(batch.keys, rule)
         for i, src in enumerate(batch.sources):  # files the user put in one split
-            forced = _file_split(src, job.file_splits) if job.file_splits else None
+            forced = (
+                _file_split(src, job.file_splits, job.params.source) if job.file_splits else None
+            )
             if forced is not None:
                 where[i] = SPLITS.index(forced)
         prefixes.append(_prefixes(batch.keys))

@@ -20,8 +20,10 @@ logged model (``model_id``, ``model_uri`` = ``models:/<model_id>``, ``bundle_sha
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -136,11 +138,19 @@ class TrackResult:
     bundle_sha256: str = ""
 
 
+_PARAM_KEY = re.compile(r"[\w\-. :/]+")  # what MLflow accepts in a parameter or metric name
+
+
 def flatten(d: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """``(dotted key, value)`` of a nested mapping. A mapping with a key MLflow cannot name
+    (``ingest.split.files``: globs such as ``holdout/*``) is one value, its JSON."""
     for key, value in d.items():
         name = f"{prefix}{key}"
         if isinstance(value, Mapping):
-            yield from flatten(value, f"{name}.")
+            if all(_PARAM_KEY.fullmatch(str(k)) for k in value):
+                yield from flatten(value, f"{name}.")
+            else:
+                yield name, json.dumps(value, sort_keys=True, default=str)
         else:
             yield name, value
 
