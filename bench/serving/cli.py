@@ -15,6 +15,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from bench.serving import runtime_best
 from bench.serving.common import (
     DEFAULT_BINARY,
     DEFAULT_DIGITS,
@@ -131,6 +132,13 @@ def main(argv: list[str] | None = None) -> int:
         help="digits, batching on (server default 0)",
     )
     parser.add_argument("--inprocess-batches", type=int, nargs="+", default=[1, 16, 32])
+    parser.add_argument(
+        "--runtime-streams",
+        nargs="+",
+        default=["1", "2", "AUTO"],
+        help="NUM_STREAMS searched for OpenVINO's best (THROUGHPUT hint, async requests)",
+    )
+    parser.add_argument("--runtime-batches", type=int, nargs="+", default=[1, 16, 32])
     parser.add_argument("--duration", type=int, default=4, help="seconds per timed cell")
     parser.add_argument(
         "--repeats",
@@ -215,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         args.slow_duration = 3
         args.layouts = args.layouts or f"1x{args.threads}"
         args.inprocess_batches = [16]
+        args.runtime_streams, args.runtime_batches = ["AUTO"], [16]
     if args.layouts is None:
         args.layouts = ",".join(
             f"{w}x{args.threads // w}" for w in range(1, args.threads + 1) if args.threads % w == 0
@@ -277,6 +286,16 @@ def run_all(args: argparse.Namespace, report: Report, work: Path, wrk_bin: str) 
             max_iters=10_000,
             noise=noise_of(args),
             cpu_pinning=args.cpu_pinning,
+        )
+        report.runtime = runtime_best.as_dicts(
+            runtime_best.search(
+                model_file(resnet_dir),
+                shape,
+                args.threads,
+                args.runtime_streams,
+                args.runtime_batches,
+                args.inprocess_seconds,
+            )
         )
         if not args.skip_cpp:
             run_compute(args, report, work, wrk, resnet_dir)

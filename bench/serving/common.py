@@ -104,6 +104,8 @@ class Report:
     ratios: dict[str, Any] = field(default_factory=dict)
     # ResNet: the best server cell and the best in-process batch, measured in alternation
     compute_rounds: list[dict[str, float]] = field(default_factory=list)
+    # ResNet: OpenVINO's own best (THROUGHPUT hint, async requests), every cell searched
+    runtime: list[dict[str, Any]] = field(default_factory=list)
     elapsed_s: float = 0.0
 
 

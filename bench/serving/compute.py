@@ -6,8 +6,10 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from bench.serving import runtime_best
 from bench.serving.common import Cell, Report, input_shape, log, model_file, noise_of
 from bench.serving.loads import Wrk, measure
+from bench.serving.runtime_best import RuntimeCell
 from bench.serving.servers import check_answers, measure_inprocess, start_cpp
 from bench.serving.stats import best_inprocess, cell_label, layouts
 from components.ml.ov_runtime import OVPredictor
@@ -117,6 +119,13 @@ def confirm_compute(
                 cpu_pinning=args.cpu_pinning,
             )
             row: dict[str, Any] = {"inprocess": ip.images_per_s, "batch": batch, "cells": []}
+            limit = None
+            if report.runtime:
+                best = RuntimeCell(**{**report.runtime[0], "when": f"round{i + 1}"})
+                limit = runtime_best.again(
+                    model_file(model_dir), shape, best, args.compute_round_seconds, best.when
+                ).images_per_s
+                row["runtime_best"] = limit
             for cell, load in loads:
                 measured = measure(
                     load,
@@ -132,6 +141,7 @@ def confirm_compute(
                         "cell": cell_label(cell),
                         "server": measured.throughput,
                         "ratio": measured.throughput / ip.images_per_s,
+                        "ratio_runtime": measured.throughput / limit if limit else None,
                     }
                 )
                 log.info(
