@@ -67,9 +67,11 @@ def repo(tmp_path_factory: pytest.TempPathFactory, server_binary: Path) -> Path:
         # (seen: one class at 59 % of a 29-image test split), not the stratified 1/3
         validate={"class_fraction_max": 0.75},
         train={"epochs": 8, "batch_size": 16, "early_stopping": {"patience": 8}},
-        # an 8-epoch model on ~20 val images: the wiring is under test, the gate in test_qat
+        # an 8-epoch model on ~20 val images: the wiring is under test, the gate in test_qat.
+        # 3 epochs (9 steps), not 1: after 3 steps the moving-average activation scales were
+        # still off (int8 22 points below fp32 on val, Intel Xeon with AMX, 2026-12-04)
         qat={
-            "epochs": 1,
+            "epochs": 3,
             "batch_size": 16,
             "max_accuracy_drop": 20.0,
             "max_class_drop": 50.0,
