@@ -90,7 +90,11 @@ class AffineImageInverse:
 
     def _solve(self, levels: np.ndarray) -> np.ndarray:
         """The least-norm stored image ``[N, h, w, C]`` of model inputs in grey levels."""
-        return np.einsum("ih,nchw,jw->nijc", self.rows_pinv, levels, self.cols_pinv)
+        return np.moveaxis(self.rows_pinv @ levels @ self.cols_pinv.T, 1, -1)
+
+    def _forward(self, images: np.ndarray) -> np.ndarray:
+        """The model inputs, in grey levels, of stored images ``[N, h, w, C]`` (no rounding)."""
+        return self.rows @ np.moveaxis(images, -1, 1) @ self.cols.T
 
     def _run(self, images: np.ndarray, channels: int) -> np.ndarray:
         out = np.asarray(self.preprocess(images), dtype=np.float64)  # [P, C, H, W]
@@ -112,7 +116,7 @@ class AffineImageInverse:
             boxed = np.clip(raw, 0, 255)
             if np.abs(boxed - raw).max(initial=0.0) < 0.5:
                 break
-            residual = levels - np.einsum("hi,nijc,wj->nchw", self.rows, boxed, self.cols)
+            residual = levels - self._forward(boxed)
             raw = boxed + self._solve(residual)
         images = np.clip(np.rint(raw), 0, 255).astype(np.uint8)
         again = np.asarray(self.preprocess(images), dtype=np.float64)
