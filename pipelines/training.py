@@ -336,10 +336,10 @@ def record_failure_op(track: dict, status: dsl.PipelineTaskFinalStatus, pipeline
 
     from components.steps.track import fail_pipeline_runs
     from components.tracking.liveness import FAILURE_TAG, PIPELINE_RUN_TAG
-    from components.tracking.registry import tracking_uri
+    from components.tracking.registry import tracking_uri, use_experiment
 
     mlflow.set_tracking_uri(tracking_uri())
-    experiment = mlflow.set_experiment(track.get("experiment", "default"))
+    experiment = use_experiment(track.get("experiment", "default"))
     job = pipeline_run or str(status.pipeline_job_resource_name)
     error = " ".join(str(status.error_message).split())
     reason = f"pipeline run {job} ended {status.state}: {error}"[:500]

@@ -323,7 +323,10 @@ def assert_converged(state: dict, reference: dict, successful_runs: int = 1) -> 
         assert reason, f"run {run_id} ended {state['run_status'][run_id]} without a reason"
     # one registry version and one finished pipeline run per successful run, no duplicates
     assert state["versions"] == list(range(1, successful_runs + 1))
-    assert state["finished_parents"] == successful_runs
+    assert state["finished_parents"] == successful_runs, (
+        state["run_status"],
+        state["failure_reasons"],
+    )
     if successful_runs == 1:
         for key in ("aliases", "holdout_version", "promotions"):
             assert state[key] == reference[key], key
@@ -520,6 +523,8 @@ def _row(
         for t in threads:
             t.join(timeout=900)
         first = results["a"]
+        for k in ("a", "b"):
+            print(f"race {k}: exit {results[k].returncode}\n{results[k].stdout[-4000:]}")
         assert results["b"].returncode == 0, results["b"].stdout + results["b"].stderr
         successful_runs = 2
     elif row.id == "sigterm-server-infra":

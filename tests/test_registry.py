@@ -458,3 +458,34 @@ def test_the_judges_rollback_of_a_challenger_is_recorded_with_its_evidence(serve
     assert event["action"] == "reject" and "p99 latency 412.0 ms" in event["reason"]
     tags = reg.version(challenger).tags
     assert tags["judged"] == "reject" and "judge on live traffic" in tags["judged_reason"]
+
+
+def test_an_experiment_created_by_a_racing_process_is_still_the_active_one(server, monkeypatch):
+    """Two pipelines starting together on a new experiment: the one whose create loses the
+    race must log into that experiment, not MLflow's "Default" (MLflow 3's set_experiment
+    returns without making it active on that path). The other process's create is made to
+    land between this one's lookup and its create."""
+    import mlflow
+    from mlflow.tracking._tracking_service.client import TrackingServiceClient
+
+    from components.tracking.registry import use_experiment
+
+    name = "created-by-the-other-pipeline"
+    lookup = TrackingServiceClient.get_experiment_by_name
+    raced = []
+
+    def lookup_then_lose_the_race(self, experiment_name):
+        if experiment_name == name and not raced:  # the other process creates it now
+            raced.append(mlflow.MlflowClient(tracking_uri=server).create_experiment(name))
+            return None
+        return lookup(self, experiment_name)
+
+    monkeypatch.setattr(TrackingServiceClient, "get_experiment_by_name", lookup_then_lose_the_race)
+    with global_tracking_uri(server):
+        mlflow.set_experiment("Default")  # what a process starts with
+        experiment = use_experiment(name)
+        with mlflow.start_run() as run:
+            pass
+    assert raced, "the racing create did not happen"
+    assert experiment.experiment_id == raced[0]
+    assert run.info.experiment_id == raced[0]

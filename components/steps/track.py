@@ -58,7 +58,7 @@ from components.tracking.model import (
     log_bundle_model,
     served_sha256,
 )
-from components.tracking.registry import TrackingRetry, tracking_uri
+from components.tracking.registry import TrackingRetry, tracking_uri, use_experiment
 
 log = logging.getLogger(__name__)
 
@@ -332,7 +332,7 @@ def run(
     history = read_json(outputs.model / "history.json")
     task_section = all_params.get("task") or {}
     try:
-        experiment_id = mlflow.set_experiment(params.experiment).experiment_id
+        experiment_id = use_experiment(params.experiment).experiment_id
     except Exception as exc:  # MLflow raises its own exception types for bad URIs/backends
         raise StepError(
             f"MLflow tracking at {shown_uri}: cannot open experiment '{params.experiment}' "

@@ -116,6 +116,19 @@ def tracking_uri() -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
 
 
+def use_experiment(name: str) -> Any:
+    """``mlflow.set_experiment(name)`` that makes ``name`` the active experiment even when
+    another process created it in the same instant. MLflow 3's ``set_experiment`` returns the
+    experiment without making it active when its create loses that race
+    (``RESOURCE_ALREADY_EXISTS``), so the runs started next land in experiment 0, "Default":
+    two pipelines starting together on a new experiment split between the two. The
+    experiment is made active again by id, which has no such path."""
+    import mlflow
+
+    experiment = mlflow.set_experiment(name)
+    return mlflow.set_experiment(experiment_id=experiment.experiment_id)
+
+
 @contextlib.contextmanager
 def global_tracking_uri(uri: str) -> Iterator[str]:
     """MLflow's process-global tracking URI (and ``MLFLOW_TRACKING_URI``, which
