@@ -31,6 +31,20 @@ def test_export_writes_both_formats_and_signature(exported, digits_task):
     assert parity["pir"]["samples"] == parity["legacy"]["samples"] == ParityParams().samples
     manifest = read_json(exported / "manifest.json")
     assert "model.json" in manifest["outputs"] and manifest["inputs"]["model.pdparams"]["sha256"]
+    assert "warmup.json" in manifest["outputs"] and "warmup/0.bin" in manifest["outputs"]
+
+
+def test_export_ships_the_first_validation_samples_for_the_servers_warm_up(
+    exported, digits_task, digits_data
+):
+    """components/ml/warmup.py: the model inputs of the first export.warmup_samples validation
+    samples, raw little-endian in signature order (what serving/src/model.cc reads)."""
+    doc = read_json(exported / "warmup.json")
+    n = ExportParams().warmup_samples
+    assert doc == {"samples": n, "inputs": [{"name": "image", "file": "warmup/0.bin"}]}
+    (expected,), _ = digits_task.eval_head(digits_data, "val", n)
+    got = np.frombuffer((exported / "warmup" / "0.bin").read_bytes(), "<f4")
+    np.testing.assert_array_equal(got.reshape(n, 1, 28, 28), expected)
 
 
 @pytest.mark.parametrize("fmt", ["pir", "legacy"])

@@ -22,9 +22,9 @@ from tests.conftest import REPO
 # (the bundle's model_config.json), same values, plus dynamic_batching, max_queue_size and
 # request_timeout_ms written out at the server's own defaults (true, 4096, 10000).
 EFFECTIVE = {
-    "params.yaml": "316b482a",
-    "tasks/digits_gan/params.yaml": "e3bd1902",
-    "tasks/sentiment/params.yaml": "6f54ca12",
+    "params.yaml": "5dde2bbe",
+    "tasks/digits_gan/params.yaml": "370bbb3f",
+    "tasks/sentiment/params.yaml": "ebb520a1",
 }
 
 

@@ -5,6 +5,7 @@ Servers bind to 127.0.0.1 on free ports; every load loop is bounded.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -651,3 +652,78 @@ def test_statistics_and_repository_through_tritonclient(server, golden):
     with pytest.raises(Exception, match="model-control"):
         c.load_model(NAME)
     assert c.is_model_ready(NAME)
+
+
+def _log_records(log_file: Path, msg: str) -> list[dict]:
+    out = []
+    for line in log_file.read_text(errors="replace").splitlines():
+        with contextlib.suppress(ValueError):
+            record = json.loads(line)
+            if record.get("msg") == msg:
+                out.append(record)
+    return out
+
+
+def test_the_bundle_warms_every_batch_size_before_ready_and_before_a_swap(
+    server_binary, exported_int8, tmp_path, golden, reference
+):
+    """The bundle's warm-up samples (export.warmup_samples): the server runs every batch size
+    on every worker before it reports ready, and a ``load`` runs them on the new version before
+    it is swapped in. The answers afterwards are still the model's."""
+    doc = json.loads((exported_int8 / "warmup.json").read_text())
+    assert doc["samples"] == 8 and [e["name"] for e in doc["inputs"]] == ["image"]
+    bundle = with_model_config(exported_int8, tmp_path / "bundle", workers=2, max_batch_size=5)
+    srv = start(server_binary, bundle, tmp_path, "--model-control=true")
+    try:
+        (started,) = _log_records(srv.log_file, "warmed up")
+        assert started["version"] == "1" and started["workers"] == 2
+        assert started["max_batch_size"] == 5
+        c = client(srv)
+        c.load_model(NAME, config=json.dumps({"version": "2"}))
+        records = [
+            json.loads(line)
+            for line in srv.log_file.read_text().splitlines()
+            if line.startswith("{")
+        ]
+        order = [(r["msg"], r.get("version")) for r in records]
+        assert order.index(("warmed up", "2")) < order.index(("model version swapped in", "2"))
+        for batch in (1, 3, 5):
+            got = infer(c, golden[:batch], binary=True)
+            np.testing.assert_allclose(got, reference[:batch], atol=1e-4)
+    finally:
+        assert srv.stop() == 0
+
+
+def test_no_warmup_file_no_warmup_and_a_bad_one_is_one_readable_error(
+    server_binary, exported_int8, tmp_path
+):
+    plain = with_model_config(exported_int8, tmp_path / "plain", max_batch_size=4)
+    (plain / "warmup.json").unlink()
+    srv = start(server_binary, plain, tmp_path, "--model-control=true")
+    try:
+        assert _log_records(srv.log_file, "warmed up") == []
+        # a swap to a bundle whose warm-up file is cut short is refused; the old one serves
+        bad = with_model_config(exported_int8, tmp_path / "bad", max_batch_size=4)
+        sample = bad / "warmup" / "0.bin"
+        sample.write_bytes(sample.read_bytes()[:-4])
+        status, body = raw_request(
+            srv.port,
+            "POST",
+            f"/v2/repository/models/{NAME}/load",
+            json.dumps({"parameters": {"model_dir": str(bad), "version": "2"}}).encode(),
+        )
+        assert status == 400, body
+        assert f"{sample}: 25084 bytes, but 8 samples of input 'image' take 25088" in body["error"]
+        assert client(srv).is_model_ready(NAME, "1")
+    finally:
+        assert srv.stop() == 0
+    # at start: the server exits with that one line
+    proc = subprocess.run(
+        [str(server_binary), f"--model-dir={bad}", "--host=127.0.0.1", "--grpc-port=-1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 1
+    errors = [r for r in map(json.loads, proc.stderr.splitlines()) if r["level"] == "error"]
+    assert len(errors) == 1 and "25084 bytes" in errors[0]["error"], proc.stderr

@@ -44,6 +44,7 @@ from bench.serving.servers import (
 )
 from bench.serving.slow import run_slow_clients
 from bench.serving.stats import layouts, ratios, summarize
+from bench.serving.warm import run_warmup
 from components.ml.ov_runtime import OVPredictor
 from components.steps.serving_image import RunningServer
 
@@ -111,6 +112,17 @@ def main(argv: list[str] | None = None) -> int:
         help="digits, batching off: the prediction log's cost (no log / outputs / inputs 0.1)",
     )
     parser.add_argument("--max-batch-size", type=int, default=16, help="digits servers")
+    parser.add_argument(
+        "--warm-batches",
+        type=int,
+        nargs="+",
+        default=[1, 3, 8, 16],
+        help="warmup: the batch sizes whose first request after a swap is timed",
+    )
+    parser.add_argument("--warm-rounds", type=int, default=6, help="warmup: swaps of each kind")
+    parser.add_argument(
+        "--warm-repeats", type=int, default=25, help="warmup: requests per size for the median"
+    )
     parser.add_argument(
         "--resnet-max-batch-size",
         type=int,
@@ -198,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         action="append",
         choices=[*PARTS, "digits"],
         help="run only these parts (repeatable): resnet, batching, python, grpc, slow-clients, "
-        "prediction-log, or digits (all but resnet); default: everything",
+        "prediction-log, warmup, or digits (all but resnet); default: everything",
     )
     parser.add_argument("--quick", action="store_true", help="short cells, fewer of them")
     parser.add_argument("--skip-cpp", action="store_true", help="no C++ server (development)")
@@ -224,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
         args.layouts = args.layouts or f"1x{args.threads}"
         args.inprocess_batches = [16]
         args.runtime_streams, args.runtime_batches = ["AUTO"], [16]
+        args.warm_rounds = min(args.warm_rounds, 2)
     if args.layouts is None:
         args.layouts = ",".join(
             f"{w}x{args.threads // w}" for w in range(1, args.threads + 1) if args.threads % w == 0
@@ -316,6 +329,8 @@ def run_all(args: argparse.Namespace, report: Report, work: Path, wrk_bin: str) 
         run_overhead(args, report, work, wrk)
     if "prediction-log" in args.parts and not args.skip_cpp:
         run_prediction_log(args, report, work, wrk)
+    if "warmup" in args.parts and not args.skip_cpp:
+        run_warmup(args, report, work)
     report.ratios = ratios(report, args.overhead_concurrency)
 
 

@@ -37,10 +37,10 @@ GRPC_METHOD = "/inference.GRPCInferenceService/ModelInfer"
 
 
 # what --only selects; "digits" is every overhead-bound part
-PARTS = ("resnet", "batching", "python", "grpc", "slow-clients", "prediction-log")
+PARTS = ("resnet", "batching", "python", "grpc", "slow-clients", "prediction-log", "warmup")
 
 
-DIGITS_PARTS = ("batching", "python", "grpc", "slow-clients", "prediction-log")
+DIGITS_PARTS = ("batching", "python", "grpc", "slow-clients", "prediction-log", "warmup")
 
 
 # A load generator run: seconds -> (counters like the wrk script's, its CPU seconds, wall s).
@@ -106,6 +106,8 @@ class Report:
     compute_rounds: list[dict[str, float]] = field(default_factory=list)
     # ResNet: OpenVINO's own best (THROUGHPUT hint, async requests), every cell searched
     runtime: list[dict[str, Any]] = field(default_factory=list)
+    # first requests after a swap, with and without the bundle's warm-up (warm.py)
+    warmup: dict[str, Any] = field(default_factory=dict)
     elapsed_s: float = 0.0
 
 

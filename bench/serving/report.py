@@ -40,6 +40,12 @@ def targets(r: dict[str, Any]) -> list[tuple[str, bool | None]]:
             lambda p99, errors: p99 < 50 and errors == 0,
         ),
         (
+            "warm from the first request: first request after a swap <= 2x the median "
+            "(worst batch size, median of the swaps)",
+            ("first_request_vs_p50",),
+            lambda ratio: ratio <= 2.0,
+        ),
+        (
             "server RSS < 64 KiB per idle connection",
             ("rss_per_idle_conn_kib",),
             lambda kib: kib < 64,
@@ -244,6 +250,24 @@ def render(report: Report) -> str:
             f"{r['ratio_vs_python_batching_on']:.3f}x the Python baseline, rounds "
             f"{_rounds(r['ratio_vs_python_batching_on_rounds'])})"
         )
+    if r.get("first_request_vs_p50") is not None:
+        warm = report.warmup
+        lines.append(
+            f"first_request_vs_p50 = first request after a swap / median of the same size "
+            f"(worst of batches {warm['batches']}, {warm['layout']}, max batch "
+            f"{warm['max_batch_size']}), median of the swaps "
+            f"{_rounds([x['ratio'] for x in warm['rounds']['warm']])} = "
+            f"{r['first_request_vs_p50']:.3f}; without the bundle's warm-up "
+            f"{_rounds([x['ratio'] for x in warm['rounds']['cold']])} = "
+            f"{r['first_request_vs_p50_cold']:.3f}; swap {warm['swap_s']:.2f} s "
+            f"(cold {warm['swap_s_cold']:.2f} s)"
+        )
+        lines.append(
+            f"first_request_vs_pause = first request after a swap / the same request on the "
+            f"warm version after as long a pause (worst batch, median of the swaps) = "
+            f"{r['first_request_vs_pause']:.3f}; without the bundle's warm-up "
+            f"{r['first_request_vs_pause_cold']:.3f}"
+        )
     lines += ["", "targets:"]
     for what, met in targets(r):
         verdict = "not measured" if met is None else "met" if met else "NOT met"
@@ -275,5 +299,6 @@ def last_line(r: dict[str, Any]) -> str:
         f"slow_clients_errors={'nan' if errors is None else errors} "
         f"log_overhead_outputs={_fmt(r.get('log_overhead_outputs'))} "
         f"log_overhead_inputs_10pct={_fmt(r.get('log_overhead_inputs_10pct'))} "
-        f"ratio_vs_runtime_best={_fmt(r.get('ratio_vs_runtime_best'))}"
+        f"ratio_vs_runtime_best={_fmt(r.get('ratio_vs_runtime_best'))} "
+        f"first_request_vs_p50={_fmt(r.get('first_request_vs_p50'))}"
     )

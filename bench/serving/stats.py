@@ -218,4 +218,14 @@ def ratios(report: Report, concurrency: int) -> dict[str, Any]:
             out[f"{key}_p99_ms"] = [logged.p99_ms, plain.p99_ms]
     if report.prediction_log:
         out["prediction_log"] = report.prediction_log
+    for key in (
+        "first_request_vs_p50",
+        "first_request_vs_p50_cold",
+        "first_request_vs_pause",
+        "first_request_vs_pause_cold",
+        "swap_s",
+        "swap_s_cold",
+    ):
+        if key in report.warmup:
+            out[key] = report.warmup[key]
     return out

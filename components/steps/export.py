@@ -31,7 +31,7 @@ import paddle
 
 from components.core.artifacts import StepError, atomic_path, write_json, write_manifest
 from components.kernel.step import DATA, In, Out, Step
-from components.ml import dataset, gates
+from components.ml import dataset, gates, warmup
 from components.ml.modelio import load_trained, save_legacy
 from components.ml.ov_runtime import OVPredictor
 from components.ml.runtime import ModelFiles, PaddlePredictor
@@ -51,6 +51,12 @@ class ParityParams:
 @dataclass(frozen=True)
 class ExportParams:
     parity: ParityParams = field(default_factory=ParityParams)
+    # validation samples the bundle carries for the server's warm-up (components.ml.warmup)
+    warmup_samples: int = 8
+
+    def check(self) -> None:
+        if self.warmup_samples < 0:
+            raise ValueError(f"warmup_samples: must be >= 0, got {self.warmup_samples}")
 
 
 @dataclass(frozen=True)
@@ -186,6 +192,9 @@ def run(
             "paddle_version": paddle.__version__,
         }
         write_json(tmp / "signature.json", signature)
+        if params.warmup_samples:
+            warm, _ = task.eval_head(data_dir, "val", params.warmup_samples)
+            warmup.write(tmp, [s["name"] for s in signature["inputs"]], warm)
         write_json(tmp / "parity.json", parity)
         write_manifest(
             tmp,

@@ -156,6 +156,7 @@ class ServerProcess:
     ):
         self.port = _free_port()
         self.name = name
+        self.log_file = log_file  # the server's stdout and stderr
         self._log = open(log_file, "w")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
             argv(self.port),

@@ -82,7 +82,7 @@ DynamicBatcher::DynamicBatcher(const BatcherOptions& options, Backend* backend,
 
 StatusOr<std::unique_ptr<DynamicBatcher>> DynamicBatcher::Create(
     const BatcherOptions& options, Backend* backend, ServingMetrics* metrics,
-    ModelStats* stats) {
+    ModelStats* stats, const WarmFn& warm) {
   if (backend == nullptr) return InvalidArgument("batcher needs a backend");
   if (options.max_batch_size < 1) {
     return InvalidArgument("max batch size must be >= 1");
@@ -100,15 +100,21 @@ StatusOr<std::unique_ptr<DynamicBatcher>> DynamicBatcher::Create(
       new DynamicBatcher(options, backend, metrics, stats));
   for (size_t i = 0; i < backend->InstanceCount(); ++i) {
     batcher->workers_.emplace_back(&DynamicBatcher::WorkerLoop, batcher.get(),
-                                   i);
+                                   i, warm ? &warm : nullptr);
   }
   // Ready once every worker waits for work (so the first requests are
   // already split across all of them).
+  // (`warm` is read by the workers until then: it outlives their use of it.)
   std::unique_lock<std::mutex> lock(batcher->mu_);
   batcher->cv_.wait(lock, [&] {
     return batcher->idle_workers_ == backend->InstanceCount();
   });
+  const Status warmed = batcher->warm_status_;
   lock.unlock();
+  if (!warmed.ok()) {
+    batcher->Stop();
+    return warmed;
+  }
   return batcher;
 }
 
@@ -291,7 +297,14 @@ std::vector<std::shared_ptr<InferJob>> DynamicBatcher::NextBatch() {
   }
 }
 
-void DynamicBatcher::WorkerLoop(size_t instance) {
+void DynamicBatcher::WorkerLoop(size_t instance, const WarmFn* warm) {
+  if (warm != nullptr) {
+    const Status status = (*warm)(instance);
+    if (!status.ok()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (warm_status_.ok()) warm_status_ = status;
+    }
+  }
   for (;;) {
     auto batch = NextBatch();
     if (batch.empty()) return;

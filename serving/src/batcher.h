@@ -98,11 +98,18 @@ struct BatcherOptions {
 
 class DynamicBatcher {
  public:
-  // Starts one worker per backend instance. `backend`, `metrics` and `stats`
-  // (both nullable) must outlive the batcher.
+  // Called by each worker on its own thread, with its instance, before it
+  // takes work: the runtime's per-thread and per-shape state is then built
+  // on the threads that serve (Model's warm-up).
+  using WarmFn = std::function<Status(size_t instance)>;
+
+  // Starts one worker per backend instance and returns once each ran `warm`
+  // (if given) and waits for work; the first error of `warm` stops them and
+  // is returned. `backend`, `metrics` and `stats` (both nullable) must
+  // outlive the batcher.
   static StatusOr<std::unique_ptr<DynamicBatcher>> Create(
       const BatcherOptions& options, Backend* backend, ServingMetrics* metrics,
-      ModelStats* stats = nullptr);
+      ModelStats* stats = nullptr, const WarmFn& warm = nullptr);
   ~DynamicBatcher();
 
   DynamicBatcher(const DynamicBatcher&) = delete;
@@ -133,7 +140,8 @@ class DynamicBatcher {
   Plan PlanBatch(Clock::time_point now, Clock::time_point free_since) const;
   void Finish(InferJob& job, Status status, Clock::time_point start,
               uint64_t input_ns, uint64_t infer_ns, uint64_t output_ns);
-  void WorkerLoop(size_t instance);
+  void WorkerLoop(size_t instance, const WarmFn* warm);
+  Status warm_status_;  // the first warm-up error (under mu_)
   // Pops the next batch (blocking); empty when stopping with an empty queue.
   std::vector<std::shared_ptr<InferJob>> NextBatch();
   void Execute(size_t instance,

@@ -168,11 +168,103 @@ StatusOr<std::unique_ptr<Model>> Model::Create(const ServerConfig& operator_conf
     LogWarn("signature has no dynamic batch dimension; dynamic batching off",
             {{"model", model->name_}});
   }
+  RETURN_IF_ERROR(model->ReadWarmup());
   return model;
 }
 
 Model::~Model() {
   Stop();
+}
+
+// The bundle's warm-up description (components/ml/warmup.py: WARMUP_FILE).
+constexpr const char* kWarmupFile = "warmup.json";
+
+Status Model::ReadWarmup() {
+  const std::string path = JoinPath(config_.model_dir, kWarmupFile);
+  if (!FileExists(path)) return Status::Ok();
+  std::ifstream in(path);
+  const nlohmann::json doc = nlohmann::json::parse(in, nullptr, false);
+  if (doc.is_discarded() || !doc.is_object()) {
+    return InvalidArgument(path + ": not a JSON object");
+  }
+  if (!doc.contains("samples") || !doc["samples"].is_number_integer() ||
+      doc["samples"].get<int64_t>() < 1) {
+    return InvalidArgument(path + ": field 'samples' must be an integer >= 1");
+  }
+  const int64_t samples = doc["samples"].get<int64_t>();
+  if (!doc.contains("inputs") || !doc["inputs"].is_array() ||
+      doc["inputs"].size() != io_.inputs.size()) {
+    return InvalidArgument(path + ": field 'inputs' must list the " +
+                           std::to_string(io_.inputs.size()) +
+                           " inputs of signature.json, in its order");
+  }
+  std::vector<Tensor> tensors;
+  for (size_t i = 0; i < io_.inputs.size(); ++i) {
+    const TensorSpec& spec = io_.inputs[i];
+    const nlohmann::json& entry = doc["inputs"][i];
+    const std::string field = "inputs[" + std::to_string(i) + "]";
+    if (!entry.is_object() || !entry.contains("name") || !entry["name"].is_string() ||
+        entry["name"].get<std::string>() != spec.name || !entry.contains("file") ||
+        !entry["file"].is_string()) {
+      return InvalidArgument(path + ": field '" + field + "' must be {\"name\": \"" +
+                             spec.name + "\", \"file\": ...} (signature.json order)");
+    }
+    Shape shape = spec.shape;
+    if (shape.empty()) return InvalidArgument(path + ": input '" + spec.name + "' is a scalar");
+    shape[0] = samples;
+    for (size_t d = 1; d < shape.size(); ++d) {
+      if (shape[d] < 0) {
+        return InvalidArgument(path + ": input '" + spec.name +
+                               "' has a dynamic dimension besides the batch");
+      }
+    }
+    Tensor tensor = Tensor::Allocate(spec.name, spec.dtype, shape);
+    const std::string file = JoinPath(config_.model_dir, entry["file"].get<std::string>());
+    std::ifstream data(file, std::ios::binary | std::ios::ate);
+    if (!data) return InvalidArgument(path + ": field '" + field + ".file' " + file + " cannot be read");
+    const auto size = static_cast<size_t>(data.tellg());
+    if (size != tensor.byte_size()) {
+      return InvalidArgument(file + ": " + std::to_string(size) + " bytes, but " +
+                             std::to_string(samples) + " samples of input '" + spec.name +
+                             "' take " + std::to_string(tensor.byte_size()));
+    }
+    data.seekg(0);
+    data.read(tensor.data.data(), static_cast<std::streamsize>(size));
+    tensors.push_back(std::move(tensor));
+  }
+  warmup_ = std::move(tensors);
+  return Status::Ok();
+}
+
+Status Model::WarmInstance(Backend* backend, size_t instance) const {
+  const int64_t samples = warmup_[0].shape[0];
+  const int64_t last = batcher_options_.max_batch_size;
+  // a fixed batch dimension: that size only
+  const int64_t first = Batchable(signature_) ? 1 : last;
+  // the largest first: the last run (the state the caches are left in) is
+  // the smallest batch, the most frequent one
+  for (int64_t batch = last; batch >= first; --batch) {
+    std::vector<Tensor> inputs;
+    for (const Tensor& source : warmup_) {
+      Shape shape = source.shape;
+      shape[0] = batch;
+      Tensor tensor = Tensor::Allocate(source.name, source.dtype, shape);
+      const size_t row = source.byte_size() / static_cast<size_t>(samples);
+      for (int64_t b = 0; b < batch; ++b) {
+        std::memcpy(tensor.data.data() + b * row,
+                    source.data.data() + (b % samples) * row, row);
+      }
+      inputs.push_back(std::move(tensor));
+    }
+    std::vector<Tensor> outputs;
+    const Status status = backend->Infer(instance, inputs, &outputs);
+    if (!status.ok()) {
+      return Internal("warm-up of model '" + name_ + "' version " + version_ +
+                      " at batch " + std::to_string(batch) + " on worker " +
+                      std::to_string(instance) + ": " + status.message());
+    }
+  }
+  return Status::Ok();
 }
 
 Status Model::Load(ServingMetrics* metrics) {
@@ -188,9 +280,26 @@ Status Model::Load(ServingMetrics* metrics) {
                            std::to_string(io_.inputs.size()) + " / " +
                            std::to_string(io_.outputs.size()));
   }
+  // Each worker warms its own context on its own thread before it takes work:
+  // every batch size it may form, so no client pays for a first run.
+  const auto start = Clock::now();
+  DynamicBatcher::WarmFn warm;
+  Backend* runtime = backend.get();
+  if (!warmup_.empty()) {
+    warm = [this, runtime](size_t instance) { return WarmInstance(runtime, instance); };
+  }
   ASSIGN_OR_RETURN(auto batcher,
                    DynamicBatcher::Create(batcher_options_, backend.get(),
-                                          metrics, &stats_));
+                                          metrics, &stats_, warm));
+  if (warm) {
+    const double ms =
+        std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+    LogInfo("warmed up", {{"model", name_},
+                          {"version", version_},
+                          {"max_batch_size", batcher_options_.max_batch_size},
+                          {"workers", runtime->InstanceCount()},
+                          {"ms", std::round(ms * 10) / 10}});
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     backend_ = std::move(backend);

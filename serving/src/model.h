@@ -93,6 +93,17 @@ class Model {
   BatcherOptions batcher_options_;
   std::unique_ptr<Tokenizer> tokenizer_;  // text models (assets/tokenizer.json)
 
+  // The bundle's warm-up samples (<model_dir>/warmup.json, components/ml/
+  // warmup.py), one tensor per model input, dim 0 the samples; empty: none.
+  std::vector<Tensor> warmup_;
+  // Reads warmup.json and its files, checked against the signature.
+  Status ReadWarmup();
+  // Runs every batch size the batcher may form (1 ... max batch size) on
+  // execution context `instance`, from warmup_ (called by that context's
+  // batcher worker): the runtime builds its state for each shape and thread
+  // now, not on a client's request.
+  Status WarmInstance(Backend* backend, size_t instance) const;
+
   // The token-id inputs of a batch of raw texts (the BYTES text input).
   StatusOr<std::vector<Tensor>> Tokenize(const Tensor& texts) const;
   // Tokenizes text and queues the job.
