@@ -42,6 +42,42 @@ def sizes(bundle: Path) -> dict[str, int]:
     }
 
 
+# layers that do arithmetic on the activations (the rest move or reshape them)
+COMPUTE = ("Convolution", "FullyConnected", "MatMul", "Eltwise", "Pooling", "Reduce", "Subgraph")
+
+
+def f32_compute_layers(counts: dict[str, dict[str, int]]) -> dict[str, int]:
+    """Of a compiled model's layers, the compute ones that execute in f32: {kind: count}."""
+    return {
+        kind: by["f32"] for kind, by in counts.items() if kind.startswith(COMPUTE) and by.get("f32")
+    }
+
+
+def _counts(by: dict[str, int]) -> str:
+    return " ".join(f"{k}:{v}" for k, v in by.items())
+
+
+def latency_hint_ms(xml: Path, x: np.ndarray, repeats: int) -> float:
+    """Median batch-1 latency with OpenVINO's LATENCY performance hint (f32 precision hint,
+    like the server): the runtime's own best single-request setting on this CPU."""
+    import time
+
+    import openvino as ov
+
+    compiled = ov.Core().compile_model(
+        str(xml), "CPU", {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "f32"}
+    )
+    request = compiled.create_infer_request()
+    for _ in range(3):
+        request.infer([x])
+    times = []
+    for _ in range(max(repeats, 5) * 4):
+        start = time.perf_counter()
+        request.infer([x])
+        times.append((time.perf_counter() - start) * 1e3)
+    return float(np.median(times))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", default="resnet50", choices=["resnet18", "resnet34", "resnet50"])
@@ -82,13 +118,14 @@ def main(argv: list[str] | None = None) -> int:
         write_bundle(int8_dir, lambda p: quant.save_quantized_model(model, str(p), input_spec=spec))
 
         size = {"fp32": sizes(fp32_dir), "int8": sizes(int8_dir)}
-        rows, precisions = [], {}
+        rows: list[dict] = []
+        counts: dict[str, dict[str, dict[str, int]]] = {}
         for threads in args.threads:
             predictors = {
                 k: OVPredictor(d / "openvino" / "model.xml", threads=threads)
                 for k, d in (("fp32", fp32_dir), ("int8", int8_dir))
             }
-            precisions = predictors["int8"].precision_by_layer_type()
+            counts = {k: p.precision_counts() for k, p in predictors.items()}
             for bs in args.batch_sizes:
                 x = [images(bs)]
                 ms = {}
@@ -112,6 +149,12 @@ def main(argv: list[str] | None = None) -> int:
                     ms["int8"],
                 )
 
+        # the runtime's best batch-1 latency: the LATENCY hint, threads and streams its own
+        best = {
+            k: latency_hint_ms(d / "openvino" / "model.xml", images(1), args.repeats)
+            for k, d in (("fp32", fp32_dir), ("int8", int8_dir))
+        }
+
     lines = [
         f"{args.arch} {args.image_size}x{args.image_size}, OpenVINO CPU, f32 precision hint",
         "",
@@ -126,9 +169,27 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['threads']:>7}  {r['batch']:>5}  {r['fp32_ms']:>9.2f}  "
             f"{r['int8_ms']:>9.2f}    {r['ratio']:.3f}"
         )
-    fp32_layers = sorted(k for k, v in precisions.items() if "f32" in v and "i8" not in v)
-    lines += ["", f"int8 model layers still in f32 only: {', '.join(fp32_layers) or 'none'}"]
+    lines += [
+        "",
+        f"LATENCY hint, batch 1 (the runtime picks threads and streams): fp32 "
+        f"{best['fp32']:.2f} ms, int8 {best['int8']:.2f} ms, {best['int8'] / best['fp32']:.3f}",
+        "",
+        "layers by the precision they execute in (compiled model; fp32 model | int8 model)",
+    ]
+    for kind in sorted(set(counts.get("fp32", {})) | set(counts.get("int8", {}))):
+        f = _counts(counts["fp32"].get(kind, {}))
+        i = _counts(counts["int8"].get(kind, {}))
+        lines.append(f"  {kind:<24} {f:<24} | {i}")
+    f32_ops = f32_compute_layers(counts.get("int8", {}))
+    lines += ["", f"int8 model: compute layers still in f32: {_counts(f32_ops) or 'none'}"]
     print("\n".join(lines))
+    worst = max(r["ratio"] for r in rows)
+    cells = " ".join(f"int8_vs_fp32_t{r['threads']}_b{r['batch']}={r['ratio']:.3f}" for r in rows)
+    print(
+        f"{cells} int8_vs_fp32_worst={worst:.3f} latency_hint_b1_fp32_ms={best['fp32']:.3f} "
+        f"latency_hint_b1_int8_ms={best['int8']:.3f} int8_f32_compute_layers="
+        f"{sum(f32_ops.values())}"
+    )
     if args.json:
         args.json.write_text(
             json.dumps(
@@ -136,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
                     "arch": args.arch,
                     "size": size,
                     "latency": rows,
-                    "int8_layer_precisions": precisions,
+                    "layer_precisions": counts,
+                    "latency_hint_b1_ms": best,
                 },
                 indent=2,
             )

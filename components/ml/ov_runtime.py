@@ -85,6 +85,18 @@ class OVPredictor(BatchedPredictor):
         result = self._request.infer([np.ascontiguousarray(x) for x in inputs])
         return [np.asarray(result[out]) for out in self._compiled.outputs]
 
+    def precision_counts(self) -> dict[str, dict[str, int]]:
+        """How many layers of each kind execute in each precision, from the compiled (runtime)
+        model: {"Convolution": {"i8": 52, "f32": 1}, "Eltwise": {"f32": 16}, ...}."""
+        out: dict[str, dict[str, int]] = {}
+        for op in self._compiled.get_runtime_model().get_ops():
+            info = op.get_rt_info()
+            kind = info["layerType"].astype(str) if "layerType" in info else op.get_type_name()
+            prec = info["runtimePrecision"].astype(str) if "runtimePrecision" in info else "?"
+            counts = out.setdefault(kind, {})
+            counts[prec] = counts.get(prec, 0) + 1
+        return {k: dict(sorted(v.items())) for k, v in sorted(out.items())}
+
     def precision_by_layer_type(self) -> dict[str, list[str]]:
         """What precision each kind of layer really executes in (e.g. Convolution: i8)."""
         out: dict[str, set[str]] = {}
