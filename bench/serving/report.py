@@ -40,6 +40,11 @@ def targets(r: dict[str, Any]) -> list[tuple[str, bool | None]]:
             lambda p99, errors: p99 < 50 and errors == 0,
         ),
         (
+            "gRPC >= REST binary in req/s at c16 and c1 (digits, batching off, one process)",
+            ("grpc_vs_rest_c16", "grpc_vs_rest_c1"),
+            lambda c16, c1: c16 >= 1.0 and c1 >= 1.0,
+        ),
+        (
             "warm from the first request: first request after a swap <= 2x the median "
             "(worst batch size, median of the swaps)",
             ("first_request_vs_p50",),
@@ -300,5 +305,6 @@ def last_line(r: dict[str, Any]) -> str:
         f"log_overhead_outputs={_fmt(r.get('log_overhead_outputs'))} "
         f"log_overhead_inputs_10pct={_fmt(r.get('log_overhead_inputs_10pct'))} "
         f"ratio_vs_runtime_best={_fmt(r.get('ratio_vs_runtime_best'))} "
-        f"first_request_vs_p50={_fmt(r.get('first_request_vs_p50'))}"
+        f"first_request_vs_p50={_fmt(r.get('first_request_vs_p50'))} "
+        f"grpc_vs_rest_c1={_fmt(r.get('grpc_vs_rest_c1'))}"
     )
