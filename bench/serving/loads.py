@@ -72,6 +72,27 @@ def run_generator(
     return os.waitstatus_to_exitcode(status), text, usage.ru_utime + usage.ru_stime, wall
 
 
+def binary_request(shape: list[int]) -> tuple[bytes, int]:
+    """The KServe v2 binary-tensor request every REST load posts (the input of
+    :func:`request_input`, the logits asked for as binary): (body, JSON header length)."""
+    raw = request_input(shape).tobytes()
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "image",
+                    "shape": shape,
+                    "datatype": "FP32",
+                    "parameters": {"binary_data_size": len(raw)},
+                }
+            ],
+            "outputs": [{"name": "logits", "parameters": {"binary_data": True}}],
+        },
+        separators=(",", ":"),
+    ).encode()
+    return header + raw, len(header)
+
+
 class Wrk:
     def __init__(self, binary: str, work: Path):
         self.binary = binary
@@ -84,24 +105,10 @@ class Wrk:
         """A binary-tensor request with a random input: (file, JSON header length)."""
         key = tuple(shape)
         if key not in self.bodies:
-            raw = request_input(shape).tobytes()
-            header = json.dumps(
-                {
-                    "inputs": [
-                        {
-                            "name": "image",
-                            "shape": shape,
-                            "datatype": "FP32",
-                            "parameters": {"binary_data_size": len(raw)},
-                        }
-                    ],
-                    "outputs": [{"name": "logits", "parameters": {"binary_data": True}}],
-                },
-                separators=(",", ":"),
-            ).encode()
+            body, header_len = binary_request(shape)
             path = self.work / f"body-{'x'.join(map(str, shape))}.bin"
-            path.write_bytes(header + raw)
-            self.bodies[key] = (path, len(header))
+            path.write_bytes(body)
+            self.bodies[key] = (path, header_len)
         return self.bodies[key]
 
     def run(

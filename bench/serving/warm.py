@@ -23,7 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.serving.common import Report, input_shape, log, request_input
+from bench.serving.common import Report, input_shape, log
+from bench.serving.loads import binary_request
 from bench.serving.servers import start_cpp
 from bench.serving.stats import layouts
 from components.ml.warmup import WARMUP_FILE
@@ -41,22 +42,7 @@ class Client:
 
     def _body(self, batch: int) -> tuple[bytes, int]:
         if batch not in self.bodies:
-            shape = [batch, *self.shape[1:]]
-            raw = request_input(shape).tobytes()
-            header = json.dumps(
-                {
-                    "inputs": [
-                        {
-                            "name": "image",
-                            "shape": shape,
-                            "datatype": "FP32",
-                            "parameters": {"binary_data_size": len(raw)},
-                        }
-                    ]
-                },
-                separators=(",", ":"),
-            ).encode()
-            self.bodies[batch] = (header + raw, len(header))
+            self.bodies[batch] = binary_request([batch, *self.shape[1:]])
         return self.bodies[batch]
 
     def call(self, method: str, path: str, body: bytes = b"", headers: dict | None = None) -> bytes:
