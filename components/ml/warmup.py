@@ -1,10 +1,10 @@
 """The bundle's warm-up samples: what the C++ server runs before it reports ready.
 
-A compiled model's first inference at each batch size is slow (the runtime creates its kernels
-for that shape: 3-25 ms for digits against 0.1 ms warm, measured with OpenVINO 2025 on an
-Intel Xeon). The server therefore runs every batch size it will form, 1 ... max batch size,
-before it reports ready, at start and before a ``load`` swaps a new version in
-(``serving/src/model.cc: Model::Warmup``). Its inputs come from the bundle, like golden
+A compiled model's first inference at each batch size is slow (digits in OpenVINO: 3-25 ms
+against 0.1 ms warm; Intel Xeon with AMX, 2 vCPU, 2026-12-04). The server therefore runs every
+batch size it will form, max batch size down to 1, on each worker's own thread, before it
+reports ready, at start and before a ``load`` swaps a new version in
+(``serving/src/model.cc: Model::WarmInstance``). Its inputs come from the bundle, like golden
 samples: ``export`` writes the first ``export.warmup_samples`` validation samples, already
 preprocessed into the model's inputs, and ``package`` copies them with the rest::
 
