@@ -48,9 +48,10 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 
 install: $(VENV)/.installed
 
-# Debian packages the C++ server builds against (installed when missing; needs root or sudo).
+# Debian packages the C++ server builds against (installed when missing; needs root or sudo),
+# and wrk: package's serving-config search (package.tune) drives the server with it.
 APT_PACKAGES := cmake g++ make pkg-config libcpp-httplib-dev nlohmann-json3-dev libgtest-dev \
-  libboost-dev libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libboost-dev libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler wrk
 # The load generators of the serving bench (python -m bench.serving): wrk (REST) and h2load (gRPC, nghttp2-client);
 # the rest of its tools are in .venv.
 BENCH_APT_PACKAGES := wrk nghttp2-client

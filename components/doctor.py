@@ -221,10 +221,22 @@ def check_server(binary: Path) -> Check:
                  "make serving (installs the Debian packages it needs, then builds)")  # fmt: skip
 
 
+def check_wrk(budget_s: float) -> Check:
+    """package's serving-config search (``package.tune``) drives the server with wrk."""
+    if budget_s <= 0:
+        return Check("wrk", "ok", "package.tune.budget_s is 0: no serving-config search")
+    found = shutil.which("wrk")
+    if found:
+        return Check("wrk", "ok", f"{found} (package.tune searches for {budget_s:g} s)")
+    return Check("wrk", "fail", "no wrk on PATH: package's serving-config search needs it",
+                 "make apt-deps (Debian package wrk), or package.tune.budget_s: 0")  # fmt: skip
+
+
 def run_checks(params_file: str | Path, server_binary: Path) -> list[Check]:
     """Every check, in the order the pipeline needs them."""
     params = load_params(params_file)
     amp = str((params.get("train") or {}).get("amp", "auto"))
+    tune_budget = float(((params.get("package") or {}).get("tune") or {}).get("budget_s", 0) or 0)
     probes: list[Callable[[], Check | list[Check]]] = [
         lambda: Check(
             "python",
@@ -239,6 +251,7 @@ def run_checks(params_file: str | Path, server_binary: Path) -> list[Check]:
         lambda: check_tracking(os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI),
         check_dvc,
         lambda: check_server(server_binary),
+        lambda: check_wrk(tune_budget),
     ]
     checks: list[Check] = []
     for probe in probes:

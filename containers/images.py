@@ -37,8 +37,16 @@ PREFIX = os.environ.get("IMAGE_PREFIX", "paddle-mlops")
 SUITE = "bookworm"
 BASES = {
     # libgomp1: Paddle's CPU kernels; libgrpc++1.51, libprotobuf32: the C++ server's gRPC
-    # endpoint (the server runs in both: infra validation in the component image)
-    "base-python": ["python3", "ca-certificates", "libgomp1", "libgrpc++1.51", "libprotobuf32"],
+    # endpoint (the server runs in both: infra validation in the component image); wrk: the
+    # load of package's serving-config search
+    "base-python": [
+        "python3",
+        "ca-certificates",
+        "libgomp1",
+        "libgrpc++1.51",
+        "libprotobuf32",
+        "wrk",
+    ],
     "base-runtime": ["ca-certificates", "libgrpc++1.51", "libprotobuf32"],
 }
 # what the component image's build copies (its content tag covers exactly these)

@@ -93,6 +93,15 @@ def qat_out(
     return out, result
 
 
+def _no_tuning():
+    from components.ml.tuning import TuneParams
+
+    return TuneParams(budget_s=0)
+
+
+NO_TUNING = _no_tuning()  # package without the serving-config search (test_tuning tests it)
+
+
 def package_params(**model_config: object):
     """``params.yaml``'s ``package`` section, ``model_config`` fields replaced."""
     from components.core.config import load_params, section
@@ -100,7 +109,9 @@ def package_params(**model_config: object):
 
     params = section(load_params(REPO / "params.yaml"), "package", PackageParams)
     return dataclasses.replace(
-        params, model_config=dataclasses.replace(params.model_config, **model_config)
+        params,
+        model_config=dataclasses.replace(params.model_config, **model_config),
+        tune=NO_TUNING,
     )
 
 
@@ -226,13 +237,17 @@ def step_outputs(
 
 
 SERVER_BIN = REPO / "build" / "serving" / "paddle-mlops-server"
+# the binary every step runs (components/ml/server.py: server_binary), in this process and in
+# the pipelines the tests start (dvc repro in clones, kfp.local's subprocess runner): this
+# checkout's, built once, never a clone's own build
+os.environ.setdefault("PADDLE_MLOPS_SERVER_BINARY", str(SERVER_BIN))
 
 
 @pytest.fixture(scope="session")
 def server_binary() -> Path:
     """The C++ server (``make serving`` builds it; built here if missing)."""
     if not SERVER_BIN.exists():
-        from components.steps.serving_image import build_server
+        from components.ml.server import build_server
 
         build_server(REPO / "serving", SERVER_BIN.parent)
     return SERVER_BIN
@@ -313,6 +328,8 @@ def sh(
 # the digits pipeline made tiny for tests of the wiring (not of the accuracy): set_params(**)
 TINY_DIGITS: dict[str, dict] = {
     "task": {"options": {"conv_channels": [6, 16]}},
+    # the serving-config search is tested in test_tuning and in test_pipeline_dvc
+    "package": {"tune": {"budget_s": 0}},
     "train": {"epochs": 3},
     # a 3-epoch model is not worth gating tightly; the gate itself is tested in test_qat
     "qat": {

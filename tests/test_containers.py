@@ -193,7 +193,6 @@ def test_the_whole_dag_runs_with_every_step_in_the_component_image(images, tmp_p
     from tests.test_pipeline_kfp import tiny_params
 
     params = tiny_params()
-    params["serving_image"].pop("server_binary")  # the image's own prebuilt server
     params["track"]["experiment"] = "kfp-containers"
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     root = tmp_path / "root"

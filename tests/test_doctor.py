@@ -100,3 +100,14 @@ def test_doctor_is_no_stage_dependency():
 def test_help():
     proc = run_module("components", "doctor", "--help", timeout=120)
     assert proc.returncode == 0 and "paddle-mlops doctor" in proc.stdout
+
+
+def test_no_wrk_fails_before_the_serving_config_search_would(monkeypatch, tmp_path):
+    from components.doctor import check_wrk
+
+    assert check_wrk(60.0).status == "ok"  # CI and `make run` install it
+    monkeypatch.setenv("PATH", str(tmp_path))  # nothing on it
+    missing = check_wrk(60.0)
+    assert missing.status == "fail" and "wrk" in missing.finding
+    assert "package.tune.budget_s: 0" in missing.advice
+    assert check_wrk(0.0).status == "ok"  # no search, no need

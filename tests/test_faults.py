@@ -37,7 +37,7 @@ import pytest
 from components.faults.failpoints import ENV as FAILPOINTS
 from components.kernel.step import STEPS
 from components.tracking.registry import TrackingRetry
-from tests.conftest import BIN, REPO, SERVER_BIN, TINY_DIGITS, clone_repo, set_params, sh
+from tests.conftest import BIN, REPO, TINY_DIGITS, clone_repo, set_params, sh
 
 ALL = os.environ.get("PADDLE_MLOPS_FAULTS") == "all"
 MATRIX_OUT = os.environ.get("PADDLE_MLOPS_FAULTS_MATRIX")
@@ -180,7 +180,6 @@ class Tracking:
 TINY = {
     **TINY_DIGITS,
     "serving_image": {
-        "server_binary": str(SERVER_BIN),
         "builder": "none",
         "golden_samples": 32,
         "latency_requests": 10,

@@ -147,9 +147,9 @@ def _tiny(repo: Path, **train) -> None:
         train={**TINY_TRAIN, **train},
         evaluate={"latency": {"warmup": 1, "repeats": 2}},
         register={"min_accuracy": 0.0},  # a 3-epoch generator; the real floor is 0.9
+        package={"tune": {"budget_s": 0}},  # the search is tested in test_tuning
         serving_image={
             "builder": "none",
-            "server_binary": str(SERVER_BIN),
             "golden_samples": 16,
             "latency_requests": 5,
         },
@@ -247,7 +247,7 @@ def test_the_server_answers_like_the_exported_generator(pipeline, tmp_path):
     import tritonclient.http as httpclient
 
     from components.ml.runtime import ModelFiles, PaddlePredictor
-    from components.steps.serving_image import RunningServer
+    from components.ml.server import RunningServer
 
     bundle = pipeline / "outputs" / "digits_gan" / "package"
     rng = np.random.default_rng(11)

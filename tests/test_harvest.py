@@ -20,7 +20,7 @@ import yaml
 from components.core.artifacts import read_json
 from components.ml import snapshot
 from components.ml.harvest import AffineImageInverse
-from components.steps.serving_image import RunningServer
+from components.ml.server import RunningServer
 from components.tasks import get_task
 from components.tasks.data import SplitParams
 from components.tasks.image_data import builtin_digits, materialize_builtin_digits

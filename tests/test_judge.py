@@ -16,7 +16,7 @@ import yaml
 
 from components.ml.gates import PairedLimits
 from components.ml.judging import Evidence, JudgeLimits, judge
-from components.steps.serving_image import RunningServer
+from components.ml.server import RunningServer
 from tests.conftest import REPO, fp32_bundle, run_module, untrained_export
 from tests.test_prediction_log import _infer, _post
 

@@ -24,8 +24,8 @@ import yaml
 from components.core.config import load_params, section
 from components.ml.monitoring import RETRAIN_REASON_ENV, Sample, compare
 from components.ml.runtime import ModelFiles, PaddlePredictor
+from components.ml.server import RunningServer
 from components.steps.monitor import MonitorParams, reference_sample
-from components.steps.serving_image import RunningServer
 from tests.conftest import REPO, run_module, with_model_config
 
 SIMULATIONS = 2000

@@ -20,11 +20,13 @@ from tests.conftest import REPO
 # were full copies (commit 00c3e19: 4cc40a6d, 8e101d5b, 75e10d26). A deliberate change of a
 # setting updates its line here. Since: serving_image.server moved to package.model_config
 # (the bundle's model_config.json), same values, plus dynamic_batching, max_queue_size and
-# request_timeout_ms written out at the server's own defaults (true, 4096, 10000).
+# request_timeout_ms written out at the server's own defaults (true, 4096, 10000). Then:
+# package.tune added (the serving-config search); serving_image.server_binary removed (the
+# binary is $PADDLE_MLOPS_SERVER_BINARY or the dev build, for every step that runs it).
 EFFECTIVE = {
-    "params.yaml": "5dde2bbe",
-    "tasks/digits_gan/params.yaml": "370bbb3f",
-    "tasks/sentiment/params.yaml": "ebb520a1",
+    "params.yaml": "76870e64",
+    "tasks/digits_gan/params.yaml": "a6238dcf",
+    "tasks/sentiment/params.yaml": "db281d41",
 }
 
 

@@ -16,7 +16,7 @@ import pytest
 from components.core.artifacts import sha256_file, sha256_tree
 from components.ml import snapshot
 from components.tracking.registry import LINEAGE_TAGS
-from tests.conftest import SERVER_BIN, STAGES, TINY_DIGITS, clone_repo, ran, set_params, sh
+from tests.conftest import STAGES, TINY_DIGITS, clone_repo, ran, set_params, sh
 
 
 @pytest.fixture(scope="module")
@@ -25,9 +25,12 @@ def repo(tmp_path_factory: pytest.TempPathFactory, server_binary: Path) -> Path:
     # tiny params: the point is the wiring, not the accuracy
     set_params(
         repo,
-        **TINY_DIGITS,
+        **{
+            **TINY_DIGITS,
+            # the real search, short: what dvc repro ships is the tuned config, validated
+            "package": {"tune": {"budget_s": 10, "concurrencies": [1, 4], "repeats": 1}},
+        },
         serving_image={
-            "server_binary": str(SERVER_BIN),
             "golden_samples": 32,
             "latency_requests": 10,
         },
@@ -62,6 +65,15 @@ def test_repro_runs_every_stage_and_writes_the_contract(repo):
     assert train["amp_effective"] == "off" and train["epochs_run"] == 3
     assert {"accuracy", "macro_f1", "latency_ms_b1", "latency_ms_b64"} <= set(evaluate)
     assert evaluate["accuracy"] > 0.5
+    # package searched the serving config (package.tune): the bundle ships its choice, and
+    # infra validation served exactly that
+    bundle = repo / "outputs" / "package"
+    table = json.loads((bundle / "tune.json").read_text())
+    shipped = json.loads((bundle / "model_config.json").read_text())
+    assert {k: shipped[k] for k in table["chosen_settings"]} == table["chosen_settings"]
+    assert table["elapsed_s"] <= 10 + max(t["seconds"] for t in table["trials"]) + 1
+    infra = json.loads((repo / "outputs" / "serving_image" / "infra.json").read_text())
+    assert infra["infra_validated"] and infra["model_config"] == shipped
 
     shown = json.loads(sh(repo, "dvc", "metrics", "show", "--json").stdout)
     data = json.dumps(shown)
@@ -85,6 +97,14 @@ def test_repro_leaves_a_champion_with_lineage_in_the_registry(repo):
     assert tags["serving_image"].startswith("localhost/paddle-mlops/digits-server:")
     blessing = json.loads((repo / "outputs" / "register" / "blessing.json").read_text())
     assert blessing["blessed"] is True
+    # the serving-config search's summary and table are in the package step's run
+    run_id = json.loads((repo / "outputs" / "track" / "run.json").read_text())["run_id"]
+    experiment = client.get_run(run_id).info.experiment_id
+    (package,) = client.search_runs(
+        [experiment], f"tags.mlflow.parentRunId = '{run_id}' and tags.step = 'package'"
+    )
+    assert package.data.metrics["tune_trials"] >= 1 and "tune_elapsed_s" in package.data.metrics
+    assert "tune.json" in {a.path for a in client.list_artifacts(package.info.run_id)}
     # the first champion pins its test split as the holdout of every later blessing
     assert model.tags["holdout_version"] == "1"
     test_sha = snapshot.load(repo / "outputs" / "ingest").split_sha256("test")

@@ -13,7 +13,7 @@ import pytest
 import yaml
 from PIL import Image
 
-from tests.conftest import SERVER_BIN, STAGES, clone_repo, ran, set_params, sh
+from tests.conftest import STAGES, clone_repo, ran, set_params, sh
 
 CLASSES = ("red_square", "green_disc", "blue_bar")
 
@@ -80,8 +80,8 @@ def repo(tmp_path_factory: pytest.TempPathFactory, server_binary: Path) -> Path:
         evaluate={"latency": {"warmup": 1, "repeats": 2}},
         track={"experiment": "shapes"},
         register={"min_accuracy": 0.5},
+        package={"tune": {"budget_s": 0}},  # the search is tested in test_tuning
         serving_image={
-            "server_binary": str(SERVER_BIN),
             "golden_samples": 24,
             "latency_requests": 5,
             "image_repository": "paddle-mlops/shapes-server",

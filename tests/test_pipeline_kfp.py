@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from components.tracking.registry import LINEAGE_TAGS
-from tests.conftest import REPO, SERVER_BIN
+from tests.conftest import REPO
 
 STEPS = [
     "fingerprint-op",
@@ -267,9 +267,8 @@ def tiny_params() -> dict:
     )
     params["evaluate"]["latency"].update(warmup=1, repeats=3)
     params["register"]["min_accuracy"] = 0.5
-    params["serving_image"].update(
-        server_binary=str(SERVER_BIN), golden_samples=32, latency_requests=10
-    )
+    params["package"]["tune"]["budget_s"] = 0  # the search is tested in test_tuning
+    params["serving_image"].update(golden_samples=32, latency_requests=10)
     params["track"]["experiment"] = "kfp-local"
     return params
 

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from components.ml.prediction_log import LogReader, parse_line, read_log
-from components.steps.serving_image import RunningServer
+from components.ml.server import RunningServer
 from tests.conftest import fp32_bundle, untrained_export, with_model_config
 
 NAME = "digits"

@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import yaml
-from conftest import REPO, SERVER_BIN, clone_repo, pip_install_target, set_params, sh
+from conftest import REPO, clone_repo, pip_install_target, set_params, sh
 
 EXAMPLE = REPO / "examples" / "segmentation"
 PACKAGE = EXAMPLE / "paddle_mlops_segmentation"
@@ -175,9 +175,9 @@ def pipeline(tmp_path_factory, plugin, server_binary) -> Path:
         evaluate={"latency": {"warmup": 1, "repeats": 2}},
         register={"min_accuracy": 0.0},  # a 5-epoch model; the example's floor is 0.9
         qat={"allow_fp32_only": True},  # a 5-epoch model's int8 gate may go either way
+        package={"tune": {"budget_s": 0}},  # the search is tested in test_tuning
         serving_image={
             "builder": "none",
-            "server_binary": str(SERVER_BIN),
             "golden_samples": 16,
             "latency_requests": 5,
         },

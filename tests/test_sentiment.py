@@ -320,9 +320,9 @@ def pipeline(tmp_path_factory, server_binary) -> Path:
         train={"epochs": 3, "batch_size": 32, "learning_rate": 0.001},
         evaluate={"latency": {"warmup": 1, "repeats": 2}},
         register={"min_accuracy": 0.5},
+        package={"tune": {"budget_s": 0}},  # the search is tested in test_tuning
         serving_image={
             "builder": "none",
-            "server_binary": str(SERVER_BIN),
             "golden_samples": 16,
             "latency_requests": 5,
         },
@@ -586,7 +586,7 @@ def _assert_same_labels(served: np.ndarray, exported: np.ndarray) -> None:
 
 
 def test_tritonclient_sends_raw_text_to_the_server_process(pipeline):
-    from components.steps.serving_image import RunningServer
+    from components.ml.server import RunningServer
 
     bundle = pipeline / "outputs" / "sentiment" / "package"
     task = _pipeline_task(pipeline)

@@ -25,7 +25,7 @@ from tritonclient.utils import InferenceServerException
 
 from components.kube.kserve_client import KServeClient
 from components.ml.ov_runtime import OVPredictor
-from components.steps.serving_image import RunningServer, ServerProcess
+from components.ml.server import RunningServer, ServerProcess
 from tests.conftest import CONTAINERS_CONF, HAVE_PODMAN, NO_PODMAN, with_model_config
 
 NAME = "digits"

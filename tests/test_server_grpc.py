@@ -21,7 +21,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from components.ml.ov_runtime import OVPredictor
-from components.steps.serving_image import RunningServer
+from components.ml.server import RunningServer
 from tests import test_server
 from tests.test_server import infer, start
 

@@ -25,7 +25,7 @@ FAST = dict(golden_samples=32, latency_requests=10)
 def test_infra_validation_passes_for_fp32_and_int8(
     server_binary, exported_int8, digits_task, digits_data, tmp_path
 ):
-    params = ServingImageParams(server_binary=str(server_binary), **FAST)
+    params = ServingImageParams(**FAST)
     result = serving_run(params, digits_task, exported_int8, digits_data, tmp_path / "out")
     assert result.infra_validated
     infra = read_json(tmp_path / "out" / "infra.json")
@@ -68,9 +68,7 @@ def test_builder_none_skips_the_build_but_still_validates_the_server(
     calls = tmp_path / "calls.log"
     fake_tools(tmp_path / "bin", calls, docker=0, podman=0, buildah=0)  # all would "work"
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
-    params = ServingImageParams(
-        server_binary=str(server_binary), builder="none", variants=["fp32"], **FAST
-    )
+    params = ServingImageParams(builder="none", variants=["fp32"], **FAST)
     result = serving_run(params, digits_task, exported_int8, digits_data, tmp_path / "out")
     assert not calls.exists(), calls.read_text()  # no builder was even probed
     assert (result.built, result.builder, result.image_id) == (False, None, None)
@@ -131,7 +129,7 @@ def test_a_server_that_answers_differently_fails_validation(
     other.eval()
     shutil.rmtree(broken / "legacy")
     save_legacy(other, digits_task.paddle_input_specs(), broken / "legacy" / "model")
-    params = ServingImageParams(server_binary=str(server_binary), variants=["fp32"], **FAST)
+    params = ServingImageParams(variants=["fp32"], **FAST)
     with pytest.raises(StepError, match="server differs from Paddle Inference"):
         serving_run(params, digits_task, broken, digits_data, tmp_path / "out")
     # the decision is recorded either way
@@ -161,9 +159,7 @@ def test_the_bundles_model_config_is_what_validation_served_and_the_image_bakes(
     # a stray SERVING_* in the caller's environment must not reach the validated server
     monkeypatch.setenv("SERVING_WORKERS", "3")
     monkeypatch.setenv("SERVING_DYNAMIC_BATCHING", "not-a-bool")
-    params = ServingImageParams(
-        server_binary=str(server_binary), builder="none", variants=["fp32"], **FAST
-    )
+    params = ServingImageParams(builder="none", variants=["fp32"], **FAST)
     assert serving_run(params, digits_task, bundle, digits_data, tmp_path / "out")
     out = tmp_path / "out"
     expected = read_json(bundle / "model_config.json")
@@ -190,9 +186,7 @@ def test_golden_replay_is_chunked_to_the_bundles_max_batch_size(
 ):
     monkeypatch.setenv("SERVING_MAX_BATCH_SIZE", "1")  # ignored: not the bundle's
     bundle = with_model_config(exported_int8, tmp_path / "bundle", max_batch_size=8)
-    params = ServingImageParams(
-        server_binary=str(server_binary), builder="none", golden_samples=20, latency_requests=5
-    )
+    params = ServingImageParams(builder="none", golden_samples=20, latency_requests=5)
     result = serving_run(params, digits_task, bundle, digits_data, tmp_path / "out")
     assert result.infra_validated
     infra = read_json(tmp_path / "out" / "infra.json")
@@ -220,7 +214,7 @@ def test_a_bundle_with_a_bad_or_no_model_config_is_refused_naming_file_and_field
         (bundle / "model_config.json").unlink()
     else:
         write_json(bundle / "model_config.json", {**read_json(bundle / "model_config.json"), **doc})
-    params = ServingImageParams(server_binary=str(server_binary), builder="none", **FAST)
+    params = ServingImageParams(builder="none", **FAST)
     with pytest.raises(StepError) as err:
         serving_run(params, digits_task, bundle, digits_data, tmp_path / "out")
     assert str(bundle / "model_config.json") in str(err.value)

@@ -46,7 +46,7 @@ from bench.serving.slow import run_slow_clients
 from bench.serving.stats import layouts, ratios, summarize
 from bench.serving.warm import run_warmup
 from components.ml.ov_runtime import OVPredictor
-from components.steps.serving_image import RunningServer
+from components.ml.server import RunningServer
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,7 +13,7 @@ from bench.serving.runtime_best import RuntimeCell
 from bench.serving.servers import check_answers, measure_inprocess, start_cpp
 from bench.serving.stats import best_inprocess, cell_label, layouts
 from components.ml.ov_runtime import OVPredictor
-from components.steps.serving_image import RunningServer
+from components.ml.server import RunningServer
 
 
 def run_compute(

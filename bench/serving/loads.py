@@ -4,13 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import re
 import struct
-import subprocess
-import tempfile
-import threading
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -29,47 +24,8 @@ from bench.serving.common import (
     request_input,
 )
 from bench.serving.servers import model_stats, scrape_batching
-
-# wrk: POST the prebuilt request (JSON header + raw tensor bytes) on every connection and print
-# one machine-readable line at the end. No response() hook: it would make wrk run Lua on
-# every response and cost generator CPU; non-2xx answers are counted in errors.status anyway.
-WRK_SCRIPT = r"""
-local f = assert(io.open(os.getenv("BENCH_BODY"), "rb"))
-wrk.method = "POST"
-wrk.body = f:read("*a")
-f:close()
-wrk.headers["Content-Type"] = "application/octet-stream"
-wrk.headers["Inference-Header-Content-Length"] = os.getenv("BENCH_HEADER_LENGTH")
-
-done = function(summary, latency, requests)
-  local e = summary.errors
-  io.write(string.format(
-    "BENCH requests=%d duration_us=%d p50_us=%d p90_us=%d p99_us=%d max_us=%d " ..
-    "connect=%d read=%d write=%d status=%d timeout=%d\n",
-    summary.requests, summary.duration, latency:percentile(50), latency:percentile(90),
-    latency:percentile(99), latency.max, e.connect, e.read, e.write, e.status, e.timeout))
-end
-"""
-
-
-def run_generator(
-    cmd: list[str], seconds: float, env: dict[str, str] | None = None
-) -> tuple[int, str, float, float]:
-    """Run a load generator for about ``seconds`` (killed 60 s past it): its exit code, its
-    output, its own CPU seconds (``wait4`` rusage) and the wall seconds."""
-    with tempfile.TemporaryFile() as out:
-        t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
-        watchdog = threading.Timer(seconds + 60.0, proc.kill)
-        watchdog.start()
-        try:
-            _, status, usage = os.wait4(proc.pid, 0)  # reaps it, with its rusage
-        finally:
-            watchdog.cancel()
-        wall = time.perf_counter() - t0
-        out.seek(0)
-        text = out.read().decode(errors="replace")
-    return os.waitstatus_to_exitcode(status), text, usage.ru_utime + usage.ru_stime, wall
+from components.ml import loadgen
+from components.ml.loadgen import run_generator
 
 
 def binary_request(shape: list[int]) -> tuple[bytes, int]:
@@ -94,10 +50,11 @@ def binary_request(shape: list[int]) -> tuple[bytes, int]:
 
 
 class Wrk:
+    """The library's wrk driver (``components.ml.loadgen``) posting a random input of a
+    shape (``binary_request``)."""
+
     def __init__(self, binary: str, work: Path):
-        self.binary = binary
-        self.script = work / "infer.lua"
-        self.script.write_text(WRK_SCRIPT)
+        self.wrk = loadgen.Wrk(work, binary)
         self.bodies: dict[tuple[int, ...], tuple[Path, int]] = {}
         self.work = work
 
@@ -116,25 +73,7 @@ class Wrk:
     ) -> tuple[dict[str, float], float, float]:
         """One wrk run: its parsed counters, its CPU seconds, the wall seconds."""
         body, header_len = self.body(shape)
-        seconds = max(1, round(seconds))  # wrk takes whole seconds
-        cmd = [
-            self.binary,
-            "-t1",
-            f"-c{concurrency}",
-            f"-d{seconds}s",
-            "--timeout",
-            "30s",
-            "-s",
-            str(self.script),
-            url,
-        ]
-        env = dict(os.environ, BENCH_BODY=str(body), BENCH_HEADER_LENGTH=str(header_len))
-        code, text, cpu, wall = run_generator(cmd, seconds, env)
-        line = next((ln for ln in text.splitlines() if ln.startswith("BENCH ")), None)
-        if code != 0 or line is None:
-            raise RuntimeError(f"wrk failed (exit {code}):\n{text[-2000:]}")
-        stats = {k: float(v) for k, v in (kv.split("=") for kv in line.split()[1:])}
-        return stats, cpu, wall
+        return self.wrk.run(url, body, header_len, concurrency, seconds)
 
     def load(self, server: Any, name: str, shape: list[int], concurrency: int) -> Load:
         url = f"http://127.0.0.1:{server.port}/v2/models/{name}/infer"

@@ -22,7 +22,7 @@ from bench.serving.common import (
     log,
 )
 from components.ml.ov_runtime import OVPredictor
-from components.steps.serving_image import RunningServer, ServerProcess
+from components.ml.server import RunningServer, ServerProcess
 
 
 def measure_inprocess(

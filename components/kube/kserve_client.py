@@ -25,6 +25,55 @@ _DTYPES = {
 _NAMES = {np.dtype(v): k for k, v in _DTYPES.items()}
 
 
+def encode_request(
+    inputs: dict[str, np.ndarray], *, binary: bool = False, request_id: str | None = None
+) -> tuple[bytes, dict[str, str]]:
+    """A KServe v2 infer request: (body, headers). ``binary`` puts the raw tensor bytes after
+    the JSON header (and asks for binary outputs); string arrays are sent as BYTES (UTF-8)."""
+    specs, blobs = [], []
+    for name, arr in inputs.items():
+        arr = np.ascontiguousarray(arr)
+        if arr.dtype.kind in "OUS":  # texts: BYTES, UTF-8, 4-byte length prefixes
+            items = [
+                t if isinstance(t, bytes) else str(t).encode("utf-8")
+                for t in arr.reshape(-1).tolist()
+            ]
+            spec = {"name": name, "shape": list(arr.shape), "datatype": "BYTES"}
+            if binary:
+                raw = b"".join(len(b).to_bytes(4, "little") + b for b in items)
+                spec["parameters"] = {"binary_data_size": len(raw)}
+                blobs.append(raw)
+            else:
+                spec["data"] = [b.decode("utf-8", "replace") for b in items]
+            specs.append(spec)
+            continue
+        spec: dict[str, Any] = {
+            "name": name,
+            "shape": list(arr.shape),
+            "datatype": _NAMES[arr.dtype],
+        }
+        if binary:
+            raw = arr.astype(arr.dtype.newbyteorder("<"), copy=False).tobytes()
+            spec["parameters"] = {"binary_data_size": len(raw)}
+            blobs.append(raw)
+        else:
+            spec["data"] = arr.reshape(-1).tolist()
+        specs.append(spec)
+    request: dict[str, Any] = {"inputs": specs}
+    if request_id is not None:
+        request["id"] = request_id
+    if binary:
+        request["parameters"] = {"binary_data_output": True}
+    header = json.dumps(request).encode()
+    headers = {"Content-Type": "application/json"}
+    if binary:
+        headers = {
+            "Content-Type": "application/octet-stream",
+            "Inference-Header-Content-Length": str(len(header)),
+        }
+    return header + b"".join(blobs), headers
+
+
 class KServeError(RuntimeError):
     def __init__(self, status: int, message: str):
         super().__init__(f"HTTP {status}: {message}")
@@ -96,50 +145,8 @@ class KServeClient:
         (dtype object, str or bytes) are sent as BYTES (UTF-8). ``request_id`` is the
         request's ``id``: the server's prediction log files the answer under it (labels fed
         back later join on it)."""
-        specs, blobs = [], []
-        for name, arr in inputs.items():
-            arr = np.ascontiguousarray(arr)
-            if arr.dtype.kind in "OUS":  # texts: BYTES, UTF-8, 4-byte length prefixes
-                items = [
-                    t if isinstance(t, bytes) else str(t).encode("utf-8")
-                    for t in arr.reshape(-1).tolist()
-                ]
-                spec = {"name": name, "shape": list(arr.shape), "datatype": "BYTES"}
-                if binary:
-                    raw = b"".join(len(b).to_bytes(4, "little") + b for b in items)
-                    spec["parameters"] = {"binary_data_size": len(raw)}
-                    blobs.append(raw)
-                else:
-                    spec["data"] = [b.decode("utf-8", "replace") for b in items]
-                specs.append(spec)
-                continue
-            spec: dict[str, Any] = {
-                "name": name,
-                "shape": list(arr.shape),
-                "datatype": _NAMES[arr.dtype],
-            }
-            if binary:
-                raw = arr.astype(arr.dtype.newbyteorder("<"), copy=False).tobytes()
-                spec["parameters"] = {"binary_data_size": len(raw)}
-                blobs.append(raw)
-            else:
-                spec["data"] = arr.reshape(-1).tolist()
-            specs.append(spec)
-        request: dict[str, Any] = {"inputs": specs}
-        if request_id is not None:
-            request["id"] = request_id
-        if binary:
-            request["parameters"] = {"binary_data_output": True}
-        header = json.dumps(request).encode()
-        headers = {"Content-Type": "application/json"}
-        if binary:
-            headers = {
-                "Content-Type": "application/octet-stream",
-                "Inference-Header-Content-Length": str(len(header)),
-            }
-        _, resp_headers, body = self._request(
-            "POST", f"/v2/models/{model}/infer", header + b"".join(blobs), headers
-        )
+        payload, headers = encode_request(inputs, binary=binary, request_id=request_id)
+        _, resp_headers, body = self._request("POST", f"/v2/models/{model}/infer", payload, headers)
         length = {k.lower(): v for k, v in resp_headers.items()}.get(
             "inference-header-content-length"
         )

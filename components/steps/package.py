@@ -5,7 +5,12 @@ int8 programs of ``qat`` under ``int8/paddle`` and ``int8/openvino``; ``signatur
 lists every format. When qat shipped no int8 model (``qat.allow_fp32_only``), the bundle is
 fp32 only and ``signature.json`` says why (``int8_unavailable``). Writes the bundle's model
 config (``model_config.json``, from ``package.model_config``): the per-model settings the C++
-server runs it with, wherever it is served. Nothing is exported or converted again: this
+server runs it with, wherever it is served. With ``package.tune.budget_s`` > 0 those settings
+are first searched on this machine (``components/ml/tuning.py``: the real server, a closed-loop
+``wrk`` load): the winner is what ``model_config.json`` says, and ``tune.json`` beside it is the
+search table. Here, before infra validation, because the bundle is immutable once packaged:
+infra validation then checks the tuned settings, and evaluate, the image, the registry and
+``deploy`` all get the one bundle. Nothing is exported or converted again: this
 bundle is what ``evaluate`` scores, what infra validation serves, what the server image bakes
 in, what the registry versions and what ``deploy`` serves.
 """
@@ -14,14 +19,16 @@ from __future__ import annotations
 
 import logging
 import shutil
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from components.core.artifacts import StepError, atomic_path, read_json, write_json, write_manifest
 from components.kernel.step import In, Out, Step
-from components.ml import model_config
+from components.ml import model_config, tuning
 from components.ml.model_config import ModelConfig
+from components.ml.server import REPO, default_build_dir, server_binary
+from components.ml.tuning import TuneParams
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +37,8 @@ log = logging.getLogger(__name__)
 class PackageParams:
     # the server's per-model settings, written into the bundle as model_config.json
     model_config: ModelConfig
+    # the search for the settings that serve this bundle best here (components/ml/tuning.py)
+    tune: TuneParams
 
 
 INT8_FORMATS = {
@@ -86,6 +95,12 @@ def run(
             log.warning("bundle without int8 (qat.allow_fp32_only): %s", "; ".join(reasons))
         write_json(tmp / "signature.json", signature)
         model_config.write(tmp, params.model_config)
+        tuned = None
+        if params.tune.budget_s > 0:
+            binary = server_binary(REPO / "serving", default_build_dir())
+            tuned, table = tuning.tune(params.tune, binary, tmp, params.model_config)
+            model_config.write(tmp, tuned)
+            write_json(tmp / tuning.TUNE_FILE, table)
         write_manifest(
             tmp,
             "package",
@@ -93,7 +108,11 @@ def run(
             outputs={
                 p.relative_to(tmp).as_posix(): p for p in sorted(tmp.rglob("*")) if p.is_file()
             },
-            params={"model_config": params.model_config.to_json()},
+            params={
+                "model_config": params.model_config.to_json(),
+                "tune": asdict(params.tune),
+            },
+            extra={"tuned_model_config": tuned.to_json() if tuned else None},
         )
     log.info("packaged %s: formats %s", out_dir, sorted(signature["formats"]))
     return out_dir
@@ -110,4 +129,5 @@ STEP = Step(
         In("int8", "outputs/qat", "qat_dir", source="qat.int8", help="gated int8 bundle"),
     ),
     outputs=(Out("bundle", "outputs/package", "out_dir", kfp="Model", help="served bundle"),),
+    extra_deps=("serving/src", "serving/CMakeLists.txt"),  # the tuning runs the server
 )

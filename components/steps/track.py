@@ -122,7 +122,11 @@ class StepOutputs:
                 for n in ("manifest.json", "parity.json", "signature.json")
             ],
             "qat": [(self.int8 / "manifest.json", None), (self.int8 / "gate.json", None)],
-            "package": [(self.bundle / n, None) for n in ("manifest.json", "model_config.json")],
+            "package": [
+                (self.bundle / n, None)
+                for n in ("manifest.json", "model_config.json", "tune.json")
+                if (self.bundle / n).exists()  # tune.json: only when the search ran
+            ],
             "evaluate": [(self.evaluation, None)],
             "serving_image": [(self.infra / n, None) for n in ("manifest.json", "infra.json")],
         }
@@ -220,7 +224,16 @@ def step_metrics(outputs: StepOutputs) -> dict[str, dict[str, Any]]:
     """Metrics per step, as the nested runs and (prefixed) the parent run log them."""
     ge_summary = read_json(outputs.report / "summary.json")
     qat = read_json(outputs.qat_metrics)
+    tune_file = outputs.bundle / "tune.json"
+    tune = read_json(tune_file) if tune_file.exists() else {}
     return {
+        # the serving-config search's summary (the whole table is the run's tune.json)
+        "package": {
+            f"tune_{k}": tune[k]
+            for k in ("elapsed_s", "chosen_score", "written_score", "chosen_vs_written")
+            if tune.get(k) is not None
+        }
+        | ({"tune_trials": len(tune["trials"])} if tune else {}),
         "train": read_json(outputs.train_metrics),
         "evaluate": read_json(outputs.evaluate_metrics),
         "qat": {**qat, "gate_passed": float(bool(qat.get("gate_passed")))},

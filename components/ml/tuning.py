@@ -1,0 +1,430 @@
+"""The serving-config search: which model config serves this bundle best on this machine.
+
+Like Triton's Model Analyzer, but inside the pipeline: the real C++ server is started with a
+candidate config (its settings flags over the bundle's ``model_config.json``), ``wrk`` drives it
+with a closed-loop load of single-sample binary requests (the bundle's first warm-up sample) at
+each of ``concurrencies``, the server is stopped, the next candidate runs. Within ``budget_s``:
+
+1. **layouts** — workers x threads per worker (OpenVINO streams = workers, threads =
+   workers x threads per worker); the written config's batching settings;
+2. **batching** — on the best layout: batching off, and on with each ``max_batch_size`` x
+   ``max_queue_delay_us``;
+3. **finalists** — the best ``finalists`` configs (the written one always among them) are
+   measured ``repeats`` more times, interleaved, and the decision is each one's median score.
+   One lucky sample cannot pick a config: a winner replaces the written config only when
+   its worst round beats the written config's median.
+
+Objectives: ``throughput`` — the geometric mean of requests/s over the concurrencies, among
+configs whose p99 is within ``p99_budget_ms`` at every one (none is: the lowest worst p99
+wins, and the result says so); ``latency`` — the lowest worst p99 over the concurrencies.
+
+A stage that would overrun the budget stops at the last candidate that fits (the estimate is
+the mean trial time so far); the search table says which candidates ran.
+
+Library layer: imported by steps, imports no step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from tqdm import tqdm
+
+from components.core.artifacts import StepError, read_json
+from components.kube.kserve_client import encode_request
+from components.ml.loadgen import LoadResult, Wrk
+from components.ml.model_config import ModelConfig
+from components.ml.server import RunningServer
+from components.ml.warmup import WARMUP_FILE
+
+log = logging.getLogger(__name__)
+
+TUNE_FILE = "tune.json"
+_NP_DTYPES = {"float32": np.float32, "int64": np.int64, "int32": np.int32, "float64": np.float64}
+
+
+@dataclass(frozen=True)
+class TuneSpace:
+    # "WxT": W workers with T threads each; null: every layout with W*T <= the CPUs here
+    layouts: list[str] | None = None
+    max_batch_size: list[int] = field(default_factory=lambda: [16, 64])
+    max_queue_delay_us: list[int] = field(default_factory=lambda: [0, 500])
+
+    def check(self) -> None:
+        for text in self.layouts or []:
+            parse_layout(text)
+        if not self.max_batch_size or min(self.max_batch_size) < 1:
+            raise ValueError(f"max_batch_size: each must be >= 1, got {self.max_batch_size}")
+        if not self.max_queue_delay_us or min(self.max_queue_delay_us) < 0:
+            raise ValueError(
+                f"max_queue_delay_us: each must be >= 0, got {self.max_queue_delay_us}"
+            )
+
+
+@dataclass(frozen=True)
+class TuneParams:
+    budget_s: float = 60.0  # wall seconds of the whole search; 0: no search
+    objective: Literal["throughput", "latency"] = "throughput"
+    p99_budget_ms: float = 50.0  # throughput: a config over it at any concurrency is out
+    concurrencies: list[int] = field(default_factory=lambda: [1, 16])
+    trial_s: int = 1  # wrk seconds per concurrency per trial
+    finalists: int = 3
+    repeats: int = 2  # more rounds of the finalists
+    variant: Literal["int8", "fp32"] = "int8"  # fp32 when the bundle has no int8
+    space: TuneSpace = field(default_factory=TuneSpace)
+
+    def check(self) -> None:
+        if self.budget_s < 0:
+            raise ValueError(f"budget_s: must be >= 0, got {self.budget_s}")
+        if not self.concurrencies or min(self.concurrencies) < 1:
+            raise ValueError(f"concurrencies: each must be >= 1, got {self.concurrencies}")
+        if self.trial_s < 1:
+            raise ValueError(f"trial_s: must be >= 1 (wrk runs whole seconds), got {self.trial_s}")
+        if self.finalists < 1 or self.repeats < 0:
+            raise ValueError("finalists must be >= 1 and repeats >= 0")
+        if self.p99_budget_ms <= 0:
+            raise ValueError(f"p99_budget_ms: must be > 0, got {self.p99_budget_ms}")
+        self.space.check()
+
+
+def cpu_model() -> str:
+    """``/proc/cpuinfo``'s model name (empty where there is none)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def parse_layout(text: str) -> tuple[int, int]:
+    """``"2x1"`` → (2 workers, 1 thread each)."""
+    try:
+        workers, threads = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise ValueError(f"layout {text!r}: expected WORKERSxTHREADS, e.g. 2x1") from None
+    if workers < 1 or threads < 1:
+        raise ValueError(f"layout {text!r}: workers and threads must be >= 1")
+    return workers, threads
+
+
+def layouts_for(cpus: int) -> list[tuple[int, int]]:
+    """Every workers x threads with workers * threads <= ``cpus`` (each at least 1)."""
+    return [(w, t) for w in range(1, cpus + 1) for t in range(1, cpus // w + 1)]
+
+
+def config_key(config: ModelConfig) -> str:
+    batching = (
+        f"batch<={config.max_batch_size},delay {config.max_queue_delay_us}us"
+        if config.dynamic_batching
+        else "no batching"
+    )
+    return f"{config.workers}x{config.threads_per_worker} {batching}"
+
+
+def server_flags(config: ModelConfig) -> list[str]:
+    """The server's per-model flags for the searched settings (they override the file)."""
+    return [
+        f"--workers={config.workers}",
+        f"--threads-per-worker={config.threads_per_worker}",
+        f"--max-batch-size={config.max_batch_size}",
+        f"--max-queue-delay-us={config.max_queue_delay_us}",
+        f"--dynamic-batching={'true' if config.dynamic_batching else 'false'}",
+    ]
+
+
+def request_body(bundle: Path, work: Path) -> tuple[Path, int]:
+    """A one-sample binary request made of the bundle's first warm-up sample (what a client
+    sends: real, preprocessed model inputs): (file, JSON header length)."""
+    warm = bundle / WARMUP_FILE
+    if not warm.is_file():
+        raise StepError(
+            f"{warm}: missing; the search sends the bundle's warm-up samples "
+            "(export.warmup_samples >= 1)"
+        )
+    signature = read_json(bundle / "signature.json")
+    specs = {s["name"]: s for s in signature["inputs"]}
+    inputs = {}
+    for entry in read_json(warm)["inputs"]:
+        spec = specs[entry["name"]]
+        dtype = np.dtype(_NP_DTYPES[spec["dtype"]]).newbyteorder("<")
+        shape = [int(d) for d in spec["shape"][1:]]
+        size = int(np.prod(shape)) if shape else 1
+        data = np.fromfile(bundle / entry["file"], dtype=dtype, count=size)
+        if data.size != size:
+            raise StepError(f"{bundle / entry['file']}: shorter than one sample of {shape}")
+        inputs[entry["name"]] = data.astype(dtype.newbyteorder("="))[None].reshape([1, *shape])
+    payload, headers = encode_request(inputs, binary=True)
+    path = work / "request.bin"
+    path.write_bytes(payload)
+    return path, int(headers["Inference-Header-Content-Length"])
+
+
+@dataclass
+class Trial:
+    stage: str
+    config: ModelConfig
+    loads: list[LoadResult]
+    seconds: float  # wall, server start to stop
+
+    def worst_p99(self) -> float:
+        return max(r.p99_ms for r in self.loads)
+
+    def row(self) -> dict[str, Any]:
+        return {
+            "stage": self.stage,
+            "config": config_key(self.config),
+            "settings": {k: getattr(self.config, k) for k in SEARCHED},
+            "seconds": round(self.seconds, 2),
+            "loads": [asdict(r) for r in self.loads],
+        }
+
+
+SEARCHED = (
+    "workers",
+    "threads_per_worker",
+    "max_batch_size",
+    "max_queue_delay_us",
+    "dynamic_batching",
+)
+
+
+class Search:
+    """One search over ``bundle`` served as ``variant`` by ``binary``."""
+
+    def __init__(
+        self,
+        params: TuneParams,
+        binary: Path,
+        bundle: Path,
+        variant: str,
+        written: ModelConfig,
+        work: Path,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.params, self.binary, self.bundle, self.variant = params, binary, bundle, variant
+        self.written, self.work, self.clock = written, work, clock
+        self.wrk = Wrk(work)
+        self.body, self.header_len = request_body(bundle, work)
+        self.trials: list[Trial] = []
+        self.start = clock()
+
+    # ------------------------------------------------------------------ measuring
+
+    def measure(self, stage: str, config: ModelConfig) -> Trial:
+        t0 = self.clock()
+        name = "tune"
+        server = RunningServer(
+            self.binary,
+            self.bundle,
+            self.variant,
+            name,
+            self.work / "server.log",
+            extra_args=server_flags(config),
+        )
+        try:
+            try:
+                server.wait_ready(120.0)
+            except StepError as exc:
+                lines = (self.work / "server.log").read_text(errors="replace").splitlines()
+                raise StepError(
+                    f"tune: {config_key(config)}: {exc}: {lines[-1] if lines else ''}"
+                ) from None
+            url = f"http://127.0.0.1:{server.port}/v2/models/{name}/infer"
+            loads = [
+                self.wrk.closed_loop(url, self.body, self.header_len, c, self.params.trial_s)
+                for c in self.params.concurrencies
+            ]
+        finally:
+            server.stop()
+        trial = Trial(stage, config, loads, self.clock() - t0)
+        self.trials.append(trial)
+        log.debug("tune %s %s: %s", stage, config_key(config), loads)
+        return trial
+
+    def score(self, trial: Trial) -> float:
+        """Higher is better; a config with errors or over the p99 budget (throughput
+        objective) scores below every config within it."""
+        if any(r.errors for r in trial.loads) or any(r.requests == 0 for r in trial.loads):
+            return -math.inf
+        if self.params.objective == "latency":
+            return -trial.worst_p99()
+        geo = math.exp(statistics.fmean(math.log(r.throughput) for r in trial.loads))
+        if trial.worst_p99() > self.params.p99_budget_ms:
+            return -trial.worst_p99()  # below every feasible (positive) score
+        return geo
+
+    def left(self) -> float:
+        return self.params.budget_s - (self.clock() - self.start)
+
+    def fits(self) -> bool:
+        """Another trial fits the budget (estimate: the mean trial so far)."""
+        if not self.trials:
+            return True
+        return statistics.fmean(t.seconds for t in self.trials) <= self.left()
+
+    # ------------------------------------------------------------------ the search
+
+    def candidates_layouts(self) -> list[ModelConfig]:
+        space = self.params.space
+        layouts = (
+            [parse_layout(t) for t in space.layouts]
+            if space.layouts
+            else layouts_for(len(os.sched_getaffinity(0)))
+        )
+        written = (self.written.workers, self.written.threads_per_worker)
+        # the written settings first: the baseline always runs
+        layouts = [written] + [lt for lt in layouts if lt != written]
+        return [
+            dataclasses.replace(self.written, workers=w, threads_per_worker=t) for w, t in layouts
+        ]
+
+    def candidates_batching(self, base: ModelConfig) -> list[ModelConfig]:
+        space = self.params.space
+        out = [dataclasses.replace(base, dynamic_batching=not base.dynamic_batching)]
+        for mb in space.max_batch_size:
+            for delay in space.max_queue_delay_us:
+                out.append(
+                    dataclasses.replace(
+                        base, dynamic_batching=True, max_batch_size=mb, max_queue_delay_us=delay
+                    )
+                )
+        seen = {base}
+        return [c for c in out if not (c in seen or seen.add(c))]  # type: ignore[func-returns-value]
+
+    def run_stage(self, stage: str, configs: list[ModelConfig], bar: tqdm) -> None:
+        for config in configs:
+            if any(t.config == config for t in self.trials):
+                continue
+            if not self.fits():
+                log.info("tune: budget reached in stage %s", stage)
+                return
+            self.measure(stage, config)
+            bar.update(1)
+
+    def best(self, configs: list[ModelConfig] | None = None) -> list[ModelConfig]:
+        """Distinct configs by their best first-round score, best first."""
+        by_config: dict[ModelConfig, float] = {}
+        for t in self.trials:
+            if configs is None or t.config in configs:
+                by_config[t.config] = max(by_config.get(t.config, -math.inf), self.score(t))
+        return sorted(by_config, key=lambda c: by_config[c], reverse=True)
+
+    def run(self) -> dict[str, Any]:
+        p = self.params
+        layouts = self.candidates_layouts()
+        with tqdm(desc="tune", unit="trial", leave=False) as bar:
+            self.run_stage("layout", layouts, bar)
+            if not self.trials:
+                raise StepError(f"package.tune.budget_s: {p.budget_s} s is too short for one trial")
+            best_layout = self.best()[0]
+            self.run_stage("batching", self.candidates_batching(best_layout), bar)
+            finalists = self.best()[: p.finalists]
+            if self.written not in finalists and any(t.config == self.written for t in self.trials):
+                finalists = [*finalists[: p.finalists - 1], self.written]
+            for _ in range(p.repeats):
+                for config in finalists:
+                    if not self.fits():
+                        break
+                    self.measure("finalist", config)
+                    bar.update(1)
+        return self.decide(finalists)
+
+    def decide(self, finalists: list[ModelConfig]) -> dict[str, Any]:
+        medians = {
+            c: statistics.median([self.score(t) for t in self.trials if t.config == c])
+            for c in finalists
+        }
+        rounds = {c: [self.score(t) for t in self.trials if t.config == c] for c in finalists}
+        winner = max(finalists, key=lambda c: medians[c])
+        written_rounds = rounds.get(self.written)
+        kept_written = False
+        if winner != self.written and written_rounds and len(rounds[winner]) > 1:
+            # replace the written config only when the winner's worst round beats its median
+            if min(rounds[winner]) <= medians[self.written]:
+                winner, kept_written = self.written, True
+        feasible = medians[winner] > 0 if self.params.objective == "throughput" else True
+        return {
+            "chosen": winner,
+            "kept_written": kept_written,
+            "feasible": feasible,
+            "finalists": [
+                {
+                    "config": config_key(c),
+                    "median_score": medians[c],
+                    "scores": rounds[c],
+                    "written": c == self.written,
+                }
+                for c in finalists
+            ],
+        }
+
+
+def tune(
+    params: TuneParams,
+    binary: Path,
+    bundle: Path,
+    written: ModelConfig,
+) -> tuple[ModelConfig, dict[str, Any]]:
+    """Search the config ``bundle`` is served best with on this machine: (the chosen config,
+    the search table for ``tune.json``)."""
+    signature = read_json(bundle / "signature.json")
+    has_int8 = "int8_openvino" in signature.get("formats", {})
+    variant = params.variant if params.variant == "fp32" or has_int8 else "fp32"
+    with tempfile.TemporaryDirectory(prefix="tune-") as work:
+        search = Search(params, binary, bundle, variant, written, Path(work))
+        decision = search.run()
+        elapsed = search.clock() - search.start
+    chosen: ModelConfig = decision.pop("chosen")
+    unit = "requests/s (geometric mean)" if params.objective == "throughput" else "-p99 ms (worst)"
+    written_score = next((f["median_score"] for f in decision["finalists"] if f["written"]), None)
+    chosen_score = next(
+        f["median_score"] for f in decision["finalists"] if f["config"] == config_key(chosen)
+    )
+    table = {
+        "objective": params.objective,
+        "score_unit": unit,
+        "params": asdict(params),
+        "variant": variant,
+        "cpu": cpu_model(),
+        "cpus": len(os.sched_getaffinity(0)),
+        "elapsed_s": round(elapsed, 2),
+        "trials": [t.row() for t in search.trials],
+        "written": config_key(written),
+        "chosen": config_key(chosen),
+        "chosen_settings": {k: getattr(chosen, k) for k in SEARCHED},
+        "chosen_score": chosen_score,
+        "written_score": written_score,
+        "chosen_vs_written": (
+            chosen_score / written_score
+            if written_score and written_score > 0 and chosen_score > 0
+            else None
+        ),
+        **decision,
+    }
+    if not decision["feasible"]:
+        log.warning(
+            "tune: no config kept p99 within %.1f ms at every concurrency; chose the lowest p99",
+            params.p99_budget_ms,
+        )
+    log.info(
+        "tune: %d trials in %.1f s; chose %s (written: %s, chosen/written %s)",
+        len(search.trials),
+        elapsed,
+        table["chosen"],
+        table["written"],
+        "-" if table["chosen_vs_written"] is None else f"{table['chosen_vs_written']:.3f}",
+    )
+    return chosen, table
