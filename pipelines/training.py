@@ -242,6 +242,12 @@ def wire(
 
 
 def with_resources(task: dsl.PipelineTask, resources: Mapping[str, Any], name: str) -> Any:
+    """``resources.default`` then ``resources.<name>``: CPU and memory requests and limits, and
+    ``node_selector`` ({label: value}) / ``tolerations`` ([{key, operator, value, effect}]) to
+    put the step's pod on a node pool (``package`` on the serving pool: its serving-config
+    search then measures the machine that will serve; docs/tuning.md)."""
+    from kfp import kubernetes
+
     spec = {**resources.get("default", {}), **resources.get(name, {})}
     setters = {
         "cpu_request": task.set_cpu_request,
@@ -249,11 +255,25 @@ def with_resources(task: dsl.PipelineTask, resources: Mapping[str, Any], name: s
         "memory_request": task.set_memory_request,
         "memory_limit": task.set_memory_limit,
     }
-    unknown = sorted(set(spec) - set(setters))
+    placement = {"node_selector", "tolerations"}
+    unknown = sorted(set(spec) - set(setters) - placement)
     if unknown:
         raise ValueError(f"params.yaml: resources.{name}: unknown keys {unknown}")
     for key, value in spec.items():
-        setters[key](str(value))
+        if key in setters:
+            setters[key](str(value))
+    selector = spec.get("node_selector") or {}
+    if not isinstance(selector, Mapping):
+        raise ValueError(f"params.yaml: resources.{name}.node_selector: expected label: value")
+    for label, value in selector.items():
+        kubernetes.add_node_selector(task, label_key=str(label), label_value=str(value))
+    for i, toleration in enumerate(spec.get("tolerations") or []):
+        allowed = {"key", "operator", "value", "effect", "toleration_seconds"}
+        if not isinstance(toleration, Mapping) or set(toleration) - allowed:
+            raise ValueError(
+                f"params.yaml: resources.{name}.tolerations[{i}]: a mapping of {sorted(allowed)}"
+            )
+        kubernetes.add_toleration(task, **toleration)
     return task
 
 

@@ -107,6 +107,63 @@ def test_a_step_runs_in_its_image_as_uid_10001_on_a_read_only_root(images, digit
     assert manifest["git_sha"] == label["org.opencontainers.image.revision"] != "unknown"
 
 
+def test_package_searches_the_serving_config_in_its_image_on_the_pods_cpus(
+    images, exported, qat_out, tmp_path
+):
+    """The package step in the component image (its server binary, its wrk) with a container
+    CPU limit of 1: the search measures only what such a pod can run (cgroup quota, not the
+    host's CPUs), as the package task on a serving node pool would."""
+    import yaml
+
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params["package"]["tune"].update(budget_s=8, concurrencies=[1, 4], repeats=0)
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    out = tmp_path / "out"
+    out.mkdir()
+    out.chmod(0o777)
+    proc = podman(
+        "run",
+        "--rm",
+        "--read-only",
+        "--cpus",
+        "1",
+        "--tmpfs",
+        "/tmp:mode=1777",
+        "--tmpfs",
+        "/work:mode=1777",
+        "-v",
+        f"{tmp_path / 'params.yaml'}:/params.yaml:ro",
+        "-v",
+        f"{exported}:/exported:ro",
+        "-v",
+        f"{qat_out[0]}:/qat:ro",
+        "-v",
+        f"{out}:/out",
+        images["components"]["ref"],
+        "python",
+        "-m",
+        "components",
+        "package",
+        "--params",
+        "/params.yaml",
+        "--exported",
+        "/exported",
+        "--int8",
+        "/qat",
+        "--bundle",
+        "/out/bundle",
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    table = json.loads((out / "bundle" / "tune.json").read_text())
+    assert table["cpus"] == 1
+    assert {t["settings"]["workers"] * t["settings"]["threads_per_worker"]
+            for t in table["trials"][1:]} == {1}  # fmt: skip
+    assert all(load["requests"] > 0 for t in table["trials"] for load in t["loads"])
+    shipped = json.loads((out / "bundle" / "model_config.json").read_text())
+    assert {k: shipped[k] for k in table["chosen_settings"]} == table["chosen_settings"]
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

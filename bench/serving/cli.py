@@ -21,6 +21,7 @@ from bench.serving.common import (
     DEFAULT_DIGITS,
     DIGITS_PARTS,
     PARTS,
+    REPO,
     Cell,
     Report,
     _cpu_model,
@@ -44,6 +45,7 @@ from bench.serving.servers import (
 )
 from bench.serving.slow import run_slow_clients
 from bench.serving.stats import layouts, ratios, summarize
+from bench.serving.tune import run_tune
 from bench.serving.warm import run_warmup
 from components.ml.ov_runtime import OVPredictor
 from components.ml.server import RunningServer
@@ -143,6 +145,19 @@ def main(argv: list[str] | None = None) -> int:
         default=0,
         help="digits, batching on (server default 0)",
     )
+    parser.add_argument(
+        "--tune-bundle",
+        type=Path,
+        default=REPO / "outputs" / "package",
+        help="tune: the digits bundle package wrote (int8 and warm-up samples)",
+    )
+    parser.add_argument("--tune-rounds", type=int, default=3, help="tune: rounds of the grid")
+    parser.add_argument(
+        "--tune-trial-seconds",
+        type=int,
+        default=2,
+        help="tune: wrk seconds per concurrency of each grid cell",
+    )
     parser.add_argument("--inprocess-batches", type=int, nargs="+", default=[1, 16, 32])
     parser.add_argument(
         "--runtime-streams",
@@ -210,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
         action="append",
         choices=[*PARTS, "digits"],
         help="run only these parts (repeatable): resnet, batching, python, grpc, slow-clients, "
-        "prediction-log, warmup, or digits (all but resnet); default: everything",
+        "prediction-log, warmup, tune, or digits (all but resnet); default: everything",
     )
     parser.add_argument("--quick", action="store_true", help="short cells, fewer of them")
     parser.add_argument("--skip-cpp", action="store_true", help="no C++ server (development)")
@@ -237,6 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         args.inprocess_batches = [16]
         args.runtime_streams, args.runtime_batches = ["AUTO"], [16]
         args.warm_rounds = min(args.warm_rounds, 2)
+        args.tune_rounds, args.tune_trial_seconds = 1, 1
     if args.layouts is None:
         args.layouts = ",".join(
             f"{w}x{args.threads // w}" for w in range(1, args.threads + 1) if args.threads % w == 0
@@ -331,6 +347,8 @@ def run_all(args: argparse.Namespace, report: Report, work: Path, wrk_bin: str) 
         run_prediction_log(args, report, work, wrk)
     if "warmup" in args.parts and not args.skip_cpp:
         run_warmup(args, report, work)
+    if "tune" in args.parts and not args.skip_cpp:
+        run_tune(args, report, work)
     report.ratios = ratios(report, args.overhead_concurrency)
 
 

@@ -37,10 +37,27 @@ GRPC_METHOD = "/inference.GRPCInferenceService/ModelInfer"
 
 
 # what --only selects; "digits" is every overhead-bound part
-PARTS = ("resnet", "batching", "python", "grpc", "slow-clients", "prediction-log", "warmup")
+PARTS = (
+    "resnet",
+    "batching",
+    "python",
+    "grpc",
+    "slow-clients",
+    "prediction-log",
+    "warmup",
+    "tune",
+)
 
 
-DIGITS_PARTS = ("batching", "python", "grpc", "slow-clients", "prediction-log", "warmup")
+DIGITS_PARTS = (
+    "batching",
+    "python",
+    "grpc",
+    "slow-clients",
+    "prediction-log",
+    "warmup",
+    "tune",
+)
 
 
 # A load generator run: seconds -> (counters like the wrk script's, its CPU seconds, wall s).
@@ -108,6 +125,8 @@ class Report:
     runtime: list[dict[str, Any]] = field(default_factory=list)
     # first requests after a swap, with and without the bundle's warm-up (warm.py)
     warmup: dict[str, Any] = field(default_factory=dict)
+    # the serving-config search vs the exhaustive grid of its space (tune.py)
+    tune: dict[str, Any] = field(default_factory=dict)
     elapsed_s: float = 0.0
 
 

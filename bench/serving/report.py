@@ -51,6 +51,13 @@ def targets(r: dict[str, Any]) -> list[tuple[str, bool | None]]:
             lambda ratio: ratio <= 2.0,
         ),
         (
+            "serving-config search >= 0.95x the exhaustive grid's best (same objective, same "
+            "run; medians of the rounds), searched within package.tune.budget_s (plus the "
+            "one trial begun inside it)",
+            ("tuned_vs_grid_best", "tuning_within_budget"),
+            lambda ratio, within: ratio >= 0.95 and within,
+        ),
+        (
             "server RSS < 64 KiB per idle connection",
             ("rss_per_idle_conn_kib",),
             lambda kib: kib < 64,
@@ -255,6 +262,16 @@ def render(report: Report) -> str:
             f"{r['ratio_vs_python_batching_on']:.3f}x the Python baseline, rounds "
             f"{_rounds(r['ratio_vs_python_batching_on_rounds'])})"
         )
+    if r.get("tuned_vs_grid_best") is not None:
+        t = report.tune
+        lines.append(
+            f"tuned_vs_grid_best = the searched config ({t['tuned']}; {t['tuning_trials']} "
+            f"trials in {t['tuning_s']:.1f} s, budget {t['budget_s']:g} s) / the best of the "
+            f"exhaustive grid ({t['grid_best']}; {t['grid_cells']} configs x "
+            f"{t['grid_rounds']} rounds), {t['objective']} objective at c="
+            f"{t['concurrencies']}, medians = {r['tuned_vs_grid_best']:.3f}; the written "
+            f"config ({t['written']}): {_fmt(r.get('written_vs_grid_best'))}"
+        )
     if r.get("first_request_vs_p50") is not None:
         warm = report.warmup
         lines.append(
@@ -306,5 +323,7 @@ def last_line(r: dict[str, Any]) -> str:
         f"log_overhead_inputs_10pct={_fmt(r.get('log_overhead_inputs_10pct'))} "
         f"ratio_vs_runtime_best={_fmt(r.get('ratio_vs_runtime_best'))} "
         f"first_request_vs_p50={_fmt(r.get('first_request_vs_p50'))} "
-        f"grpc_vs_rest_c1={_fmt(r.get('grpc_vs_rest_c1'))}"
+        f"grpc_vs_rest_c1={_fmt(r.get('grpc_vs_rest_c1'))} "
+        f"tuned_vs_grid_best={_fmt(r.get('tuned_vs_grid_best'))} "
+        f"tuning_s={_fmt(r.get('tuning_s'))}"
     )

@@ -228,4 +228,7 @@ def ratios(report: Report, concurrency: int) -> dict[str, Any]:
     ):
         if key in report.warmup:
             out[key] = report.warmup[key]
+    for key in ("tuned_vs_grid_best", "written_vs_grid_best", "tuning_s", "tuning_within_budget"):
+        if report.tune.get(key) is not None:
+            out[key] = report.tune[key]
     return out

@@ -57,6 +57,7 @@ _NP_DTYPES = {"float32": np.float32, "int64": np.int64, "int32": np.int32, "floa
 @dataclass(frozen=True)
 class TuneSpace:
     # "WxT": W workers with T threads each; null: every layout with W*T <= the CPUs here
+    # (affinity, capped by a cgroup CPU limit)
     layouts: list[str] | None = None
     max_batch_size: list[int] = field(default_factory=lambda: [16, 64])
     max_queue_delay_us: list[int] = field(default_factory=lambda: [0, 500])
@@ -96,6 +97,29 @@ class TuneParams:
         if self.p99_budget_ms <= 0:
             raise ValueError(f"p99_budget_ms: must be > 0, got {self.p99_budget_ms}")
         self.space.check()
+
+
+def available_cpus() -> int:
+    """The CPUs this process may use: its affinity, capped by a cgroup CPU quota (a pod's CPU
+    limit shows all the node's CPUs in the affinity but runs only ``quota / period``)."""
+    cpus = len(os.sched_getaffinity(0))
+    for path, parse in (
+        ("/sys/fs/cgroup/cpu.max", lambda t: t.split()),  # v2: "max 100000" | "200000 100000"
+        ("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", None),  # v1
+    ):
+        try:
+            text = Path(path).read_text().strip()
+        except OSError:
+            continue
+        if parse is not None:
+            quota, period = parse(text)
+        else:
+            quota = text
+            period = Path("/sys/fs/cgroup/cpu/cpu.cfs_period_us").read_text().strip()
+        if quota not in ("max", "-1") and int(period) > 0:
+            cpus = min(cpus, max(1, math.ceil(int(quota) / int(period))))
+        break
+    return cpus
 
 
 def cpu_model() -> str:
@@ -282,7 +306,7 @@ class Search:
         layouts = (
             [parse_layout(t) for t in space.layouts]
             if space.layouts
-            else layouts_for(len(os.sched_getaffinity(0)))
+            else layouts_for(available_cpus())
         )
         written = (self.written.workers, self.written.threads_per_worker)
         # the written settings first: the baseline always runs
@@ -303,6 +327,15 @@ class Search:
                 )
         seen = {base}
         return [c for c in out if not (c in seen or seen.add(c))]  # type: ignore[func-returns-value]
+
+    def grid(self) -> list[ModelConfig]:
+        """Every config of the space (each layout x every batching candidate): what the
+        stages search a part of; the benchmark measures all of it."""
+        return [
+            c
+            for layout in self.candidates_layouts()
+            for c in [layout, *self.candidates_batching(layout)]
+        ]
 
     def run_stage(self, stage: str, configs: list[ModelConfig], bar: tqdm) -> None:
         for config in configs:
@@ -399,7 +432,7 @@ def tune(
         "params": asdict(params),
         "variant": variant,
         "cpu": cpu_model(),
-        "cpus": len(os.sched_getaffinity(0)),
+        "cpus": available_cpus(),
         "elapsed_s": round(elapsed, 2),
         "trials": [t.row() for t in search.trials],
         "written": config_key(written),
