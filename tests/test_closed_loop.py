@@ -34,7 +34,7 @@ import numpy as np
 import pytest
 
 from components.core.artifacts import read_json
-from components.kube.kserve_client import KServeClient
+from components.ml.kserve_client import KServeClient
 from components.ml.prediction_log import LogReader
 from components.steps.deploy import DeployParams
 from components.steps.deploy import run as deploy_run

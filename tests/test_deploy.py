@@ -28,7 +28,7 @@ import yaml
 from components.core.artifacts import StepError, read_json, sha256_tree, write_json
 from components.kernel.step import REPO
 from components.kube.check import check_manifests
-from components.kube.kserve_client import KServeClient
+from components.ml.kserve_client import KServeClient
 from components.ml.monitoring import RETRAIN_REASON_ENV
 from components.ml.prediction_log import LogReader
 from components.ml.runtime import ModelFiles, PaddlePredictor

@@ -23,7 +23,7 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from components.kube.kserve_client import KServeClient
+from components.ml.kserve_client import KServeClient
 from components.ml.ov_runtime import OVPredictor
 from components.ml.server import RunningServer, ServerProcess
 from tests.conftest import CONTAINERS_CONF, HAVE_PODMAN, NO_PODMAN, with_model_config

@@ -254,7 +254,9 @@ def test_zero_threads_queue_delay_and_queue_size_are_the_servers_own_meanings_no
         "max_queue_delay_us": 0,
         "max_queue_size": 0,
     }
-    params = section({"package": {"model_config": config}}, "package", PackageParams)
+    params = section(
+        {"package": {"model_config": config, "tune": {"budget_s": 0}}}, "package", PackageParams
+    )
     assert params.model_config.threads_per_worker == 0
 
 

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from components.core.artifacts import StepError
-from components.kube.kserve_client import KServeClient
+from components.ml.kserve_client import KServeClient
 
 REPO = Path(__file__).resolve().parents[2]
 SERVER_NAME = "paddle-mlops-server"

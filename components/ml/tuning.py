@@ -42,7 +42,7 @@ import numpy as np
 from tqdm import tqdm
 
 from components.core.artifacts import StepError, read_json
-from components.kube.kserve_client import encode_request
+from components.ml.kserve_client import encode_request
 from components.ml.loadgen import LoadResult, Wrk
 from components.ml.model_config import ModelConfig
 from components.ml.server import RunningServer

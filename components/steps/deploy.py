@@ -57,7 +57,7 @@ from components.core.uris import redact_uri
 from components.kernel.step import REPO, In, Out, Step
 from components.kube.check import check_manifests, load_manifests
 from components.kube.images import _run
-from components.kube.kserve_client import KServeClient, KServeError
+from components.ml.kserve_client import KServeClient, KServeError
 from components.tracking.fetch_model import fetch
 from components.tracking.model import BUNDLE_TAG
 from components.tracking.registry import (

@@ -47,8 +47,8 @@ from components.core.artifacts import (
 )
 from components.kernel.step import BUNDLE, DATA, Out, Step
 from components.kube.images import build_image, detect_builder, image_present
-from components.kube.kserve_client import KServeError
 from components.ml import gates, model_config
+from components.ml.kserve_client import KServeError
 from components.ml.model_config import ModelConfig
 from components.ml.ov_runtime import OVPredictor
 from components.ml.runtime import BatchedPredictor, ModelFiles, PaddlePredictor
