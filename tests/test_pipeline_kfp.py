@@ -422,3 +422,27 @@ def test_ingest_fans_out_over_unit_groups_under_kfp_local(tmp_path):
     assert kfp_snap.doc["totals"] == local_snap.doc["totals"]
     assert sum(local_result.counts[s][c] for s in snapshot.SPLITS for c in ("a", "b", "c")) == 72
     snapshot.verify(kfp_snap)
+
+
+def test_the_package_step_can_be_placed_on_the_serving_node_pool(tmp_path):
+    """resources.package.node_selector / tolerations: the serving-config search measures the
+    node type that will serve (docs/tuning.md)."""
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params["resources"]["package"].update(
+        node_selector={"node.kubernetes.io/instance-type": "c7i.large"},
+        tolerations=[
+            {"key": "dedicated", "operator": "Equal", "value": "serving", "effect": "NoSchedule"}
+        ],
+    )
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    _, executors = _compile(tmp_path, params_file=tmp_path / "params.yaml")
+    package = executors["exec-package-op"]
+    assert package["nodeSelector"]["labels"] == {"node.kubernetes.io/instance-type": "c7i.large"}
+    (toleration,) = package["tolerations"]
+    assert toleration["key"] == "dedicated" and toleration["effect"] == "NoSchedule"
+    assert "nodeSelector" not in executors.get("exec-train-op", {})  # only where asked
+
+    params["resources"]["package"]["node_selector"] = ["not", "a", "mapping"]
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    with pytest.raises(ValueError, match=r"resources\.package\.node_selector: expected"):
+        _compile(tmp_path, params_file=tmp_path / "params.yaml")
