@@ -164,9 +164,10 @@ images: install container-deps
 kfp-containers: data images
 	python -m pipelines.containers --params params.yaml --pipeline-root outputs/kfp-containers
 
-# Needs the digits export (outputs/export): dvc repro runs the stages up to export (or nothing).
+# Needs the digits export and bundle (outputs/export, outputs/package: the tune part searches it):
+# dvc repro runs the stages up to package (or nothing).
 bench-serving: bench-deps data serving
-	dvc repro export
+	dvc repro package
 	python -m bench.serving
 
 mlflow-ui: install
