@@ -174,3 +174,11 @@ def test_space_defaults_cover_every_layout_of_the_cpus():
     assert layouts_for(2) == [(1, 1), (1, 2), (2, 1)]
     assert (4, 1) in layouts_for(4) and (2, 2) in layouts_for(4) and (3, 2) not in layouts_for(4)
     assert TuneSpace().layouts is None
+
+
+def test_the_search_never_shrinks_the_largest_request_clients_may_send():
+    space = TuneSpace(max_batch_size=[8, 64, 128], max_queue_delay_us=[0, 500])
+    search = _search(dataclasses.replace(SHORT, space=space), WRITTEN)  # written: 64
+    grid = search.grid()
+    assert {c.max_batch_size for c in grid} == {64, 128}
+    assert len(grid) == len(set(grid))  # no config measured twice

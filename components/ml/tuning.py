@@ -8,7 +8,8 @@ each of ``concurrencies``, the server is stopped, the next candidate runs. Withi
 1. **layouts** — workers x threads per worker (OpenVINO streams = workers, threads =
    workers x threads per worker); the written config's batching settings;
 2. **batching** — on the best layout: batching off, and on with each ``max_batch_size`` x
-   ``max_queue_delay_us``;
+   ``max_queue_delay_us`` (a max batch size is also the largest request the server accepts,
+   so none below the written one: that is the clients' contract);
 3. **finalists** — the best ``finalists`` configs (the written one always among them) are
    measured ``repeats`` more times, interleaved, and the decision is each one's median score.
    One lucky sample cannot pick a config: a winner replaces the written config only when
@@ -59,7 +60,8 @@ class TuneSpace:
     # "WxT": W workers with T threads each; null: every layout with W*T <= the CPUs here
     # (affinity, capped by a cgroup CPU limit)
     layouts: list[str] | None = None
-    max_batch_size: list[int] = field(default_factory=lambda: [16, 64])
+    # also the largest request accepted: values below the written one are skipped
+    max_batch_size: list[int] = field(default_factory=lambda: [64])
     max_queue_delay_us: list[int] = field(default_factory=lambda: [0, 500])
 
     def check(self) -> None:
@@ -318,7 +320,9 @@ class Search:
     def candidates_batching(self, base: ModelConfig) -> list[ModelConfig]:
         space = self.params.space
         out = [dataclasses.replace(base, dynamic_batching=not base.dynamic_batching)]
-        for mb in space.max_batch_size:
+        # max_batch_size is also the largest request the server accepts: a client's contract,
+        # never searched below what package.model_config promises
+        for mb in [m for m in space.max_batch_size if m >= self.written.max_batch_size]:
             for delay in space.max_queue_delay_us:
                 out.append(
                     dataclasses.replace(
