@@ -272,6 +272,11 @@ def render(report: Report) -> str:
             f"{t['concurrencies']}, medians = {r['tuned_vs_grid_best']:.3f}; the written "
             f"config ({t['written']}): {_fmt(r.get('written_vs_grid_best'))}"
         )
+        for key, cell in sorted(t["grid"].items(), key=lambda kv: -kv[1]["median"]):
+            lines.append(
+                f"  {key:<28} median {cell['median']:10.1f}  rounds {_rounds(cell['scores'])}"
+                + ("  (searched)" if key == t["tuned"] else "")
+            )
     if r.get("first_request_vs_p50") is not None:
         warm = report.warmup
         lines.append(

@@ -11,7 +11,8 @@ each of ``concurrencies``, the server is stopped, the next candidate runs. Withi
    ``max_queue_delay_us`` (a max batch size is also the largest request the server accepts,
    so none below the written one: that is the clients' contract);
 3. **finalists** — the best ``finalists`` configs (the written one always among them) are
-   measured ``repeats`` more times, interleaved, and the decision is each one's median score.
+   measured ``repeats`` more times, interleaved, then more whole rounds while the budget
+   lasts, and the decision is each one's median score.
    One lucky sample cannot pick a config: a winner replaces the written config only when
    its worst round beats the written config's median.
 
@@ -301,6 +302,10 @@ class Search:
             return True
         return statistics.fmean(t.seconds for t in self.trials) <= self.left()
 
+    def fits_round(self, trials: int) -> bool:
+        """``trials`` more trials fit the budget (estimate: the mean trial so far)."""
+        return statistics.fmean(t.seconds for t in self.trials) * trials <= self.left()
+
     # ------------------------------------------------------------------ the search
 
     def candidates_layouts(self) -> list[ModelConfig]:
@@ -371,12 +376,19 @@ class Search:
             finalists = self.best()[: p.finalists]
             if self.written not in finalists and any(t.config == self.written for t in self.trials):
                 finalists = [*finalists[: p.finalists - 1], self.written]
-            for _ in range(p.repeats):
+            rounds = 0
+            # `repeats` rounds at least, then more whole rounds while the budget lasts: the
+            # finalists are often within one round's noise of each other
+            while rounds < p.repeats or self.fits_round(len(finalists)):
                 for config in finalists:
                     if not self.fits():
                         break
                     self.measure("finalist", config)
                     bar.update(1)
+                else:
+                    rounds += 1
+                    continue
+                break
         return self.decide(finalists)
 
     def decide(self, finalists: list[ModelConfig]) -> dict[str, Any]:
