@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from components.ml.tuning import cpu_model
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -49,15 +51,7 @@ PARTS = (
 )
 
 
-DIGITS_PARTS = (
-    "batching",
-    "python",
-    "grpc",
-    "slow-clients",
-    "prediction-log",
-    "warmup",
-    "tune",
-)
+DIGITS_PARTS = PARTS[1:]  # all but resnet
 
 
 # A load generator run: seconds -> (counters like the wrk script's, its CPU seconds, wall s).
@@ -221,10 +215,4 @@ def noise_of(args: argparse.Namespace) -> Noise:
 
 
 def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+    return cpu_model() or platform.processor() or "unknown"
