@@ -40,20 +40,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import numpy as np
 from tqdm import tqdm
 
 from components.core.artifacts import StepError, read_json
+from components.ml import warmup
 from components.ml.kserve_client import encode_request
 from components.ml.loadgen import LoadResult, Wrk
 from components.ml.model_config import ModelConfig
 from components.ml.server import RunningServer
-from components.ml.warmup import WARMUP_FILE
 
 log = logging.getLogger(__name__)
 
 TUNE_FILE = "tune.json"
-_NP_DTYPES = {"float32": np.float32, "int64": np.int64, "int32": np.int32, "float64": np.float64}
 
 
 @dataclass(frozen=True)
@@ -175,24 +173,7 @@ def server_flags(config: ModelConfig) -> list[str]:
 def request_body(bundle: Path, work: Path) -> tuple[Path, int]:
     """A one-sample binary request made of the bundle's first warm-up sample (what a client
     sends: real, preprocessed model inputs): (file, JSON header length)."""
-    warm = bundle / WARMUP_FILE
-    if not warm.is_file():
-        raise StepError(
-            f"{warm}: missing; the search sends the bundle's warm-up samples "
-            "(export.warmup_samples >= 1)"
-        )
-    signature = read_json(bundle / "signature.json")
-    specs = {s["name"]: s for s in signature["inputs"]}
-    inputs = {}
-    for entry in read_json(warm)["inputs"]:
-        spec = specs[entry["name"]]
-        dtype = np.dtype(_NP_DTYPES[spec["dtype"]]).newbyteorder("<")
-        shape = [int(d) for d in spec["shape"][1:]]
-        size = int(np.prod(shape)) if shape else 1
-        data = np.fromfile(bundle / entry["file"], dtype=dtype, count=size)
-        if data.size != size:
-            raise StepError(f"{bundle / entry['file']}: shorter than one sample of {shape}")
-        inputs[entry["name"]] = data.astype(dtype.newbyteorder("="))[None].reshape([1, *shape])
+    inputs = warmup.read_first(bundle)
     payload, headers = encode_request(inputs, binary=True)
     path = work / "request.bin"
     path.write_bytes(payload)
@@ -334,8 +315,7 @@ class Search:
                         base, dynamic_batching=True, max_batch_size=mb, max_queue_delay_us=delay
                     )
                 )
-        seen = {base}
-        return [c for c in out if not (c in seen or seen.add(c))]  # type: ignore[func-returns-value]
+        return [c for c in dict.fromkeys(out) if c != base]  # distinct, in order
 
     def grid(self) -> list[ModelConfig]:
         """Every config of the space (each layout x every batching candidate): what the
@@ -392,11 +372,8 @@ class Search:
         return self.decide(finalists)
 
     def decide(self, finalists: list[ModelConfig]) -> dict[str, Any]:
-        medians = {
-            c: statistics.median([self.score(t) for t in self.trials if t.config == c])
-            for c in finalists
-        }
         rounds = {c: [self.score(t) for t in self.trials if t.config == c] for c in finalists}
+        medians = {c: statistics.median(scores) for c, scores in rounds.items()}
         winner = max(finalists, key=lambda c: medians[c])
         written_rounds = rounds.get(self.written)
         kept_written = False

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from components.core.artifacts import write_json
+from components.core.artifacts import StepError, read_json, write_json
 
 WARMUP_FILE = "warmup.json"  # kWarmupFile in serving/src/model.cc
 
@@ -49,3 +49,28 @@ def write(bundle_dir: str | Path, names: list[str], inputs: list[np.ndarray]) ->
         (bundle_dir / rel).write_bytes(data.tobytes())
         entries.append({"name": name, "file": rel})
     return write_json(bundle_dir / WARMUP_FILE, {"samples": samples.pop(), "inputs": entries})
+
+
+def read_first(bundle_dir: str | Path) -> dict[str, np.ndarray]:
+    """The first warm-up sample of a bundle, as a batch of one per input (signature order,
+    dtypes and shapes): what the serving-config search sends."""
+    bundle_dir = Path(bundle_dir)
+    index = bundle_dir / WARMUP_FILE
+    if not index.is_file():
+        raise StepError(
+            f"{index}: missing; the search sends the bundle's warm-up samples "
+            "(export.warmup_samples >= 1)"
+        )
+    specs = {s["name"]: s for s in read_json(bundle_dir / "signature.json")["inputs"]}
+    inputs = {}
+    for entry in read_json(index)["inputs"]:
+        spec = specs[entry["name"]]
+        shape = [1, *(int(d) for d in spec["shape"][1:])]
+        size = int(np.prod(shape))
+        data = np.fromfile(
+            bundle_dir / entry["file"], np.dtype(spec["dtype"]).newbyteorder("<"), size
+        )
+        if data.size != size:
+            raise StepError(f"{bundle_dir / entry['file']}: shorter than one sample of {shape[1:]}")
+        inputs[entry["name"]] = data.astype(spec["dtype"]).reshape(shape)
+    return inputs
