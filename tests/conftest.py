@@ -7,8 +7,11 @@ import dataclasses
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
+import urllib.request
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -20,6 +23,26 @@ REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("GLOG_minloglevel", "2")
+
+
+def _session_keys() -> None:
+    """One signing key pair for the session (promote signs, fetch-model/deploy verify), as a
+    cluster mounts a Secret and a ConfigMap; subprocesses inherit the environment."""
+    import tempfile
+
+    from components.tracking.signing import KEY_ENV, TRUST_ENV, generate
+
+    if os.environ.get(KEY_ENV) or os.environ.get(TRUST_ENV):
+        return
+    root = Path(tempfile.mkdtemp(prefix="paddle-mlops-test-keys-"))
+    private, public = generate(root / "signing")
+    (root / "trusted").mkdir()
+    shutil.copy(public, root / "trusted" / "signing.pub")
+    os.environ[KEY_ENV] = str(private)
+    os.environ[TRUST_ENV] = str(root / "trusted")
+
+
+_session_keys()
 
 
 @pytest.fixture(scope="session")
@@ -388,3 +411,60 @@ def images() -> dict[str, dict]:
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads((REPO / "build" / "images.json").read_text())
+
+
+HAVE_REGISTRY = shutil.which("docker-registry") is not None
+
+
+@pytest.fixture(scope="module")
+def oci_registry(tmp_path_factory: pytest.TempPathFactory):
+    """A real OCI registry (Debian's docker-registry) on 127.0.0.1, plain HTTP, declared
+    insecure to podman through its own registries.conf."""
+    if not HAVE_PODMAN:
+        pytest.skip(NO_PODMAN)
+    if not HAVE_REGISTRY:
+        pytest.skip("docker-registry not installed (.ci/run installs it)")
+    from pipelines.containers import free_port
+
+    root = tmp_path_factory.mktemp("oci-registry")
+    port = free_port()
+    (root / "config.yml").write_text(
+        yaml.safe_dump(
+            {
+                "version": 0.1,
+                "log": {"level": "warn"},
+                "storage": {"filesystem": {"rootdirectory": str(root / "data")}},
+                "http": {"addr": f"127.0.0.1:{port}"},
+            }
+        )
+    )
+    host = f"127.0.0.1:{port}"
+    (root / "registries.conf").write_text(f'[[registry]]\nlocation = "{host}"\ninsecure = true\n')
+    log_file = open(root / "registry.log", "w")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(
+        ["docker-registry", "serve", str(root / "config.yml")],
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    saved = os.environ.get("CONTAINERS_REGISTRIES_CONF")
+    os.environ["CONTAINERS_REGISTRIES_CONF"] = str(root / "registries.conf")
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://{host}/v2/", timeout=2):
+                    break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError((root / "registry.log").read_text()[-2000:]) from None
+                time.sleep(0.2)
+        yield host
+    finally:
+        if saved is None:
+            os.environ.pop("CONTAINERS_REGISTRIES_CONF", None)
+        else:
+            os.environ["CONTAINERS_REGISTRIES_CONF"] = saved
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+        log_file.close()

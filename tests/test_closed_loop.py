@@ -42,7 +42,6 @@ from components.tracking.registry import Registry, RegistryParams
 from components.tracking.registry import client as mlflow_client
 from pipelines.containers import free_port, mlflow_server
 from tests.conftest import BIN, STAGES, TINY_DIGITS, clone_repo, ran, set_params
-from tests.test_deploy import oci_registry  # noqa: F401 - the module's registry fixture
 
 NAME = "closed-loop-digits"
 INPUT_RATE = 0.5  # package.model_config.log_input_rate of this test's bundles

@@ -10,13 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import shutil
-import signal
 import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -53,7 +50,7 @@ from components.steps.track import run as track_run
 from components.tracking.registry import Registry, RegistryParams
 from components.tracking.registry import client as mlflow_client
 from pipelines.containers import free_port
-from tests.conftest import HAVE_PODMAN, NO_PODMAN, fp32_bundle, mlflow_tracking, untrained_export
+from tests.conftest import fp32_bundle, mlflow_tracking, untrained_export
 from tests.test_registry import TASK_OPTIONS
 
 DIGEST = "sha256:" + "ab" * 32
@@ -206,7 +203,6 @@ def test_bad_deploy_params_name_the_field():
 
 # --------------------------------------------------------------------------- on this machine
 
-HAVE_REGISTRY = shutil.which("docker-registry") is not None
 NAME = "deploy-test-classifier"
 # the blessing is not what these tests are about: any version of this test is blessed
 LENIENT = RegisterParams(min_accuracy=0.0, max_regression=100.0, max_class_regression=100.0)
@@ -222,66 +218,17 @@ def server(tmp_path_factory: pytest.TempPathFactory):
 
 
 @pytest.fixture(scope="module")
-def oci_registry(tmp_path_factory: pytest.TempPathFactory):
-    """A real OCI registry (Debian's docker-registry) on 127.0.0.1, plain HTTP, declared
-    insecure to podman through its own registries.conf."""
-    if not HAVE_PODMAN:
-        pytest.skip(NO_PODMAN)
-    if not HAVE_REGISTRY:
-        pytest.skip("docker-registry not installed (.ci/run installs it)")
-    root = tmp_path_factory.mktemp("oci-registry")
-    port = free_port()
-    (root / "config.yml").write_text(
-        yaml.safe_dump(
-            {
-                "version": 0.1,
-                "log": {"level": "warn"},
-                "storage": {"filesystem": {"rootdirectory": str(root / "data")}},
-                "http": {"addr": f"127.0.0.1:{port}"},
-            }
-        )
-    )
-    host = f"127.0.0.1:{port}"
-    (root / "registries.conf").write_text(f'[[registry]]\nlocation = "{host}"\ninsecure = true\n')
-    log_file = open(root / "registry.log", "w")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen(
-        ["docker-registry", "serve", str(root / "config.yml")],
-        stdout=log_file,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    saved = os.environ.get("CONTAINERS_REGISTRIES_CONF")
-    os.environ["CONTAINERS_REGISTRIES_CONF"] = str(root / "registries.conf")
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://{host}/v2/", timeout=2):
-                    break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError((root / "registry.log").read_text()[-2000:]) from None
-                time.sleep(0.2)
-        yield host
-    finally:
-        if saved is None:
-            os.environ.pop("CONTAINERS_REGISTRIES_CONF", None)
-        else:
-            os.environ["CONTAINERS_REGISTRIES_CONF"] = saved
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=30)
-        log_file.close()
-
-
-@pytest.fixture(scope="module")
 def other_export(tmp_path_factory, digits_task, digits_data) -> Path:
     """A second real model with other weights (another seed, not trained): other answers."""
     return untrained_export(tmp_path_factory.mktemp("other_export"), digits_task, digits_data, 11)
 
 
-def track_and_register(server, outputs, root: Path, task, data: Path) -> int:
-    """The real track and register steps on ``outputs`` (blessed by LENIENT): the version."""
+def track_and_register(server, outputs, root: Path, task, data: Path, note: str = "") -> int:
+    """The real track and register steps on ``outputs`` (blessed by LENIENT): the version.
+    Another ``note`` is another params.yaml, so the same files become a new version."""
     all_params = {"task": {"name": "digits", "options": TASK_OPTIONS}}
+    if note:
+        all_params["note"] = note
     track_run(TrackParams(experiment="deploy-tests"), all_params, root / "track", outputs)
     return register_run(
         LENIENT,
@@ -419,8 +366,15 @@ def test_promote_serve_rollback_with_real_containers(
     v2 = fp32_bundle(other_export, tmp_path / "bundle2", workers=1, max_batch_size=16)
     try:
         promoted = release_version(*args, v1, tmp_path / "v1", digits_task, digits_data)
+        assert read_json(promoted / "promotion.json")["image_signature"].endswith(".sig")
         first = deploy_run(params, promoted, tmp_path / "deploy1")
         assert (first["version"], first["deployed"]) == (1, True)
+        # the signed provenance, matching the lineage tags, and the image signature verified
+        assert first["verified"]["verified"] is True
+        assert first["verified"]["image"]["ref"] == first["image"]
+        policy = read_json(tmp_path / "deploy1" / "policy.json")
+        repo = first["image"].split("@")[0]
+        assert policy["transports"]["docker"][repo][0]["type"] == "sigstoreSigned"
         assert first["image"].startswith(f"{oci_registry}/paddle-mlops/digits-server@sha256:")
         one = assert_serves(first["local"]["url"], v1, golden, 1)
         assert first["local"]["method"] == "restart"  # nothing ran before
@@ -506,8 +460,13 @@ def unpushed(server, step_outputs, tmp_path_factory, digits_task, digits_data):
     """A version registered by the real track and register steps whose image was never
     pushed (no digest), under alias ``candidate``: what a laptop run without a registry
     leaves."""
+    from components.tracking.provenance import sign_version
+    from components.tracking.signing import signing_key
+
     root = tmp_path_factory.mktemp("unpushed")
     version = track_and_register(server, step_outputs, root, digits_task, digits_data)
+    # what promote does for a blessed version it cannot push: bundle and provenance signed
+    sign_version(mlflow_client(server.uri), server.uri, NAME, version, signing_key())
     mlflow_client(server.uri).set_registered_model_alias(NAME, "candidate", str(version))
     write_json(root / "promote" / "promotion.json", {"model": NAME, "version": version})
     return SimpleNamespace(version=version, promotion=root / "promote", root=root)

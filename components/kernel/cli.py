@@ -179,6 +179,8 @@ COMMANDS = {
     "fetch-model": "components.tracking.fetch_model",
     "mlflow-users": "components.tracking.auth",
     "doctor": "components.doctor",
+    "verify": "components.kube.verify",
+    "keys": "components.tracking.signing",
 }
 
 

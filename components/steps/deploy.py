@@ -57,6 +57,8 @@ from components.core.uris import redact_uri
 from components.kernel.step import REPO, In, Out, Step
 from components.kube.check import check_manifests, load_manifests
 from components.kube.images import _run
+from components.kube.signatures import policy_json
+from components.kube.verify import check_version
 from components.ml.kserve_client import KServeClient, KServeError
 from components.tracking.fetch_model import fetch
 from components.tracking.model import BUNDLE_TAG
@@ -67,6 +69,7 @@ from components.tracking.registry import (
     tracking_uri,
 )
 from components.tracking.registry import client as mlflow_client
+from components.tracking.signing import ACCEPT_ANYTHING, TRUST_ENV, trusted_keys
 
 log = logging.getLogger(__name__)
 
@@ -189,6 +192,24 @@ def release(registry: Registry, version: int) -> Release:
         f"models:/{registry.name}/{version}",
         tags[BUNDLE_TAG],
     )
+
+
+def verify_release(
+    registry: Registry, tracking: str, rel: Release, out: Path | None = None
+) -> dict[str, Any]:
+    """Refuse ``rel`` unless its signed provenance (matching its lineage tags) and its image
+    signature verify against the trusted keys (``components.kube.verify``); its bundle is
+    verified where it is fetched. ``out``: also write the containers ``policy.json`` that
+    makes a podman with sigstore support enforce the image signature itself."""
+    keys = trusted_keys()
+    if keys is None:
+        log.warning("%s=%s: deploying v%d unverified", TRUST_ENV, ACCEPT_ANYTHING, rel.version)
+        return {"verified": False, "why": f"{TRUST_ENV}={ACCEPT_ANYTHING}"}
+    report = check_version(registry.client, tracking, rel.model, rel.version, keys, bundle=False)
+    if out is not None:
+        write_json(out / "policy.json", policy_json(rel.image, keys))
+    log.info("%s v%d: provenance and image signature verified", rel.model, rel.version)
+    return {"verified": True, **report}
 
 
 # --------------------------------------------------------------------------- rendering
@@ -671,6 +692,9 @@ def run(
             return {**record, "deployed": False, "refused": refusal}
         try:
             rel = release(registry, version)
+            record["verified"] = verify_release(registry, tracking, rel, tmp)
+            if challenger is not None:
+                record["challenger"]["verified"] = verify_release(registry, tracking, challenger)
         except StepError as exc:
             if params.target != "none":
                 raise

@@ -8,7 +8,13 @@ happened and succeeds (the pipeline worked; the model was not good enough). For 
    ``promote.push``, the image ``serving_image`` built and validated on this machine is pushed
    now (never before blessing). The digest is tagged on the registered version
    (``serving_image_digest``), so the champion names the exact image that serves it.
-2. With ``promote.auto_promote`` the version becomes ``champion`` (compare-and-swap against
+2. Signing (``PADDLE_MLOPS_SIGNING_KEY``, a key file or mounted Secret; docs/provenance.md):
+   the version's bundle is signed (OpenSSF model-signing) and its SLSA provenance statement
+   written and signed, both kept with the version (``components.tracking.provenance``); a
+   pushed image gets a cosign-compatible signature and the provenance as an attestation in
+   its registry (``components.kube.signatures``). Without a key nothing is signed (a
+   warning): ``deploy`` and ``fetch-model`` refuse such a version wherever keys are trusted.
+3. With ``promote.auto_promote`` the version becomes ``champion`` (compare-and-swap against
    the champion the blessing judged: if another run promoted meanwhile, this one fails rather
    than overwrite a model it was never compared with). Deployments follow the alias.
 
@@ -17,6 +23,7 @@ happened and succeeds (the pipeline worked; the model was not good enough). For 
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from dataclasses import asdict, dataclass
@@ -25,8 +32,11 @@ from pathlib import Path
 from components.core.artifacts import StepError, read_json, write_json
 from components.kernel.step import In, Out, Step, Value
 from components.kube.images import push_image
-from components.tracking.registry import ChampionChanged, Registry, RegistryParams
+from components.kube.signatures import DSSE, attach, sign_image, split_reference
+from components.tracking.provenance import SLSA, sign_version
+from components.tracking.registry import ChampionChanged, Registry, RegistryParams, tracking_uri
 from components.tracking.registry import client as mlflow_client
+from components.tracking.signing import signing_key
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +57,8 @@ class PromoteResult:
     image_digest: str | None
     pushed: bool
     not_promoted: str = ""  # why a blessed version was not promoted (a racing promotion won)
+    signed_by: str = ""  # the signing key's id (bundle, provenance and a pushed image)
+    image_signature: str = ""  # the registry tag of the image's signature (sha256-<hex>.sig)
 
 
 def run(
@@ -63,6 +75,7 @@ def run(
     infra = read_json(infra_dir / "infra.json")
     name, version = str(info["model"]), int(info["version"])
     digest, pushed, promoted = image_digest.strip() or None, False, False
+    signed_by = image_signature = ""
     not_promoted = ""  # why a blessed version was not promoted
     if not info["blessed"]:
         log.warning("%s v%d was not blessed: no push, no promotion", name, version)
@@ -88,6 +101,7 @@ def run(
         if digest:
             for tag, value in (("serving_image_digest", digest), ("serving_image_built", "true")):
                 registry.client.set_model_version_tag(name, str(version), tag, value)
+        signed_by, image_signature = _sign(registry, uri or tracking_uri(), version, infra, digest)
         if params.auto_promote:
             try:
                 registry.promote(
@@ -108,9 +122,41 @@ def run(
         digest,
         pushed,
         not_promoted,
+        signed_by,
+        image_signature,
     )
     write_json(out_dir / "promotion.json", asdict(result))
     return result
+
+
+def _sign(
+    registry: Registry, uri: str, version: int, infra: dict, digest: str | None
+) -> tuple[str, str]:
+    """Sign the version (and its pushed image) before it can become the champion."""
+    key = signing_key()
+    name = registry.name
+    if key is None:
+        log.warning(
+            "no signing key (PADDLE_MLOPS_SIGNING_KEY): %s v%d is released unsigned; deploy and "
+            "fetch-model refuse it wherever keys are trusted",
+            name,
+            version,
+        )
+        return "", ""
+    image = None
+    if digest:
+        host, repository = split_reference(str(infra["image"]))
+        image = f"{host}/{repository}@{digest}"
+    envelope = sign_version(registry.client, uri, name, version, key, image)
+    if not digest:
+        return str(envelope["signatures"][0]["keyid"]), ""
+    tag = sign_image(str(infra["image"]), digest, key)
+    attach(
+        str(infra["image"]), digest, "att", json.dumps(envelope).encode(), DSSE,
+        {"predicateType": SLSA},
+    )  # fmt: skip
+    log.info("signed %s and attached its provenance", image)
+    return str(envelope["signatures"][0]["keyid"]), tag
 
 
 STEP = Step(

@@ -33,8 +33,10 @@ from components.core.artifacts import StepError, combined_sha256, read_json, sha
 from components.core.uris import redact_uri
 from components.kernel.cli import run_cli
 from components.tracking.model import BUNDLE_TAG
+from components.tracking.provenance import download_files, verify_files
 from components.tracking.registry import client as mlflow_client
 from components.tracking.registry import download_version, tracking_uri
+from components.tracking.signing import ACCEPT_ANYTHING, TRUST_ENV, trusted_keys
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +63,7 @@ class Fetched:
     sha256: str
     dest: Path
     fetched: bool  # False: DEST already held this version
+    signed_by: str = ""  # the trusted key's id; empty: verification off (insecure-accept-anything)
 
 
 def parse_model_uri(uri: str) -> ModelRef:
@@ -106,6 +109,7 @@ def fetch(uri: str, dest: str | Path, *, tracking: str | None = None) -> Fetched
 
     dest = Path(dest)
     ref = parse_model_uri(uri)
+    keys = trusted_keys()  # refused before anything is downloaded when nothing is trusted
     tracking = tracking or tracking_uri()
     client = mlflow_client(tracking)
     mv = resolve(client, ref)
@@ -121,11 +125,12 @@ def fetch(uri: str, dest: str | Path, *, tracking: str | None = None) -> Fetched
     if dest.is_dir() and any(dest.iterdir()):
         marker = dest / MARKER
         held = read_json(marker) if marker.is_file() else {}
-        if held.get("name") == name and held.get("version") == version:
+        trusted_copy = keys is None or held.get("signed_by") in {k.keyid for k in keys}
+        if held.get("name") == name and held.get("version") == version and trusted_copy:
             files = {k: v for k, v in sha256_tree(dest).items() if k != MARKER}
             if combined_sha256(files) == expected:
                 log.info("%s: %s already holds v%d (verified)", ref, dest, version)
-                return Fetched(name, version, expected, dest, False)
+                return Fetched(name, version, expected, dest, False, str(held.get("signed_by", "")))
         raise StepError(
             f"{dest}: not empty and not a verified copy of {name} v{version}; fetch into an "
             "empty or absent directory"
@@ -143,12 +148,26 @@ def fetch(uri: str, dest: str | Path, *, tracking: str | None = None) -> Fetched
             raise StepError(f"{ref} (v{version}): download failed ({_reason(exc)})") from exc
         except StepError as exc:
             raise StepError(f"{ref}: {exc}; refusing to serve it") from exc
+        signed_by = ""
+        if keys is None:
+            log.warning(
+                "%s=%s: %s v%d of unverified origin", TRUST_ENV, ACCEPT_ANYTHING, name, version
+            )
+        else:  # the bytes signed by a trusted key, and the signed statement naming this version
+            files = download_files(client, tracking, name, version, Path(tmp) / ".signing")
+            checked = verify_files(keys, bundle, files, name, version, expected)
+            signed_by = checked["bundle_signed_by"]
         write_json(
-            bundle / MARKER, {"name": name, "version": version, "sha256": expected, "uri": uri}
+            bundle / MARKER,
+            {"name": name, "version": version, "sha256": expected, "uri": uri}
+            | {"signed_by": signed_by},
         )
         _place(bundle, dest)
-    log.info("%s v%d -> %s (sha256 %s verified)", name, version, dest, expected[:12])
-    return Fetched(name, version, expected, dest, True)
+    log.info(
+        "%s v%d -> %s (sha256 %s verified%s)", name, version, dest, expected[:12],
+        f", signed by key {signed_by[:12]}" if signed_by else "",
+    )  # fmt: skip
+    return Fetched(name, version, expected, dest, True, signed_by)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -171,7 +190,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def _go() -> None:
         got = fetch(args.model_uri, args.dest, tracking=args.tracking_uri)
-        sys.stdout.write(f"{got.name} v{got.version} sha256 {got.sha256} -> {got.dest}\n")
+        signed = f" signed by key {got.signed_by}" if got.signed_by else " (origin not verified)"
+        sys.stdout.write(f"{got.name} v{got.version} sha256 {got.sha256}{signed} -> {got.dest}\n")
 
     return run_cli(_go)
 

@@ -1,0 +1,158 @@
+"""``paddle-mlops verify models:/NAME/VERSION``: what a registered version's signatures prove.
+
+Checks, against the keys ``PADDLE_MLOPS_TRUSTED_KEYS`` names (components.tracking.signing):
+
+1. the signed SLSA provenance statement of the version: signed by a trusted key, naming this
+   version's bundle sha256, and agreeing with the version's lineage tags (git commit, data,
+   data snapshot, params);
+2. the bundle: downloaded, its sha256 equal to the ``bundle_sha256`` tag, its model-signing
+   signature made by a trusted key over exactly its files;
+3. the serving image (when pushed): a trusted signature of exactly its repository and
+   manifest digest in the registry, and the statement naming that digest.
+
+``deploy`` runs 1 and 3 before anything is applied (the bundle is checked where it is
+fetched: ``fetch-model``, in the init container or on this machine).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from components.core.artifacts import read_json
+from components.kernel.cli import run_cli
+from components.kube.signatures import split_reference, verify_image
+from components.tracking.fetch_model import parse_model_uri, resolve
+from components.tracking.model import BUNDLE_TAG
+from components.tracking.provenance import (
+    PROVENANCE,
+    download_files,
+    lineage_mismatches,
+    verify_files,
+)
+from components.tracking.registry import client as mlflow_client
+from components.tracking.registry import download_version, tracking_uri
+from components.tracking.signing import (
+    TRUST_ENV,
+    TrustedKey,
+    VerificationError,
+    open_statement,
+    trusted_keys,
+)
+
+log = logging.getLogger(__name__)
+
+
+def check_version(
+    client: Any,
+    uri: str,
+    name: str,
+    version: int,
+    keys: list[TrustedKey],
+    *,
+    bundle: bool = True,
+) -> dict[str, Any]:
+    """Verify ``name`` v``version`` (module docstring); refuses with VerificationError."""
+    what = f"models:/{name}/{version}"
+    tags = dict(client.get_model_version(name, str(version)).tags or {})
+    report: dict[str, Any] = {"model": name, "version": version}
+    with tempfile.TemporaryDirectory(prefix="paddle-mlops-verify-") as tmp:
+        files = download_files(client, uri, name, version, Path(tmp) / "signing")
+        if not (files / PROVENANCE).is_file():
+            raise VerificationError(f"{what}: not signed (no provenance statement): refusing it")
+        body, attester = open_statement(read_json(files / PROVENANCE), keys, f"{what} provenance")
+        subjects = {s.get("name"): s.get("digest", {}) for s in body.get("subject", [])}
+        if subjects.get(what, {}).get("sha256") != tags.get(BUNDLE_TAG):
+            raise VerificationError(
+                f"{what}: the signed provenance names another bundle than the version's "
+                f"{BUNDLE_TAG} tag: refusing it"
+            )
+        mismatches = lineage_mismatches(body, tags)
+        if mismatches:
+            raise VerificationError(
+                f"{what}: the signed provenance disagrees with the version's lineage tags "
+                f"({'; '.join(mismatches)}): refusing it"
+            )
+        build = body["predicate"]["buildDefinition"]
+        report["provenance"] = {
+            "signed_by": attester.keyid,
+            "key": str(attester.path),
+            "dependencies": {d["name"]: d["digest"] for d in build["resolvedDependencies"]},
+            "pipeline_run": build["externalParameters"].get("pipeline_run", ""),
+        }
+        if bundle:
+            got = download_version(client, uri, name, version, Path(tmp) / "model")
+            checked = verify_files(keys, got, files, name, version, tags[BUNDLE_TAG])
+            report["bundle"] = {
+                "sha256": tags[BUNDLE_TAG],
+                "signed_by": checked["bundle_signed_by"],
+            }
+    digest = tags.get("serving_image_digest", "")
+    if digest:
+        host, repository = split_reference(tags.get("serving_image", ""))
+        image = verify_image(f"{host}/{repository}", digest, keys)
+        if subjects.get(f"{host}/{repository}", {}).get("sha256") != digest.split(":", 1)[-1]:
+            raise VerificationError(
+                f"{image.image}: the signed provenance of {what} does not name this image"
+            )
+        report["image"] = {"ref": image.image, "signed_by": image.keyid, "key": image.key_path}
+    return report
+
+
+def _format(report: dict[str, Any]) -> str:
+    name, version = report["model"], report["version"]
+    lines = [f"models:/{name}/{version}: verified against {TRUST_ENV}"]
+    prov = report["provenance"]
+    deps = prov["dependencies"]
+    lines.append(
+        f"  provenance  signed by key {prov['signed_by'][:16]} ({prov['key']}); matches the "
+        "version's lineage tags: "
+        + ", ".join(f"{k} {next(iter(v.values()))[:12]}" for k, v in deps.items())
+        + (f"; pipeline run {prov['pipeline_run']}" if prov["pipeline_run"] else "")
+    )
+    if "bundle" in report:
+        lines.append(
+            f"  bundle      sha256 {report['bundle']['sha256'][:16]} (every file) signed by key "
+            f"{report['bundle']['signed_by'][:16]}"
+        )
+    image = report.get("image")
+    lines.append(
+        f"  image       {image['ref']} signed by key {image['signed_by'][:16]}"
+        if image
+        else "  image       not pushed (no serving_image_digest): nothing to verify"
+    )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``paddle-mlops verify MODEL_URI``."""
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="paddle-mlops verify",
+        description="Verify a registered version's provenance, bundle and image signatures "
+        f"against the keys {TRUST_ENV} names.",
+    )
+    parser.add_argument("model_uri", help="models:/NAME/VERSION or models:/NAME@ALIAS")
+    parser.add_argument("--tracking-uri", default=None, help="default: MLFLOW_TRACKING_URI")
+    args = parser.parse_args(argv)
+
+    def _go() -> None:
+        keys = trusted_keys()
+        if keys is None:
+            raise VerificationError(f"{TRUST_ENV} turns verification off: nothing to verify")
+        uri = args.tracking_uri or tracking_uri()
+        client = mlflow_client(uri)
+        ref = parse_model_uri(args.model_uri)
+        version = int(resolve(client, ref).version)
+        sys.stdout.write(_format(check_version(client, uri, ref.name, version, keys)))
+
+    return run_cli(_go)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,202 @@
+"""A registered version's signatures and SLSA provenance, kept with the version.
+
+``promote`` calls :func:`sign_version` for a blessed version: the registered bundle (downloaded
+and checked against ``bundle_sha256``) is signed with model-signing, and an in-toto statement
+with an SLSA v1 provenance predicate is written and signed (DSSE). Both are artifacts of the
+version's MLflow run under ``signing/vN/`` (``bundle.sig``, ``provenance.dsse.json``); the
+version's tag ``signed_by`` names the key (information only: verification reads the files).
+
+The statement's subjects are the bundle (``models:/NAME/N``, its ``bundle_sha256``) and, once
+pushed, the serving image (repository, manifest digest). It names the git commit, the
+component image, the data (input files' and snapshot's sha256), the params' sha256 and the
+pipeline run. :func:`verify_files` checks a bundle against both files: the signature covers
+its bytes, the statement binds them to this model name and version (so a signed bundle of
+another version cannot be passed off as this one). :func:`lineage_mismatches` compares the
+statement with the version's lineage tags.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from components.core.artifacts import StepError, read_json, write_json
+from components.tracking.liveness import PIPELINE_RUN_TAG
+from components.tracking.model import BUNDLE_TAG
+from components.tracking.registry import SNAPSHOT_TAG, download_version
+from components.tracking.signing import (
+    SigningKey,
+    TrustedKey,
+    VerificationError,
+    key_id,
+    open_statement,
+    sign_bundle,
+    sign_statement,
+    verify_bundle,
+)
+
+log = logging.getLogger(__name__)
+
+STATEMENT = "https://in-toto.io/Statement/v1"
+SLSA = "https://slsa.dev/provenance/v1"
+BUILD_TYPE = "https://github.com/paddle-mlops/paddle-mlops/blob/main/docs/provenance.md#pipeline-v1"
+BUILDER = "paddle-mlops promote"
+SIGNING_DIR = "signing"
+BUNDLE_SIG, PROVENANCE = "bundle.sig", "provenance.dsse.json"
+SIGNED_BY_TAG = "signed_by"
+# lineage tag -> where the statement records it (what verify compares)
+LINEAGE_CHECKS = {
+    "git_sha": ("git", "gitCommit"),
+    "data_sha256": ("data", "sha256"),
+    SNAPSHOT_TAG: ("data-snapshot", "sha256"),
+    "params_sha256": ("params", "sha256"),
+}
+
+
+def artifact_dir(version: int) -> str:
+    return f"{SIGNING_DIR}/v{version}"
+
+
+def statement(
+    name: str,
+    version: int,
+    tags: dict[str, str],
+    run_tags: dict[str, str],
+    run_id: str,
+    image: str | None = None,
+) -> dict[str, Any]:
+    """The in-toto statement (SLSA v1 provenance) of ``name`` v``version``; ``image`` is
+    ``repository@sha256:...`` once pushed."""
+    subject = [{"name": f"models:/{name}/{version}", "digest": {"sha256": tags[BUNDLE_TAG]}}]
+    if image:
+        repository, digest = image.split("@", 1)
+        subject.append({"name": repository, "digest": {"sha256": digest.split(":", 1)[1]}})
+
+    def dep(name: str, uri: str, field: str, value: str) -> dict[str, Any]:
+        return {"name": name, "uri": uri, "digest": {field: value}}
+
+    deps = [
+        dep("git", "git+paddle-mlops", "gitCommit", tags.get("git_sha", "")),
+        dep("data", "ingest:input_sha256", "sha256", tags.get("data_sha256", "")),
+        dep("data-snapshot", "ingest:snapshot.json", "sha256", tags.get(SNAPSHOT_TAG, "")),
+        dep("params", "params.yaml", "sha256", tags.get("params_sha256", "")),
+    ]
+    component = tags.get("component_image") or run_tags.get("component_image") or ""
+    if component:
+        ref, _, digest = component.partition("@")
+        algorithm, _, value = digest.partition(":")
+        deps.append(dep("component-image", ref, algorithm or "id", value or "unknown"))
+    pipeline_run = run_tags.get(PIPELINE_RUN_TAG) or ""
+    return {
+        "_type": STATEMENT,
+        "subject": subject,
+        "predicateType": SLSA,
+        "predicate": {
+            "buildDefinition": {
+                "buildType": BUILD_TYPE,
+                "externalParameters": {
+                    "task": tags.get("task", ""),
+                    "params_sha256": tags.get("params_sha256", ""),
+                    "pipeline_run": pipeline_run,
+                },
+                "internalParameters": {
+                    "mlflow_run_id": run_id,
+                    "serving_image": tags.get("serving_image", ""),
+                    "component_image": component or "none (the steps ran outside an image)",
+                },
+                "resolvedDependencies": deps,
+            },
+            "runDetails": {
+                "builder": {"id": BUILDER},
+                "metadata": {
+                    "invocationId": pipeline_run or run_id,
+                    "finishedOn": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                },
+            },
+        },
+    }
+
+
+def sign_version(
+    client: Any, uri: str, name: str, version: int, key: SigningKey, image: str | None = None
+) -> dict[str, Any]:
+    """Sign ``name`` v``version``'s bundle and provenance; returns the signed envelope."""
+    from cryptography.hazmat.primitives import serialization
+
+    mv = client.get_model_version(name, str(version))
+    tags = dict(mv.tags or {})
+    if not tags.get(BUNDLE_TAG):
+        raise StepError(f"{name} v{version}: no {BUNDLE_TAG} tag: nothing to sign")
+    run_tags = dict(client.get_run(mv.run_id).data.tags) if mv.run_id else {}
+    with tempfile.TemporaryDirectory(prefix="paddle-mlops-sign-") as tmp:
+        bundle = download_version(client, uri, name, version, Path(tmp) / "model")
+        out = Path(tmp) / "signing"
+        sign_bundle(key, bundle, out / BUNDLE_SIG)
+        envelope = sign_statement(key, statement(name, version, tags, run_tags, mv.run_id, image))
+        write_json(out / PROVENANCE, envelope)
+        for path in (out / BUNDLE_SIG, out / PROVENANCE):
+            client.log_artifact(mv.run_id, str(path), artifact_dir(version))
+    keyid = key_id(serialization.load_pem_public_key(key.public_pem()))
+    client.set_model_version_tag(name, str(version), SIGNED_BY_TAG, keyid)
+    log.info("%s v%d: bundle and provenance signed (key %s)", name, version, keyid[:12])
+    return envelope
+
+
+def download_files(client: Any, uri: str, name: str, version: int, dest: Path) -> Path:
+    """``signing/vN/`` of the version's run into ``dest`` (empty when never signed)."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    mv = client.get_model_version(name, str(version))
+    dest.mkdir(parents=True, exist_ok=True)
+    try:
+        got = mlflow.artifacts.download_artifacts(
+            artifact_uri=f"runs:/{mv.run_id}/{artifact_dir(version)}",
+            dst_path=str(dest),
+            tracking_uri=uri,
+        )
+    except (MlflowException, OSError):
+        return dest  # no signing directory: unsigned
+    return Path(got)
+
+
+def verify_files(
+    keys: list[TrustedKey], bundle: Path, files: Path, name: str, version: int, bundle_sha: str
+) -> dict[str, Any]:
+    """Refuse ``bundle`` unless ``files`` hold a trusted signature of exactly its bytes and a
+    trusted statement naming it ``models:/name/version`` with ``bundle_sha``."""
+    what = f"models:/{name}/{version}"
+    signer = verify_bundle(keys, bundle, files / BUNDLE_SIG, what)
+    if not (files / PROVENANCE).is_file():
+        raise VerificationError(f"{what}: no signed provenance statement: refusing it")
+    body, attester = open_statement(read_json(files / PROVENANCE), keys, f"{what} provenance")
+    subjects = {s.get("name"): s.get("digest", {}).get("sha256") for s in body.get("subject", [])}
+    if subjects.get(what) != bundle_sha:
+        raise VerificationError(
+            f"{what}: the signed provenance names bundle {str(subjects.get(what))[:12]} for this "
+            f"version, not {bundle_sha[:12]}: refusing it"
+        )
+    return {
+        "bundle_signed_by": signer.keyid,
+        "provenance_signed_by": attester.keyid,
+        "statement": body,
+    }
+
+
+def lineage_mismatches(body: dict[str, Any], tags: dict[str, str]) -> list[str]:
+    """Where the statement and the version's lineage tags disagree (commit, data, params)."""
+    deps = {
+        d.get("name"): d.get("digest", {})
+        for d in body.get("predicate", {})
+        .get("buildDefinition", {})
+        .get("resolvedDependencies", [])
+    }
+    out = []
+    for tag, (dep, field) in LINEAGE_CHECKS.items():
+        stated, tagged = deps.get(dep, {}).get(field, ""), tags.get(tag, "")
+        if stated != tagged:
+            out.append(f"{tag}: statement {stated[:12] or 'none'} vs tag {tagged[:12] or 'none'}")
+    return out
