@@ -190,6 +190,17 @@ def git_sha(paths: list[str]) -> str:
     return f"{sha}-dirty" if dirty else sha
 
 
+# the images shipped (their CycloneDX SBOMs under build/sbom/) and their Python, if any
+SBOM_PYTHON = {"components": "/opt/venv/bin/python", "server": ""}
+
+
+def write_sbom(ref: str, out: Path, python: str) -> None:
+    """Debian packages and Python environment of ``ref`` (components/kube/sbom.py)."""
+    cmd = [sys.executable, "-m", "components.kube.sbom", ref, "--out", str(out)]
+    env = {**os.environ, "CONTAINERS_CONF": str(CONF), "PYTHONPATH": str(REPO)}
+    subprocess.run([*cmd, *(["--python", python] if python else [])], check=True, env=env, cwd=REPO)
+
+
 def build_all() -> dict[str, dict[str, object]]:
     wanted = refs()
     report: dict[str, dict[str, object]] = {}
@@ -217,6 +228,9 @@ def build_all() -> dict[str, dict[str, object]]:
                 )
         else:
             log.info("up to date: %s", ref)
+        sbom = REPO / "build" / "sbom" / f"{name}.cdx.json"
+        if name in SBOM_PYTHON and (built or not sbom.is_file()):
+            write_sbom(ref, sbom, SBOM_PYTHON[name])
         size = podman("image", "inspect", "--format", "{{.Size}}", ref, capture=True)
         report[name] = {
             "ref": ref,

@@ -345,6 +345,33 @@ def _with_cluster_env(task: dsl.PipelineTask, *, s3: bool = False) -> dsl.Pipeli
     return task
 
 
+# provenance (docs/provenance.md): promote alone holds the private key (a Secret mounted as a
+# file, never a parameter) and the registry credentials it writes signatures with; deploy gets
+# the trusted public keys (a ConfigMap) and reads the registry with the same credentials
+SIGNING_SECRET = "paddle-mlops-signing-key"  # key: signing.key
+SIGNING_MOUNT = "/var/run/secrets/paddle-mlops/signing"
+TRUST_CONFIG_MAP = "paddle-mlops-trusted-keys"  # key: trusted.pub
+REGISTRY_AUTH_MOUNT = "/var/run/secrets/paddle-mlops/registry"
+
+
+def _with_registry_auth(task: dsl.PipelineTask) -> dsl.PipelineTask:
+    kubernetes.use_secret_as_volume(task, REGISTRY_PUSH_SECRET, mount_path=REGISTRY_AUTH_MOUNT)
+    return task.set_env_variable("REGISTRY_AUTH_FILE", f"{REGISTRY_AUTH_MOUNT}/config.json")
+
+
+def _with_signing_key(task: dsl.PipelineTask) -> dsl.PipelineTask:
+    kubernetes.use_secret_as_volume(task, SIGNING_SECRET, mount_path=SIGNING_MOUNT)
+    task.set_env_variable("PADDLE_MLOPS_SIGNING_KEY", f"{SIGNING_MOUNT}/signing.key")
+    return _with_registry_auth(task)
+
+
+def _with_trusted_keys(task: dsl.PipelineTask) -> dsl.PipelineTask:
+    kubernetes.use_config_map_as_env(
+        task, TRUST_CONFIG_MAP, {"trusted.pub": "PADDLE_MLOPS_TRUSTED_KEYS"}
+    )
+    return _with_registry_auth(task)
+
+
 def record_failure_op(track: dict, status: dsl.PipelineTaskFinalStatus, pipeline_run: str = ""):
     """Exit handler: a failed or cancelled pipeline run ends its MLflow run FAILED, with
     ``failure_reason``. Once track has run, that is track's parent run (found by its tag
@@ -599,6 +626,9 @@ def make_pipeline(
                 for t in (promoted, promoted_local, deployed, deployed_local):
                     t.set_retry(**retry).set_caching_options(False)
                     _with_cluster_env(t)
+                # the cluster's branch: its env names mounted files kfp.local does not have
+                _with_signing_key(promoted)
+                _with_trusted_keys(deployed)
 
     on = " (train: a Kubeflow PaddleJob)" if backend == "paddlejob" else ""
     return dsl.pipeline(

@@ -69,6 +69,27 @@ def test_images_are_tagged_by_content_labelled_non_root_and_without_compilers(im
     assert images["server"]["size_mb"] < 280
 
 
+def test_every_shipped_image_has_a_cyclonedx_sbom_read_from_the_image(images):
+    """build/sbom/<image>.cdx.json: valid CycloneDX 1.6, the Debian packages of the base
+    (dpkg in the image) and, for the component image, its Python environment (cyclonedx-py
+    in the image), named by package URL."""
+    from components.kube.sbom import validate
+
+    for name in ("components", "server"):
+        document = json.loads((REPO / "build" / "sbom" / f"{name}.cdx.json").read_text())
+        validate(document)
+        assert document["metadata"]["component"]["name"] == images[name]["ref"]
+        purls = {c.get("purl", "") for c in document["components"]}
+        assert any(p.startswith("pkg:deb/debian/libgrpc++1.51@") for p in purls), name
+        assert any(p.startswith("pkg:deb/debian/base-files@") for p in purls), name
+    python = {c["name"].lower(): c for c in json.loads(
+        (REPO / "build" / "sbom" / "components.cdx.json").read_text())["components"]
+        if c.get("purl", "").startswith("pkg:pypi/")}  # fmt: skip
+    for package in ("paddlepaddle", "mlflow", "model-signing", "openvino"):
+        assert package in python, package
+    assert python["paddlepaddle"]["version"].startswith("3.3")
+
+
 def test_a_step_runs_in_its_image_as_uid_10001_on_a_read_only_root(images, digits_data, tmp_path):
     data, out = tmp_path / "data", tmp_path / "out"
     shutil.copytree(digits_data, data)

@@ -361,6 +361,7 @@ def test_the_crd_schemas_are_the_vendored_upstream_files_and_an_edited_copy_is_r
         "ClusterServingRuntime",
         "ClusterStorageContainer",
         "PaddleJob",
+        "ClusterImagePolicy",
     }
     edited = tmp_path / "crds"
     shutil.copytree(crds.CRD_DIR, edited)
@@ -691,3 +692,61 @@ def test_the_monitor_cronjob_runs_the_real_clis_on_the_servers_log_volume():
         "MLFLOW_TRACKING_USERNAME",
         "MLFLOW_TRACKING_PASSWORD",
     }
+
+
+# --------------------------------------------------------------------------- provenance
+
+
+def policy_glob(glob: str) -> re.Pattern[str]:
+    """policy-controller's image glob (pkg/apis/glob): ``*`` any run of non-``/``
+    characters, ``**`` anything, the rest literal; the whole reference must match."""
+    out = ""
+    for i, part in enumerate(glob.split("**")):
+        out += (".*" if i else "") + "[^/]*".join(re.escape(p) for p in part.split("*"))
+    return re.compile(f"^{out}$")
+
+
+def test_the_image_policy_admits_the_signed_serving_images_and_nothing_unsigned():
+    """k8s/policy: a ClusterImagePolicy (vendored policy-controller CRD) whose glob covers
+    every serving image the kustomizations and the deploy step pin, with the promote key as
+    its only authority, checked offline (no transparency log); the namespace opts in."""
+    docs = load_manifests(manifest_files(K8S / "policy"))
+    check_manifests(docs, require_digest=False, what="k8s/policy")
+    (policy,) = docs
+    assert policy["kind"] == "ClusterImagePolicy"
+    globs = [policy_glob(i["glob"]) for i in policy["spec"]["images"]]
+    (authority,) = policy["spec"]["authorities"]
+    assert authority["key"]["secretRef"]["name"] and "ctlog" not in authority
+    assert "data" not in authority["key"]  # the key is the platform's Secret, not the repo's
+    digest = "@sha256:" + "ab" * 32
+    servers = []
+    for directory in ("serving", "kserve"):
+        spec = yaml.safe_load((K8S / directory / "kustomization.yaml").read_text())
+        servers += [i["newName"] for i in spec["images"] if i["name"] == "digits-server"]
+    assert servers
+    for server in servers:
+        assert any(g.match(server + digest) for g in globs), server
+        # another repository, or a components image, is not this policy's business
+    assert not any(g.match("registry.example.com/paddle-mlops/components" + digest) for g in globs)
+    assert not any(g.match("evil.example.com/paddle-mlops/digits-server" + digest) for g in globs)
+    namespace = yaml.safe_load((K8S / "namespace.yaml").read_text())
+    assert namespace["metadata"]["labels"]["policy.sigstore.dev/include"] == "true"
+
+
+@pytest.mark.parametrize("directory", ["serving", "kserve"])
+def test_every_model_fetcher_trusts_the_keys_of_the_configmap(directory):
+    """fetch-model (init container, KServe storage initializer) gets the trusted public keys
+    from ConfigMap paddle-mlops-trusted-keys, never a literal key, never verification off."""
+    fetchers = []
+    for doc in load_manifests(manifest_files(K8S / directory)):
+        spec = doc.get("spec", {})
+        pod = spec.get("template", {}).get("spec", {})
+        fetchers += [c for c in pod.get("initContainers", []) if c["name"] == "fetch-model"]
+        if doc["kind"] == "ClusterStorageContainer":
+            fetchers.append(spec["container"])
+    assert fetchers
+    for container in fetchers:
+        env = {e["name"]: e for e in container["env"]}
+        ref = env["PADDLE_MLOPS_TRUSTED_KEYS"]["valueFrom"]["configMapKeyRef"]
+        assert ref == {"name": "paddle-mlops-trusted-keys", "key": "trusted.pub"}
+        assert "value" not in env["PADDLE_MLOPS_TRUSTED_KEYS"]

@@ -7,20 +7,29 @@ read metrics and plots, change a param, push and pull data, and read the MLflow 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from components.core.artifacts import sha256_file, sha256_tree
 from components.ml import snapshot
+from components.ml.kserve_client import KServeClient
 from components.tracking.registry import LINEAGE_TAGS
+from pipelines.containers import free_port
 from tests.conftest import STAGES, TINY_DIGITS, clone_repo, ran, set_params, sh
+
+LOCAL_NAME = f"paddle-mlops-dvc-test-{os.getpid()}"
 
 
 @pytest.fixture(scope="module")
-def repo(tmp_path_factory: pytest.TempPathFactory, server_binary: Path) -> Path:
+def repo(
+    tmp_path_factory: pytest.TempPathFactory, server_binary: Path, images, oci_registry
+) -> Iterator[Path]:
     repo = clone_repo(tmp_path_factory.mktemp("clone"))
     # tiny params: the point is the wiring, not the accuracy
     set_params(
@@ -33,9 +42,25 @@ def repo(tmp_path_factory: pytest.TempPathFactory, server_binary: Path) -> Path:
         serving_image={
             "golden_samples": 32,
             "latency_requests": 10,
+            "image_repository": f"{oci_registry}/paddle-mlops/digits-server",
+            "builder": "podman",
+        },
+        # the release path end to end (issue 30): pushed to a local OCI registry, signed with
+        # the session's key (tests/conftest.py), verified and served on this machine
+        promote={"push": True},
+        deploy={
+            "target": "podman",
+            "server_variant": "fp32",
+            "local_port": free_port(),
+            "local_name": LOCAL_NAME,
+            "rollout_timeout_s": 120,
         },
     )
-    return repo
+    try:
+        yield repo
+    finally:
+        for name in (LOCAL_NAME, f"{LOCAL_NAME}-previous"):
+            subprocess.run(["podman", "rm", "--force", name], capture_output=True)
 
 
 def test_fresh_clone_materialises_data_byte_identically(repo):
@@ -94,7 +119,7 @@ def test_repro_leaves_a_champion_with_lineage_in_the_registry(repo):
         assert tags[key], key
     assert tags["ge_success"] == "true" and tags["qat_gate_passed"] == "true"
     assert tags["infra_validated"] == "true"
-    assert tags["serving_image"].startswith("localhost/paddle-mlops/digits-server:")
+    assert "/paddle-mlops/digits-server:" in tags["serving_image"]
     blessing = json.loads((repo / "outputs" / "register" / "blessing.json").read_text())
     assert blessing["blessed"] is True
     # the serving-config search's summary and table are in the package step's run
@@ -109,6 +134,21 @@ def test_repro_leaves_a_champion_with_lineage_in_the_registry(repo):
     assert model.tags["holdout_version"] == "1"
     test_sha = snapshot.load(repo / "outputs" / "ingest").split_sha256("test")
     assert model.tags["holdout_sha256"] == tags["test_split_sha256"] == test_sha
+
+
+def test_repro_signs_pushes_and_serves_a_verified_champion(repo):
+    """promote.push against a local registry: promote signed the bundle, the provenance and
+    the image; deploy verified them before serving; `paddle-mlops verify` says what holds."""
+    promotion = json.loads((repo / "outputs" / "promote" / "promotion.json").read_text())
+    assert promotion["pushed"] and promotion["signed_by"] and promotion["image_signature"]
+    deployment = json.loads((repo / "outputs" / "deploy" / "deployment.json").read_text())
+    assert deployment["deployed"] and deployment["verified"]["verified"] is True
+    assert deployment["verified"]["image"]["ref"] == deployment["image"]
+    out = sh(repo, "paddle-mlops", "verify", "models:/digits-classifier@champion").stdout
+    assert "models:/digits-classifier/1: verified" in out
+    assert out.count(promotion["signed_by"][:16]) == 3  # provenance, bundle, image
+    answer = KServeClient(deployment["local"]["url"]).metadata("digits-classifier")
+    assert "1" in answer["versions"]
 
 
 def test_second_repro_runs_nothing(repo):

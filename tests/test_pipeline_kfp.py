@@ -359,7 +359,9 @@ def test_kaniko_pushes_with_the_registry_secret_mounted_as_its_docker_config(tmp
     assert volume["secretName"] == REGISTRY_PUSH_SECRET == "registry-push"
     assert volume["mountPath"] == KANIKO_DOCKER_CONFIG == "/kaniko/.docker"
     assert volume["optional"] is False  # no credentials: no build
-    assert not any("secretAsVolume" in e for k, e in executors.items() if "kaniko" not in k)
+    mounted = {k for k, e in executors.items() if "secretAsVolume" in e and "kaniko" not in k}
+    # besides kaniko, the registry credentials go only where signatures are written or read
+    assert {k.rsplit("-op", 1)[0] for k in mounted} == {"exec-promote", "exec-deploy"}
     container = spec["deploymentSpec"]["executors"]["exec-kaniko-build-op"]["container"]
     assert container["image"] == KANIKO_IMAGE and "@sha256:" in KANIKO_IMAGE
     destination = container["args"][container["args"].index("--destination") + 1]
@@ -368,6 +370,47 @@ def test_kaniko_pushes_with_the_registry_secret_mounted_as_its_docker_config(tmp
     # (inside the condition's sub-DAG: the serving_image task's output, passed down)
     source = task["inputs"]["parameters"]["destination"]["componentInputParameter"]
     assert source == "pipelinechannel--serving-image-op-Output"
+
+
+def test_only_promote_holds_the_signing_key_and_deploy_trusts_the_configmap(tmp_path):
+    """Provenance in the cluster (docs/provenance.md): the private key is Secret
+    SIGNING_SECRET mounted into the promote pod of the cluster branch only, named by
+    PADDLE_MLOPS_SIGNING_KEY (a path, never a parameter); deploy gets the trusted keys from
+    ConfigMap TRUST_CONFIG_MAP; both read the registry credentials from a mounted file."""
+    from pipelines.training import SIGNING_MOUNT, SIGNING_SECRET, TRUST_CONFIG_MAP
+
+    spec, executors = _compile(tmp_path)
+    containers = {k: e["container"] for k, e in spec["deploymentSpec"]["executors"].items()}
+
+    def env(executor: str) -> dict[str, str]:
+        return {e["name"]: e["value"] for e in containers[executor].get("env", [])}
+
+    holders = {
+        k
+        for k, e in executors.items()
+        for v in e.get("secretAsVolume", [])
+        if v["secretName"] == SIGNING_SECRET
+    }
+    assert len(holders) == 1 and next(iter(holders)).startswith("exec-promote-op")
+    (holder,) = holders
+    assert env(holder)["PADDLE_MLOPS_SIGNING_KEY"] == f"{SIGNING_MOUNT}/signing.key"
+    assert env(holder)["REGISTRY_AUTH_FILE"].endswith("/config.json")
+    others = [k for k in containers if k != holder]
+    assert not any("PADDLE_MLOPS_SIGNING_KEY" in env(k) for k in others)
+    trusting = {
+        k
+        for k, e in executors.items()
+        for c in e.get("configMapAsEnv", [])
+        if c["configMapName"] == TRUST_CONFIG_MAP
+    }
+    assert len(trusting) == 1 and next(iter(trusting)).startswith("exec-deploy-op")
+    (deployer,) = trusting
+    (entry,) = [
+        c for c in executors[deployer]["configMapAsEnv"] if c["configMapName"] == TRUST_CONFIG_MAP
+    ]
+    assert entry["keyToEnv"] == [
+        {"configMapKey": "trusted.pub", "envVar": "PADDLE_MLOPS_TRUSTED_KEYS"}
+    ]
 
 
 def test_ingest_fans_out_over_unit_groups_under_kfp_local(tmp_path):

@@ -53,6 +53,7 @@ from pipelines.containers import free_port
 from tests.conftest import fp32_bundle, mlflow_tracking
 from tests.test_deploy import NAME, release_version, track_and_register
 
+
 def cli_env() -> dict[str, str]:
     """The environment now (fixtures set the registry's registries.conf)."""
     return {**os.environ, "PYTHONPATH": str(REPO)}
@@ -167,6 +168,40 @@ def test_the_provenance_is_attached_to_the_image_and_names_it(released):
     host, repository = split_reference(released.image)
     assert subjects[f"{host}/{repository}"] == released.digest.split(":")[1]
     assert subjects[f"models:/{NAME}/{released.version}"]
+
+
+def test_the_serving_images_sbom_travels_with_the_image_and_the_version(server, released):
+    """serving_image wrote the image's CycloneDX SBOM (Debian packages, OpenVINO, the server,
+    the model bundle); promote attached it to the pushed image and kept it with the version,
+    and the signed provenance names its sha256."""
+    from components.core.artifacts import sha256_file
+    from components.kube.sbom import validate
+    from components.kube.signatures import CYCLONEDX
+    from components.tracking.model import BUNDLE_TAG
+    from components.tracking.provenance import SBOM
+    from components.tracking.signing import open_statement
+
+    local = released.root / "v" / "infra" / SBOM
+    document = json.loads(local.read_text())
+    validate(document)
+    tags = mlflow_client(server.uri).get_model_version(NAME, str(released.version)).tags
+    (model,) = [c for c in document["components"] if c["type"] == "machine-learning-model"]
+    assert {p["value"] for p in model["properties"]} == {tags[BUNDLE_TAG]}
+    names = {c["name"] for c in document["components"]}
+    assert {"openvino", "paddle-mlops-server", "libgrpc++1.51"} <= names
+    host, repository = split_reference(released.image)
+    registry = Registry(host)
+    manifest, _ = registry.manifest(repository, attachment_tag(released.digest, "sbom"))
+    (layer,) = json.loads(manifest)["layers"]
+    assert layer["mediaType"] == CYCLONEDX
+    assert registry.blob(repository, layer["digest"]) == local.read_bytes()
+    files = download_files(
+        mlflow_client(server.uri), server.uri, NAME, released.version, released.root / "files"
+    )
+    assert (files / SBOM).read_bytes() == local.read_bytes()
+    body, _ = open_statement(read_json(files / PROVENANCE), trusted_keys(), "provenance")
+    (byproduct,) = body["predicate"]["runDetails"]["byproducts"]
+    assert byproduct["digest"]["sha256"] == sha256_file(local)
 
 
 def test_deploy_refuses_an_image_pushed_without_a_signature(

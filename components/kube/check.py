@@ -570,8 +570,8 @@ def check_manifests(
     if problems:
         raise StepError(
             f"{what}: {len(problems)} problem(s) (Kubernetes {kubernetes_version()} schemas, "
-            "vendored KServe 0.20 and training-operator 1.9 CRDs, hardening policy):\n"
-            + "\n".join(f"  - {p}" for p in problems)
+            "vendored KServe 0.20, training-operator 1.9 and policy-controller 0.9 CRDs, "
+            "hardening policy):\n" + "\n".join(f"  - {p}" for p in problems)
         )
     log.info(
         "%s: %d document(s) pass the Kubernetes %s schemas, the vendored CRDs and policy%s",

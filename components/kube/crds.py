@@ -6,7 +6,8 @@ checked before a file is used (an edited copy is refused, not trusted):
 
 * KServe ``v0.20.0``, ``config/crd/full/``: InferenceService, ServingRuntime,
   ClusterServingRuntime, ClusterStorageContainer;
-* Kubeflow training-operator ``release-1.9``, ``manifests/base/crds/``: PaddleJob.
+* Kubeflow training-operator ``release-1.9``, ``manifests/base/crds/``: PaddleJob;
+* sigstore policy-controller ``v0.9.0``, ``config/``: ClusterImagePolicy (k8s/policy).
 
 To update one: copy the new upstream file over it, update its row in ``SOURCES.json`` (ref,
 commit, sha256) and run ``pytest tests/test_k8s.py tests/test_paddlejob.py``.
@@ -119,8 +120,11 @@ def json_schema(node: Any, *, root: bool = False) -> Any:
         and "additionalProperties" not in node
     ):
         out["additionalProperties"] = False
-    if root:
-        out.setdefault("properties", {})["metadata"] = {"$ref": f"#/$defs/{OBJECT_META}"}
+    if root:  # every object has these, whether its CRD lists them or not (policy-controller's)
+        props = out.setdefault("properties", {})
+        props["metadata"] = {"$ref": f"#/$defs/{OBJECT_META}"}
+        props.setdefault("apiVersion", {"type": "string"})
+        props.setdefault("kind", {"type": "string"})
     return out
 
 

@@ -364,9 +364,9 @@ def attestations(ref: str, digest: str) -> list[dict[str, Any]]:
     ]
 
 
-def policy_json(ref: str, keys: Sequence[TrustedKey]) -> dict[str, Any]:
+def policy_json(ref: str, key_path: Path) -> dict[str, Any]:
     """A containers-policy.json that admits the serving repository only with a signature
-    of the first trusted key (containers/image 5.23 takes one ``keyPath``), rejects other
+    of the key at ``key_path`` (containers/image 5.23 takes one ``keyPath``), rejects other
     registry images, and lets local storage through."""
     host, repository = split_reference(ref)
     return {
@@ -376,7 +376,7 @@ def policy_json(ref: str, keys: Sequence[TrustedKey]) -> dict[str, Any]:
                 f"{host}/{repository}": [
                     {
                         "type": "sigstoreSigned",
-                        "keyPath": str(Path(keys[0].path).resolve()),
+                        "keyPath": str(key_path),
                         "signedIdentity": {"type": "matchRepository"},
                     }
                 ]

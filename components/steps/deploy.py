@@ -195,19 +195,28 @@ def release(registry: Registry, version: int) -> Release:
 
 
 def verify_release(
-    registry: Registry, tracking: str, rel: Release, out: Path | None = None
+    registry: Registry,
+    tracking: str,
+    rel: Release,
+    out: Path | None = None,
+    final: Path | None = None,
 ) -> dict[str, Any]:
     """Refuse ``rel`` unless its signed provenance (matching its lineage tags) and its image
     signature verify against the trusted keys (``components.kube.verify``); its bundle is
     verified where it is fetched. ``out``: also write the containers ``policy.json`` that
-    makes a podman with sigstore support enforce the image signature itself."""
+    makes a podman with sigstore support enforce the image signature itself (``final``: where
+    ``out`` will be once written)."""
     keys = trusted_keys()
     if keys is None:
         log.warning("%s=%s: deploying v%d unverified", TRUST_ENV, ACCEPT_ANYTHING, rel.version)
         return {"verified": False, "why": f"{TRUST_ENV}={ACCEPT_ANYTHING}"}
     report = check_version(registry.client, tracking, rel.model, rel.version, keys, bundle=False)
-    if out is not None:
-        write_json(out / "policy.json", policy_json(rel.image, keys))
+    if out is not None:  # the key that signed the image, next to the policy naming it
+        image_signer = report["image"]["signed_by"]
+        signer = next(k for k in keys if k.keyid == image_signer)
+        write_text(out / "image-signing.pub", signer.pem.decode())
+        key_path = (final or out).resolve() / "image-signing.pub"
+        write_json(out / "policy.json", policy_json(rel.image, key_path))
     log.info("%s v%d: provenance and image signature verified", rel.model, rel.version)
     return {"verified": True, **report}
 
@@ -692,7 +701,7 @@ def run(
             return {**record, "deployed": False, "refused": refusal}
         try:
             rel = release(registry, version)
-            record["verified"] = verify_release(registry, tracking, rel, tmp)
+            record["verified"] = verify_release(registry, tracking, rel, tmp, Path(out_dir))
             if challenger is not None:
                 record["challenger"]["verified"] = verify_release(registry, tracking, challenger)
         except StepError as exc:

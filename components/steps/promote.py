@@ -32,8 +32,8 @@ from pathlib import Path
 from components.core.artifacts import StepError, read_json, write_json
 from components.kernel.step import In, Out, Step, Value
 from components.kube.images import push_image
-from components.kube.signatures import DSSE, attach, sign_image, split_reference
-from components.tracking.provenance import SLSA, sign_version
+from components.kube.signatures import CYCLONEDX, DSSE, attach, sign_image, split_reference
+from components.tracking.provenance import SBOM, SLSA, sign_version
 from components.tracking.registry import ChampionChanged, Registry, RegistryParams, tracking_uri
 from components.tracking.registry import client as mlflow_client
 from components.tracking.signing import signing_key
@@ -101,7 +101,9 @@ def run(
         if digest:
             for tag, value in (("serving_image_digest", digest), ("serving_image_built", "true")):
                 registry.client.set_model_version_tag(name, str(version), tag, value)
-        signed_by, image_signature = _sign(registry, uri or tracking_uri(), version, infra, digest)
+        signed_by, image_signature = _sign(
+            registry, uri or tracking_uri(), version, infra_dir, digest
+        )
         if params.auto_promote:
             try:
                 registry.promote(
@@ -130,7 +132,7 @@ def run(
 
 
 def _sign(
-    registry: Registry, uri: str, version: int, infra: dict, digest: str | None
+    registry: Registry, uri: str, version: int, infra_dir: Path, digest: str | None
 ) -> tuple[str, str]:
     """Sign the version (and its pushed image) before it can become the champion."""
     key = signing_key()
@@ -143,19 +145,21 @@ def _sign(
             version,
         )
         return "", ""
+    infra = read_json(infra_dir / "infra.json")
     image = None
     if digest:
         host, repository = split_reference(str(infra["image"]))
         image = f"{host}/{repository}@{digest}"
-    envelope = sign_version(registry.client, uri, name, version, key, image)
+    sbom = infra_dir / SBOM if (infra_dir / SBOM).is_file() else None
+    envelope = sign_version(registry.client, uri, name, version, key, image, sbom)
     if not digest:
         return str(envelope["signatures"][0]["keyid"]), ""
-    tag = sign_image(str(infra["image"]), digest, key)
-    attach(
-        str(infra["image"]), digest, "att", json.dumps(envelope).encode(), DSSE,
-        {"predicateType": SLSA},
-    )  # fmt: skip
-    log.info("signed %s and attached its provenance", image)
+    ref = str(infra["image"])
+    tag = sign_image(ref, digest, key)
+    attach(ref, digest, "att", json.dumps(envelope).encode(), DSSE, {"predicateType": SLSA})
+    if sbom is not None:
+        attach(ref, digest, "sbom", sbom.read_bytes(), CYCLONEDX)
+    log.info("signed %s; its provenance%s attached", image, " and SBOM" if sbom else "")
     return str(envelope["signatures"][0]["keyid"]), tag
 
 

@@ -47,6 +47,8 @@ from components.core.artifacts import (
 )
 from components.kernel.step import BUNDLE, DATA, Out, Step
 from components.kube.images import build_image, detect_builder, image_present
+from components.kube.sbom import serving_image_sbom
+from components.kube.sbom import validate as validate_sbom
 from components.ml import gates, model_config
 from components.ml.kserve_client import KServeError
 from components.ml.model_config import ModelConfig
@@ -378,6 +380,10 @@ def run(
         else:
             image_id = build_image(builder, tmp / "context", ref)  # pushed by promote
             log.info("built %s with %s (image id %s)", ref, builder, image_id)
+            # what the image holds (CycloneDX): promote attaches it to the pushed image
+            sbom = serving_image_sbom(builder, ref, model_dir, task.name)
+            validate_sbom(sbom)
+            write_json(tmp / "sbom.cdx.json", sbom)
 
         reports = [
             validate_variant(

@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from components.core.artifacts import StepError, read_json, write_json
+from components.core.artifacts import StepError, read_json, sha256_file, write_json
 from components.tracking.liveness import PIPELINE_RUN_TAG
 from components.tracking.model import BUNDLE_TAG
 from components.tracking.registry import SNAPSHOT_TAG, download_version
@@ -45,7 +45,7 @@ SLSA = "https://slsa.dev/provenance/v1"
 BUILD_TYPE = "https://github.com/paddle-mlops/paddle-mlops/blob/main/docs/provenance.md#pipeline-v1"
 BUILDER = "paddle-mlops promote"
 SIGNING_DIR = "signing"
-BUNDLE_SIG, PROVENANCE = "bundle.sig", "provenance.dsse.json"
+BUNDLE_SIG, PROVENANCE, SBOM = "bundle.sig", "provenance.dsse.json", "sbom.cdx.json"
 SIGNED_BY_TAG = "signed_by"
 # lineage tag -> where the statement records it (what verify compares)
 LINEAGE_CHECKS = {
@@ -67,9 +67,11 @@ def statement(
     run_tags: dict[str, str],
     run_id: str,
     image: str | None = None,
+    sbom: Path | None = None,
 ) -> dict[str, Any]:
     """The in-toto statement (SLSA v1 provenance) of ``name`` v``version``; ``image`` is
-    ``repository@sha256:...`` once pushed."""
+    ``repository@sha256:...`` once pushed; ``sbom`` (the image's CycloneDX file) is named
+    among the byproducts."""
     subject = [{"name": f"models:/{name}/{version}", "digest": {"sha256": tags[BUNDLE_TAG]}}]
     if image:
         repository, digest = image.split("@", 1)
@@ -115,15 +117,31 @@ def statement(
                     "invocationId": pipeline_run or run_id,
                     "finishedOn": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
                 },
+                "byproducts": [
+                    {
+                        "name": SBOM,
+                        "mediaType": "application/vnd.cyclonedx+json",
+                        "digest": {"sha256": sha256_file(sbom)},
+                    }
+                ]
+                if sbom
+                else [],
             },
         },
     }
 
 
 def sign_version(
-    client: Any, uri: str, name: str, version: int, key: SigningKey, image: str | None = None
+    client: Any,
+    uri: str,
+    name: str,
+    version: int,
+    key: SigningKey,
+    image: str | None = None,
+    sbom: Path | None = None,
 ) -> dict[str, Any]:
-    """Sign ``name`` v``version``'s bundle and provenance; returns the signed envelope."""
+    """Sign ``name`` v``version``'s bundle and provenance (``sbom`` kept beside them and named
+    in it); returns the signed envelope."""
     from cryptography.hazmat.primitives import serialization
 
     mv = client.get_model_version(name, str(version))
@@ -135,9 +153,10 @@ def sign_version(
         bundle = download_version(client, uri, name, version, Path(tmp) / "model")
         out = Path(tmp) / "signing"
         sign_bundle(key, bundle, out / BUNDLE_SIG)
-        envelope = sign_statement(key, statement(name, version, tags, run_tags, mv.run_id, image))
+        body = statement(name, version, tags, run_tags, mv.run_id, image, sbom)
+        envelope = sign_statement(key, body)
         write_json(out / PROVENANCE, envelope)
-        for path in (out / BUNDLE_SIG, out / PROVENANCE):
+        for path in (out / BUNDLE_SIG, out / PROVENANCE, *([sbom] if sbom else [])):
             client.log_artifact(mv.run_id, str(path), artifact_dir(version))
     keyid = key_id(serialization.load_pem_public_key(key.public_pem()))
     client.set_model_version_tag(name, str(version), SIGNED_BY_TAG, keyid)

@@ -7,9 +7,11 @@ one), named by the environment, never by ``params.yaml`` or argv:
 
 - ``PADDLE_MLOPS_SIGNING_KEY``: the PEM private key (ECDSA P-256, PKCS#8, optionally
   encrypted; then ``PADDLE_MLOPS_SIGNING_KEY_PASSWORD_FILE`` holds its password);
-- ``PADDLE_MLOPS_TRUSTED_KEYS``: a PEM public key, or a directory of them (``*.pub``,
-  ``*.pem``: several during a rotation). The value ``insecure-accept-anything`` turns
-  verification off, explicitly; unset, every verification refuses (nothing is trusted).
+- ``PADDLE_MLOPS_TRUSTED_KEYS``: a PEM public key file, a directory of them (``*.pub``,
+  ``*.pem``: several during a rotation), or the PEM text itself (a ConfigMap key as an
+  environment variable: how a KServe storage initializer, which cannot mount volumes, gets
+  it). The value ``insecure-accept-anything`` turns verification off, explicitly; unset,
+  every verification refuses (nothing is trusted).
 
 ``paddle-mlops keys generate DIR`` writes a key pair (docs/provenance.md: creation, rotation).
 
@@ -80,8 +82,9 @@ class SigningKey:
 
 @dataclass(frozen=True)
 class TrustedKey:
-    path: Path
+    path: str  # where it came from (a file, or the environment variable)
     key: Any  # cryptography's EllipticCurvePublicKey
+    pem: bytes
 
     @property
     def keyid(self) -> str:
@@ -129,23 +132,34 @@ def trusted_keys() -> list[TrustedKey] | None:
             f"no trusted keys: set {TRUST_ENV} to a public key or a directory of them "
             f"(or to {ACCEPT_ANYTHING} to serve models of unverified origin)"
         )
-    root = Path(where)
-    files = (
-        sorted(p for p in root.iterdir() if p.suffix in (".pub", ".pem") and p.is_file())
-        if root.is_dir()
-        else [root]
-    )
+    if where.startswith("-----BEGIN"):
+        blocks = [
+            ("-----BEGIN" + part).encode() for part in where.split("-----BEGIN")[1:] if part.strip()
+        ]
+        sources = [(f"${TRUST_ENV}[{i}]", pem) for i, pem in enumerate(blocks)]
+    else:
+        root = Path(where)
+        if not root.exists():
+            raise VerificationError(f"{TRUST_ENV}={where}: no such file or directory")
+        files = (
+            sorted(p for p in root.iterdir() if p.suffix in (".pub", ".pem") and p.is_file())
+            if root.is_dir()
+            else [root]
+        )
+        sources = [(str(p), p.read_bytes()) for p in files]
     keys = []
-    for path in files:
+    for label, pem in sources:
         try:
-            key = serialization.load_pem_public_key(path.read_bytes())
-        except (ValueError, OSError) as exc:
-            raise VerificationError(f"{TRUST_ENV}: {path} is not a PEM public key: {exc}") from None
+            key = serialization.load_pem_public_key(pem)
+        except ValueError as exc:
+            raise VerificationError(
+                f"{TRUST_ENV}: {label} is not a PEM public key: {exc}"
+            ) from None
         if not isinstance(key, ec.EllipticCurvePublicKey):
-            raise VerificationError(f"{TRUST_ENV}: {path} is not an ECDSA public key")
-        keys.append(TrustedKey(path, key))
+            raise VerificationError(f"{TRUST_ENV}: {label} is not an ECDSA public key")
+        keys.append(TrustedKey(label, key, pem))
     if not keys:
-        raise VerificationError(f"{TRUST_ENV}={where}: no public key there (*.pub, *.pem)")
+        raise VerificationError(f"{TRUST_ENV}={where[:60]}: no public key there (*.pub, *.pem)")
     return keys
 
 
@@ -275,12 +289,13 @@ def verify_bundle(
     reasons = []
     for trusted in keys:
         try:
-            (
-                verifying.Config()
-                .use_elliptic_key_verifier(public_key=trusted.path)
-                .set_hashing_config(_hashing())
-                .verify(bundle, signature)
-            )
+            with private_copy(trusted.pem, "trusted.pub") as public_key:
+                (
+                    verifying.Config()
+                    .use_elliptic_key_verifier(public_key=public_key)
+                    .set_hashing_config(_hashing())
+                    .verify(bundle, signature)
+                )
             return trusted
         except Exception as exc:  # noqa: BLE001 - model_signing raises ValueError and others
             text = str(exc).strip()
