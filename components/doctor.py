@@ -232,6 +232,37 @@ def check_wrk(budget_s: float) -> Check:
                  "make apt-deps (Debian package wrk), or package.tune.budget_s: 0")  # fmt: skip
 
 
+def check_signing(push: bool, target: str) -> Check:
+    """promote signs with PADDLE_MLOPS_SIGNING_KEY; deploy verifies against
+    PADDLE_MLOPS_TRUSTED_KEYS (docs/provenance.md)."""
+    from components.tracking.signing import (
+        ACCEPT_ANYTHING,
+        KEY_ENV,
+        TRUST_ENV,
+        signing_key,
+        trusted_keys,
+    )
+
+    key = signing_key()
+    if key is not None:
+        key.load()  # an unusable key fails here, not in promote
+    if target != "none":
+        if os.environ.get(TRUST_ENV, "").strip() == ACCEPT_ANYTHING:
+            return Check(
+                "signing", "warn", f"{TRUST_ENV}={ACCEPT_ANYTHING}: deploy verifies nothing"
+            )
+        if not os.environ.get(TRUST_ENV, "").strip():
+            return Check("signing", "fail", f"deploy.target {target} and no {TRUST_ENV}: deploy "
+                         "refuses every version", f"paddle-mlops keys generate .keys; export "
+                         f"{TRUST_ENV}=$PWD/.keys/signing.pub")  # fmt: skip
+        trusted_keys()  # unreadable keys fail here
+    if push and key is None:
+        finding = f"promote.push and no {KEY_ENV}: image and version are released unsigned"
+        return Check("signing", "warn", finding, f"export {KEY_ENV}=$PWD/.keys/signing.key")
+    what = f"signing key {key.path}" if key else "no signing key (promote signs nothing)"
+    return Check("signing", "ok", what)
+
+
 def run_checks(params_file: str | Path, server_binary: Path) -> list[Check]:
     """Every check, in the order the pipeline needs them."""
     params = load_params(params_file)
@@ -252,6 +283,10 @@ def run_checks(params_file: str | Path, server_binary: Path) -> list[Check]:
         check_dvc,
         lambda: check_server(server_binary),
         lambda: check_wrk(tune_budget),
+        lambda: check_signing(
+            bool((params.get("promote") or {}).get("push")),
+            str((params.get("deploy") or {}).get("target", "none")),
+        ),
     ]
     checks: list[Check] = []
     for probe in probes:

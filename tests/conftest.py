@@ -468,3 +468,17 @@ def oci_registry(tmp_path_factory: pytest.TempPathFactory):
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)
         log_file.close()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory):
+    """A real ``mlflow server`` on 127.0.0.1 for the module (registry and artifacts), and the
+    process's tracking URI pointed at it (modules with a server of another kind override
+    this name)."""
+    from types import SimpleNamespace
+
+    from pipelines.containers import mlflow_server
+
+    root = tmp_path_factory.mktemp("mlflow")
+    with mlflow_server(root) as uri, mlflow_tracking(uri):
+        yield SimpleNamespace(uri=uri, artifacts=root / "mlartifacts")

@@ -50,7 +50,7 @@ from components.steps.track import run as track_run
 from components.tracking.registry import Registry, RegistryParams
 from components.tracking.registry import client as mlflow_client
 from pipelines.containers import free_port
-from tests.conftest import fp32_bundle, mlflow_tracking, untrained_export
+from tests.conftest import fp32_bundle, untrained_export
 from tests.test_registry import TASK_OPTIONS
 
 DIGEST = "sha256:" + "ab" * 32
@@ -206,15 +206,6 @@ def test_bad_deploy_params_name_the_field():
 NAME = "deploy-test-classifier"
 # the blessing is not what these tests are about: any version of this test is blessed
 LENIENT = RegisterParams(min_accuracy=0.0, max_regression=100.0, max_class_regression=100.0)
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory):
-    from pipelines.containers import mlflow_server
-
-    root = tmp_path_factory.mktemp("deploy-mlflow")
-    with mlflow_server(root) as uri, mlflow_tracking(uri):
-        yield SimpleNamespace(uri=uri, artifacts=root / "mlartifacts")
 
 
 @pytest.fixture(scope="module")

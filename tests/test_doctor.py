@@ -111,3 +111,29 @@ def test_no_wrk_fails_before_the_serving_config_search_would(monkeypatch, tmp_pa
     assert missing.status == "fail" and "wrk" in missing.finding
     assert "package.tune.budget_s: 0" in missing.advice
     assert check_wrk(0.0).status == "ok"  # no search, no need
+
+
+def test_signing_keys_are_checked_before_a_release_needs_them(monkeypatch, tmp_path):
+    """deploy to a target with no trusted keys fails (it would refuse every version); a push
+    without a signing key warns (released unsigned); a laptop run (push off, target none)
+    needs neither."""
+    import pytest
+
+    from components.core.artifacts import StepError
+    from components.doctor import check_signing
+    from components.tracking.signing import KEY_ENV, TRUST_ENV, generate
+
+    monkeypatch.delenv(KEY_ENV, raising=False)
+    monkeypatch.delenv(TRUST_ENV, raising=False)
+    assert check_signing(False, "none").status == "ok"
+    refused = check_signing(False, "podman")
+    assert refused.status == "fail" and TRUST_ENV in refused.finding
+    private, public = generate(tmp_path / "k")
+    monkeypatch.setenv(TRUST_ENV, str(public))
+    unsigned = check_signing(True, "podman")
+    assert unsigned.status == "warn" and KEY_ENV in unsigned.finding
+    monkeypatch.setenv(KEY_ENV, str(private))
+    assert check_signing(True, "kubernetes").status == "ok"
+    monkeypatch.setenv(KEY_ENV, str(public))  # not a private key
+    with pytest.raises(StepError, match="not a usable PEM private key"):
+        check_signing(True, "podman")

@@ -44,6 +44,7 @@ def repo(
             "latency_requests": 10,
             "image_repository": f"{oci_registry}/paddle-mlops/digits-server",
             "builder": "podman",
+            "server_image": images["server"]["ref"],  # the clone has no build/images.json
         },
         # the release path end to end (issue 30): pushed to a local OCI registry, signed with
         # the session's key (tests/conftest.py), verified and served on this machine

@@ -50,22 +50,13 @@ from components.tracking.signing import (
     trusted_keys,
 )
 from pipelines.containers import free_port
-from tests.conftest import fp32_bundle, mlflow_tracking
+from tests.conftest import fp32_bundle
 from tests.test_deploy import NAME, release_version, track_and_register
 
 
 def cli_env() -> dict[str, str]:
     """The environment now (fixtures set the registry's registries.conf)."""
     return {**os.environ, "PYTHONPATH": str(REPO)}
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory):
-    from pipelines.containers import mlflow_server
-
-    root = tmp_path_factory.mktemp("provenance-mlflow")
-    with mlflow_server(root) as uri, mlflow_tracking(uri):
-        yield SimpleNamespace(uri=uri, artifacts=root / "mlartifacts")
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,9 @@
 Runs after ``promote`` (and by hand after ``paddle-mlops registry rollback``: it always deploys
 whatever ``deploy.alias``, default ``champion``, names *now*). It resolves the alias once to an
 immutable version and refuses a version without an image digest (``serving_image_digest``,
-recorded by ``promote`` when the image was pushed) or with incomplete lineage. Then:
+recorded by ``promote`` when the image was pushed) or with incomplete lineage, and one whose
+signed provenance (matching its lineage tags) or image signature does not verify against the
+trusted keys (``components.kube.verify``; docs/provenance.md). Then:
 
 1. **Renders** the serving manifests from the templates in ``k8s/serving`` (Deployment,
    Service, HPA, PodDisruptionBudget + the server's ConfigMap) and ``k8s/kserve``

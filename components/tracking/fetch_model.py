@@ -3,7 +3,10 @@
 ``paddle-mlops fetch-model MODEL_URI DEST`` where ``MODEL_URI`` is ``models:/NAME/VERSION`` or
 ``models:/NAME@ALIAS``. It resolves the URI to one version, downloads that version's MLflow
 model from the registry, takes the serving bundle inside it, and checks its sha256 against the
-``bundle_sha256`` tag recorded at registration. Only a verified bundle lands in ``DEST``:
+``bundle_sha256`` tag recorded at registration, then its origin: the bundle's model-signing
+signature and the signed provenance naming this version must verify against the keys
+``PADDLE_MLOPS_TRUSTED_KEYS`` names (``components.tracking.signing``; unset: refused). Only a
+verified bundle lands in ``DEST``:
 
 - ``DEST`` absent: the bundle is renamed into place in one step;
 - ``DEST`` an empty directory (an ``emptyDir`` mount of an init container, KServe's
