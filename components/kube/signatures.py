@@ -24,6 +24,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import tomllib
 import urllib.error
 import urllib.parse
@@ -146,9 +147,8 @@ class Registry:
             return True
         if not challenge.lower().startswith("bearer"):
             return False
-        fields = dict(
-            part.split("=", 1) for part in challenge[7:].replace('"', "").split(",") if "=" in part
-        )
+        # realm="...",service="...",scope="repository:a/b:pull,push" (a scope has commas)
+        fields = dict(re.findall(r'(\w+)="([^"]*)"', challenge))
         query = urllib.parse.urlencode({k: v for k, v in fields.items() if k != "realm"})
         request = urllib.request.Request(f"{fields.get('realm', '')}?{query}")
         if basic:
