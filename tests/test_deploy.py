@@ -25,6 +25,7 @@ import yaml
 from components.core.artifacts import StepError, read_json, sha256_tree, write_json
 from components.kernel.step import REPO
 from components.kube.check import check_manifests
+from components.kube.images import image_repository
 from components.ml.kserve_client import KServeClient
 from components.ml.monitoring import RETRAIN_REASON_ENV
 from components.ml.prediction_log import LogReader
@@ -35,7 +36,6 @@ from components.steps.deploy import (
     VERSION_LABEL,
     DeployParams,
     Release,
-    image_repository,
     render,
 )
 from components.steps.deploy import run as deploy_run

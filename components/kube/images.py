@@ -26,6 +26,13 @@ def _run(cmd: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, capture_output=True, text=True, env=env, **kwargs)  # type: ignore[call-overload]
 
 
+def image_repository(ref: str) -> str:
+    """``host:5000/a/b:tag`` or ``a/b@sha256:..`` -> ``host:5000/a/b``."""
+    ref = ref.split("@", 1)[0]
+    slash, colon = ref.rfind("/"), ref.rfind(":")
+    return ref[:colon] if colon > slash else ref
+
+
 def image_present(builder: str, ref: str | None) -> bool:
     """Whether ``ref`` is in ``builder``'s local store (no registry is asked)."""
     if not ref:

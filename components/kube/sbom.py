@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -76,7 +77,7 @@ def image_sbom(
     ref: str,
     *,
     python: str | None = None,
-    extra: list[dict[str, Any]] = (),  # type: ignore[assignment]
+    extra: Sequence[dict[str, Any]] = (),
 ) -> dict[str, Any]:
     """The CycloneDX document of image ``ref`` (module docstring)."""
     components = [*debian_packages(builder, ref)]

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from components.core.artifacts import StepError
+from components.kube.images import image_repository
 from components.tracking.signing import (
     SigningKey,
     TrustedKey,
@@ -64,11 +65,7 @@ ACCEPT = ",".join(
 
 def split_reference(ref: str) -> tuple[str, str]:
     """``host:5000/a/b@sha256:..`` -> (``host:5000``, ``a/b``); a tag is dropped."""
-    repository = ref.split("@", 1)[0]
-    slash, colon = repository.rfind("/"), repository.rfind(":")
-    if colon > slash:
-        repository = repository[:colon]
-    host, _, path = repository.partition("/")
+    host, _, path = image_repository(ref).partition("/")
     if not path or ("." not in host and ":" not in host and host != "localhost"):
         raise StepError(f"{ref}: an image reference must name its registry host (host/path)")
     return host, path

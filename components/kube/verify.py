@@ -23,16 +23,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from components.core.artifacts import read_json
 from components.kernel.cli import run_cli
-from components.kube.signatures import split_reference, verify_image
+from components.kube.images import image_repository
+from components.kube.signatures import verify_image
 from components.tracking.fetch_model import parse_model_uri, resolve
 from components.tracking.model import BUNDLE_TAG
 from components.tracking.provenance import (
-    PROVENANCE,
+    BUNDLE_SIG,
     download_files,
     lineage_mismatches,
-    verify_files,
+    open_provenance,
+    subject_digests,
 )
 from components.tracking.registry import client as mlflow_client
 from components.tracking.registry import download_version, tracking_uri
@@ -40,8 +41,8 @@ from components.tracking.signing import (
     TRUST_ENV,
     TrustedKey,
     VerificationError,
-    open_statement,
     trusted_keys,
+    verify_bundle,
 )
 
 log = logging.getLogger(__name__)
@@ -62,15 +63,7 @@ def check_version(
     report: dict[str, Any] = {"model": name, "version": version}
     with tempfile.TemporaryDirectory(prefix="paddle-mlops-verify-") as tmp:
         files = download_files(client, uri, name, version, Path(tmp) / "signing")
-        if not (files / PROVENANCE).is_file():
-            raise VerificationError(f"{what}: not signed (no provenance statement): refusing it")
-        body, attester = open_statement(read_json(files / PROVENANCE), keys, f"{what} provenance")
-        subjects = {s.get("name"): s.get("digest", {}) for s in body.get("subject", [])}
-        if subjects.get(what, {}).get("sha256") != tags.get(BUNDLE_TAG):
-            raise VerificationError(
-                f"{what}: the signed provenance names another bundle than the version's "
-                f"{BUNDLE_TAG} tag: refusing it"
-            )
+        body, attester = open_provenance(keys, files, name, version, tags.get(BUNDLE_TAG, ""))
         mismatches = lineage_mismatches(body, tags)
         if mismatches:
             raise VerificationError(
@@ -84,18 +77,15 @@ def check_version(
             "dependencies": {d["name"]: d["digest"] for d in build["resolvedDependencies"]},
             "pipeline_run": build["externalParameters"].get("pipeline_run", ""),
         }
-        if bundle:
+        if bundle:  # the statement is checked above: the signature over the bytes
             got = download_version(client, uri, name, version, Path(tmp) / "model")
-            checked = verify_files(keys, got, files, name, version, tags[BUNDLE_TAG])
-            report["bundle"] = {
-                "sha256": tags[BUNDLE_TAG],
-                "signed_by": checked["bundle_signed_by"],
-            }
+            signer = verify_bundle(keys, got, files / BUNDLE_SIG, what)
+            report["bundle"] = {"sha256": tags[BUNDLE_TAG], "signed_by": signer.keyid}
     digest = tags.get("serving_image_digest", "")
     if digest:
-        host, repository = split_reference(tags.get("serving_image", ""))
-        image = verify_image(f"{host}/{repository}", digest, keys)
-        if subjects.get(f"{host}/{repository}", {}).get("sha256") != digest.split(":", 1)[-1]:
+        repository = image_repository(tags.get("serving_image", ""))
+        image = verify_image(repository, digest, keys)
+        if subject_digests(body).get(repository) != digest.split(":", 1)[-1]:
             raise VerificationError(
                 f"{image.image}: the signed provenance of {what} does not name this image"
             )

@@ -58,7 +58,7 @@ from components.core.artifacts import StepError, atomic_path, read_json, write_j
 from components.core.uris import redact_uri
 from components.kernel.step import REPO, In, Out, Step
 from components.kube.check import check_manifests, load_manifests
-from components.kube.images import _run
+from components.kube.images import _run, image_repository
 from components.kube.signatures import policy_json
 from components.kube.verify import check_version
 from components.ml.kserve_client import KServeClient, KServeError
@@ -157,13 +157,6 @@ class Release:
 
 
 # --------------------------------------------------------------------------- the version
-
-
-def image_repository(ref: str) -> str:
-    """``host:5000/a/b:tag`` or ``a/b@sha256:..`` -> ``host:5000/a/b``."""
-    ref = ref.split("@", 1)[0]
-    slash, colon = ref.rfind("/"), ref.rfind(":")
-    return ref[:colon] if colon > slash else ref
 
 
 def release(registry: Registry, version: int) -> Release:

@@ -31,8 +31,8 @@ from pathlib import Path
 
 from components.core.artifacts import StepError, read_json, write_json
 from components.kernel.step import In, Out, Step, Value
-from components.kube.images import push_image
-from components.kube.signatures import CYCLONEDX, DSSE, attach, sign_image, split_reference
+from components.kube.images import image_repository, push_image
+from components.kube.signatures import CYCLONEDX, DSSE, attach, sign_image
 from components.tracking.provenance import SBOM, SLSA, sign_version
 from components.tracking.registry import ChampionChanged, Registry, RegistryParams, tracking_uri
 from components.tracking.registry import client as mlflow_client
@@ -101,8 +101,9 @@ def run(
         if digest:
             for tag, value in (("serving_image_digest", digest), ("serving_image_built", "true")):
                 registry.client.set_model_version_tag(name, str(version), tag, value)
+        sbom = infra_dir / SBOM if (infra_dir / SBOM).is_file() else None
         signed_by, image_signature = _sign(
-            registry, uri or tracking_uri(), version, infra_dir, digest
+            registry, uri or tracking_uri(), version, infra, sbom, digest
         )
         if params.auto_promote:
             try:
@@ -132,7 +133,7 @@ def run(
 
 
 def _sign(
-    registry: Registry, uri: str, version: int, infra_dir: Path, digest: str | None
+    registry: Registry, uri: str, version: int, infra: dict, sbom: Path | None, digest: str | None
 ) -> tuple[str, str]:
     """Sign the version (and its pushed image) before it can become the champion."""
     key = signing_key()
@@ -145,22 +146,17 @@ def _sign(
             version,
         )
         return "", ""
-    infra = read_json(infra_dir / "infra.json")
-    image = None
-    if digest:
-        host, repository = split_reference(str(infra["image"]))
-        image = f"{host}/{repository}@{digest}"
-    sbom = infra_dir / SBOM if (infra_dir / SBOM).is_file() else None
+    image = f"{image_repository(str(infra['image']))}@{digest}" if digest else None
     envelope = sign_version(registry.client, uri, name, version, key, image, sbom)
     if not digest:
-        return str(envelope["signatures"][0]["keyid"]), ""
+        return key.keyid, ""
     ref = str(infra["image"])
     tag = sign_image(ref, digest, key)
     attach(ref, digest, "att", json.dumps(envelope).encode(), DSSE, {"predicateType": SLSA})
     if sbom is not None:
         attach(ref, digest, "sbom", sbom.read_bytes(), CYCLONEDX)
     log.info("signed %s; its provenance%s attached", image, " and SBOM" if sbom else "")
-    return str(envelope["signatures"][0]["keyid"]), tag
+    return key.keyid, tag
 
 
 STEP = Step(

@@ -158,8 +158,7 @@ def fetch(uri: str, dest: str | Path, *, tracking: str | None = None) -> Fetched
             )
         else:  # the bytes signed by a trusted key, and the signed statement naming this version
             files = download_files(client, tracking, name, version, Path(tmp) / ".signing")
-            checked = verify_files(keys, bundle, files, name, version, expected)
-            signed_by = checked["bundle_signed_by"]
+            signed_by = verify_files(keys, bundle, files, name, version, expected)
         write_json(
             bundle / MARKER,
             {"name": name, "version": version, "sha256": expected, "uri": uri}

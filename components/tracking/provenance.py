@@ -31,7 +31,6 @@ from components.tracking.signing import (
     SigningKey,
     TrustedKey,
     VerificationError,
-    key_id,
     open_statement,
     sign_bundle,
     sign_statement,
@@ -142,8 +141,6 @@ def sign_version(
 ) -> dict[str, Any]:
     """Sign ``name`` v``version``'s bundle and provenance (``sbom`` kept beside them and named
     in it); returns the signed envelope."""
-    from cryptography.hazmat.primitives import serialization
-
     mv = client.get_model_version(name, str(version))
     tags = dict(mv.tags or {})
     if not tags.get(BUNDLE_TAG):
@@ -158,9 +155,8 @@ def sign_version(
         write_json(out / PROVENANCE, envelope)
         for path in (out / BUNDLE_SIG, out / PROVENANCE, *([sbom] if sbom else [])):
             client.log_artifact(mv.run_id, str(path), artifact_dir(version))
-    keyid = key_id(serialization.load_pem_public_key(key.public_pem()))
-    client.set_model_version_tag(name, str(version), SIGNED_BY_TAG, keyid)
-    log.info("%s v%d: bundle and provenance signed (key %s)", name, version, keyid[:12])
+    client.set_model_version_tag(name, str(version), SIGNED_BY_TAG, key.keyid)
+    log.info("%s v%d: bundle and provenance signed (key %s)", name, version, key.keyid[:12])
     return envelope
 
 
@@ -182,27 +178,38 @@ def download_files(client: Any, uri: str, name: str, version: int, dest: Path) -
     return Path(got)
 
 
-def verify_files(
-    keys: list[TrustedKey], bundle: Path, files: Path, name: str, version: int, bundle_sha: str
-) -> dict[str, Any]:
-    """Refuse ``bundle`` unless ``files`` hold a trusted signature of exactly its bytes and a
-    trusted statement naming it ``models:/name/version`` with ``bundle_sha``."""
+def open_provenance(
+    keys: list[TrustedKey], files: Path, name: str, version: int, bundle_sha: str
+) -> tuple[dict[str, Any], TrustedKey]:
+    """The statement in ``files``, signed by a trusted key and naming ``models:/name/version``
+    with ``bundle_sha`` (else refused), and the key that signed it."""
     what = f"models:/{name}/{version}"
-    signer = verify_bundle(keys, bundle, files / BUNDLE_SIG, what)
     if not (files / PROVENANCE).is_file():
         raise VerificationError(f"{what}: no signed provenance statement: refusing it")
     body, attester = open_statement(read_json(files / PROVENANCE), keys, f"{what} provenance")
-    subjects = {s.get("name"): s.get("digest", {}).get("sha256") for s in body.get("subject", [])}
-    if subjects.get(what) != bundle_sha:
+    named = subject_digests(body).get(what)
+    if named != bundle_sha:
         raise VerificationError(
-            f"{what}: the signed provenance names bundle {str(subjects.get(what))[:12]} for this "
+            f"{what}: the signed provenance names bundle {str(named)[:12]} for this "
             f"version, not {bundle_sha[:12]}: refusing it"
         )
-    return {
-        "bundle_signed_by": signer.keyid,
-        "provenance_signed_by": attester.keyid,
-        "statement": body,
-    }
+    return body, attester
+
+
+def subject_digests(body: dict[str, Any]) -> dict[str, str]:
+    """A statement's subjects: name -> sha256."""
+    return {s.get("name"): s.get("digest", {}).get("sha256") for s in body.get("subject", [])}
+
+
+def verify_files(
+    keys: list[TrustedKey], bundle: Path, files: Path, name: str, version: int, bundle_sha: str
+) -> str:
+    """Refuse ``bundle`` unless ``files`` hold a trusted signature of exactly its bytes and a
+    trusted statement naming it ``models:/name/version`` with ``bundle_sha``; returns the id
+    of the key that signed the bundle."""
+    signer = verify_bundle(keys, bundle, files / BUNDLE_SIG, f"models:/{name}/{version}")
+    open_provenance(keys, files, name, version, bundle_sha)
+    return signer.keyid
 
 
 def lineage_mismatches(body: dict[str, Any], tags: dict[str, str]) -> list[str]:

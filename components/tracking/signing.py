@@ -23,6 +23,7 @@ statements (SLSA provenance) are DSSE envelopes signed with the same key.
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import json
 import logging
@@ -56,7 +57,9 @@ class SigningKey:
     path: Path
     password: bytes | None
 
-    def load(self) -> Any:
+    @functools.cached_property
+    def private(self) -> Any:
+        """The key, read and checked once (cryptography's EllipticCurvePrivateKey)."""
         from cryptography.hazmat.primitives import serialization
         from cryptography.hazmat.primitives.asymmetric import ec
 
@@ -68,16 +71,12 @@ class SigningKey:
             raise StepError(f"{KEY_ENV}={self.path}: must be an ECDSA P-256 key")
         return key
 
-    def public_pem(self) -> bytes:
-        from cryptography.hazmat.primitives import serialization
+    def load(self) -> Any:
+        return self.private
 
-        return (
-            self.load()
-            .public_key()
-            .public_bytes(
-                serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-            )
-        )
+    @property
+    def keyid(self) -> str:
+        return key_id(self.private.public_key())
 
 
 @dataclass(frozen=True)
@@ -227,14 +226,11 @@ def pae(payload_type: str, payload: bytes) -> bytes:
 
 def sign_statement(key: SigningKey, statement: dict[str, Any]) -> dict[str, Any]:
     """A DSSE envelope of the in-toto ``statement`` signed with ``key``."""
-    from cryptography.hazmat.primitives import serialization
-
     payload = json.dumps(statement, sort_keys=True, separators=(",", ":")).encode()
-    public = serialization.load_pem_public_key(key.public_pem())
     return {
         "payloadType": IN_TOTO,
         "payload": base64.b64encode(payload).decode(),
-        "signatures": [{"keyid": key_id(public), "sig": sign_bytes(key, pae(IN_TOTO, payload))}],
+        "signatures": [{"keyid": key.keyid, "sig": sign_bytes(key, pae(IN_TOTO, payload))}],
     }
 
 
