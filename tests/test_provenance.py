@@ -18,12 +18,15 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from cryptography.hazmat.primitives import serialization
 
 from components.core.artifacts import StepError, read_json
 from components.kernel.step import REPO
 from components.kube.images import push_image
 from components.kube.signatures import (
+    CYCLONEDX,
     Registry,
+    attach,
     attachment_tag,
     sign_image,
     split_reference,
@@ -241,6 +244,39 @@ def test_deploy_refuses_an_image_retagged_into_the_repository_after_signing(
     image_digest_tag(digest)
     with pytest.raises(VerificationError, match="signed for another repository"):
         deploy_podman(server, released, tmp_path, monkeypatch)
+
+
+def test_re_signing_replaces_a_keys_signature_and_a_rotation_keeps_both(
+    released, images, other_key, tmp_path, monkeypatch
+):
+    """Weekly re-promotions of one image must not grow its attachments by a layer each; a
+    second key (a rotation) adds its own signature beside the first, and either key alone
+    verifies the image."""
+    repo = released.image.rsplit(":", 1)[0]
+    digest = derived_image(images["server"]["ref"], f"{repo}:rotation", "rotation", tmp_path)
+    host, repository = split_reference(repo)
+    registry = Registry(host)
+
+    def layers(suffix: str) -> list[dict]:
+        manifest, _ = registry.manifest(repository, attachment_tag(digest, suffix))
+        return json.loads(manifest)["layers"]
+
+    key = signing_key()
+    for _ in range(3):  # ECDSA signatures differ each time: three different layers
+        sign_image(repo, digest, key)
+    assert len(layers("sig")) == 1
+    sign_image(repo, digest, other_key)
+    assert len(layers("sig")) == 2
+    assert verify_image(repo, digest, trusted_keys()).keyid == key.keyid
+    public = other_key.private.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    monkeypatch.setenv(TRUST_ENV, public.decode())  # the rotation's new key alone
+    assert verify_image(repo, digest, trusted_keys()).keyid == other_key.keyid
+    for content in (b'{"bomFormat": "CycloneDX", "serialNumber": "1"}', b'{"serialNumber": "2"}'):
+        attach(repo, digest, "sbom", content, CYCLONEDX, slot="sbom")
+    (only,) = layers("sbom")
+    assert registry.blob(repository, only["digest"]) == b'{"serialNumber": "2"}'
 
 
 def test_the_honest_version_still_deploys_after_the_refusals(server, released, tmp_path,

@@ -50,6 +50,8 @@ OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
 SIMPLE_SIGNING = "application/vnd.dev.cosign.simplesigning.v1+json"
 SIGNATURE_ANNOTATION = "dev.cosignproject.cosign/signature"
+# which earlier layer of an attachment a new one replaces (cosign ignores unknown annotations)
+SLOT_ANNOTATION = "org.paddle-mlops.slot"
 DSSE = "application/vnd.dsse.envelope.v1+json"
 CYCLONEDX = "application/vnd.cyclonedx+json"
 SIGNATURE_TYPE = "cosign container image signature"
@@ -231,18 +233,23 @@ def attach(
     data: bytes,
     media_type: str,
     annotations: dict[str, str] | None = None,
+    slot: str = "",
 ) -> str:
     """Add ``data`` as a layer of the ``sha256-<hex>.<suffix>`` manifest of the image
-    ``ref``@``digest`` (other layers kept: several signatures during a key rotation);
-    returns the attachment's tag."""
+    ``ref``@``digest``; returns the attachment's tag. Other layers are kept (several
+    signatures during a key rotation) except an equal one and one of the same ``slot`` (the
+    same key's earlier signature, statement or SBOM of this digest: a re-promotion replaces
+    it, so attachments do not grow by a layer per run)."""
     host, repository = split_reference(ref)
     registry = Registry(host)
     tag = attachment_tag(digest, suffix)
     layer_digest = registry.put_blob(repository, data)
+    annotations = {**(annotations or {}), **({SLOT_ANNOTATION: slot} if slot else {})}
     layers = [
         layer
         for layer in _layers(registry, repository, tag)
-        if layer.get("annotations", {}) != (annotations or {}) or layer["digest"] != layer_digest
+        if (layer.get("annotations", {}) != annotations or layer["digest"] != layer_digest)
+        and not (slot and layer.get("annotations", {}).get(SLOT_ANNOTATION) == slot)
     ]
     layers.append(
         {
@@ -300,6 +307,7 @@ def sign_image(ref: str, digest: str, key: SigningKey) -> str:
         payload,
         SIMPLE_SIGNING,
         {SIGNATURE_ANNOTATION: sign_bytes(key, payload)},
+        slot=key.keyid,
     )
 
 

@@ -152,9 +152,11 @@ def _sign(
         return key.keyid, ""
     ref = str(infra["image"])
     tag = sign_image(ref, digest, key)
-    attach(ref, digest, "att", json.dumps(envelope).encode(), DSSE, {"predicateType": SLSA})
+    envelope_bytes = json.dumps(envelope).encode()
+    slot = f"{name}/{version}:{key.keyid}"  # one statement per version and key
+    attach(ref, digest, "att", envelope_bytes, DSSE, {"predicateType": SLSA}, slot=slot)
     if sbom is not None:
-        attach(ref, digest, "sbom", sbom.read_bytes(), CYCLONEDX)
+        attach(ref, digest, "sbom", sbom.read_bytes(), CYCLONEDX, slot="sbom")
     log.info("signed %s; its provenance%s attached", image, " and SBOM" if sbom else "")
     return key.keyid, tag
 

@@ -85,6 +85,7 @@ from components.tracking.registry import (
     log_test_split,
     log_training_keys,
     model_name,
+    set_alias,
 )
 from components.tracking.registry import client as mlflow_client
 
@@ -902,7 +903,7 @@ def run(
     # the version's own run and model: another (dead) pipeline run's when it was adopted
     registered = client.get_model_version(name, str(version))
     failpoints.hit("register.after_version", f"{name} v{version}")
-    client.set_registered_model_alias(name, CHALLENGER, str(version))
+    set_alias(client, name, CHALLENGER, version)
     log.info(
         "registered %s v%d (alias %s) from model %s, bundle sha256 %s",
         name,

@@ -13,6 +13,7 @@ import getpass
 import json
 import logging
 import os
+import re
 import socket
 import time
 import uuid
@@ -49,6 +50,31 @@ LINEAGE_TAGS = (
     "bundle_sha256",  # components.tracking.model.BUNDLE_TAG: the served files, byte for byte
 )
 TAG_LIMIT = 5000
+
+
+# a concurrent first write of the same alias: MLflow's SQL store reads, then inserts, so two
+# writers can both insert; the loser's error names the database's unique-key violation
+_ALIAS_RACE = re.compile(
+    r"IntegrityError|UniqueViolation|UNIQUE constraint|duplicate key|Duplicate entry", re.I
+)
+
+
+def set_alias(client: Any, name: str, alias: str, version: int | str, attempts: int = 5) -> None:
+    """Point ``alias`` of ``name`` at ``version``, as ``set_registered_model_alias`` does, but
+    riding out the race of two first writes of one alias (two pipelines registering at once):
+    MLflow answers the loser with BAD_REQUEST and a unique-key violation; by then the row
+    exists, so the next attempt updates it. Any other error is raised at once."""
+    from mlflow.exceptions import MlflowException
+
+    for attempt in range(attempts):
+        try:
+            client.set_registered_model_alias(name, alias, str(version))
+            return
+        except MlflowException as exc:
+            if attempt == attempts - 1 or not _ALIAS_RACE.search(str(exc)):
+                raise
+            log.info("%s: alias %s written concurrently; writing it again", name, alias)
+            time.sleep(0.05 * (attempt + 1))
 
 
 class ChampionChanged(StepError):
@@ -365,9 +391,9 @@ class Registry:
                     "register again to bless it against the new champion"
                 )
             elif current is not None:
-                self.client.set_registered_model_alias(self.name, PREVIOUS, str(current))
+                set_alias(self.client, self.name, PREVIOUS, current)
             failpoints.hit("promote.between_aliases", f"{self.name} v{version}")
-            self.client.set_registered_model_alias(self.name, CHAMPION, str(version))
+            set_alias(self.client, self.name, CHAMPION, version)
             failpoints.hit("promote.after_alias", f"{self.name} v{version}")
             event = self._record("promote", version, current, forced=force, reason=reason)
             self.client.set_model_version_tag(self.name, str(version), "promoted_at", event["at"])
@@ -455,9 +481,9 @@ class Registry:
             previous, current = aliases.get(PREVIOUS), aliases.get(CHAMPION)
             if previous is None:
                 raise StepError(f"{self.name}: no '{PREVIOUS}' alias, nothing to roll back to")
-            self.client.set_registered_model_alias(self.name, CHAMPION, str(previous))
+            set_alias(self.client, self.name, CHAMPION, previous)
             if current is not None and current != previous:
-                self.client.set_registered_model_alias(self.name, PREVIOUS, str(current))
+                set_alias(self.client, self.name, PREVIOUS, current)
             event = self._record("rollback", previous, current, forced=False, reason=reason)
         log.info("%s: rolled back champion %s -> v%d", self.name, version_label(current), previous)
         return event
