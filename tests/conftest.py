@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -416,28 +417,26 @@ def images() -> dict[str, dict]:
 HAVE_REGISTRY = shutil.which("docker-registry") is not None
 
 
-@pytest.fixture(scope="module")
-def oci_registry(tmp_path_factory: pytest.TempPathFactory):
+@contextlib.contextmanager
+def run_oci_registry(root: Path, auth: dict | None = None) -> Iterator[str]:
     """A real OCI registry (Debian's docker-registry) on 127.0.0.1, plain HTTP, declared
-    insecure to podman through its own registries.conf."""
+    insecure to podman through its own registries.conf; ``auth`` is the registry's own
+    ``auth`` config (htpasswd, token). Yields ``host:port``."""
     if not HAVE_PODMAN:
         pytest.skip(NO_PODMAN)
     if not HAVE_REGISTRY:
         pytest.skip("docker-registry not installed (.ci/run installs it)")
     from pipelines.containers import free_port
 
-    root = tmp_path_factory.mktemp("oci-registry")
     port = free_port()
-    (root / "config.yml").write_text(
-        yaml.safe_dump(
-            {
-                "version": 0.1,
-                "log": {"level": "warn"},
-                "storage": {"filesystem": {"rootdirectory": str(root / "data")}},
-                "http": {"addr": f"127.0.0.1:{port}"},
-            }
-        )
-    )
+    config = {
+        "version": 0.1,
+        "log": {"level": "warn"},
+        "storage": {"filesystem": {"rootdirectory": str(root / "data")}},
+        "http": {"addr": f"127.0.0.1:{port}"},
+        **({"auth": auth} if auth else {}),
+    }
+    (root / "config.yml").write_text(yaml.safe_dump(config))
     host = f"127.0.0.1:{port}"
     (root / "registries.conf").write_text(f'[[registry]]\nlocation = "{host}"\ninsecure = true\n')
     log_file = open(root / "registry.log", "w")  # noqa: SIM115 - closed below
@@ -455,6 +454,8 @@ def oci_registry(tmp_path_factory: pytest.TempPathFactory):
             try:
                 with urllib.request.urlopen(f"http://{host}/v2/", timeout=2):
                     break
+            except urllib.error.HTTPError:  # 401: up, and asking for credentials
+                break
             except OSError:
                 if proc.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError((root / "registry.log").read_text()[-2000:]) from None
@@ -468,6 +469,13 @@ def oci_registry(tmp_path_factory: pytest.TempPathFactory):
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)
         log_file.close()
+
+
+@pytest.fixture(scope="module")
+def oci_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """An anonymous local OCI registry for the module (:func:`run_oci_registry`)."""
+    with run_oci_registry(tmp_path_factory.mktemp("oci-registry")) as host:
+        yield host
 
 
 @pytest.fixture(scope="module")

@@ -133,10 +133,23 @@ class Registry:
             except urllib.error.HTTPError as exc:
                 if exc.code == 401 and attempt == 0 and self._login(exc.headers):
                     continue
+                if exc.code in (401, 403):
+                    raise StepError(
+                        f"registry {self.host}: {method} {urllib.parse.urlsplit(url).path}: "
+                        f"HTTP {exc.code}: {self._credential_hint()}"
+                    ) from None
                 return exc.code, exc.read(), exc.headers
             except (urllib.error.URLError, OSError) as exc:
                 raise StepError(f"registry {self.host}: {method} {url} failed ({exc})") from None
         raise AssertionError("unreachable")
+
+    def _credential_hint(self) -> str:
+        if _credentials(self.host) is None:
+            return (
+                "no credentials for it (podman login it, or point REGISTRY_AUTH_FILE at an "
+                "auth file that has them)"
+            )
+        return "the credentials in the auth file were refused"
 
     def _login(self, headers: Any) -> bool:
         challenge = str(headers.get("WWW-Authenticate", ""))
@@ -155,6 +168,12 @@ class Registry:
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as response:
                 body = json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            hint = self._credential_hint() if exc.code in (401, 403) else ""
+            raise StepError(
+                f"registry {self.host}: token request to {fields.get('realm')} refused: "
+                f"HTTP {exc.code}{': ' + hint if hint else ''}"
+            ) from None
         except (urllib.error.URLError, OSError, ValueError) as exc:
             raise StepError(f"registry {self.host}: token request failed ({exc})") from None
         self._auth = f"Bearer {body.get('token') or body.get('access_token')}"
