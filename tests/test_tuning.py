@@ -15,7 +15,8 @@ from components.ml import model_config as mc
 from components.ml.loadgen import LoadResult
 from components.ml.model_config import ModelConfig
 from components.ml.server import RunningServer
-from components.ml.tuning import Search, Trial, TuneParams, TuneSpace, config_key, tune
+from components.ml.tuning import Trial, TuneParams, TuneSpace, config_key, decide, tune
+from components.ml.tuning import grid as configs_grid
 from components.steps.package import PackageParams
 from components.steps.package import run as package_run
 from tests.conftest import REPO, package_params
@@ -98,12 +99,6 @@ def test_a_bad_search_space_is_refused_naming_the_field(space, message):
 # ------------------------------------------------------------------ the decision rule
 
 
-def _search(params: TuneParams, written: ModelConfig) -> Search:
-    search = Search.__new__(Search)  # the rule alone: no server, no wrk
-    search.params, search.written, search.trials = params, written, []
-    return search
-
-
 def _trial(config: ModelConfig, *loads: tuple[float, float]) -> Trial:
     return Trial(
         "t",
@@ -122,37 +117,34 @@ FASTER = dataclasses.replace(WRITTEN, workers=1, threads_per_worker=2)
 
 def test_throughput_never_picks_a_config_over_the_p99_budget():
     params = dataclasses.replace(SHORT, p99_budget_ms=5.0)
-    search = _search(params, WRITTEN)
-    search.trials = [
+    trials = [
         _trial(WRITTEN, (1000, 1.0), (4000, 4.0)),
         _trial(FASTER, (2000, 1.0), (9000, 8.0)),  # twice the throughput, p99 over 5 ms
     ] * 2
-    decision = search.decide([WRITTEN, FASTER])
+    decision = decide(trials, [WRITTEN, FASTER], WRITTEN, params)
     assert decision["chosen"] == WRITTEN and decision["feasible"]
 
 
 def test_a_winner_within_the_noise_does_not_replace_the_written_config():
-    search = _search(SHORT, WRITTEN)
-    search.trials = [
+    trials = [
         _trial(WRITTEN, (1000, 1.0), (4000, 2.0)),
         _trial(WRITTEN, (1000, 1.0), (4100, 2.0)),
         _trial(FASTER, (1300, 1.0), (4600, 2.0)),  # better median ...
         _trial(FASTER, (1250, 1.0), (4500, 2.0)),
         _trial(FASTER, (900, 1.0), (4000, 2.0)),  # ... but one round below the written's
     ]
-    decision = search.decide([WRITTEN, FASTER])
+    decision = decide(trials, [WRITTEN, FASTER], WRITTEN, SHORT)
     assert decision["chosen"] == WRITTEN and decision["kept_written"]
 
 
 def test_a_clear_winner_replaces_the_written_config():
-    search = _search(SHORT, WRITTEN)
-    search.trials = [
+    trials = [
         _trial(WRITTEN, (1000, 1.0), (4000, 2.0)),
         _trial(WRITTEN, (1050, 1.0), (4100, 2.0)),
         _trial(FASTER, (1500, 1.0), (6000, 2.0)),
         _trial(FASTER, (1450, 1.0), (5800, 2.0)),
     ]
-    decision = search.decide([WRITTEN, FASTER])
+    decision = decide(trials, [WRITTEN, FASTER], WRITTEN, SHORT)
     assert decision["chosen"] == FASTER and not decision["kept_written"]
     best = max(decision["finalists"], key=lambda f: f["median_score"])
     assert math.isclose(best["median_score"], math.sqrt(1475 * 5900), rel_tol=0.02)
@@ -160,12 +152,11 @@ def test_a_clear_winner_replaces_the_written_config():
 
 def test_latency_picks_the_lowest_worst_p99():
     params = dataclasses.replace(SHORT, objective="latency")
-    search = _search(params, WRITTEN)
-    search.trials = [
+    trials = [
         _trial(WRITTEN, (1000, 1.0), (4000, 6.0)),
         _trial(FASTER, (900, 1.2), (3000, 3.0)),
     ] * 2
-    assert search.decide([WRITTEN, FASTER])["chosen"] == FASTER
+    assert decide(trials, [WRITTEN, FASTER], WRITTEN, params)["chosen"] == FASTER
 
 
 def test_space_defaults_cover_every_layout_of_the_cpus():
@@ -178,7 +169,6 @@ def test_space_defaults_cover_every_layout_of_the_cpus():
 
 def test_the_search_never_shrinks_the_largest_request_clients_may_send():
     space = TuneSpace(max_batch_size=[8, 64, 128], max_queue_delay_us=[0, 500])
-    search = _search(dataclasses.replace(SHORT, space=space), WRITTEN)  # written: 64
-    grid = search.grid()
+    grid = configs_grid(WRITTEN, space)  # written: max_batch_size 64
     assert {c.max_batch_size for c in grid} == {64, 128}
     assert len(grid) == len(set(grid))  # no config measured twice

@@ -35,7 +35,7 @@ import os
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -209,6 +209,92 @@ SEARCHED = (
 )
 
 
+# ------------------------------------------------------------------ the rules (pure)
+
+
+def score(trial: Trial, params: TuneParams) -> float:
+    """Higher is better; a config with errors or over the p99 budget (throughput
+    objective) scores below every config within it."""
+    if any(r.errors for r in trial.loads) or any(r.requests == 0 for r in trial.loads):
+        return -math.inf
+    if params.objective == "latency":
+        return -trial.worst_p99()
+    geo = math.exp(statistics.fmean(math.log(r.throughput) for r in trial.loads))
+    if trial.worst_p99() > params.p99_budget_ms:
+        return -trial.worst_p99()  # below every feasible (positive) score
+    return geo
+
+
+def candidates_layouts(written: ModelConfig, space: TuneSpace) -> list[ModelConfig]:
+    """The process layouts to try, the written one first (the baseline always runs)."""
+    layouts = (
+        [parse_layout(t) for t in space.layouts] if space.layouts else layouts_for(available_cpus())
+    )
+    first = (written.workers, written.threads_per_worker)
+    layouts = [first] + [lt for lt in layouts if lt != first]
+    return [dataclasses.replace(written, workers=w, threads_per_worker=t) for w, t in layouts]
+
+
+def candidates_batching(
+    base: ModelConfig, written: ModelConfig, space: TuneSpace
+) -> list[ModelConfig]:
+    """Batching settings to try on the layout ``base``: distinct, in order, ``base`` left out."""
+    out = [dataclasses.replace(base, dynamic_batching=not base.dynamic_batching)]
+    # max_batch_size is also the largest request the server accepts: a client's contract,
+    # never searched below what package.model_config promises
+    for mb in [m for m in space.max_batch_size if m >= written.max_batch_size]:
+        for delay in space.max_queue_delay_us:
+            out.append(
+                dataclasses.replace(
+                    base, dynamic_batching=True, max_batch_size=mb, max_queue_delay_us=delay
+                )
+            )
+    return [c for c in dict.fromkeys(out) if c != base]
+
+
+def grid(written: ModelConfig, space: TuneSpace) -> list[ModelConfig]:
+    """Every config of the space (each layout x every batching candidate): what the
+    stages search a part of; the benchmark measures all of it."""
+    return [
+        c
+        for layout in candidates_layouts(written, space)
+        for c in [layout, *candidates_batching(layout, written, space)]
+    ]
+
+
+def decide(
+    trials: Sequence[Trial],
+    finalists: list[ModelConfig],
+    written: ModelConfig,
+    params: TuneParams,
+) -> dict[str, Any]:
+    """The finalist with the best median score over its rounds; the written config stays
+    unless the winner's worst round beats the written config's median."""
+    rounds = {c: [score(t, params) for t in trials if t.config == c] for c in finalists}
+    medians = {c: statistics.median(scores) for c, scores in rounds.items()}
+    winner = max(finalists, key=lambda c: medians[c])
+    written_rounds = rounds.get(written)
+    kept_written = False
+    if winner != written and written_rounds and len(rounds[winner]) > 1:
+        if min(rounds[winner]) <= medians[written]:
+            winner, kept_written = written, True
+    feasible = medians[winner] > 0 if params.objective == "throughput" else True
+    return {
+        "chosen": winner,
+        "kept_written": kept_written,
+        "feasible": feasible,
+        "finalists": [
+            {
+                "config": config_key(c),
+                "median_score": medians[c],
+                "scores": rounds[c],
+                "written": c == written,
+            }
+            for c in finalists
+        ],
+    }
+
+
 class Search:
     """One search over ``bundle`` served as ``variant`` by ``binary``."""
 
@@ -263,16 +349,7 @@ class Search:
         return trial
 
     def score(self, trial: Trial) -> float:
-        """Higher is better; a config with errors or over the p99 budget (throughput
-        objective) scores below every config within it."""
-        if any(r.errors for r in trial.loads) or any(r.requests == 0 for r in trial.loads):
-            return -math.inf
-        if self.params.objective == "latency":
-            return -trial.worst_p99()
-        geo = math.exp(statistics.fmean(math.log(r.throughput) for r in trial.loads))
-        if trial.worst_p99() > self.params.p99_budget_ms:
-            return -trial.worst_p99()  # below every feasible (positive) score
-        return geo
+        return score(trial, self.params)
 
     def left(self) -> float:
         return self.params.budget_s - (self.clock() - self.start)
@@ -290,41 +367,13 @@ class Search:
     # ------------------------------------------------------------------ the search
 
     def candidates_layouts(self) -> list[ModelConfig]:
-        space = self.params.space
-        layouts = (
-            [parse_layout(t) for t in space.layouts]
-            if space.layouts
-            else layouts_for(available_cpus())
-        )
-        written = (self.written.workers, self.written.threads_per_worker)
-        # the written settings first: the baseline always runs
-        layouts = [written] + [lt for lt in layouts if lt != written]
-        return [
-            dataclasses.replace(self.written, workers=w, threads_per_worker=t) for w, t in layouts
-        ]
+        return candidates_layouts(self.written, self.params.space)
 
     def candidates_batching(self, base: ModelConfig) -> list[ModelConfig]:
-        space = self.params.space
-        out = [dataclasses.replace(base, dynamic_batching=not base.dynamic_batching)]
-        # max_batch_size is also the largest request the server accepts: a client's contract,
-        # never searched below what package.model_config promises
-        for mb in [m for m in space.max_batch_size if m >= self.written.max_batch_size]:
-            for delay in space.max_queue_delay_us:
-                out.append(
-                    dataclasses.replace(
-                        base, dynamic_batching=True, max_batch_size=mb, max_queue_delay_us=delay
-                    )
-                )
-        return [c for c in dict.fromkeys(out) if c != base]  # distinct, in order
+        return candidates_batching(base, self.written, self.params.space)
 
     def grid(self) -> list[ModelConfig]:
-        """Every config of the space (each layout x every batching candidate): what the
-        stages search a part of; the benchmark measures all of it."""
-        return [
-            c
-            for layout in self.candidates_layouts()
-            for c in [layout, *self.candidates_batching(layout)]
-        ]
+        return grid(self.written, self.params.space)
 
     def run_stage(self, stage: str, configs: list[ModelConfig], bar: tqdm) -> None:
         for config in configs:
@@ -372,30 +421,7 @@ class Search:
         return self.decide(finalists)
 
     def decide(self, finalists: list[ModelConfig]) -> dict[str, Any]:
-        rounds = {c: [self.score(t) for t in self.trials if t.config == c] for c in finalists}
-        medians = {c: statistics.median(scores) for c, scores in rounds.items()}
-        winner = max(finalists, key=lambda c: medians[c])
-        written_rounds = rounds.get(self.written)
-        kept_written = False
-        if winner != self.written and written_rounds and len(rounds[winner]) > 1:
-            # replace the written config only when the winner's worst round beats its median
-            if min(rounds[winner]) <= medians[self.written]:
-                winner, kept_written = self.written, True
-        feasible = medians[winner] > 0 if self.params.objective == "throughput" else True
-        return {
-            "chosen": winner,
-            "kept_written": kept_written,
-            "feasible": feasible,
-            "finalists": [
-                {
-                    "config": config_key(c),
-                    "median_score": medians[c],
-                    "scores": rounds[c],
-                    "written": c == self.written,
-                }
-                for c in finalists
-            ],
-        }
+        return decide(self.trials, finalists, self.written, self.params)
 
 
 def tune(
