@@ -2,6 +2,7 @@
 
     python containers/images.py build            # base images, component image, server image
     python containers/images.py refs             # the refs an unchanged tree builds (JSON)
+    python containers/images.py policy-check     # containers/image with sigstore (below)
 
 1. Two base images from Debian packages (``mmdebstrap`` → ``podman import``), so no public
    image registry is needed: ``base-python`` (Python 3.11, what the steps run on) and
@@ -11,6 +12,11 @@
    and the prebuilt C++ server; multi-stage, no compiler in the runtime stage, uid 10001.
 3. The server image (``serving/Containerfile``): the C++ server and the OpenVINO libraries it
    loads, taken from the component image; the serving_image step adds a model on top.
+
+``policy-check`` is not shipped: Debian trixie's skopeo (containers/image 5.34, sigstore
+enabled), to check that the ``policy.json`` deploy writes is enforced by the library podman
+pulls with. Bookworm's podman and skopeo are built with sigstore disabled
+(docs/provenance.md).
 
 Tags are content hashes (the recipe, the files the build copies, the base's tag), so an
 unchanged tree gives the same tags and an unchanged image is not rebuilt. ``pip install`` in a
@@ -49,6 +55,9 @@ BASES = {
     ],
     "base-runtime": ["ca-certificates", "libgrpc++1.51", "libprotobuf32"],
 }
+# (suite, packages) of the policy-check image: containers/image (skopeo) and cosign
+POLICY_CHECK = ("trixie", ["skopeo", "cosign", "ca-certificates"])
+DEBIAN_MIRROR = "http://deb.debian.org/debian"
 # what the component image's build copies (its content tag covers exactly these)
 COMPONENT_FILES = [
     "pyproject.toml",
@@ -145,7 +154,9 @@ def pip_mounts() -> list[str]:
     return [arg for m in mounts for arg in ("-v", m)]
 
 
-def build_base(ref: str, packages: list[str]) -> None:
+def build_base(ref: str, packages: list[str], suite: str = SUITE) -> None:
+    """``suite`` other than the host's: from ``DEBIAN_MIRROR`` (the host's apt sources name
+    only its own suites)."""
     with tempfile.TemporaryDirectory() as tmp:
         rootfs = Path(tmp) / "rootfs.tar"
         subprocess.run(
@@ -156,8 +167,9 @@ def build_base(ref: str, packages: list[str]) -> None:
                 "--dpkgopt=path-exclude=/usr/share/doc/*",
                 "--dpkgopt=path-exclude=/usr/share/man/*",
                 "--dpkgopt=path-exclude=/usr/share/locale/*",
-                SUITE,
+                suite,
                 str(rootfs),
+                *([] if suite == SUITE else [DEBIAN_MIRROR]),
             ],
             check=True,
             stdout=subprocess.DEVNULL,
@@ -244,13 +256,26 @@ def build_all() -> dict[str, dict[str, object]]:
     return report
 
 
+def policy_check() -> str:
+    """The policy-check image's ref, built if missing."""
+    suite, packages = POLICY_CHECK
+    ref = f"{PREFIX}/policy-check:{content_tag(suite, 'minbase', *packages)}"
+    if not exists(ref):
+        log.info("building %s", ref)
+        build_base(ref, packages, suite)
+    return ref
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("command", choices=["build", "refs"])
+    parser.add_argument("command", choices=["build", "refs", "policy-check"])
     args = parser.parse_args(argv)
+    if args.command == "policy-check":
+        sys.stdout.write(policy_check() + "\n")
+        return 0
     if args.command == "refs":
         sys.stdout.write(json.dumps(refs(), indent=2) + "\n")
         return 0

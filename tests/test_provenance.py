@@ -9,6 +9,7 @@ tests/conftest.py (as a cluster mounts a Secret and a ConfigMap).
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import stat
@@ -53,7 +54,7 @@ from components.tracking.signing import (
     trusted_keys,
 )
 from pipelines.containers import free_port
-from tests.conftest import fp32_bundle
+from tests.conftest import CONTAINERS_CONF, fp32_bundle
 from tests.test_deploy import NAME, release_version, track_and_register
 
 
@@ -100,6 +101,27 @@ def derived_image(base: str, ref: str, label: str, root: Path) -> str:
         ["podman", "build", "-q", "-t", ref, str(context)], check=True, capture_output=True
     )
     return push_image("podman", ref)
+
+
+def retagged_after_signing(released, images, label: str, root: Path) -> str:
+    """An image signed with the trusted key for another repository, then copied with its
+    signature into the serving repository (the signature names the other repository)."""
+    repo = released.image.rsplit(":", 1)[0]
+    elsewhere = repo.replace("digits-server", "scratch-server")
+    digest = derived_image(images["server"]["ref"], f"{elsewhere}:{label}", label, root)
+    sign_image(elsewhere, digest, signing_key())
+    verify_image(elsewhere, digest, trusted_keys())  # valid where it was signed
+    subprocess.run(["podman", "tag", f"{elsewhere}:{label}", f"{repo}:{label}"], check=True)
+    assert push_image("podman", f"{repo}:{label}") == digest
+    host, source = split_reference(elsewhere)
+    _, target = split_reference(repo)
+    registry = Registry(host)
+    manifest, media_type = registry.manifest(source, attachment_tag(digest, "sig"))
+    spec = json.loads(manifest)
+    for blob in (spec["config"], *spec["layers"]):  # the signature travels along
+        registry.put_blob(target, registry.blob(source, blob["digest"]))
+    registry.put_manifest(target, attachment_tag(digest, "sig"), manifest, media_type)
+    return digest
 
 
 def deploy_podman(server, released, tmp_path, monkeypatch) -> dict:
@@ -225,22 +247,7 @@ def test_deploy_refuses_an_image_retagged_into_the_repository_after_signing(
 ):
     """An image signed (with the trusted key) for another repository, copied with its
     signature into the serving repository: the signature names the other repository."""
-    repo = released.image.rsplit(":", 1)[0]
-    elsewhere = repo.replace("digits-server", "scratch-server")
-    base = images["server"]["ref"]
-    digest = derived_image(base, f"{elsewhere}:signed", "retagged", tmp_path)
-    sign_image(elsewhere, digest, signing_key())
-    verify_image(elsewhere, digest, trusted_keys())  # valid where it was signed
-    subprocess.run(["podman", "tag", f"{elsewhere}:signed", f"{repo}:retagged"], check=True)
-    assert push_image("podman", f"{repo}:retagged") == digest
-    host, source = split_reference(elsewhere)
-    _, target = split_reference(repo)
-    registry = Registry(host)
-    manifest, media_type = registry.manifest(source, attachment_tag(digest, "sig"))
-    spec = json.loads(manifest)
-    for blob in (spec["config"], *spec["layers"]):  # the signature travels along
-        registry.put_blob(target, registry.blob(source, blob["digest"]))
-    registry.put_manifest(target, attachment_tag(digest, "sig"), manifest, media_type)
+    digest = retagged_after_signing(released, images, "retagged", tmp_path)
     image_digest_tag(digest)
     with pytest.raises(VerificationError, match="signed for another repository"):
         deploy_podman(server, released, tmp_path, monkeypatch)
@@ -284,6 +291,96 @@ def test_the_honest_version_still_deploys_after_the_refusals(server, released, t
     record = deploy_podman(server, released, tmp_path, monkeypatch)
     assert record["deployed"] and record["verified"]["verified"] is True
     assert record["image"].endswith(released.digest)
+
+
+@pytest.fixture(scope="module")
+def policy_check() -> str:
+    """containers/image with sigstore enabled: trixie's skopeo (containers/images.py)."""
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "containers" / "images.py"), "policy-check"],
+        capture_output=True, text=True, timeout=900, cwd=REPO,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout.splitlines()[-1]  # after podman import's own output
+
+
+def in_policy_check(policy_check: str, deployed: Path, *argv: str) -> subprocess.CompletedProcess:
+    """``argv`` in the policy-check image, on the host's network, ``deployed`` mounted."""
+    return subprocess.run(
+        ["podman", "run", "--rm", "--network", "host", "-v", f"{deployed}:{deployed}:ro",
+         policy_check, *argv],
+        capture_output=True, text=True, timeout=300,
+        env={**os.environ, "CONTAINERS_CONF": str(CONTAINERS_CONF)},
+    )  # fmt: skip
+
+
+def pull_under_policy(policy_check: str, deployed: Path, image: str) -> subprocess.CompletedProcess:
+    """containers/image copies ``image`` out of the registry under the ``policy.json`` and
+    ``registries.d/`` that deploy wrote in ``deployed``."""
+    return in_policy_check(
+        policy_check, deployed, "skopeo", "--policy", str(deployed / "policy.json"),
+        "--registries.d", str(deployed / "registries.d"),
+        "copy", "--src-tls-verify=false", f"docker://{image}", "dir:/tmp/pulled",
+    )  # fmt: skip
+
+
+def cosign(policy_check: str, deployed: Path, command: str, image: str, *extra: str):
+    """``cosign verify`` / ``verify-attestation`` of ``image`` with the key deploy wrote,
+    offline (no transparency log), as policy-controller checks a key authority."""
+    return in_policy_check(
+        policy_check, deployed, "cosign", command, "--key", str(deployed / "image-signing.pub"),
+        "--insecure-ignore-tlog=true", "--allow-http-registry", "--allow-insecure-registry",
+        *extra, image,
+    )  # fmt: skip
+
+
+def test_cosign_and_containers_image_enforce_what_deploy_enforces(
+    server, released, images, other_key, policy_check, tmp_path, monkeypatch
+):
+    """The tools a platform team enforces with read what promote wrote: cosign (as
+    policy-controller and Kyverno do) verifies the image signature and the SLSA attestation;
+    containers/image 5.34 (podman's library, sigstore enabled, unlike Debian bookworm's)
+    admits under the ``policy.json`` and ``registries.d/`` deploy writes exactly what deploy
+    admits."""
+    record = deploy_podman(server, released, tmp_path, monkeypatch)
+    deployed = (tmp_path / "deploy").resolve()
+    repo = released.image.rsplit(":", 1)[0]
+    (rule,) = read_json(deployed / "policy.json")["transports"]["docker"][repo]
+    assert Path(rule["keyPath"]) == deployed / "image-signing.pub"
+
+    signed = cosign(policy_check, deployed, "verify", record["image"])
+    assert signed.returncode == 0, signed.stderr[-2000:]
+    (claim,) = json.loads(signed.stdout)
+    assert claim["critical"]["identity"]["docker-reference"] == repo
+    assert claim["critical"]["image"]["docker-manifest-digest"] == released.digest
+    attested = cosign(
+        policy_check, deployed, "verify-attestation", record["image"], "--type", "slsaprovenance1"
+    )
+    assert attested.returncode == 0, attested.stderr[-2000:]
+    (envelope,) = (json.loads(line) for line in attested.stdout.splitlines() if line.strip())
+    statement = json.loads(base64.b64decode(envelope["payload"]))
+    assert {"sha256": released.digest.split(":")[1]} in [s["digest"] for s in statement["subject"]]
+    honest = pull_under_policy(policy_check, deployed, record["image"])
+    assert honest.returncode == 0, honest.stderr[-2000:]
+
+    base = images["server"]["ref"]
+    unsigned = derived_image(base, f"{repo}:policy-unsigned", "policy-unsigned", tmp_path)
+    untrusted = derived_image(base, f"{repo}:policy-other-key", "policy-other-key", tmp_path)
+    sign_image(repo, untrusted, other_key)
+    retagged = retagged_after_signing(released, images, "policy-retagged", tmp_path)
+    why = {}
+    for digest in (unsigned, untrusted, retagged):
+        refused = pull_under_policy(policy_check, deployed, f"{repo}@{digest}")
+        assert refused.returncode != 0, f"{digest} admitted"
+        assert "Source image rejected" in refused.stderr, refused.stderr[-2000:]
+        why[digest] = refused.stderr
+    assert "no signature exists" in why[unsigned]
+    for digest in (unsigned, untrusted):
+        assert cosign(policy_check, deployed, "verify", f"{repo}@{digest}").returncode != 0
+    # the same image under another repository's name: not admitted by this policy at all
+    elsewhere = repo.replace("digits-server", "scratch-server")
+    other_repo = pull_under_policy(policy_check, deployed, f"{elsewhere}@{retagged}")
+    assert other_repo.returncode != 0 and "Source image rejected" in other_repo.stderr
 
 
 # --------------------------------------------------------------------------- bundles

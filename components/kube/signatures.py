@@ -377,6 +377,17 @@ def verify_image(ref: str, digest: str, keys: Sequence[TrustedKey]) -> ImageVeri
     raise VerificationError(f"{image}: refused: {'; '.join(dict.fromkeys(problems))}")
 
 
+def attach_attestation(
+    ref: str, digest: str, envelope: dict[str, Any], predicate_type: str, slot: str
+) -> str:
+    """Attach the signed DSSE ``envelope`` as cosign does (``cosign verify-attestation``
+    reads it): the signature is inside the envelope, the layer's signature annotation is
+    empty."""
+    annotations = {"predicateType": predicate_type, SIGNATURE_ANNOTATION: ""}
+    data = json.dumps(envelope).encode()
+    return attach(ref, digest, "att", data, DSSE, annotations, slot=slot)
+
+
 def attestations(ref: str, digest: str) -> list[dict[str, Any]]:
     """The DSSE envelopes attached to ``ref``@``digest`` (unverified)."""
     host, repository = split_reference(ref)
@@ -408,3 +419,10 @@ def policy_json(ref: str, key_path: Path) -> dict[str, Any]:
             "containers-storage": {"": [{"type": "insecureAcceptAnything"}]},
         },
     }
+
+
+def registries_d(ref: str) -> dict[str, Any]:
+    """The ``registries.d`` entry that makes containers/image look for the signatures of
+    ``ref``'s registry where they are stored (the ``sha256-<hex>.sig`` tags)."""
+    host, _ = split_reference(ref)
+    return {"docker": {host: {"use-sigstore-attachments": True}}}

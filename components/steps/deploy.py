@@ -59,7 +59,7 @@ from components.core.uris import redact_uri
 from components.kernel.step import REPO, In, Out, Step
 from components.kube.check import check_manifests, load_manifests
 from components.kube.images import _run, image_repository
-from components.kube.signatures import policy_json
+from components.kube.signatures import policy_json, registries_d
 from components.kube.verify import check_version
 from components.ml.kserve_client import KServeClient, KServeError
 from components.tracking.fetch_model import fetch
@@ -198,9 +198,9 @@ def verify_release(
 ) -> dict[str, Any]:
     """Refuse ``rel`` unless its signed provenance (matching its lineage tags) and its image
     signature verify against the trusted keys (``components.kube.verify``); its bundle is
-    verified where it is fetched. ``out``: also write the containers ``policy.json`` that
-    makes a podman with sigstore support enforce the image signature itself (``final``: where
-    ``out`` will be once written)."""
+    verified where it is fetched. ``out``: also write the containers ``policy.json`` and
+    ``registries.d/`` that make a podman with sigstore support enforce the image signature
+    itself (``final``: where ``out`` will be once written)."""
     keys = trusted_keys()
     if keys is None:
         log.warning("%s=%s: deploying v%d unverified", TRUST_ENV, ACCEPT_ANYTHING, rel.version)
@@ -212,6 +212,8 @@ def verify_release(
         write_text(out / "image-signing.pub", signer.pem.decode())
         key_path = (final or out).resolve() / "image-signing.pub"
         write_json(out / "policy.json", policy_json(rel.image, key_path))
+        lookaside = yaml.safe_dump(registries_d(rel.image))
+        write_text(out / "registries.d" / "paddle-mlops.yaml", lookaside)
     log.info("%s v%d: provenance and image signature verified", rel.model, rel.version)
     return {"verified": True, **report}
 

@@ -23,7 +23,6 @@ happened and succeeds (the pipeline worked; the model was not good enough). For 
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from dataclasses import asdict, dataclass
@@ -32,7 +31,7 @@ from pathlib import Path
 from components.core.artifacts import StepError, read_json, write_json
 from components.kernel.step import In, Out, Step, Value
 from components.kube.images import image_repository, push_image
-from components.kube.signatures import CYCLONEDX, DSSE, attach, sign_image
+from components.kube.signatures import CYCLONEDX, attach, attach_attestation, sign_image
 from components.tracking.provenance import SBOM, SLSA, sign_version
 from components.tracking.registry import ChampionChanged, Registry, RegistryParams, tracking_uri
 from components.tracking.registry import client as mlflow_client
@@ -152,9 +151,8 @@ def _sign(
         return key.keyid, ""
     ref = str(infra["image"])
     tag = sign_image(ref, digest, key)
-    envelope_bytes = json.dumps(envelope).encode()
     slot = f"{name}/{version}:{key.keyid}"  # one statement per version and key
-    attach(ref, digest, "att", envelope_bytes, DSSE, {"predicateType": SLSA}, slot=slot)
+    attach_attestation(ref, digest, envelope, SLSA, slot)
     if sbom is not None:
         attach(ref, digest, "sbom", sbom.read_bytes(), CYCLONEDX, slot="sbom")
     log.info("signed %s; its provenance%s attached", image, " and SBOM" if sbom else "")
