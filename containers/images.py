@@ -111,11 +111,13 @@ def content_tag(*parts: str, files: list[Path] = ()) -> str:
     return h.hexdigest()[:12]
 
 
+def base_ref(name: str, packages: list[str], suite: str = SUITE) -> str:
+    """The ref of an image made from Debian ``suite``'s ``packages`` alone."""
+    return f"{PREFIX}/{name}:{content_tag(suite, 'minbase', *packages)}"
+
+
 def refs() -> dict[str, str]:
-    bases = {
-        name: f"{PREFIX}/{name}:{content_tag(SUITE, 'minbase', *pkgs)}"
-        for name, pkgs in BASES.items()
-    }
+    bases = {name: base_ref(name, pkgs) for name, pkgs in BASES.items()}
     components = f"{PREFIX}/components:" + content_tag(
         bases["base-python"], files=tracked(COMPONENT_FILES)
     )
@@ -259,7 +261,7 @@ def build_all() -> dict[str, dict[str, object]]:
 def policy_check() -> str:
     """The policy-check image's ref, built if missing."""
     suite, packages = POLICY_CHECK
-    ref = f"{PREFIX}/policy-check:{content_tag(suite, 'minbase', *packages)}"
+    ref = base_ref("policy-check", packages, suite)
     if not exists(ref):
         log.info("building %s", ref)
         build_base(ref, packages, suite)

@@ -212,8 +212,8 @@ def verify_release(
         write_text(out / "image-signing.pub", signer.pem.decode())
         key_path = (final or out).resolve() / "image-signing.pub"
         write_json(out / "policy.json", policy_json(rel.image, key_path))
-        lookaside = yaml.safe_dump(registries_d(rel.image))
-        write_text(out / "registries.d" / "paddle-mlops.yaml", lookaside)
+        attachments = yaml.safe_dump(registries_d(rel.image))
+        write_text(out / "registries.d" / "paddle-mlops.yaml", attachments)
     log.info("%s v%d: provenance and image signature verified", rel.model, rel.version)
     return {"verified": True, **report}
 
