@@ -37,7 +37,10 @@ def repo(
         **{
             **TINY_DIGITS,
             # the real search, short: what dvc repro ships is the tuned config, validated
-            "package": {"tune": {"budget_s": 10, "concurrencies": [1, 4], "repeats": 1}},
+            # (a trial count bounds it, not a time: the same trials on every host)
+            "package": {
+                "tune": {"budget_s": 900, "max_trials": 3, "concurrencies": [1, 4], "repeats": 1}
+            },
         },
         serving_image={
             "golden_samples": 32,
@@ -97,7 +100,7 @@ def test_repro_runs_every_stage_and_writes_the_contract(repo):
     table = json.loads((bundle / "tune.json").read_text())
     shipped = json.loads((bundle / "model_config.json").read_text())
     assert {k: shipped[k] for k in table["chosen_settings"]} == table["chosen_settings"]
-    assert table["elapsed_s"] <= 10 + max(t["seconds"] for t in table["trials"]) + 1
+    assert len(table["trials"]) == 3  # max_trials
     infra = json.loads((repo / "outputs" / "serving_image" / "infra.json").read_text())
     assert infra["infra_validated"] and infra["model_config"] == shipped
 

@@ -20,8 +20,17 @@ Objectives: ``throughput`` — the geometric mean of requests/s over the concurr
 configs whose p99 is within ``p99_budget_ms`` at every one (none is: the lowest worst p99
 wins, and the result says so); ``latency`` — the lowest worst p99 over the concurrencies.
 
-A stage that would overrun the budget stops at the last candidate that fits (the estimate is
-the mean trial time so far); the search table says which candidates ran.
+A stage that would overrun the budget (``budget_s``, or ``max_trials`` trials) stops at the last
+candidate that fits (the estimate is the mean trial time so far); the search table says which
+candidates ran.
+
+**The CPUs here bound what may be searched and chosen.** Only layouts with workers x threads <=
+the CPUs this process may use (affinity capped by a cgroup quota: a pod's CPU limit) are
+searched, batched around, taken as finalists or chosen. The written layout always runs first;
+when it needs more CPUs than that, it runs once as a *reference* (its score is what
+``chosen_vs_written`` compares with) and nothing else: ``tune.json`` says ``written_fits: false``
+and one warning names both counts. Listed layouts (``space.layouts``) that do not fit are
+skipped and named in ``skipped_layouts``. One trial of a layout that fits always runs.
 
 Library layer: imported by steps, imports no step.
 """
@@ -77,6 +86,7 @@ class TuneSpace:
 @dataclass(frozen=True)
 class TuneParams:
     budget_s: float = 60.0  # wall seconds of the whole search; 0: no search
+    max_trials: int = 0  # at most this many trials (server runs); 0: only budget_s bounds it
     objective: Literal["throughput", "latency"] = "throughput"
     p99_budget_ms: float = 50.0  # throughput: a config over it at any concurrency is out
     concurrencies: list[int] = field(default_factory=lambda: [1, 16])
@@ -89,6 +99,8 @@ class TuneParams:
     def check(self) -> None:
         if self.budget_s < 0:
             raise ValueError(f"budget_s: must be >= 0, got {self.budget_s}")
+        if self.max_trials < 0:
+            raise ValueError(f"max_trials: must be >= 0 (0: no limit), got {self.max_trials}")
         if not self.concurrencies or min(self.concurrencies) < 1:
             raise ValueError(f"concurrencies: each must be >= 1, got {self.concurrencies}")
         if self.trial_s < 1:
@@ -148,6 +160,11 @@ def parse_layout(text: str) -> tuple[int, int]:
 def layouts_for(cpus: int) -> list[tuple[int, int]]:
     """Every workers x threads with workers * threads <= ``cpus`` (each at least 1)."""
     return [(w, t) for w in range(1, cpus + 1) for t in range(1, cpus // w + 1)]
+
+
+def layout_cpus(config: ModelConfig) -> int:
+    """The CPUs a config's layout runs on: workers x threads per worker."""
+    return config.workers * config.threads_per_worker
 
 
 def config_key(config: ModelConfig) -> str:
@@ -225,14 +242,18 @@ def score(trial: Trial, params: TuneParams) -> float:
     return geo
 
 
-def candidates_layouts(written: ModelConfig, space: TuneSpace) -> list[ModelConfig]:
-    """The process layouts to try, the written one first (the baseline always runs)."""
-    layouts = (
-        [parse_layout(t) for t in space.layouts] if space.layouts else layouts_for(available_cpus())
-    )
+def candidates_layouts(
+    written: ModelConfig, space: TuneSpace, cpus: int
+) -> tuple[list[ModelConfig], list[str]]:
+    """The process layouts to try on ``cpus`` CPUs, the written one first (the baseline always
+    runs, as a reference only when it does not fit), and the listed layouts skipped because
+    they need more CPUs than ``cpus``: (configs, skipped ``"WxT"``)."""
+    layouts = [parse_layout(t) for t in space.layouts] if space.layouts else layouts_for(cpus)
     first = (written.workers, written.threads_per_worker)
-    layouts = [first] + [lt for lt in layouts if lt != first]
-    return [dataclasses.replace(written, workers=w, threads_per_worker=t) for w, t in layouts]
+    skipped = [f"{w}x{t}" for w, t in layouts if w * t > cpus and (w, t) != first]
+    layouts = [first] + [(w, t) for w, t in layouts if (w, t) != first and w * t <= cpus]
+    configs = [dataclasses.replace(written, workers=w, threads_per_worker=t) for w, t in layouts]
+    return configs, list(dict.fromkeys(skipped))
 
 
 def candidates_batching(
@@ -252,12 +273,14 @@ def candidates_batching(
     return [c for c in dict.fromkeys(out) if c != base]
 
 
-def grid(written: ModelConfig, space: TuneSpace) -> list[ModelConfig]:
-    """Every config of the space (each layout x every batching candidate): what the
-    stages search a part of; the benchmark measures all of it."""
+def grid(written: ModelConfig, space: TuneSpace, cpus: int) -> list[ModelConfig]:
+    """Every config of the space that fits ``cpus`` (each layout x every batching candidate):
+    what the stages search a part of and may choose; the benchmark measures all of it."""
+    layouts, _ = candidates_layouts(written, space, cpus)
     return [
         c
-        for layout in candidates_layouts(written, space)
+        for layout in layouts
+        if layout_cpus(layout) <= cpus
         for c in [layout, *candidates_batching(layout, written, space)]
     ]
 
@@ -269,7 +292,8 @@ def decide(
     params: TuneParams,
 ) -> dict[str, Any]:
     """The finalist with the best median score over its rounds; the written config stays
-    unless the winner's worst round beats the written config's median."""
+    unless the winner's worst round beats the written config's median. ``finalists`` are
+    configs the CPUs here can run (the written one only when it fits)."""
     rounds = {c: [score(t, params) for t in trials if t.config == c] for c in finalists}
     medians = {c: statistics.median(scores) for c, scores in rounds.items()}
     winner = max(finalists, key=lambda c: medians[c])
@@ -307,9 +331,11 @@ class Search:
         written: ModelConfig,
         work: Path,
         clock: Callable[[], float] = time.monotonic,
+        cpus: int | None = None,
     ):
         self.params, self.binary, self.bundle, self.variant = params, binary, bundle, variant
         self.written, self.work, self.clock = written, work, clock
+        self.cpus = available_cpus() if cpus is None else cpus
         self.wrk = Wrk(work)
         self.body, self.header_len = request_body(bundle, work)
         self.trials: list[Trial] = []
@@ -356,54 +382,82 @@ class Search:
 
     def fits(self) -> bool:
         """Another trial fits the budget (estimate: the mean trial so far)."""
-        if not self.trials:
-            return True
-        return statistics.fmean(t.seconds for t in self.trials) <= self.left()
+        return self.fits_round(1)
 
     def fits_round(self, trials: int) -> bool:
-        """``trials`` more trials fit the budget (estimate: the mean trial so far)."""
+        """``trials`` more trials fit the budget: ``max_trials``, and the time left (estimate:
+        the mean trial so far)."""
+        if self.params.max_trials and len(self.trials) + trials > self.params.max_trials:
+            return False
+        if not self.trials:
+            return True
         return statistics.fmean(t.seconds for t in self.trials) * trials <= self.left()
+
+    def runnable(self, config: ModelConfig) -> bool:
+        """Its layout fits the CPUs here (a pod's CPU limit)."""
+        return layout_cpus(config) <= self.cpus
 
     # ------------------------------------------------------------------ the search
 
-    def candidates_layouts(self) -> list[ModelConfig]:
-        return candidates_layouts(self.written, self.params.space)
+    def candidates_layouts(self) -> tuple[list[ModelConfig], list[str]]:
+        return candidates_layouts(self.written, self.params.space, self.cpus)
 
     def candidates_batching(self, base: ModelConfig) -> list[ModelConfig]:
         return candidates_batching(base, self.written, self.params.space)
 
     def grid(self) -> list[ModelConfig]:
-        return grid(self.written, self.params.space)
+        return grid(self.written, self.params.space, self.cpus)
 
     def run_stage(self, stage: str, configs: list[ModelConfig], bar: tqdm) -> None:
         for config in configs:
             if any(t.config == config for t in self.trials):
                 continue
-            if not self.fits():
+            # one trial of a runnable layout always runs: without it nothing can be chosen
+            if not self.fits() and any(self.runnable(t.config) for t in self.trials):
                 log.info("tune: budget reached in stage %s", stage)
                 return
-            self.measure(stage, config)
+            self.measure(stage if self.runnable(config) else "reference", config)
             bar.update(1)
 
-    def best(self, configs: list[ModelConfig] | None = None) -> list[ModelConfig]:
-        """Distinct configs by their best first-round score, best first."""
+    def best(self) -> list[ModelConfig]:
+        """Distinct configs this machine can run, by their best score, best first."""
         by_config: dict[ModelConfig, float] = {}
         for t in self.trials:
-            if configs is None or t.config in configs:
+            if self.runnable(t.config):
                 by_config[t.config] = max(by_config.get(t.config, -math.inf), self.score(t))
         return sorted(by_config, key=lambda c: by_config[c], reverse=True)
 
     def run(self) -> dict[str, Any]:
         p = self.params
-        layouts = self.candidates_layouts()
+        layouts, skipped = self.candidates_layouts()
+        if not any(self.runnable(c) for c in layouts):
+            raise StepError(
+                f"package.tune.space.layouts: none of {p.space.layouts} fits the {self.cpus} "
+                "CPUs this process may use (workers x threads per worker must be <= it)"
+            )
+        if not self.runnable(self.written):
+            log.warning(
+                "tune: the written layout %dx%d needs %d CPUs, this process may use %d: "
+                "measured once as a reference; only layouts of <= %d CPUs are searched or chosen",
+                self.written.workers,
+                self.written.threads_per_worker,
+                layout_cpus(self.written),
+                self.cpus,
+                self.cpus,
+            )
+        if skipped:
+            log.warning(
+                "tune: %d listed layouts need more than %d CPUs and are skipped: %s",
+                len(skipped),
+                self.cpus,
+                ", ".join(skipped),
+            )
         with tqdm(desc="tune", unit="trial", leave=False) as bar:
             self.run_stage("layout", layouts, bar)
-            if not self.trials:
-                raise StepError(f"package.tune.budget_s: {p.budget_s} s is too short for one trial")
             best_layout = self.best()[0]
             self.run_stage("batching", self.candidates_batching(best_layout), bar)
             finalists = self.best()[: p.finalists]
-            if self.written not in finalists and any(t.config == self.written for t in self.trials):
+            if self.written not in finalists and self.written in self.best():
                 finalists = [*finalists[: p.finalists - 1], self.written]
             rounds = 0
             # `repeats` rounds at least, then more whole rounds while the budget lasts: the
@@ -429,19 +483,24 @@ def tune(
     binary: Path,
     bundle: Path,
     written: ModelConfig,
+    cpus: int | None = None,
 ) -> tuple[ModelConfig, dict[str, Any]]:
-    """Search the config ``bundle`` is served best with on this machine: (the chosen config,
-    the search table for ``tune.json``)."""
+    """Search the config ``bundle`` is served best with on this machine (``cpus``: the CPUs
+    it may use, default :func:`available_cpus`): (the chosen config, the search table for
+    ``tune.json``)."""
     signature = read_json(bundle / "signature.json")
     has_int8 = "int8_openvino" in signature.get("formats", {})
     variant = params.variant if params.variant == "fp32" or has_int8 else "fp32"
     with tempfile.TemporaryDirectory(prefix="tune-") as work:
-        search = Search(params, binary, bundle, variant, written, Path(work))
+        search = Search(params, binary, bundle, variant, written, Path(work), cpus=cpus)
         decision = search.run()
         elapsed = search.clock() - search.start
     chosen: ModelConfig = decision.pop("chosen")
     unit = "requests/s (geometric mean)" if params.objective == "throughput" else "-p99 ms (worst)"
-    written_score = next((f["median_score"] for f in decision["finalists"] if f["written"]), None)
+    # the written config's median over its rounds (a finalist's, or its reference run's)
+    written_scores = [search.score(t) for t in search.trials if t.config == written]
+    written_score = statistics.median(written_scores) if written_scores else None
+    _, skipped = search.candidates_layouts()
     chosen_score = next(
         f["median_score"] for f in decision["finalists"] if f["config"] == config_key(chosen)
     )
@@ -451,10 +510,15 @@ def tune(
         "params": asdict(params),
         "variant": variant,
         "cpu": cpu_model(),
-        "cpus": available_cpus(),
+        "cpus": search.cpus,
         "elapsed_s": round(elapsed, 2),
         "trials": [t.row() for t in search.trials],
         "written": config_key(written),
+        # false: the written layout needs more CPUs than this process may use; it ran once
+        # as a reference (stage "reference") and could not be searched around or chosen
+        "written_fits": search.runnable(written),
+        "written_cpus": layout_cpus(written),
+        "skipped_layouts": skipped,
         "chosen": config_key(chosen),
         "chosen_settings": {k: getattr(chosen, k) for k in SEARCHED},
         "chosen_score": chosen_score,
