@@ -17,13 +17,16 @@ TASK ?= digits
 PIPELINE := $(if $(filter digits,$(TASK)),dvc.yaml,tasks/$(TASK)/dvc.yaml)
 PARAMS := $(if $(filter digits,$(TASK)),params.yaml,tasks/$(TASK)/params.yaml)
 
-.PHONY: help doctor install apt-deps bench-deps serving serving-test run data repro status test test-faults lint format metrics plots mlflow-ui mlflow-server registry bench bench-serving bench-distributed bench-data pipeline kfp-local images container-deps kfp-containers clean
+.PHONY: help doctor install apt-deps bench-deps serving serving-test run data repro status test test-quick test-loaded test-faults lint format metrics plots mlflow-ui mlflow-server registry bench bench-serving bench-distributed bench-data pipeline kfp-local images container-deps kfp-containers clean
 
 help:
 	@echo "make run      - install, materialise data/raw, run the whole pipeline (dvc repro)"
 	@echo "make run TASK=sentiment - the ERNIE sentiment pipeline (dvc repro tasks/sentiment/dvc.yaml)"
 	@echo "make doctor   - what this machine can do (Paddle, GPU/AMP, OpenVINO/ISA, podman, MLflow, DVC, server)"
 	@echo "make test     - install, build the C++ server, run its unit tests and the whole suite"
+	@echo "               (parallel: TEST_WORKERS=4; extra pytest flags: PYTEST_ARGS=...)"
+	@echo "make test-quick  - the unit tier alone (no pipeline, no image): a few minutes"
+	@echo "make test-loaded - the whole suite with a CPU hog pinned to one CPU (a busy host)"
 	@echo "make test-faults - every fault-injection row (SIGKILL per stage too); rewrites docs/faults.md"
 	@echo "make serving  - build the C++ KServe-v2 server (build/serving/paddle-mlops-server)"
 	@echo "make lint     - ruff"
@@ -118,12 +121,28 @@ metrics: install
 plots: install
 	dvc plots show
 
-# The container tests need the images: on a fresh machine building them takes ~15-20 min on 2
-# cores, longer than one test's timeout, so they are built first (nothing to do when unchanged)
+# The suite runs on TEST_WORKERS pytest-xdist workers, each test module on one worker (its
+# module fixtures, e.g. an MLflow server, start once), longest modules first. Session fixtures
+# (the digits model, the images) are made once per run by whichever worker needs them first:
+# on a fresh machine the images (~15 min on 2 cores) build while the other workers run other
+# tests. Tiers (markers, tests/suite.py): unit, pipeline, containers. The last line is the
+# run's account: tests= passed= failed= skipped= wall_s= slowest= (also build/test-summary.txt).
+TEST_WORKERS ?= 4
+PYTEST_XDIST = -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 test: install serving-test
-	@if command -v podman >/dev/null && command -v mmdebstrap >/dev/null; then \
-	  python containers/images.py build; fi
-	python -m pytest $(PYTEST_ARGS)
+	python -m pytest $(PYTEST_XDIST) $(PYTEST_ARGS)
+
+# the unit tier alone (no pipeline, no image): the inner loop, a few minutes
+test-quick: install
+	python -m pytest $(PYTEST_XDIST) -m unit $(PYTEST_ARGS)
+
+# the whole suite with a CPU hog pinned to the last CPU (a busy host): every outcome must be
+# the same; the hog stops with the run, however it ends
+test-loaded: install serving-test
+	@cpu=$$(( $$(nproc) - 1 )); taskset -c $$cpu sh -c 'while :; do :; done' & hog=$$!; \
+	trap 'kill $$hog 2>/dev/null' EXIT INT TERM; \
+	echo "test-loaded: a CPU hog (pid $$hog) on CPU $$cpu"; \
+	python -m pytest $(PYTEST_XDIST) $(PYTEST_ARGS)
 
 # the whole fault-injection matrix, slow rows included, written to docs/faults.md
 test-faults: install serving

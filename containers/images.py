@@ -21,7 +21,8 @@ pulls with. Bookworm's podman and skopeo are built with sigstore disabled
 Tags are content hashes (the recipe, the files the build copies, the base's tag), so an
 unchanged tree gives the same tags and an unchanged image is not rebuilt. ``pip install`` in a
 build uses this machine's pip configuration (index mirrors, CA bundle), mounted read-only for
-the build only: nothing of it is baked into an image.
+the build only, and its pip cache (wheels built from sdists): nothing of either is baked into
+an image.
 """
 
 from __future__ import annotations
@@ -153,6 +154,13 @@ def pip_mounts() -> list[str]:
     mounts = [f"{p}:{p}:ro" for p in sorted(paths) if p != ca]
     if Path(ca).exists():
         mounts.append(f"{ca}:/run/host-ca.crt:ro")
+    # the host's pip cache (the wheels it built from sdists, what it downloaded): the build
+    # reuses and adds to it, like a BuildKit cache mount; never part of the image
+    cache = subprocess.run(
+        [sys.executable, "-m", "pip", "cache", "dir"], capture_output=True, text=True
+    ).stdout.strip()
+    if cache and Path(cache).is_dir():
+        mounts.append(f"{cache}:/run/pip-cache")
     return [arg for m in mounts for arg in ("-v", m)]
 
 

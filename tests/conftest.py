@@ -19,7 +19,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.suite import shared
+
 REPO = Path(__file__).resolve().parents[1]
+
+# tiers, order, fixtures shared by the xdist workers, the run's one-line account
+pytest_plugins = ["tests.suite"]
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
@@ -52,9 +57,15 @@ def digits_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from components.steps.ingest import IngestParams, run
     from components.tasks import get_task
 
-    out = tmp_path_factory.mktemp("digits") / "ingest"
-    run(IngestParams(source="builtin:digits", kind="builtin"), get_task("digits"), out)
-    return out
+    def make(root: Path) -> Path:
+        run(
+            IngestParams(source="builtin:digits", kind="builtin"),
+            get_task("digits"),
+            root / "ingest",
+        )
+        return root / "ingest"
+
+    return shared(tmp_path_factory, "digits", make)
 
 
 @pytest.fixture(scope="session")
@@ -69,15 +80,17 @@ def trained(tmp_path_factory: pytest.TempPathFactory, digits_data: Path, digits_
     """A small model trained for a few epochs (enough for parity and evaluation tests)."""
     from components.steps.train import TrainParams, run
 
-    root = tmp_path_factory.mktemp("trained")
-    run(
-        TrainParams(epochs=4, batch_size=64),
-        digits_task,
-        digits_data,
-        root / "train",
-        checkpoint_dir=root / "ckpt",
-    )
-    return root / "train"
+    def make(root: Path) -> Path:
+        run(
+            TrainParams(epochs=4, batch_size=64),
+            digits_task,
+            digits_data,
+            root / "train",
+            checkpoint_dir=root / "ckpt",
+        )
+        return root / "train"
+
+    return shared(tmp_path_factory, "trained", make)
 
 
 @pytest.fixture(scope="session")
@@ -86,9 +99,11 @@ def exported(
 ) -> Path:
     from components.steps.export import ExportParams, run
 
-    out = tmp_path_factory.mktemp("export") / "export"
-    run(ExportParams(), digits_task, trained, digits_data, out)
-    return out
+    def make(root: Path) -> Path:
+        run(ExportParams(), digits_task, trained, digits_data, root / "export")
+        return root / "export"
+
+    return shared(tmp_path_factory, "exported", make)
 
 
 @pytest.fixture(scope="session")
@@ -103,18 +118,20 @@ def qat_out(
     from components.steps.qat import QatLatency, QatParams
     from components.steps.qat import run as qat_run
 
-    out = tmp_path_factory.mktemp("qat") / "qat"
-    params = QatParams(epochs=2, latency=QatLatency(warmup=1, repeats=3))
-    result = qat_run(
-        params,
-        digits_task,
-        trained,
-        exported,
-        digits_data,
-        out,
-        metrics_file=out.parent / "m.json",
-    )
-    return out, result
+    def make(root: Path):
+        params = QatParams(epochs=2, latency=QatLatency(warmup=1, repeats=3))
+        result = qat_run(
+            params,
+            digits_task,
+            trained,
+            exported,
+            digits_data,
+            root / "qat",
+            metrics_file=root / "m.json",
+        )
+        return root / "qat", result
+
+    return shared(tmp_path_factory, "qat", make)
 
 
 def _no_tuning():
@@ -166,9 +183,11 @@ def exported_int8(tmp_path_factory: pytest.TempPathFactory, exported: Path, qat_
     """The served bundle (the package step): fp32 PIR + legacy and the gated int8 model."""
     from components.steps.package import run
 
-    out = tmp_path_factory.mktemp("package") / "bundle"
-    run(package_params(), exported, qat_out[0], out)
-    return out
+    return shared(
+        tmp_path_factory,
+        "package",
+        lambda root: run(package_params(), exported, qat_out[0], root / "bundle"),
+    )
 
 
 def untrained_export(root: Path, task, data_dir: Path, seed: int) -> Path:
@@ -220,44 +239,48 @@ def step_outputs(
     from components.tasks import get_task
     from components.tasks.image_data import ValidateParams
 
-    root = tmp_path_factory.mktemp("steps")
-    validate_run(ValidateParams(), get_task("digits"), digits_data, root / "validate")
-    evaluate_run(
-        EvaluateParams(latency=LatencyParams(batch_sizes=[1], warmup=1, repeats=2)),
-        digits_task,
-        exported_int8,
-        digits_data,
-        root / "evaluate",
-        metrics_file=root / "metrics" / "evaluate.json",
-        plots_file=root / "plots" / "confusion.csv",
-    )
-    infra = root / "serving_image"
-    write_json(
-        infra / "infra.json",
-        {
-            "image": "paddle-mlops/digits-server:0123456789ab",
-            "image_id": None,
-            "built": False,
-            "infra_validated": True,
-        },
-    )
-    write_manifest(infra, "serving_image", inputs={"model": exported_int8}, outputs={}, params={})
-    qat_dir, _ = qat_out
-    return StepOutputs(
-        data=digits_data,
-        report=root / "validate",
-        model=trained,
-        exported=exported,
-        int8=qat_dir,
-        bundle=exported_int8,
-        evaluation=root / "evaluate",
-        infra=infra,
-        train_metrics=trained / "metrics.json",
-        qat_metrics=qat_dir.parent / "m.json",
-        evaluate_metrics=root / "metrics" / "evaluate.json",
-        train_plots=trained / "curves.csv",
-        confusion=root / "plots" / "confusion.csv",
-    )
+    def make(root: Path) -> StepOutputs:
+        validate_run(ValidateParams(), get_task("digits"), digits_data, root / "validate")
+        evaluate_run(
+            EvaluateParams(latency=LatencyParams(batch_sizes=[1], warmup=1, repeats=2)),
+            digits_task,
+            exported_int8,
+            digits_data,
+            root / "evaluate",
+            metrics_file=root / "metrics" / "evaluate.json",
+            plots_file=root / "plots" / "confusion.csv",
+        )
+        infra = root / "serving_image"
+        write_json(
+            infra / "infra.json",
+            {
+                "image": "paddle-mlops/digits-server:0123456789ab",
+                "image_id": None,
+                "built": False,
+                "infra_validated": True,
+            },
+        )
+        write_manifest(
+            infra, "serving_image", inputs={"model": exported_int8}, outputs={}, params={}
+        )
+        qat_dir, _ = qat_out
+        return StepOutputs(
+            data=digits_data,
+            report=root / "validate",
+            model=trained,
+            exported=exported,
+            int8=qat_dir,
+            bundle=exported_int8,
+            evaluation=root / "evaluate",
+            infra=infra,
+            train_metrics=trained / "metrics.json",
+            qat_metrics=qat_dir.parent / "m.json",
+            evaluate_metrics=root / "metrics" / "evaluate.json",
+            train_plots=trained / "curves.csv",
+            confusion=root / "plots" / "confusion.csv",
+        )
+
+    return shared(tmp_path_factory, "steps", make)
 
 
 SERVER_BIN = REPO / "build" / "serving" / "paddle-mlops-server"
@@ -270,10 +293,14 @@ os.environ.setdefault("PADDLE_MLOPS_SERVER_BINARY", str(SERVER_BIN))
 @pytest.fixture(scope="session")
 def server_binary() -> Path:
     """The C++ server (``make serving`` builds it; built here if missing)."""
-    if not SERVER_BIN.exists():
-        from components.ml.server import build_server
+    from filelock import FileLock
 
-        build_server(REPO / "serving", SERVER_BIN.parent)
+    SERVER_BIN.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(SERVER_BIN.parent / ".build.lock")):  # one build, whichever worker
+        if not SERVER_BIN.exists():
+            from components.ml.server import build_server
+
+            build_server(REPO / "serving", SERVER_BIN.parent)
     return SERVER_BIN
 
 
@@ -399,19 +426,24 @@ NO_PODMAN = "podman/mmdebstrap not installed (make container-deps); .ci/run inst
 
 
 @pytest.fixture(scope="session")
-def images() -> dict[str, dict]:
+def images(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
     """``make images`` (an unchanged tree rebuilds nothing): refs, sizes, build times."""
     if not HAVE_PODMAN:
         pytest.skip(NO_PODMAN)
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "containers" / "images.py"), "build"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=3600,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads((REPO / "build" / "images.json").read_text())
+
+    def make(root: Path) -> dict[str, dict]:
+        # once per run, whichever worker needs them first (the others run other tests)
+        proc = subprocess.run(
+            [sys.executable, str(REPO / "containers" / "images.py"), "build"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=3600,
+        )
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        return json.loads((REPO / "build" / "images.json").read_text())
+
+    return shared(tmp_path_factory, "images", make)
 
 
 HAVE_REGISTRY = shutil.which("docker-registry") is not None

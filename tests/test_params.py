@@ -24,9 +24,9 @@ from tests.conftest import REPO
 # package.tune added (the serving-config search); serving_image.server_binary removed (the
 # binary is $PADDLE_MLOPS_SERVER_BINARY or the dev build, for every step that runs it).
 EFFECTIVE = {
-    "params.yaml": "e0de7002",
-    "tasks/digits_gan/params.yaml": "b1d83753",
-    "tasks/sentiment/params.yaml": "6c2ffde4",
+    "params.yaml": "86565b37",
+    "tasks/digits_gan/params.yaml": "1731c4d5",
+    "tasks/sentiment/params.yaml": "746da4cd",
 }
 
 

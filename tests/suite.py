@@ -1,0 +1,197 @@
+"""How the suite runs: tiers, order, fixtures shared between pytest-xdist workers, and the
+one-line account ``make test`` ends with. Loaded by ``tests/conftest.py`` (``pytest_plugins``).
+
+Tiers (markers, set here from what a test uses, so no test can forget its own):
+
+- ``containers``: needs the images (the ``images`` fixture): podman, the component and server
+  images; its timeout is ``CONTAINER_TIMEOUT_S`` (the first such test may wait for a cold
+  image build that another worker runs);
+- ``pipeline``: runs whole pipelines or trains models (the modules in ``PIPELINE_MODULES``, or
+  a test that uses a fixture in ``PIPELINE_FIXTURES``);
+- ``unit``: everything else: ``make test-quick`` runs this tier alone.
+
+Order: modules run longest first (a module's tests stay on one worker: ``--dist loadscope``),
+by the per-module seconds of the last run on this machine (``build/test-durations.json``,
+written at the end of every whole run), else of ``tests/durations.json`` (committed, measured
+on a 2-vCPU host). The order changes only when tests start, never what they assert.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from filelock import FileLock
+
+REPO = Path(__file__).resolve().parents[1]
+COMMITTED_DURATIONS = REPO / "tests" / "durations.json"
+LAST_DURATIONS = REPO / "build" / "test-durations.json"
+SUMMARY_FILE = REPO / "build" / "test-summary.txt"
+CONTAINER_TIMEOUT_S = 3600
+
+# modules whose tests run pipelines (dvc repro, kfp.local, a task's steps end to end)
+PIPELINE_MODULES = {
+    "test_closed_loop",
+    "test_distributed",
+    "test_faults",
+    "test_gan",
+    "test_holdout",
+    "test_pipeline_dvc",
+    "test_pipeline_image_folder",
+    "test_pipeline_kfp",
+    "test_segmentation",
+    "test_sentiment",
+}
+# fixtures that train, export, quantize or package a model (conftest.py)
+PIPELINE_FIXTURES = {"trained", "exported", "qat_out", "exported_int8", "step_outputs"}
+
+T = TypeVar("T")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "unit: no pipeline, no image (make test-quick)")
+    config.addinivalue_line("markers", "pipeline: runs pipelines or trains models")
+    config.addinivalue_line("markers", "containers: needs the podman images")
+    config._suite_t0 = time.monotonic()  # type: ignore[attr-defined]
+
+
+def _module(item: pytest.Item) -> str:
+    return Path(str(item.fspath)).stem
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        if "images" in names:
+            item.add_marker(pytest.mark.containers)
+            # may wait for the image build another worker runs (cold: ~15 min on 2 cores)
+            if item.get_closest_marker("timeout") is None:
+                item.add_marker(pytest.mark.timeout(CONTAINER_TIMEOUT_S))
+        if _module(item) in PIPELINE_MODULES or names & PIPELINE_FIXTURES:
+            item.add_marker(pytest.mark.pipeline)
+        if not names & {"images"} and not item.get_closest_marker("pipeline"):
+            item.add_marker(pytest.mark.unit)
+    seconds = module_seconds()
+    # longest module first; a stable sort keeps each module's own order
+    order = {m: i for i, m in enumerate(dict.fromkeys(_module(i) for i in items))}
+    items.sort(key=lambda i: (-seconds.get(_module(i), 0.0), order[_module(i)]))
+
+
+def module_seconds() -> dict[str, float]:
+    """Seconds per test module: this machine's last whole run, else the committed table."""
+    for path in (LAST_DURATIONS, COMMITTED_DURATIONS):
+        try:
+            return {k: float(v) for k, v in json.loads(path.read_text())["modules"].items()}
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return {}
+
+
+# ------------------------------------------------------------------ shared between workers
+
+
+def shared_root(factory: pytest.TempPathFactory) -> Path:
+    """The run's temporary root that every xdist worker sees (a worker's own basetemp is
+    ``<root>/popen-gwN``); without xdist, the session's basetemp."""
+    base = factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def shared(factory: pytest.TempPathFactory, name: str, make: Callable[[Path], T]) -> T:
+    """``make(directory)`` once per pytest run, whichever worker asks first; the others wait
+    for it and get the same value (read-only outputs: tests copy what they change). A failure
+    is recorded, so the other workers fail at once with its message instead of re-running it."""
+    root = shared_root(factory) / "shared"
+    root.mkdir(exist_ok=True)
+    target, done, failed = root / name, root / f"{name}.pickle", root / f"{name}.failed"
+    with FileLock(str(root / f"{name}.lock")):
+        if done.exists():
+            return pickle.loads(done.read_bytes())
+        if failed.exists():
+            pytest.fail(f"shared fixture {name} failed in another worker: {failed.read_text()}")
+        if target.exists():  # a worker killed half-way
+            shutil.rmtree(target)
+        target.mkdir()
+        try:
+            value = make(target)
+        except BaseException as exc:
+            failed.write_text(f"{type(exc).__name__}: {exc}"[:4000])
+            raise
+        tmp = done.with_suffix(".tmp")
+        tmp.write_bytes(pickle.dumps(value))
+        tmp.replace(done)
+        return value
+
+
+# ------------------------------------------------------------------ the account of a run
+
+
+def _is_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+class Account:
+    """Per-test seconds (setup + call + teardown) and outcomes, kept by the controller."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self.seconds[report.nodeid] = self.seconds.get(report.nodeid, 0.0) + report.duration
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if not _is_worker(session.config):
+        session.config._suite_account = Account()  # type: ignore[attr-defined]
+        session.config.pluginmanager.register(session.config._suite_account, "suite-account")
+
+
+def summary_line(stats: dict[str, list[Any]], seconds: dict[str, float], wall_s: float) -> str:
+    """``tests=<n> passed=<n> failed=<n> skipped=<n> wall_s=<n> slowest=<nodeid>:<s>``
+    (errors count as failed; xfailed as skipped, xpassed as passed)."""
+
+    def count(*keys: str) -> int:
+        # one test may report several phases (a failed teardown after a pass): count tests
+        return len({r.nodeid for k in keys for r in stats.get(k, []) if hasattr(r, "nodeid")})
+
+    failed = count("failed", "error")
+    passed = count("passed", "xpassed")
+    skipped = count("skipped", "xfailed")
+    slowest = max(seconds.items(), key=lambda kv: kv[1], default=("-", 0.0))
+    return (
+        f"tests={len(seconds)} passed={passed} failed={failed} skipped={skipped} "
+        f"wall_s={wall_s:.0f} slowest={slowest[0]}:{slowest[1]:.1f}"
+    )
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """After pytest's own last line: the account, on the terminal and in
+    ``build/test-summary.txt``; a whole run's per-module seconds for the next run's order."""
+    account = getattr(config, "_suite_account", None)
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if account is None or reporter is None or not account.seconds:
+        return
+    wall_s = time.monotonic() - config._suite_t0  # type: ignore[attr-defined]
+    line = summary_line(reporter.stats, account.seconds, wall_s)
+    SUMMARY_FILE.parent.mkdir(exist_ok=True)
+    SUMMARY_FILE.write_text(line + "\n")
+    modules: dict[str, float] = {}
+    for nodeid, s in account.seconds.items():
+        module = Path(nodeid.split("::", 1)[0]).stem
+        modules[module] = round(modules.get(module, 0.0) + s, 1)
+    # only a whole run (no -k/-m/paths) says how long each module takes
+    whole = config.args_source == pytest.Config.ArgsSource.TESTPATHS
+    if whole and not config.option.keyword and not config.option.markexpr:
+        tests = {k: round(v, 2) for k, v in sorted(account.seconds.items(), key=lambda kv: -kv[1])}
+        LAST_DURATIONS.write_text(json.dumps({"modules": modules, "tests": tests}, indent=1))
+    reporter.write_line(line)
