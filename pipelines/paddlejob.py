@@ -96,7 +96,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from kfp import dsl
 from kfp.dsl import Artifact, Dataset, Input, Metrics, Model, Output
@@ -110,6 +110,7 @@ from components.core.artifacts import (
     write_text,
 )
 from components.core.config import section
+from components.faults import failpoints
 from components.ml import snapshot
 
 log = logging.getLogger(__name__)
@@ -284,6 +285,30 @@ class ForeignJob(StepError):
 
 class Terminated(StepError):
     """SIGTERM: the run was cancelled, or the launcher's pod is going away."""
+
+
+class Clock(Protocol):
+    """The launcher's time: every deadline (``timeout_s``, ``api_outage_s``,
+    ``unschedulable_timeout_s``, ``delete_timeout_s``, the log budgets) is read from
+    ``monotonic`` and every wait between polls is a ``sleep``. (A request's own timeout,
+    ``api_timeout_s``, is the socket's.)"""
+
+    def monotonic(self) -> float: ...
+
+    def sleep(self, seconds: float) -> None: ...
+
+
+class SystemClock:
+    """:func:`time.monotonic` and :func:`time.sleep`: the launcher's clock in its pod."""
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+
+SYSTEM_CLOCK = SystemClock()
 
 
 # --------------------------------------------------------------------------- params
@@ -537,6 +562,7 @@ def stage(run_dir: Path, data_dir: Path, sections: Mapping[str, Any]) -> None:
                 sum(s.bytes for s in shards),
                 data,
             )
+        failpoints.hit("paddlejob.stage", str(run_dir / "params.yaml"))
         write_text(run_dir / "params.yaml", yaml.safe_dump(dict(sections), sort_keys=False))
     except OSError as exc:
         raise StepError(f"staging the job's inputs into {run_dir} failed: {exc}") from exc
@@ -798,11 +824,11 @@ class PodLogs:
 
     MARGIN_S = 5
 
-    def __init__(self, kube: Kube, job: str, tail: int) -> None:
-        self.kube, self.job = kube, job
+    def __init__(self, kube: Kube, job: str, tail: int, clock: Clock = SYSTEM_CLOCK) -> None:
+        self.kube, self.job, self.clock = kube, job, clock
         # pod -> (newest timestamp shown, lines shown at it)
         self.last: dict[str, tuple[tuple[int, int], int]] = {}
-        self.fetched: dict[str, float] = {}  # pod -> monotonic time of its last fetch
+        self.fetched: dict[str, float] = {}  # pod -> the clock's time of its last fetch
         self.tails: dict[str, deque[str]] = {}
         self.tail = tail
         self.failures = 0
@@ -811,15 +837,15 @@ class PodLogs:
         self, deadline: float | None = None, stop: Callable[[], bool] | None = None
     ) -> list[Any]:
         """One pass over the job's pods; returns them (none when listing them failed). With
-        ``deadline`` (monotonic) no request outlasts it, and the pods not reached by then (or
-        once ``stop()`` is true) are skipped."""
+        ``deadline`` (the clock's time) no request outlasts it, and the pods not reached by
+        then (or once ``stop()`` is true) are skipped."""
 
         def budget() -> float | None:
             if stop is not None and stop():
                 return 0.0
             if deadline is None:
                 return None
-            return min(self.kube.timeout, deadline - time.monotonic())
+            return min(self.kube.timeout, deadline - self.clock.monotonic())
 
         left = budget()
         if left is not None and left <= 0:
@@ -839,8 +865,8 @@ class PodLogs:
                 continue
             since = None
             if name in self.fetched:
-                since = math.ceil(time.monotonic() - self.fetched[name]) + self.MARGIN_S
-            started = time.monotonic()
+                since = math.ceil(self.clock.monotonic() - self.fetched[name]) + self.MARGIN_S
+            started = self.clock.monotonic()
             try:
                 text = self.kube.log(name, since, timeout=left)
             except _request_errors() as exc:
@@ -898,13 +924,19 @@ class PodStates:
     :data:`NOT_STARTING` fails the launch at once, a pod the scheduler cannot place fails it
     after ``paddlejob.unschedulable_timeout_s``."""
 
-    def __init__(self, namespace: str, job: str, unschedulable_timeout_s: float) -> None:
-        self.ns, self.job = namespace, job
+    def __init__(
+        self,
+        namespace: str,
+        job: str,
+        unschedulable_timeout_s: float,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self.ns, self.job, self.clock = namespace, job, clock
         self.limit = unschedulable_timeout_s
-        self.unschedulable: dict[tuple[str, str], float] = {}  # (pod, uid) -> monotonic since
+        self.unschedulable: dict[tuple[str, str], float] = {}  # (pod, uid) -> the clock's since
 
     def check(self, pods: list[Any]) -> None:
-        now = time.monotonic()
+        now = self.clock.monotonic()
         still: set[tuple[str, str]] = set()
         for pod in pods:
             status = pod.status
@@ -996,7 +1028,11 @@ def _uid(obj: Mapping[str, Any] | None) -> str | None:
 
 
 def ensure_job(
-    kube: Kube, body: Mapping[str, Any], params: PaddleJobParams, run_dir: Path
+    kube: Kube,
+    body: Mapping[str, Any],
+    params: PaddleJobParams,
+    run_dir: Path,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> tuple[bool, str | None]:
     """Create the job; a job of the same name (a retry of this run, whose previous attempt
     died before its cleanup) is reused when it belongs to this run (annotation
@@ -1038,25 +1074,30 @@ def ensure_job(
             why = "it succeeded but its outputs are gone"
         log.info("replacing %s %s/%s: %s", KIND, kube.ns, name, why)
         kube.delete(name, _uid(existing))
-        deadline = time.monotonic() + params.delete_timeout_s
+        deadline = clock.monotonic() + params.delete_timeout_s
         while kube.get(name) is not None:
-            if time.monotonic() >= deadline:
+            if clock.monotonic() >= deadline:
                 raise StepError(
                     f"{KIND} {kube.ns}/{name} was not gone {params.delete_timeout_s:.0f} s after "
                     "its deletion (paddlejob.delete_timeout_s): a finalizer, or the operator "
                     "is not running"
                 )
-            time.sleep(min(params.poll_interval_s, 1.0))
+            clock.sleep(min(params.poll_interval_s, 1.0))
     raise StepError(f"{KIND} {kube.ns}/{name}: created and deleted by someone else meanwhile")
 
 
 def wait(
-    kube: Kube, name: str, params: PaddleJobParams, logs: PodLogs, pods: PodStates
+    kube: Kube,
+    name: str,
+    params: PaddleJobParams,
+    logs: PodLogs,
+    pods: PodStates,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> dict[str, Any]:
     """Poll the job until it succeeds (returned), fails, cannot run or times out (raised).
     Failed status reads are retried for ``paddlejob.api_outage_s``; then
     :class:`JobLeftRunning`."""
-    deadline = time.monotonic() + params.timeout_s
+    deadline = clock.monotonic() + params.timeout_s
     seen: set[tuple[Any, ...]] = set()
     last: dict[str, Any] = {}
     outage_since: float | None = None
@@ -1066,7 +1107,7 @@ def wait(
         except ApiError as exc:
             if not exc.retryable:
                 raise
-            now = time.monotonic()
+            now = clock.monotonic()
             if outage_since is None:
                 outage_since = now
             if now - outage_since >= params.api_outage_s:
@@ -1109,14 +1150,14 @@ def wait(
                     f"{end.get('message', '(no message)')}{logs.excerpt()}"
                 )
             pods.check(listed)
-        now = time.monotonic()
+        now = clock.monotonic()
         if now >= deadline:
             state = f"{last.get('type')}: {last.get('message', '')}" if last else "none yet"
             raise StepError(
                 f"{KIND} {kube.ns}/{name} did not finish within {params.timeout_s:g} s "
                 f"(paddlejob.timeout_s); last condition: {state}{logs.excerpt()}"
             )
-        time.sleep(min(params.poll_interval_s, deadline - now))
+        clock.sleep(min(params.poll_interval_s, deadline - now))
 
 
 # --------------------------------------------------------------------------- the launch
@@ -1163,9 +1204,10 @@ def launch(
     run: str,
     env: Mapping[str, str] | None = None,
     source: str = "params.yaml",
+    clock: Clock = SYSTEM_CLOCK,
 ) -> LaunchResult:
     """Run the train step as a PaddleJob of the KFP run ``run`` and copy its outputs (see
-    the module's docstring)."""
+    the module's docstring); ``clock`` times its deadlines and polls."""
     env = os.environ if env is None else env
     run = check_run(run)
     params = typed(paddlejob, source)
@@ -1222,15 +1264,15 @@ def launch(
         run_dir,
     )
     kube = Kube(api_client(params), params)
-    logs = PodLogs(kube, name, params.log_tail_lines)
-    pods = PodStates(params.namespace, name, params.unschedulable_timeout_s)
+    logs = PodLogs(kube, name, params.log_tail_lines, clock)
+    pods = PodStates(params.namespace, name, params.unschedulable_timeout_s, clock)
     created, uid = False, None
     with _termination() as term:
         try:
             term.armed = True
             stage(run_dir, data_dir, {"task": dict(task), "train": dict(train)})
-            created, uid = ensure_job(kube, body, params, run_dir)
-            wait(kube, name, params, logs, pods)
+            created, uid = ensure_job(kube, body, params, run_dir, clock)
+            wait(kube, name, params, logs, pods, clock)
             metrics = collect(run_dir, name, outputs)  # before any cleanup
             term.armed = False
         except (JobLeftRunning, ForeignJob):
@@ -1241,9 +1283,9 @@ def launch(
             quick = min(params.api_timeout_s, TERM_API_TIMEOUT_S)
             if isinstance(exc, Terminated) or term.received:  # the job first, then the logs
                 _delete_own(kube, name, run, uid, params, timeout=quick)
-                logs.poll(deadline=time.monotonic() + TERM_LOGS_S)
+                logs.poll(deadline=clock.monotonic() + TERM_LOGS_S)
             else:  # the end of the logs, before the pods go (cut short by a SIGTERM)
-                logs.poll(deadline=time.monotonic() + params.api_timeout_s, stop=term.is_set)
+                logs.poll(deadline=clock.monotonic() + params.api_timeout_s, stop=term.is_set)
                 _delete_own(kube, name, run, uid, params, timeout=quick if term.is_set() else None)
             raise
         _delete_own(kube, name, run, uid, params)  # logged, not raised: the outputs are in

@@ -80,23 +80,23 @@ def test_parity_check_rejects_a_different_model(
     assert report["batch_full"]["top1_agreement"] < 1.0
 
 
-class _DriftingPredictor(PaddlePredictor):
-    """A runtime whose outputs drift by 1e-2: what a broken kernel or pass would do."""
-
-    def run(self, inputs):
-        return [o + 1e-2 for o in super().run(inputs)]
-
-
 def test_export_stage_fails_beyond_tolerance_and_writes_nothing(
     trained, digits_task, digits_data, tmp_path, monkeypatch
 ):
-    monkeypatch.setattr("components.steps.export.PaddlePredictor", _DriftingPredictor)
+    """The failpoint export.parity makes the exported program's outputs drift by 1e-2 as the
+    parity check reads them (what a broken kernel or pass would do): the real export stage
+    must fail its parity check and leave nothing behind."""
+    from components.faults import failpoints
+
+    monkeypatch.setenv(failpoints.ENV, "export.parity=corrupt")
     out = tmp_path / "export"
     with pytest.raises(StepError) as err:
         export_run(ExportParams(), digits_task, trained, digits_data, out)
     msg = str(err.value)
     assert "exported model differs from the trained model" in msg
     assert "atol 0.0001" in msg and "max |diff|" in msg
+    for fmt in digits_task.export_formats:  # every format's check saw the drift
+        assert f"{fmt}: batch_full max |diff|" in msg and f"{fmt}: batch_1 max |diff|" in msg
     assert not out.exists(), "a failed export must not leave a complete-looking model"
 
 

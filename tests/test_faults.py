@@ -237,6 +237,19 @@ def cmdline(pid: int) -> str:
     return ""
 
 
+def processes_in(repo: Path) -> list[str]:
+    """Live processes working in ``repo`` or naming it (from /proc): what a run of its
+    pipeline left running."""
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        with contextlib.suppress(OSError):  # gone meanwhile, or a zombie (no cwd)
+            cwd = Path(os.readlink(proc / "cwd"))
+            command = cmdline(int(proc.name))
+            if cwd == repo or repo in cwd.parents or str(repo) in command:
+                found.append(f"{proc.name} in {cwd}: {command}")
+    return found
+
+
 # --------------------------------------------------------------------------- the end state
 def end_state(
     repo: Path | None, uri: str, name: str, experiment: str, outputs: tuple[Path, ...] = ()
@@ -331,6 +344,26 @@ def assert_converged(state: dict, reference: dict, successful_runs: int = 1) -> 
             assert state[key] == reference[key], key
 
 
+def assert_clean_run(reference: dict) -> None:
+    """The uninterrupted run (row ``none``, made by the ``reference`` fixture) ends in the
+    state the rows converge to, with nothing to converge from: it converged as a row must
+    after its rerun; every stage the prepared clone had not run ran once, the others not
+    again; every MLflow run finished (none died); its one registry version is the champion,
+    promoted once, with its holdout pinned and what it serves recorded; and no process of
+    the run is left."""
+    assert_converged(reference, reference)
+    # the prepared clone ran serving_image and what it depends on: not evaluate
+    ran = re.findall(r"Running stage '(\w+)'", reference["stdout"])
+    assert ran == ["evaluate", *STEPS[STEPS.index(PREPARED_UP_TO) + 1 :]], ran
+    assert set(reference["run_status"].values()) == {"FINISHED"}, reference["failure_reasons"]
+    assert reference["versions"] == [1] and reference["adopted"] == []
+    assert reference["aliases"] == {"champion": 1, "challenger": 1}, reference["aliases"]
+    assert reference["promotions"] == [("promote", 1)], reference["promotions"]
+    assert reference["holdout_version"] == "1"
+    assert reference["served"][1], "the champion's served_sha256 is not recorded"
+    assert processes_in(reference["repo"]) == []
+
+
 # --------------------------------------------------------------------------- fixtures
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory: pytest.TempPathFactory, server_binary: Path) -> Path:
@@ -367,7 +400,7 @@ def reference(prepared: Path, tracking: Tracking, tmp_path_factory) -> dict:
     state = end_state(repo, tracking.uri, name, experiment)
     assert state["aliases"].get("champion") == 1 and state["versions"] == [1]
     OUTCOMES.setdefault("none", {})["dvc"] = "converged (reference)"
-    return {**state, "repo": repo}
+    return {**state, "repo": repo, "stdout": proc.stdout}
 
 
 def row_repo(prepared: Path, factory: pytest.TempPathFactory, row: str) -> tuple[Path, str, str]:
@@ -461,8 +494,9 @@ def test_fault_then_rerun_converges(
 ) -> None:
     if row.slow and not ALL:
         pytest.skip("slow row: make test-faults")
-    if row.id == "none":
-        return  # the reference fixture is this row
+    if row.id == "none":  # the reference fixture ran it: its end state, checked here
+        assert_clean_run(reference)
+        return
     try:
         with contextlib.ExitStack() as stack:
             _row(row, prepared, tracking, reference, tmp_path_factory, stack)
@@ -859,6 +893,16 @@ def test_failpoints_are_inert_unless_armed_and_reject_a_bad_spec(monkeypatch) ->
     with pytest.raises(ValueError, match="PADDLE_MLOPS_FAILPOINTS"):
         failpoints.hit("artifacts.write")
     failpoints.set_step("")
+    # corrupt: the point's own code corrupts its data; a point that holds none refuses it
+    monkeypatch.setenv(failpoints.ENV, "export.parity=corrupt")
+    assert failpoints.corrupts("export.parity") is True
+    assert failpoints.corrupts("qat.after_finetune") is False
+    monkeypatch.setenv(failpoints.ENV, "artifacts.write=corrupt")
+    with pytest.raises(ValueError, match="artifacts.write=corrupt: this point holds nothing"):
+        failpoints.hit("artifacts.write")
+    monkeypatch.setenv(failpoints.ENV, "paddlejob.stage=enospc")
+    with pytest.raises(OSError, match="No space left"):
+        failpoints.corrupts("paddlejob.stage")  # the other actions act at any point
 
 
 def test_a_full_disk_and_an_unreachable_server_are_one_readable_line(tmp_path) -> None:

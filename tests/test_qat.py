@@ -103,14 +103,12 @@ def test_gate_rejects_an_int8_model_with_corrupted_scales(
 def test_failed_gate_stops_the_stage_and_records_the_decision(
     tmp_path, trained, exported, digits_task, digits_data, monkeypatch
 ):
-    def corrupting_finetune(student, *args, **kwargs):
-        history = finetune(student, *args, **kwargs)
-        for name, param in student.named_parameters():
-            if name.endswith("_fake_quant_input._scale"):
-                param.set_value(param * 0.02)
-        return history
+    """The failpoint qat.after_finetune shrinks the fine-tuned student's activation scales
+    to 2 % (a calibration gone wrong): the real stage writes that int8 model, its gate
+    measures it against the fp32 parent and stops the stage."""
+    from components.faults import failpoints
 
-    monkeypatch.setattr("components.steps.qat.finetune", corrupting_finetune)
+    monkeypatch.setenv(failpoints.ENV, "qat.after_finetune=corrupt")
     out = tmp_path / "qat"
     with pytest.raises(StepError) as err:
         qat_run(

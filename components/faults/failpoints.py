@@ -1,4 +1,5 @@
-"""Named failpoints: places where the fault-injection tests make a step die for real.
+"""Named failpoints: places where the fault-injection tests make a step die, or its data go
+wrong, for real.
 
 ``PADDLE_MLOPS_FAILPOINTS=<point>=<action>[,<point>=<action>...]`` arms them; unset (the
 normal case) :func:`hit` returns at once. Actions:
@@ -6,14 +7,31 @@ normal case) :func:`hit` returns at once. Actions:
 - ``kill``: the process sends itself SIGKILL, as a preempted node or the OOM killer would
   (nothing is flushed, no handler runs);
 - ``term``: SIGTERM, as Kubernetes sends before it deletes a pod;
-- ``enospc``: an ``OSError(ENOSPC)`` as a full disk raises, from where the point is.
+- ``enospc``: an ``OSError(ENOSPC)`` as a full disk raises, from where the point is;
+- ``corrupt``: the data the point holds goes wrong the way its entry below says (a broken
+  kernel, pass or calibration), and the step runs on with it, so its own checks must catch
+  it. Only the points that name a corruption take it (they call :func:`corrupts`); armed at
+  another point it raises ``ValueError``, as a bad spec does.
 
-The points in the code: ``train.mid_epoch`` (after the first batch of the second epoch),
-``track.mid_upload`` (between two nested runs' artifact uploads), ``register.after_version``
-(a version exists, the challenger alias is not set yet), ``promote.locked`` (the promotion
-lock is held, the champion alias not moved yet), ``artifacts.write`` (every atomic write,
-before its rename). ``<point>@<step>`` arms a point only in that step's process
-(``artifacts.write@train=kill``).
+The points in the code:
+
+- ``train.mid_epoch``: after the first batch of the second epoch;
+- ``track.mid_upload``: between two nested runs' artifact uploads;
+- ``register.after_version``: a version exists, the challenger alias is not set yet;
+- ``promote.between_aliases``: the promotion lock is held, the previous-champion alias set,
+  the champion alias not moved yet;
+- ``promote.after_alias``: the champion alias moved, history and holdout not recorded yet;
+- ``artifacts.write``: every atomic write, before its rename;
+- ``paddlejob.stage``: the PaddleJob launcher writing the job's ``params.yaml`` into its
+  directory on the shared volume, after the data (``enospc`` there is a full volume);
+- ``export.parity`` (takes ``corrupt``): the exported program's outputs, as the parity check
+  reads them, drift by ``1e-2``, as a broken inference kernel or pass would make them; the
+  parity check must fail the export;
+- ``qat.after_finetune`` (takes ``corrupt``): the fine-tuned student's activation
+  quantization scales shrink to 2 %, so its activations saturate (a calibration gone wrong);
+  the int8 model is written and gated for real, and the gate must reject it.
+
+``<point>@<step>`` arms a point only in that step's process (``artifacts.write@train=kill``).
 """
 
 from __future__ import annotations
@@ -26,7 +44,7 @@ import signal
 log = logging.getLogger(__name__)
 
 ENV = "PADDLE_MLOPS_FAILPOINTS"
-ACTIONS = ("kill", "term", "enospc")
+ACTIONS = ("kill", "term", "enospc", "corrupt")
 _step = ""  # the step this process runs (components.kernel.step sets it)
 
 
@@ -49,17 +67,36 @@ def armed() -> dict[str, str]:
 
 def hit(point: str, detail: str = "") -> None:
     """Fail here if ``point`` is armed; a no-op otherwise."""
+    if _act(point, detail):
+        raise ValueError(
+            f"{ENV}: {point}=corrupt: this point holds nothing to corrupt (the ones that do "
+            "are listed in components/faults/failpoints.py)"
+        )
+
+
+def corrupts(point: str, detail: str = "") -> bool:
+    """:func:`hit` at a point that holds data: True when it is armed with ``corrupt`` (the
+    caller then corrupts that data, as the point's entry in this module's docstring says);
+    ``kill``, ``term`` and ``enospc`` act as at any point."""
+    return _act(point, detail)
+
+
+def _act(point: str, detail: str) -> bool:
+    """Do what ``point`` is armed with; True for ``corrupt`` (the caller's to do)."""
     if ENV not in os.environ:
-        return
+        return False
     points = armed()
     action = points.get(point) or points.get(f"{point}@{_step}")
     if action is None:
-        return
+        return False
     log.warning("failpoint %s: %s %s", point, action, detail)
     for handler in logging.getLogger().handlers:
         handler.flush()
+    if action == "corrupt":
+        return True
     if action == "enospc":
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), detail or point)
     os.kill(os.getpid(), signal.SIGKILL if action == "kill" else signal.SIGTERM)
     if action == "term":
         signal.pause()  # the handler (or the default action) ends the process
+    return False

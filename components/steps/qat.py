@@ -50,6 +50,7 @@ import paddle
 from tqdm import tqdm
 
 from components.core.artifacts import StepError, atomic_path, read_json, write_json, write_manifest
+from components.faults import failpoints
 from components.kernel.step import DATA, In, Out, Step
 from components.ml import dataset, gates, snapshot
 from components.ml.modelio import load_trained
@@ -142,6 +143,22 @@ def quantizer(params: QatParams) -> Any:
         weight_bits=params.weight_bits,
         onnx_format=True,  # quantize_linear/dequantize_linear + int8 weights on save
     )
+
+
+# the failpoint qat.after_finetune (action corrupt) multiplies every activation quantization
+# scale of the fine-tuned student by this: its activations saturate at 2 % of their range
+FAILPOINT_SCALE = 0.02
+
+
+def _shrink_activation_scales(model: paddle.nn.Layer, factor: float) -> int:
+    """Multiply the fake-quant activation scales (calibrated by the fine-tuning) by
+    ``factor``; returns how many there were."""
+    count = 0
+    for name, param in model.named_parameters():
+        if name.endswith("_fake_quant_input._scale"):
+            param.set_value(param * factor)
+            count += 1
+    return count
 
 
 def _freeze_batch_norm(model: paddle.nn.Layer) -> None:
@@ -444,6 +461,9 @@ def run(
     student.train()
     quant.quantize(student)  # must see the model in train mode
     history = finetune(student, teacher, task, data_dir, params)
+    if failpoints.corrupts("qat.after_finetune", task.name):
+        shrunk = _shrink_activation_scales(student, FAILPOINT_SCALE)
+        log.warning("failpoint: %d activation scales shrunk to %g", shrunk, FAILPOINT_SCALE)
 
     with atomic_path(out_dir) as tmp, tempfile.TemporaryDirectory() as ref:
         tmp.mkdir(parents=True)

@@ -285,6 +285,14 @@ class Registry:
             except MlflowException as exc:
                 if exc.error_code != "RESOURCE_ALREADY_EXISTS":
                     raise
+            if delay == 0.05:  # the first refusal: say what it waits for, once
+                log.info(
+                    "registered model '%s': waiting for '%s', held by another promotion "
+                    "(up to %.0f s)",
+                    self.name,
+                    self.lock_name,
+                    self.params.lock_timeout_s,
+                )
             self._break_stale_lock()
             if time.monotonic() > deadline:
                 raise StepError(
