@@ -19,7 +19,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,15 +29,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from components.core.ports import free_port
+
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "containers" / "containers.conf"
 log = logging.getLogger("kfp-containers")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def wait_for(check: Any, what: str, timeout_s: float = 60.0) -> None:

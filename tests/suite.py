@@ -1,11 +1,12 @@
 """How the suite runs: tiers, order, fixtures shared between pytest-xdist workers, and the
 one-line account ``make test`` ends with. Loaded by ``tests/conftest.py`` (``pytest_plugins``).
 
-Tiers (markers, set here from what a test uses, so no test can forget its own):
+Tiers (markers, set here per module from what its tests use, so no test can forget its own;
+a module's tests may build on each other, so a tier never splits a module):
 
-- ``containers``: needs the images (the ``images`` fixture): podman, the component and server
-  images; its timeout is ``CONTAINER_TIMEOUT_S`` (the first such test may wait for a cold
-  image build that another worker runs);
+- ``containers``: a test needs the images (the ``images`` fixture): podman, the component and
+  server images; such a test's timeout is ``CONTAINER_TIMEOUT_S`` (the first one may wait for
+  a cold image build that another worker runs);
 - ``pipeline``: runs whole pipelines or trains models (the modules in ``PIPELINE_MODULES``, or
   a test that uses a fixture in ``PIPELINE_FIXTURES``);
 - ``unit``: everything else: ``make test-quick`` runs this tier alone.
@@ -66,21 +67,33 @@ def _module(item: pytest.Item) -> str:
     return Path(str(item.fspath)).stem
 
 
+def tier(items: list[pytest.Item]) -> str:
+    """A module's tier, the heaviest of its tests' (a module's tests may depend on the ones
+    before them, e.g. a registry built up test by test, so a tier never splits a module)."""
+    names = set().union(*(set(getattr(i, "fixturenames", ())) for i in items))
+    if "images" in names:
+        return "containers"
+    if _module(items[0]) in PIPELINE_MODULES or names & PIPELINE_FIXTURES:
+        return "pipeline"
+    return "unit"
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    modules: dict[str, list[pytest.Item]] = {}
     for item in items:
-        names = set(getattr(item, "fixturenames", ()))
-        if "images" in names:
-            item.add_marker(pytest.mark.containers)
+        modules.setdefault(_module(item), []).append(item)
+    for module_items in modules.values():
+        marker = getattr(pytest.mark, tier(module_items))
+        for item in module_items:
+            item.add_marker(marker)
             # may wait for the image build another worker runs (cold: ~15 min on 2 cores)
-            if item.get_closest_marker("timeout") is None:
+            if "images" in getattr(item, "fixturenames", ()) and not item.get_closest_marker(
+                "timeout"
+            ):
                 item.add_marker(pytest.mark.timeout(CONTAINER_TIMEOUT_S))
-        if _module(item) in PIPELINE_MODULES or names & PIPELINE_FIXTURES:
-            item.add_marker(pytest.mark.pipeline)
-        if not names & {"images"} and not item.get_closest_marker("pipeline"):
-            item.add_marker(pytest.mark.unit)
     seconds = module_seconds()
     # longest module first; a stable sort keeps each module's own order
-    order = {m: i for i, m in enumerate(dict.fromkeys(_module(i) for i in items))}
+    order = {m: i for i, m in enumerate(modules)}
     items.sort(key=lambda i: (-seconds.get(_module(i), 0.0), order[_module(i)]))
 
 

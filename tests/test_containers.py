@@ -8,7 +8,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ import urllib.request
 import numpy as np
 import pytest
 
+from components.core.ports import free_port
 from tests.conftest import HAVE_PODMAN, NO_PODMAN, REPO
 
 CONF = REPO / "containers" / "containers.conf"
@@ -196,12 +196,6 @@ def test_package_searches_the_serving_config_in_its_image_on_the_pods_cpus(
     assert {k: shipped[k] for k in table["chosen_settings"]} == table["chosen_settings"]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _get(url: str) -> int:
     try:
         with urllib.request.urlopen(url, timeout=2) as resp:
@@ -213,7 +207,7 @@ def _get(url: str) -> int:
 def test_the_server_image_serves_a_model_and_drains_on_sigterm(images, exported_int8, tmp_path):
     import tritonclient.http as httpclient
 
-    port = _free_port()
+    port = free_port()
     name = f"paddle-mlops-test-{port}"
     podman(
         "run",
@@ -373,7 +367,7 @@ def test_two_containers_train_as_the_nodes_of_a_paddlejob(images, digits_data, t
         d.mkdir(exist_ok=True)
         d.chmod(0o777)  # the containers' uid 10001 writes here
 
-    job, port = f"digits-{os.getpid()}", _free_port()
+    job, port = f"digits-{os.getpid()}", free_port()
     names = [f"{job}-worker-{i}" for i in range(2)]
     operator_env = {"PYTHONUNBUFFERED": "0", "PADDLE_JOB_ID": job, "PADDLE_NNODES": "2"}
     masters = [f"127.0.0.1:{port}", f"{names[0]}:{port}"]  # $(POD_IP_DUMMY):port, worker-0

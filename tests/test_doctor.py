@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import stat
 import subprocess
 import sys
 from pathlib import Path
 
+from components.core.ports import free_port
 from tests.conftest import REPO, run_module
 
 
@@ -59,12 +59,6 @@ def test_a_broken_server_binary_fails_with_a_line_naming_it(tmp_path):
     assert proc.stdout.rstrip().endswith("1 check(s) failed: server")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_tracking_server_reachable_or_not(tmp_path, server_binary):
     from pipelines.containers import mlflow_server
 
@@ -74,7 +68,7 @@ def test_tracking_server_reachable_or_not(tmp_path, server_binary):
     assert proc.returncode == 0, proc.stdout
     assert lines(proc.stdout)["mlflow"] == "ok" and "answers /health" in proc.stdout
 
-    dead = f"http://127.0.0.1:{_free_port()}"
+    dead = f"http://127.0.0.1:{free_port()}"
     proc = doctor("--server-binary", str(server_binary), env={"MLFLOW_TRACKING_URI": dead})
     assert proc.returncode == 1
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("FAIL  mlflow:"))

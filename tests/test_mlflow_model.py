@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 
 from components.core.artifacts import StepError, read_json, sha256_tree
+from components.core.ports import free_port
 from components.tracking.registry import LINEAGE_TAGS, Registry, RegistryParams, global_tracking_uri
 from tests.conftest import BIN
 from tests.test_registry import TASK_OPTIONS, server  # noqa: F401  (the module's server)
@@ -167,14 +168,6 @@ def test_the_version_has_a_signature_and_an_input_example(
     assert outputs["logits"].shape == (-1, 10) and outputs["predicted"].type == np.dtype("int64")
     # the input example is real test images, as stored
     assert example.dtype == np.uint8 and np.array_equal(example, stored[: len(example)])
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def post_json(url: str, body: dict) -> dict:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from components.core.artifacts import StepError
+from components.core.ports import free_port
 from components.ml.kserve_client import KServeClient
 
 REPO = Path(__file__).resolve().parents[2]
@@ -58,12 +58,6 @@ def build_server(source: Path, build_dir: Path) -> Path:
     return binary
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class ServerProcess:
     """A KServe-v2 server process on a free loopback port, stopped with SIGTERM."""
 
@@ -74,7 +68,7 @@ class ServerProcess:
         log_file: Path,
         env: Mapping[str, str] | None = None,  # None: this process's environment
     ):
-        self.port = _free_port()
+        self.port = free_port()
         self.name = name
         self.log_file = log_file  # the server's stdout and stderr
         self._log = open(log_file, "w")  # noqa: SIM115 - closed in stop()
@@ -86,7 +80,7 @@ class ServerProcess:
         )
         self.client = KServeClient(f"http://127.0.0.1:{self.port}")
 
-    free_port = staticmethod(_free_port)
+    free_port = staticmethod(free_port)
 
     def wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -144,7 +138,7 @@ class RunningServer(ServerProcess):
         log_file: Path,
         extra_args: Sequence[str] = (),
     ):
-        self.grpc_port = _free_port()  # KServe v2 gRPC, next to the REST port
+        self.grpc_port = free_port()  # KServe v2 gRPC, next to the REST port
         super().__init__(
             lambda port: [
                 str(binary),
