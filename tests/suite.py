@@ -37,7 +37,7 @@ LAST_DURATIONS = REPO / "build" / "test-durations.json"
 SUMMARY_FILE = REPO / "build" / "test-summary.txt"
 CONTAINER_TIMEOUT_S = 3600
 
-# modules whose tests run pipelines (dvc repro, kfp.local, a task's steps end to end)
+# modules whose tests run pipelines (dvc repro, kfp.local, a task's steps end to end) or train
 PIPELINE_MODULES = {
     "test_closed_loop",
     "test_distributed",
@@ -49,6 +49,7 @@ PIPELINE_MODULES = {
     "test_pipeline_kfp",
     "test_segmentation",
     "test_sentiment",
+    "test_train",
 }
 # fixtures that train, export, quantize or package a model (conftest.py)
 PIPELINE_FIXTURES = {"trained", "exported", "qat_out", "exported_int8", "step_outputs"}
