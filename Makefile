@@ -17,7 +17,7 @@ TASK ?= digits
 PIPELINE := $(if $(filter digits,$(TASK)),dvc.yaml,tasks/$(TASK)/dvc.yaml)
 PARAMS := $(if $(filter digits,$(TASK)),params.yaml,tasks/$(TASK)/params.yaml)
 
-.PHONY: help doctor install apt-deps bench-deps serving serving-test run data repro status test test-quick test-loaded test-faults lint format metrics plots mlflow-ui mlflow-server registry bench bench-serving bench-distributed bench-data pipeline kfp-local images container-deps kfp-containers clean
+.PHONY: help doctor install apt-deps bench-deps serving serving-test run data repro status test test-quick test-loaded test-faults lint format metrics plots mlflow-ui mlflow-server registry bench bench-serving bench-distributed bench-data pipeline dvc-yaml kfp-local images container-deps kfp-containers clean
 
 help:
 	@echo "make run      - install, materialise data/raw, run the whole pipeline (dvc repro)"
@@ -39,6 +39,7 @@ help:
 	@echo "make bench-distributed - the train step with 1 vs 2 ranks, and the gradient-sync share"
 	@echo "make bench-data - data layer: peak RSS per step at 2k/8k/32k images, ingest vs decode, reader vs train, incremental ingest"
 	@echo "make pipeline - compile the KFP v2 DAG to pipelines/compiled/training.yaml"
+	@echo "make dvc-yaml - regenerate every committed dvc.yaml (after a step's imports or params change)"
 	@echo "make kfp-local - run the whole KFP DAG on this machine through kfp.local"
 	@echo "make images   - build the base, component and server images with podman (installs it)"
 	@echo "make kfp-containers - the whole KFP DAG, every step in the component image (podman)"
@@ -171,6 +172,19 @@ bench-data: install
 
 pipeline: install
 	python -m pipelines.training compile --out pipelines/compiled/training.yaml
+
+# every committed dvc.yaml from the STEP declarations: the digits pipeline, the tasks' and the
+# segmentation example's (its package's entry point from a scratch pip install, its module
+# from the example itself, so the module is listed as a file of this repository)
+SEG_SITE := build/segmentation-site
+dvc-yaml: install
+	python -m components dvc-yaml
+	for params in tasks/*/params.yaml; do python -m components dvc-yaml --params $$params; done
+	rm -rf $(SEG_SITE) && python -m pip install -q --no-deps --no-index --no-build-isolation \
+	  --target $(SEG_SITE) examples/segmentation && rm -rf $(SEG_SITE)/paddle_mlops_segmentation \
+	  examples/segmentation/build
+	PYTHONPATH=examples/segmentation:$(SEG_SITE) python -m components dvc-yaml \
+	  --params examples/segmentation/params.yaml
 
 kfp-local: data serving
 	python -m pipelines.training local --params params.yaml --pipeline-root outputs/kfp-local

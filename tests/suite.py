@@ -64,6 +64,45 @@ def pytest_configure(config: pytest.Config) -> None:
     config._suite_t0 = time.monotonic()  # type: ignore[attr-defined]
 
 
+# process-global state a test module may change and a later module on the same worker would
+# inherit: MLflow's tracking URI (``mlflow.set_tracking_uri`` also exports it to the
+# environment, so every subprocess a later test starts would write to that store)
+LEAKY_ENV = ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")
+
+
+def _mlflow_uri() -> object:
+    import sys
+
+    utils = sys.modules.get("mlflow.tracking._tracking_service.utils")
+    return getattr(utils, "_tracking_uri", None)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_leaked_tracking_uri(request: pytest.FixtureRequest):
+    """A module that leaves another tracking URI behind fails (at its last test's teardown),
+    and the URI is put back, whichever worker and order ran it: a leak is found on every
+    run, not on the run where a registry test happens to follow it."""
+    before_env = {k: os.environ.get(k) for k in LEAKY_ENV}
+    before_uri = _mlflow_uri()
+    yield
+    leaked = [k for k, v in before_env.items() if os.environ.get(k) != v]
+    for key, value in before_env.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    if _mlflow_uri() != before_uri:
+        import sys
+
+        sys.modules["mlflow.tracking._tracking_service.utils"]._tracking_uri = before_uri
+        leaked.append("mlflow's global tracking URI")
+    if leaked:
+        pytest.fail(
+            f"{request.module.__name__} left {', '.join(leaked)} changed: restore it "
+            "(monkeypatch.setenv, components.tracking.registry.global_tracking_uri)"
+        )
+
+
 def _module(item: pytest.Item) -> str:
     return Path(str(item.fspath)).stem
 

@@ -386,3 +386,28 @@ def test_committed_dvc_locks_and_metrics_match_the_committed_files(tmp_path):
     assert not problems, "stale dvc.lock / metrics (make run TASK=...):\n" + "\n".join(
         sorted(set(problems))[:40]
     )
+
+
+def test_every_name_imported_from_the_project_exists():
+    """``from components.x import y`` / ``from tests.x import y`` anywhere in the project,
+    function-level imports included, names a module or name that exists: a rename cannot leave
+    an import behind that only a slow test (in a tier ``make test-quick`` skips) would reach."""
+    import importlib
+
+    roots = ("components", "pipelines", "tests")
+    missing = []
+    for path in sorted(p for root in roots for p in (REPO / root).rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.ImportFrom) and node.level == 0 and node.module):
+                continue
+            if node.module.split(".")[0] not in roots:
+                continue
+            module = importlib.import_module(node.module)
+            for alias in node.names:
+                if alias.name == "*" or hasattr(module, alias.name):
+                    continue
+                try:
+                    importlib.import_module(f"{node.module}.{alias.name}")
+                except ModuleNotFoundError:
+                    missing.append(f"{path.relative_to(REPO)}:{node.lineno}: {alias.name}")
+    assert missing == []

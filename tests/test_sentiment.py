@@ -606,11 +606,12 @@ def test_tritonclient_sends_raw_text_to_the_server_process(pipeline):
 
 
 def test_tritonclient_sends_raw_text_to_the_server_container(pipeline, images):
-    from tests.test_containers import _free_port, _get, podman
+    from components.core.ports import free_port
+    from tests.test_containers import _get, podman
 
     bundle = pipeline / "outputs" / "sentiment" / "package"
     texts = _sentiment().read_split(pipeline / "outputs" / "sentiment" / "ingest", "test")[0]
-    port = _free_port()
+    port = free_port()
     name = f"paddle-mlops-sentiment-{port}"
     podman(
         "run", "-d", "--name", name, "--read-only", "-p", f"127.0.0.1:{port}:8080",
@@ -635,9 +636,11 @@ def test_the_registered_mlflow_model_takes_raw_text(pipeline, monkeypatch):
     a pyfunc whose input is texts, and labels them as the exported model does."""
     import mlflow
 
+    from components.tracking.registry import global_tracking_uri
+
     monkeypatch.chdir(pipeline)  # the run's artifacts are under ./mlruns
-    mlflow.set_tracking_uri(f"sqlite:///{pipeline / 'mlflow.db'}")
-    model = mlflow.pyfunc.load_model("models:/sentiment-classifier/1")
+    with global_tracking_uri(f"sqlite:///{pipeline / 'mlflow.db'}"):
+        model = mlflow.pyfunc.load_model("models:/sentiment-classifier/1")
     schema = model.metadata.get_input_schema().to_dict()
     assert schema[0]["type"] == "tensor" and schema[0]["tensor-spec"]["dtype"] in ("str", "object")
     ingested = pipeline / "outputs" / "sentiment" / "ingest"

@@ -58,7 +58,12 @@ from components.tracking.model import (
     log_bundle_model,
     served_sha256,
 )
-from components.tracking.registry import TrackingRetry, tracking_uri, use_experiment
+from components.tracking.registry import (
+    TrackingRetry,
+    global_tracking_uri,
+    tracking_uri,
+    use_experiment,
+)
 
 log = logging.getLogger(__name__)
 
@@ -329,6 +334,22 @@ def run(
     pipeline_run: str = "",
     retrain_reason: str = "",
 ) -> TrackResult:
+    """Log the pipeline's run to MLflow at ``$MLFLOW_TRACKING_URI`` (else the default). The
+    process's MLflow tracking URI is set for the run and put back after it, so a caller in the
+    same process (a notebook, a test) keeps its own."""
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    with global_tracking_uri(tracking_uri()):
+        return _run(params, all_params, out_dir, outputs, pipeline_run, retrain_reason)
+
+
+def _run(
+    params: TrackParams,
+    all_params: Mapping[str, Any],
+    out_dir: str | Path,
+    outputs: StepOutputs,
+    pipeline_run: str,
+    retrain_reason: str,
+) -> TrackResult:
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     import mlflow
 
@@ -338,7 +359,6 @@ def run(
     shown_uri = redact_uri(uri)
     if shown_uri != uri:  # MLflow prints "View run <tracking URI>/#/..." links as they are
         os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
-    mlflow.set_tracking_uri(uri)
     manifests = outputs.manifests()
     metrics = step_metrics(outputs)
     tags = lineage_tags(all_params, outputs, manifests, metrics)
