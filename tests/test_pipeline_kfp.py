@@ -51,6 +51,27 @@ def all_tasks(spec: dict) -> dict[str, dict]:
     return tasks
 
 
+def test_a_task_setter_misused_while_building_still_names_itself():
+    """While a pipeline is built, kfp's setters find their own name without walking the whole
+    stack (pipelines/training.py: _cheap_setter_checks); their error still names the setter,
+    and kfp gets the real ``inspect`` back afterwards."""
+    import inspect
+
+    from kfp.dsl import pipeline_task
+
+    from pipelines.training import _cheap_setter_checks
+
+    class NotAContainer:
+        container_spec = None
+
+    def set_cpu_limit() -> None:
+        pipeline_task.PipelineTask._ensure_container_spec_exists(NotAContainer())
+
+    with _cheap_setter_checks(), pytest.raises(ValueError, match="^set_cpu_limit can only"):
+        set_cpu_limit()
+    assert pipeline_task.inspect is inspect
+
+
 def test_every_step_is_in_the_dag_with_its_dependencies(compiled):
     tasks = all_tasks(compiled)
     assert set(STEPS) <= set(tasks)
