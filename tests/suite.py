@@ -4,9 +4,11 @@ one-line account ``make test`` ends with. Loaded by ``tests/conftest.py`` (``pyt
 Tiers (markers, set here per module from what its tests use, so no test can forget its own;
 a module's tests may build on each other, so a tier never splits a module):
 
-- ``containers``: a test needs the images (the ``images`` fixture): podman, the component and
-  server images; such a test's timeout is ``CONTAINER_TIMEOUT_S`` (the first one may wait for
-  a cold image build that another worker runs);
+- ``containers``: a test needs the images (the ``images`` fixture, or the ``containers``
+  marker on a test that asks for them later with ``request.getfixturevalue``, to do its
+  image-free part while a cold build runs): podman, the component and server images; such a
+  test's timeout is ``CONTAINER_TIMEOUT_S`` (the first one may wait for a cold image build
+  that another worker runs);
 - ``pipeline``: runs whole pipelines or trains models (the modules in ``PIPELINE_MODULES``, or
   a test that uses a fixture in ``PIPELINE_FIXTURES``);
 - ``unit``: everything else: ``make test-quick`` runs this tier alone.
@@ -111,7 +113,8 @@ def tier(items: list[pytest.Item]) -> str:
     """A module's tier, the heaviest of its tests' (a module's tests may depend on the ones
     before them, e.g. a registry built up test by test, so a tier never splits a module)."""
     names = set().union(*(set(getattr(i, "fixturenames", ())) for i in items))
-    if "images" in names:
+    # a test that asks for the images later (request.getfixturevalue) says so with the marker
+    if "images" in names or any(i.get_closest_marker("containers") for i in items):
         return "containers"
     if _module(items[0]) in PIPELINE_MODULES or names & PIPELINE_FIXTURES:
         return "pipeline"
