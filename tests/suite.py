@@ -162,8 +162,10 @@ def shared_root(factory: pytest.TempPathFactory) -> Path:
 
 def shared(factory: pytest.TempPathFactory, name: str, make: Callable[[Path], T]) -> T:
     """``make(directory)`` once per pytest run, whichever worker asks first; the others wait
-    for it and get the same value (read-only outputs: tests copy what they change). A failure
-    is recorded, so the other workers fail at once with its message instead of re-running it."""
+    for it and get the same value (read-only outputs: tests copy what they change). The value
+    crosses processes as a pickle: paths, dicts, numbers (an unpicklable one is this fixture's
+    failure, recorded like any other). A failure is recorded, so the other workers fail at once
+    with its message instead of re-running it."""
     root = shared_root(factory) / "shared"
     root.mkdir(exist_ok=True)
     target, done, failed = root / name, root / f"{name}.pickle", root / f"{name}.failed"
@@ -177,11 +179,12 @@ def shared(factory: pytest.TempPathFactory, name: str, make: Callable[[Path], T]
         target.mkdir()
         try:
             value = make(target)
+            blob = pickle.dumps(value)
         except BaseException as exc:
             failed.write_text(f"{type(exc).__name__}: {exc}"[:4000])
             raise
         tmp = done.with_suffix(".tmp")
-        tmp.write_bytes(pickle.dumps(value))
+        tmp.write_bytes(blob)
         tmp.replace(done)
         return value
 

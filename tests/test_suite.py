@@ -1,0 +1,39 @@
+"""The suite's own machinery (tests/suite.py): fixtures shared between xdist workers."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+
+import pytest
+
+from tests.suite import shared
+
+
+def test_a_shared_value_is_made_once_and_a_failure_is_told_to_the_others(tmp_path_factory):
+    name = f"probe-{uuid.uuid4().hex}"
+    calls = []
+
+    def make(directory):
+        calls.append(directory)
+        (directory / "out.txt").write_text("made")
+        return {"dir": directory, "n": 1}
+
+    values = []
+    threads = [
+        threading.Thread(target=lambda: values.append(shared(tmp_path_factory, name, make)))
+        for _ in range(3)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1 and len(values) == 3
+    assert all(v == values[0] for v in values)
+    assert (values[0]["dir"] / "out.txt").read_text() == "made"
+
+    broken = f"broken-{uuid.uuid4().hex}"
+    with pytest.raises(TypeError):  # a lock cannot be pickled: this fixture's own failure
+        shared(tmp_path_factory, broken, lambda d: threading.Lock())
+    with pytest.raises(pytest.fail.Exception, match=f"shared fixture {broken} failed"):
+        shared(tmp_path_factory, broken, lambda d: 1)  # the next asker is told, not re-run
