@@ -56,6 +56,11 @@ PIPELINE_MODULES = {
 # fixtures that train, export, quantize or package a model (conftest.py)
 PIPELINE_FIXTURES = {"trained", "exported", "qat_out", "exported_int8", "step_outputs"}
 
+# modules whose tests use no module-scoped fixture and do not build on each other: each test
+# is its own unit of work, spread over the workers, instead of the whole module on one worker
+# (test_bad_inputs: 40 CLI subprocesses, the unit tier's longest module)
+PER_TEST_MODULES = {"test_bad_inputs"}
+
 T = TypeVar("T")
 
 
@@ -103,6 +108,22 @@ def no_leaked_tracking_uri(request: pytest.FixtureRequest):
             f"{request.module.__name__} left {', '.join(leaked)} changed: restore it "
             "(monkeypatch.setenv, components.tracking.registry.global_tracking_uri)"
         )
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadscope``, with each test of a module in ``PER_TEST_MODULES`` a scope of its
+    own (the other modules: one scope each, so their module fixtures start once)."""
+    if config.getoption("dist", None) != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Scheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            if Path(nodeid.split("::", 1)[0]).stem in PER_TEST_MODULES:
+                return nodeid
+            return super()._split_scope(nodeid)
+
+    return Scheduling(config, log)
 
 
 def _module(item: pytest.Item) -> str:
