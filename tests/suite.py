@@ -110,6 +110,7 @@ def no_leaked_tracking_uri(request: pytest.FixtureRequest):
         )
 
 
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: pytest -p no:xdist still runs
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """``--dist loadscope``, with each test of a module in ``PER_TEST_MODULES`` a scope of its
     own (the other modules: one scope each, so their module fixtures start once)."""

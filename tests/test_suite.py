@@ -20,6 +20,10 @@ def test_a_shared_value_is_made_once_and_a_failure_is_told_to_the_others(tmp_pat
         return {"dir": directory, "n": 1}
 
     values = []
+    # pytest makes the session's basetemp on first use, and not thread-safely (two threads
+    # racing here got pytest-113 and pytest-114): made once before the threads, as a session's
+    # first test does (workers of xdist are processes, each given its own basetemp)
+    tmp_path_factory.getbasetemp()
     threads = [
         threading.Thread(target=lambda: values.append(shared(tmp_path_factory, name, make)))
         for _ in range(3)
