@@ -25,6 +25,7 @@ import json
 import os
 import pickle
 import shutil
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -78,8 +79,6 @@ LEAKY_ENV = ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")
 
 
 def _mlflow_uri() -> object:
-    import sys
-
     utils = sys.modules.get("mlflow.tracking._tracking_service.utils")
     return getattr(utils, "_tracking_uri", None)
 
@@ -99,8 +98,6 @@ def no_leaked_tracking_uri(request: pytest.FixtureRequest):
         else:
             os.environ[key] = value
     if _mlflow_uri() != before_uri:
-        import sys
-
         sys.modules["mlflow.tracking._tracking_service.utils"]._tracking_uri = before_uri
         leaked.append("mlflow's global tracking URI")
     if leaked:
@@ -150,11 +147,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for module_items in modules.values():
         marker = getattr(pytest.mark, tier(module_items))
         for item in module_items:
+            # the images fixture, or the marker of a test that asks for them later
+            needs_images = "images" in getattr(item, "fixturenames", ()) or bool(
+                item.get_closest_marker("containers")
+            )
             item.add_marker(marker)
             # may wait for the image build another worker runs (cold: ~15 min on 2 cores)
-            if "images" in getattr(item, "fixturenames", ()) and not item.get_closest_marker(
-                "timeout"
-            ):
+            if needs_images and not item.get_closest_marker("timeout"):
                 item.add_marker(pytest.mark.timeout(CONTAINER_TIMEOUT_S))
     seconds = module_seconds()
     # longest module first; a stable sort keeps each module's own order

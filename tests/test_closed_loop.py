@@ -42,7 +42,6 @@ from components.tracking.registry import Registry, RegistryParams
 from components.tracking.registry import client as mlflow_client
 from pipelines.containers import free_port, mlflow_server
 from tests.conftest import BIN, STAGES, TINY_DIGITS, clone_repo, ran, set_params
-from tests.suite import CONTAINER_TIMEOUT_S
 
 NAME = "closed-loop-digits"
 INPUT_RATE = 0.5  # package.model_config.log_input_rate of this test's bundles
@@ -184,7 +183,6 @@ def served_versions(url: str) -> list[tuple[str, str]]:
 
 
 @pytest.mark.containers  # the images: asked for once v1's first stages ran (below)
-@pytest.mark.timeout(CONTAINER_TIMEOUT_S)
 def test_monitor_alarm_retrains_judge_promotes_and_rolls_back_in_containers(
     tracking, oci_registry, digits_task, tmp_path, monkeypatch, request  # noqa: F811
 ):  # fmt: skip
