@@ -204,13 +204,14 @@ bench-serving: bench-deps data serving
 	dvc repro package
 	python -m bench.serving
 
+# MLflow's GenAI job runner (eight huey consumers) is off, as in k8s/mlflow: nothing here uses it
 mlflow-ui: install
-	mlflow ui --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1 --port $(MLFLOW_PORT)
+	MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false mlflow ui --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1 --port $(MLFLOW_PORT)
 
 # A real tracking server; point the pipeline at it with
 #   MLFLOW_TRACKING_URI=http://127.0.0.1:$(MLFLOW_PORT) make run
 mlflow-server: install
-	mlflow server --host 127.0.0.1 --port $(MLFLOW_PORT) --workers 1 \
+	MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false mlflow server --host 127.0.0.1 --port $(MLFLOW_PORT) --workers 1 \
 	  --backend-store-uri sqlite:///$(CURDIR)/mlflow-server.db \
 	  --artifacts-destination $(CURDIR)/mlartifacts
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import resource
 import shutil
 import sys
 import time
@@ -217,15 +218,53 @@ def _is_worker(config: pytest.Config) -> bool:
     return hasattr(config, "workerinput")
 
 
+def cpu_seconds() -> float:
+    """CPU seconds (user + system) of this process and of every child process it has waited
+    for, their own waited-for children included: the subprocesses, servers and ``dvc repro``
+    runs a test starts and stops. Not counted: what runs inside a podman container (its
+    processes are children of conmon, not of the test), and a grandchild whose parent exited
+    without waiting for it (init reaps it)."""
+    own, children = (
+        resource.getrusage(resource.RUSAGE_SELF),
+        resource.getrusage(resource.RUSAGE_CHILDREN),
+    )
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+_CPU_MARK = pytest.StashKey[float]()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    item.stash[_CPU_MARK] = cpu_seconds()
+    yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
+    """Each phase's report carries the CPU seconds spent since the previous phase ended (a
+    user property, so it reaches the xdist controller with the report)."""
+    outcome = yield
+    now = cpu_seconds()
+    report = outcome.get_result()
+    report.user_properties.append(("cpu_s", round(now - item.stash.get(_CPU_MARK, now), 3)))
+    item.stash[_CPU_MARK] = now
+
+
 class Account:
-    """Per-test seconds (setup + call + teardown) and outcomes, kept by the controller."""
+    """Per-test seconds and CPU seconds (setup + call + teardown) and outcomes, kept by the
+    controller."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
+        self.cpu: dict[str, float] = {}
 
     @pytest.hookimpl(trylast=True)
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         self.seconds[report.nodeid] = self.seconds.get(report.nodeid, 0.0) + report.duration
+        # xdist sends the (name, value) tuples as lists
+        cpu = sum(float(v) for k, v in report.user_properties if k == "cpu_s")
+        self.cpu[report.nodeid] = self.cpu.get(report.nodeid, 0.0) + cpu
 
 
 @pytest.hookimpl(trylast=True)
@@ -235,9 +274,12 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         session.config.pluginmanager.register(session.config._suite_account, "suite-account")
 
 
-def summary_line(stats: dict[str, list[Any]], seconds: dict[str, float], wall_s: float) -> str:
-    """``tests=<n> passed=<n> failed=<n> skipped=<n> wall_s=<n> slowest=<nodeid>:<s>``
-    (errors count as failed; xfailed as skipped, xpassed as passed)."""
+def summary_line(
+    stats: dict[str, list[Any]], seconds: dict[str, float], wall_s: float, cpu_s: float
+) -> str:
+    """``tests=<n> passed=<n> failed=<n> skipped=<n> wall_s=<n> cpu_s=<n>
+    slowest=<nodeid>:<s>`` (errors count as failed; xfailed as skipped, xpassed as passed;
+    ``cpu_s``: the tests' CPU seconds, :func:`cpu_seconds`)."""
 
     def count(*keys: str) -> int:
         # one test may report several phases (a failed teardown after a pass): count tests
@@ -249,7 +291,7 @@ def summary_line(stats: dict[str, list[Any]], seconds: dict[str, float], wall_s:
     slowest = max(seconds.items(), key=lambda kv: kv[1], default=("-", 0.0))
     return (
         f"tests={len(seconds)} passed={passed} failed={failed} skipped={skipped} "
-        f"wall_s={wall_s:.0f} slowest={slowest[0]}:{slowest[1]:.1f}"
+        f"wall_s={wall_s:.0f} cpu_s={cpu_s:.0f} slowest={slowest[0]}:{slowest[1]:.1f}"
     )
 
 
@@ -262,7 +304,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     if account is None or reporter is None or not account.seconds:
         return
     wall_s = time.monotonic() - config._suite_t0  # type: ignore[attr-defined]
-    line = summary_line(reporter.stats, account.seconds, wall_s)
+    line = summary_line(reporter.stats, account.seconds, wall_s, sum(account.cpu.values()))
     SUMMARY_FILE.parent.mkdir(exist_ok=True)
     SUMMARY_FILE.write_text(line + "\n")
     modules: dict[str, float] = {}
@@ -273,5 +315,8 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     whole = config.args_source == pytest.Config.ArgsSource.TESTPATHS
     if whole and not config.option.keyword and not config.option.markexpr:
         tests = {k: round(v, 2) for k, v in sorted(account.seconds.items(), key=lambda kv: -kv[1])}
-        LAST_DURATIONS.write_text(json.dumps({"modules": modules, "tests": tests}, indent=1))
+        cpu = {k: round(v, 2) for k, v in sorted(account.cpu.items(), key=lambda kv: -kv[1])}
+        LAST_DURATIONS.write_text(
+            json.dumps({"modules": modules, "tests": tests, "cpu": cpu}, indent=1)
+        )
     reporter.write_line(line)

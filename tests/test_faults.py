@@ -41,7 +41,9 @@ from tests.conftest import BIN, REPO, TINY_DIGITS, clone_repo, set_params, sh
 
 ALL = os.environ.get("PADDLE_MLOPS_FAULTS") == "all"
 MATRIX_OUT = os.environ.get("PADDLE_MLOPS_FAULTS_MATRIX")
-PREPARED_UP_TO = "serving_image"  # the rows start after this stage (the expensive ones)
+# the rows start after this stage and evaluate (the expensive ones: evaluate is not upstream of
+# serving_image, so the prepared clone reproduces both)
+PREPARED_UP_TO = "serving_image"
 
 
 @dataclass(frozen=True)
@@ -149,12 +151,13 @@ class Tracking:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        from pipelines.containers import _healthy, wait_for
+        from pipelines.containers import MLFLOW_SERVER_ENV, _healthy, wait_for
 
         cmd = [str(Path(sys.executable).parent / "mlflow"), "server", "--host", "127.0.0.1"]
         cmd += ["--port", str(self.port), "--workers", "1"]
         cmd += ["--artifacts-destination", str(self.artifacts)]
-        env = {**os.environ, "MLFLOW_BACKEND_STORE_URI": f"sqlite:///{self.root / 'mlflow.db'}"}
+        env = {**MLFLOW_SERVER_ENV, **os.environ}
+        env["MLFLOW_BACKEND_STORE_URI"] = f"sqlite:///{self.root / 'mlflow.db'}"
         log = open(self.root / "mlflow-server.log", "a")  # noqa: SIM115 - the child's
         self.proc = subprocess.Popen(
             cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
@@ -352,9 +355,9 @@ def assert_clean_run(reference: dict) -> None:
     promoted once, with its holdout pinned and what it serves recorded; and no process of
     the run is left."""
     assert_converged(reference, reference)
-    # the prepared clone ran serving_image and what it depends on: not evaluate
+    # the prepared clone ran serving_image, evaluate and what they depend on
     ran = re.findall(r"Running stage '(\w+)'", reference["stdout"])
-    assert ran == ["evaluate", *STEPS[STEPS.index(PREPARED_UP_TO) + 1 :]], ran
+    assert ran == list(STEPS[STEPS.index(PREPARED_UP_TO) + 1 :]), ran
     assert set(reference["run_status"].values()) == {"FINISHED"}, reference["failure_reasons"]
     assert reference["versions"] == [1] and reference["adopted"] == []
     assert reference["aliases"] == {"champion": 1, "challenger": 1}, reference["aliases"]
@@ -367,7 +370,7 @@ def assert_clean_run(reference: dict) -> None:
 # --------------------------------------------------------------------------- fixtures
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory: pytest.TempPathFactory, server_binary: Path) -> Path:
-    """A clone with ingest ... serving_image reproduced (the rows copy it)."""
+    """A clone with ingest ... serving_image and evaluate reproduced (the rows copy it)."""
     repo = clone_repo(tmp_path_factory.mktemp("faults-prepared"))
     set_params(repo, **TINY)
     sh(
@@ -379,7 +382,7 @@ def prepared(tmp_path_factory: pytest.TempPathFactory, server_binary: Path) -> P
         "--out",
         "data/raw/digits",
     )
-    proc = repro(repo, "sqlite:///unused.db", PREPARED_UP_TO)
+    proc = repro(repo, "sqlite:///unused.db", PREPARED_UP_TO, "evaluate")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     sh(repo, "git", "add", "-A")
     sh(repo, "git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "prepared")
