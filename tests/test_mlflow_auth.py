@@ -86,7 +86,6 @@ def auth_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AuthServer
     env.update(
         MLFLOW_AUTH_CONFIG_PATH=str(ini),
         MLFLOW_FLASK_SERVER_SECRET_KEY=secrets.token_hex(16),
-        MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false",
         MLFLOW_DISABLE_TELEMETRY="true",
     )
     # the backend store URI from the environment, not argv (as in k8s/mlflow)
