@@ -152,10 +152,9 @@ Status ModelRepository::Compile(const std::shared_ptr<Model>& model,
   const Status status = model->Load(metrics);
   std::lock_guard<std::mutex> lock(mu_);
   loading_version_.clear();
-  if (!status.ok()) {
-    history_.push_back({model, "UNAVAILABLE", status.message()});
-    return status;
-  }
+  // A version that never served leaves no entry: the index lists what
+  // serves, drains or drained (the load's answer and the log say why).
+  if (!status.ok()) return status;
   Model* raw = model.get();
   metrics->SetQueueDepthCallback(
       [raw] { return static_cast<double>(raw->queue_depth()); });
@@ -368,7 +367,18 @@ Status ModelRepository::LoadUnchecked(const json& given) {
                              current_->version() + ")");
     }
   }
-  ASSIGN_OR_RETURN(std::shared_ptr<Model> model, Build(config));
+  auto built = Build(config);
+  if (!built.ok()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    LogWarn("model load failed",
+            {{"model", name_},
+             {"version", config.model_version},
+             {"model_dir", config.model_dir},
+             {"error", built.status().message()},
+             {"serving", current_ ? json(current_->version()) : json()}});
+    return built.status();
+  }
+  std::shared_ptr<Model> model = std::move(built).value();
   std::lock_guard<std::mutex> lock(mu_);
   if (as_challenger) {
     if (challenger_) RetireLocked(std::move(challenger_), "replaced by challenger " + model->version());

@@ -125,7 +125,8 @@ class ModelRepository {
     std::string reason;
   };
   StatusOr<ServerConfig> Overrides(const nlohmann::json& parameters) const;
-  // Builds `model`'s backend and batcher; a failure stays in the history.
+  // Builds `model`'s backend and batcher; a failure leaves no history entry
+  // (the version never served).
   Status Compile(const std::shared_ptr<Model>& model, ServingMetrics* metrics);
   Status KnownName(const std::string& name) const;
   // --model-control is on and `name` is served.
@@ -152,7 +153,7 @@ class ModelRepository {
   std::shared_ptr<Model> challenger_;  // beside current_, under policy_
   TrafficPolicy policy_;
   std::string loading_version_;      // non-empty while a load runs
-  std::vector<Version> history_;     // retired and failed versions
+  std::vector<Version> history_;     // retired versions
   std::vector<std::unique_ptr<ServingMetrics>> metrics_;  // never shrinks
   std::vector<std::thread> drainers_;
 };

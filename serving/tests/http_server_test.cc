@@ -9,6 +9,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -54,7 +55,8 @@ class HttpServerTest : public ::testing::Test {
   }
 
   BackendFactory Factory() {
-    return [this](const BackendOptions&) {
+    return [this](const BackendOptions&) -> StatusOr<std::unique_ptr<Backend>> {
+      if (fail_backend_) return Internal("fake backend cannot load");
       auto backend = std::make_unique<FakeBackend>(1, 2);
       backend->set_latency(backend_latency_);
       backend_ = backend.get();
@@ -113,6 +115,7 @@ class HttpServerTest : public ::testing::Test {
   int64_t timeout_ms_ = 5000;
   std::chrono::milliseconds backend_latency_{0};
   FakeBackend* backend_ = nullptr;
+  std::atomic<bool> fail_backend_{false};  // the factory fails (a bad bundle)
   bool model_control_ = false;
   HttpOptions options_;
   Registry registry_;
@@ -545,6 +548,44 @@ TEST_F(HttpServerTest, LoadSwapsTheVersionAndTheOldOneDrains) {
   ASSERT_EQ(res->status, 200);
   EXPECT_EQ(client_->Get("/v2/health/ready")->status, 503);
   EXPECT_EQ(Infer(JsonInfer())->status, 503);
+}
+
+TEST_F(HttpServerTest, AFailedLoadLeavesNoIndexEntryBehind) {
+  model_control_ = true;
+  StartServer();
+  fail_backend_ = true;  // a bundle the backend cannot read
+  for (const char* load : {R"({"parameters":{"version":"2"}})",
+                           R"({"parameters":{}})"}) {  // the served version
+    auto res = client_->Post("/v2/repository/models/toy-classifier/load", load,
+                             "application/json");
+    ASSERT_EQ(res->status, 500) << load;
+    EXPECT_NE(res->body.find("fake backend cannot load"), std::string::npos);
+  }
+  // version 1 serves on; the index and statistics say only that
+  const json served = json::parse(
+      R"([{"name":"toy-classifier","version":"1","state":"READY","reason":""}])");
+  auto res = client_->Post("/v2/repository/index", "", "application/json");
+  ASSERT_EQ(res->status, 200);
+  EXPECT_EQ(json::parse(res->body), served);
+  const json stats =
+      json::parse(client_->Get("/v2/models/toy-classifier/stats")->body);
+  ASSERT_EQ(stats["model_stats"].size(), 1u) << stats;
+  EXPECT_EQ(stats["model_stats"][0]["version"], "1");
+  res = Infer(JsonInfer());
+  ASSERT_EQ(res->status, 200);
+  EXPECT_EQ(json::parse(res->body)["model_version"], "1");
+  // a good load afterwards: the usual history (the old version drains)
+  fail_backend_ = false;
+  res = client_->Post("/v2/repository/models/toy-classifier/load",
+                      R"({"parameters":{"version":"2"}})", "application/json");
+  ASSERT_EQ(res->status, 200) << res->body;
+  const json index = json::parse(
+      client_->Post("/v2/repository/index", "", "application/json")->body);
+  ASSERT_EQ(index.size(), 2u) << index;
+  EXPECT_EQ(index[0]["version"], "2");
+  EXPECT_EQ(index[0]["state"], "READY");
+  EXPECT_EQ(index[1]["version"], "1");
+  EXPECT_EQ(index[1]["reason"], "replaced by version 2");
 }
 
 TEST_F(HttpServerTest, EachVersionRunsWithItsOwnModelConfig) {
