@@ -245,6 +245,38 @@ def test_oversized_body_is_rejected(server_binary, exported_int8, tmp_path, gold
         assert srv.stop() == 0
 
 
+def test_a_body_over_the_limit_gets_a_413_the_client_can_read(
+    server_binary, exported_int8, tmp_path, golden
+):
+    """A 65 MiB upload against the default 64 MiB limit, as http.client sends it (the whole
+    body, then it reads): the server answers 413 with Connection: close and drains the rest
+    of the body (nginx's lingering close) instead of resetting the upload, so the client
+    reads the answer, not EPIPE. The drain's time bound is set far out: only the byte bound
+    (default 128 MiB) may end it here, however slow the host."""
+    srv = start(server_binary, exported_int8, tmp_path, "--lingering-close-ms=3600000")
+    try:
+        body = bytes(65 << 20)
+        for _ in range(2):
+            conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=60)
+            try:
+                conn.request(
+                    "POST",
+                    f"/v2/models/{NAME}/infer",
+                    body=body,
+                    headers={"Content-Type": "application/octet-stream"},
+                )
+                resp = conn.getresponse()
+                payload = json.loads(resp.read())
+            finally:
+                conn.close()
+            assert resp.status == 413, payload
+            assert resp.getheader("Connection") == "close"
+            assert "67108864 bytes (--max-body-bytes)" in payload["error"]
+        assert infer(client(srv), golden[:2], True).shape == (2, 10)
+    finally:
+        assert srv.stop() == 0
+
+
 def test_client_disconnecting_mid_request_does_not_hurt(server, golden, reference):
     for _ in range(5):
         s = socket.create_connection(("127.0.0.1", server.port), timeout=10)
@@ -627,6 +659,41 @@ def test_loading_a_new_version_under_load_fails_no_request(
         served = {s["version"]: s["inference_stats"]["success"]["count"] for s in stats}
         assert served["1"] + served["2"] >= len(answers)
         assert served["2"] >= versions.count("2")
+    finally:
+        assert srv.stop() == 0
+
+
+def test_a_failed_load_leaves_no_index_entry_and_the_old_version_serves(
+    server_binary, exported_int8, tmp_path, golden, reference
+):
+    """A load from a bundle whose model OpenVINO cannot read fails; the server keeps serving
+    version 1, and the repository index, the statistics and the model's readiness show that
+    alone: no UNAVAILABLE entry of the failed version lingers, nor one of version 1 when the
+    failed load was of version 1 itself. The reason is in the answer and in the log."""
+    bad = with_model_config(exported_int8, tmp_path / "bad")
+    (bad / "legacy" / "model.pdmodel").write_bytes(b"not a paddle program")
+    srv = start(server_binary, exported_int8, tmp_path, "--model-control=true")
+    try:
+        c = client(srv)
+        for parameters in ({"model_dir": str(bad), "version": "2"}, {"model_dir": str(bad)}):
+            status, body = raw_request(
+                srv.port,
+                "POST",
+                f"/v2/repository/models/{NAME}/load",
+                json.dumps({"parameters": parameters}).encode(),
+            )
+            assert status == 400, body
+            assert f"OpenVINO cannot read {bad}/legacy/model.pdmodel" in body["error"]
+        assert c.get_model_repository_index() == [
+            {"name": NAME, "version": "1", "state": "READY", "reason": ""}
+        ]
+        stats = c.get_inference_statistics(NAME)["model_stats"]
+        assert [s["version"] for s in stats] == ["1"]
+        assert c.is_model_ready(NAME, "1")
+        np.testing.assert_allclose(infer(c, golden[:4], True), reference[:4], atol=1e-4)
+        failed = _log_records(srv.log_file, "model load failed")
+        assert [(r["version"], r["serving"]) for r in failed] == [("2", "1"), ("1", "1")]
+        assert all("cannot read" in r["error"] for r in failed)
     finally:
         assert srv.stop() == 0
 

@@ -261,6 +261,14 @@ const std::vector<Flag>& Flags() {
               &ServerConfig::body_timeout_ms, 1),
       IntFlag("max-body-bytes", "largest request body; larger ones get 413",
               &ServerConfig::max_body_bytes, 1),
+      IntFlag("lingering-close-bytes",
+              "after a 413, read and discard at most this much of the "
+              "refused body before closing, so the client gets to read the "
+              "answer instead of a reset (0: close at once)",
+              &ServerConfig::lingering_close_bytes, 0),
+      IntFlag("lingering-close-ms",
+              "after a 413, drain the refused body at most this long",
+              &ServerConfig::lingering_close_ms, 0),
       IntFlag("keep-alive-max-count",
               "requests served on one keep-alive connection",
               &ServerConfig::keep_alive_max_count, 1),

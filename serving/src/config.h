@@ -51,6 +51,10 @@ struct ServerConfig {
   int64_t header_timeout_ms = 10000;
   int64_t body_timeout_ms = 60000;
   int64_t max_body_bytes = 64ll << 20;
+  // After a 413 the server drains the refused body (nginx's lingering close)
+  // at most this many bytes and this long, so the client reads the answer.
+  int64_t lingering_close_bytes = 128ll << 20;
+  int64_t lingering_close_ms = 30000;
   int keep_alive_max_count = 1000;
   int keep_alive_timeout_s = 30;
   int64_t drain_delay_ms = 0;

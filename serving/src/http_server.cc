@@ -240,10 +240,11 @@ class HttpServer::Impl::Session
                                             shared_from_this()));
   }
 
-  // Closes the connection if it waits for a request (Stop()).
+  // Closes the connection if it waits for a request or drains a refused
+  // body (Stop()).
   void CloseIfIdle() {
     net::dispatch(stream_.get_executor(), [self = shared_from_this()] {
-      if (self->idle_) self->Close();
+      if (self->idle_ || self->lingering_) self->Close();
     });
   }
 
@@ -361,8 +362,10 @@ class HttpServer::Impl::Session
     Send(ErrorResponse(version, 400, "malformed HTTP request: " + ec.message()));
   }
 
+  // 413, then a lingering close (Linger): the body is not read, but drained.
   void RefuseBody(unsigned version) {
     close_after_ = true;
+    linger_ = true;
     Send(ErrorResponse(version, 413,
                        "request body exceeds the limit of " +
                            std::to_string(server_->options.max_body_bytes) +
@@ -585,6 +588,7 @@ class HttpServer::Impl::Session
     const bool keep = response_->keep_alive();
     response_.reset();
     request_ = {};
+    if (!ec && !keep && linger_) return Linger();
     if (ec || !keep) return Close();
     // An idle connection keeps a small buffer, whatever it last read.
     if (buffer_.size() == 0 && buffer_.capacity() > kIdleBuffer) {
@@ -623,7 +627,47 @@ class HttpServer::Impl::Session
     path_.clear();
   }
 
+  // nginx's lingering close: the answer is written, so stop sending (the
+  // client reads the FIN after the 413), then read and discard what the
+  // client still sends of the refused body, up to --lingering-close-bytes
+  // and --lingering-close-ms. Closing with unread bytes would make the
+  // kernel reset the connection, and the client's pending send would fail
+  // (EPIPE / ECONNRESET) before it reads the 413.
+  void Linger() {
+    const HttpOptions& options = server_->options;
+    beast::error_code ec;
+    stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
+    if (ec || server_->stopping || options.lingering_close_bytes <= 0 ||
+        options.lingering_close_ms <= 0) {
+      return Close();
+    }
+    lingering_ = true;
+    buffer_.clear();  // what was read past the headers is discarded too
+    stream_.expires_after(std::chrono::milliseconds(options.lingering_close_ms));
+    DrainSome();
+  }
+
+  void DrainSome() {
+    const uint64_t left =
+        static_cast<uint64_t>(server_->options.lingering_close_bytes) - drained_;
+    // Read into the buffer's free space and never commit it: discarded.
+    stream_.async_read_some(
+        buffer_.prepare(static_cast<size_t>(std::min<uint64_t>(left, kReadChunk))),
+        beast::bind_front_handler(&Session::OnDrain, shared_from_this()));
+  }
+
+  void OnDrain(beast::error_code ec, size_t n) {
+    drained_ += n;
+    // eof: the client is done; timeout, a reset or the byte bound: give up
+    if (ec || server_->stopping ||
+        drained_ >= static_cast<uint64_t>(server_->options.lingering_close_bytes)) {
+      return Close();
+    }
+    DrainSome();
+  }
+
   void Close() {
+    lingering_ = false;
     beast::error_code ec;
     stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
     stream_.close();
@@ -646,6 +690,9 @@ class HttpServer::Impl::Session
   bool inflight_ = false;
   bool idle_ = false;
   bool close_after_ = false;
+  bool linger_ = false;     // close by draining the request first (Linger)
+  bool lingering_ = false;  // draining now
+  uint64_t drained_ = 0;
   int served_ = 0;
 };
 

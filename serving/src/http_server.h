@@ -13,6 +13,10 @@
 // Slow clients: a request's headers must arrive within --header-timeout-ms
 // (--keep-alive-timeout-s between requests), its body within
 // --body-timeout-ms; past --max-connections new connections get a 503.
+// A body over --max-body-bytes gets a 413 with Connection: close; then the
+// server stops writing and drains what the client still sends (at most
+// --lingering-close-bytes, --lingering-close-ms), as nginx's lingering close
+// does, so the client's upload ends and it reads the 413 instead of a reset.
 #pragma once
 
 #include <atomic>
@@ -38,6 +42,9 @@ struct HttpOptions {
   int64_t header_timeout_ms = 10000;
   int64_t body_timeout_ms = 60000;
   int64_t max_body_bytes = 64ll << 20;
+  // A refused (413) body is drained, up to these bounds, after the answer.
+  int64_t lingering_close_bytes = 128ll << 20;
+  int64_t lingering_close_ms = 30000;
   int64_t request_timeout_ms = 10000;
   int keep_alive_max_count = 1000;
   int keep_alive_timeout_s = 30;

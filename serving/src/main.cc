@@ -54,7 +54,9 @@ nlohmann::json ConfigJson(const ServerConfig& c) {
           {"header_timeout_ms", c.header_timeout_ms},
           {"body_timeout_ms", c.body_timeout_ms},
           {"keep_alive_timeout_s", c.keep_alive_timeout_s},
-          {"max_body_bytes", c.max_body_bytes}};
+          {"max_body_bytes", c.max_body_bytes},
+          {"lingering_close_bytes", c.lingering_close_bytes},
+          {"lingering_close_ms", c.lingering_close_ms}};
 }
 
 int Run(int argc, char** argv) {
@@ -115,6 +117,8 @@ int Run(int argc, char** argv) {
   http.header_timeout_ms = config.header_timeout_ms;
   http.body_timeout_ms = config.body_timeout_ms;
   http.max_body_bytes = config.max_body_bytes;
+  http.lingering_close_bytes = config.lingering_close_bytes;
+  http.lingering_close_ms = config.lingering_close_ms;
   http.request_timeout_ms = config.request_timeout_ms;
   http.keep_alive_max_count = config.keep_alive_max_count;
   http.keep_alive_timeout_s = config.keep_alive_timeout_s;

@@ -9,6 +9,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -399,6 +400,87 @@ TEST_F(HttpServerTest, OversizeBodyIsRefusedBeforeUploadWith100Continue) {
   EXPECT_EQ(
       RawStatusLine(server_->port(), headers + "Content-Length: 10\r\n\r\n"),
       "HTTP/1.1 100 Continue");
+}
+
+// Sends `request` and then `body_bytes` bytes of body, blocking as an HTTP
+// client's upload does, then reads the answer until the server's EOF. The
+// answer's head, or what failed ("send failed: ...").
+std::string UploadThenRead(int port, const std::string& request,
+                           size_t body_bytes) {
+  const int fd = OpenPartial(port, request);
+  if (fd < 0) return "connect failed";
+  timeval tv{10, 0};  // a server that neither reads nor closes: fail, not hang
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  const std::string chunk(64 * 1024, '\0');
+  for (size_t sent = 0; sent < body_bytes;) {
+    const ssize_t n = send(fd, chunk.data(),
+                           std::min(chunk.size(), body_bytes - sent), MSG_NOSIGNAL);
+    if (n < 0) {
+      const int err = errno;
+      close(fd);
+      return std::string("send failed: ") + std::strerror(err);
+    }
+    sent += static_cast<size_t>(n);
+  }
+  std::string text;
+  char buf[4096];
+  ssize_t n = 0;
+  while ((n = recv(fd, buf, sizeof(buf), 0)) > 0) {
+    text.append(buf, static_cast<size_t>(n));
+  }
+  const int err = errno;
+  close(fd);
+  if (n < 0) return std::string("recv failed: ") + std::strerror(err);
+  return text.substr(0, text.find("\r\n\r\n"));
+}
+
+std::string OversizeRequest(size_t body_bytes) {
+  return "POST /v2/models/toy-classifier/infer HTTP/1.1\r\nHost: x\r\n"
+         "Content-Type: application/octet-stream\r\nContent-Length: " +
+         std::to_string(body_bytes) + "\r\n\r\n";
+}
+
+TEST_F(HttpServerTest, OversizeBodyIsDrainedSoTheClientReadsThe413) {
+  StartServer();  // --max-body-bytes 4096
+  // far more than the socket buffers hold: closing at once would reset the
+  // upload before the client reads the answer
+  const size_t body = 32u << 20;
+  const std::string head =
+      UploadThenRead(server_->port(), OversizeRequest(body), body);
+  EXPECT_EQ(head.substr(0, head.find("\r\n")), "HTTP/1.1 413 Payload Too Large")
+      << head;
+  EXPECT_NE(head.find("Connection: close"), std::string::npos) << head;
+  EXPECT_EQ(Infer(JsonInfer())->status, 200);
+}
+
+TEST_F(HttpServerTest, DrainingARefusedBodyStopsAtItsByteBound) {
+  options_.lingering_close_bytes = 64 * 1024;
+  StartServer();
+  const size_t body = 96u << 20;  // beyond any socket buffers (tcp_rmem max 32 MiB)
+  const std::string head =
+      UploadThenRead(server_->port(), OversizeRequest(body), body);
+  EXPECT_EQ(head.rfind("send failed", 0), 0u) << head;
+  EXPECT_EQ(Infer(JsonInfer())->status, 200);
+}
+
+TEST_F(HttpServerTest, DrainingARefusedBodyStopsAtItsTimeBound) {
+  options_.lingering_close_ms = 50;
+  StartServer();
+  // the client announces 1 MiB, sends 1 KiB and stalls: the server answers,
+  // drains what comes for 50 ms and closes (the default: 30 s)
+  const int fd = OpenPartial(server_->port(),
+                             OversizeRequest(1u << 20) + std::string(1024, 'x'));
+  ASSERT_GE(fd, 0);
+  for (int i = 0; i < 2000 && server_->connections() > 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(server_->connections(), 0);
+  char buf[4096];
+  const ssize_t n = recv(fd, buf, sizeof(buf), 0);
+  ASSERT_GT(n, 0);
+  EXPECT_EQ(std::string(buf, static_cast<size_t>(n)).rfind("HTTP/1.1 413", 0), 0u);
+  close(fd);
 }
 
 // True when the server closed `fd` (recv sees EOF or a reset) within `wait`.
