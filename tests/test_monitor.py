@@ -6,7 +6,8 @@ windows draw reference and window i.i.d. from them (with replacement: under no s
 sides come from one distribution, the pool's), at the sizes ``params.yaml`` ships, and run
 through the same ``components.ml.monitoring.compare`` with the shipped limits. Shifted
 windows take 30 % of their images inverted or rotated (through the task's own preprocessing
-and the model), or triple one class's share.
+and the model), or triple one class's share; the 10 % shifts measure every check's power
+where it falls short (docs/monitoring.md) and the window that sees them.
 """
 
 from __future__ import annotations
@@ -76,33 +77,49 @@ def _take(s: Sample, idx: np.ndarray) -> Sample:
     )
 
 
-def alarm_rate(pool, shift: str, simulations: int, seed: int) -> tuple[float, dict[str, int]]:
+def alarm_rate(
+    pool,
+    shift: str,
+    simulations: int,
+    seed: int,
+    *,
+    fraction: float = 0.3,
+    share: float = 0.3,
+    window: int | None = None,
+    reference: int | None = None,
+    labelled: float = 0.5,
+) -> tuple[float, dict[str, int]]:
+    """The share of simulated windows that alarm, and how often each check fired.
+    ``shift``: none; invert or rotate (``fraction`` of the window's images); prior (one
+    class, 3, takes ``share`` of the window instead of its 10 %). Sizes default to the shipped
+    ``monitor.window`` and ``min(monitor.reference_samples, pool)``; ``labelled``: the share
+    of the window's items whose labels came back (0: the accuracy check cannot run)."""
     params = shipped()
     rng = np.random.default_rng(seed)
     base, y = pool["base"], pool["labels"]
     n = len(y)
-    n_ref = min(params.reference_samples, n)
-    n_win = params.window
+    n_ref = reference or min(params.reference_samples, n)
+    n_win = window or params.window
     n_inputs = int(round(n_win * shipped_input_rate()))
     alarms, which = 0, {}
     for _ in range(simulations):
         ref = _take(base, rng.integers(0, n, n_ref))
-        if shift == "prior":  # one class (3) triples its share: 10 % -> 30 %
-            w = np.where(y == 3, 0.3, 0.7 / 9) / np.bincount(y)[y]
+        if shift == "prior":  # one class (3) takes ``share`` of the window (10 % in the pool)
+            w = np.where(y == 3, share, (1 - share) / 9) / np.bincount(y)[y]
             idx = rng.choice(n, n_win, p=w / w.sum())
         else:
             idx = rng.integers(0, n, n_win)
         win = _take(base, idx)
         if shift in ("invert", "rotate"):
-            hit = rng.random(n_win) < 0.3
+            hit = rng.random(n_win) < fraction
             other = _take(pool[shift], idx)
             win.top1[hit], win.confidence[hit] = other.top1[hit], other.confidence[hit]
             win.correct[hit] = other.correct[hit]
             for k in win.features:
                 win.features[k][hit] = other.features[k][hit]
-        # inputs logged for a sample of the requests, labels fed back for half of them
+        # inputs logged for a sample of the requests, labels fed back for some of them
         win.features = {k: v[:n_inputs] for k, v in win.features.items()}
-        win.correct = win.correct[: n_win // 2]
+        win.correct = win.correct[: int(n_win * labelled)]
         verdict = compare(ref, win, params.limits(), 10)
         alarms += verdict.alarm
         for c in verdict.checks:
@@ -126,6 +143,52 @@ def test_specified_shifts_are_detected_nine_times_in_ten(pool, shift, record_pro
     if shift in ("invert", "rotate"):  # seen in the inputs themselves, not only the answers
         inputs = max(v for k, v in which.items() if k.startswith("input:"))
         assert inputs / SHIFTED_SIMULATIONS >= 0.9, which
+
+
+# the 10 % shifts (docs/monitoring.md): (name, shift, options, the window's labelled share,
+# window, reference, asserted: "caught" >= 90 % or "missed" < 50 %). At the shipped sizes
+# labels catch them; unlabelled they are missed, and a larger window and reference see them.
+TEN_PERCENT = [
+    ("invert-labelled", "invert", {"fraction": 0.1}, 0.5, None, None, "caught"),
+    ("rotate-labelled", "rotate", {"fraction": 0.1}, 0.5, None, None, "caught"),
+    ("invert-unlabelled", "invert", {"fraction": 0.1}, 0.0, None, None, "missed"),
+    ("rotate-unlabelled", "rotate", {"fraction": 0.1}, 0.0, None, None, "missed"),
+    ("prior-19", "prior", {"share": 0.19}, 0.0, None, None, "missed"),
+    ("invert-unlabelled-5000", "invert", {"fraction": 0.1}, 0.0, 5000, 2000, "caught"),
+    ("rotate-unlabelled-5000", "rotate", {"fraction": 0.1}, 0.0, 5000, 2000, "caught"),
+    ("prior-19-5000", "prior", {"share": 0.19}, 0.0, 5000, 2000, "caught"),
+]
+
+
+@pytest.mark.parametrize(
+    ("shift", "options", "labelled", "window", "reference", "expect"),
+    [row[1:] for row in TEN_PERCENT],
+    ids=[row[0] for row in TEN_PERCENT],
+)
+def test_ten_percent_shifts_caught_with_labels_missed_without_at_the_shipped_window(
+    pool, shift, options, labelled, window, reference, expect, record_property
+):
+    """The detection power of every check for a 10 % shift (docs/monitoring.md's table):
+    per check and overall, seeded (the same numbers on every host)."""
+    seed = 7 if window is None else 8
+    rate, which = alarm_rate(
+        pool, shift, SHIFTED_SIMULATIONS, seed, labelled=labelled, window=window,
+        reference=reference, **options,
+    )  # fmt: skip
+    record_property("detection", rate)
+    print(f"10 % {shift} {options} labelled={labelled} window={window} ref={reference}: "
+          f"{rate:.3f} ({which})")  # fmt: skip
+    if expect == "caught":
+        assert rate >= 0.9, which
+    else:
+        assert rate < 0.5, which
+
+
+def test_the_larger_window_that_sees_ten_percent_stays_calibrated(pool):
+    """window 5000 against a 2000-sample reference: still <= 1 % false alarms per window."""
+    rate, which = alarm_rate(pool, "none", SHIFTED_SIMULATIONS, 8, window=5000, reference=2000)
+    print(f"false alarms, window 5000, reference 2000: {rate:.4f} ({which})")
+    assert rate <= 0.01, which
 
 
 def _serve_and_log(server_binary, bundle, tmp: Path, log_dir: Path) -> RunningServer:
@@ -250,6 +313,125 @@ def test_the_window_is_the_newest_items_of_the_newest_version_across_segments(
     assert window.records == 8 and window.last_time.endswith(":28Z")
     one = read_window(log_dir, digits_task, 5, ["image"], version="1")
     assert [rid for rid, _ in one.ids] == ["r8", "r8", "r9", "r9", "r27"]
+
+
+# --------------------------------------------------------------------------- no silent verdict
+
+
+def write_log(log_dir: Path, requests: int, batch: int = 4, version: str = "1") -> None:
+    """A prediction log of ``requests`` answered requests (``batch`` items each) of
+    ``version``, as the server writes it, logged on 2026-12-04 from 10:00:00."""
+    from components.ml.prediction_log import EVENT_TYPE
+
+    rng = np.random.default_rng(0)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for n in range(requests):
+        event = {
+            "specversion": "1.0", "id": f"r{n}", "type": EVENT_TYPE, "source": "test",
+            "time": f"2026-12-04T10:{n // 60:02d}:{n % 60:02d}Z",
+            "data": {"model_name": "digits-classifier", "model_version": version,
+                     "role": "default", "answered": True, "latency_us": 10, "code": 200,
+                     "batch": batch, "top1": rng.integers(0, 10, batch).tolist(),
+                     "confidence": rng.uniform(0.5, 1, batch).round(3).tolist()},
+        }  # fmt: skip
+        lines.append(json.dumps(event) + "\n")
+    (log_dir / "predictions-20261204T100000Z-h-1-0.jsonl").write_text("".join(lines))
+
+
+def test_an_empty_or_tiny_window_is_not_enough_data_with_exit_code_3_never_no_alarm(
+    exported, digits_data, tmp_path
+):
+    """The CLI a cron job runs: an empty log, or one of 20 items (min_samples 50), is "not
+    enough data" with its own exit code and record; a bad label file is one error line."""
+    from components.kernel.cli import step_parser
+    from components.steps.monitor import STEP
+
+    assert "3  not enough data" in step_parser(STEP).format_help()
+
+    def monitor(log_dir: Path, *extra: str) -> tuple[int, str, Path]:
+        out = tmp_path / f"report-{log_dir.name}"
+        proc = run_module(
+            "components", "monitor", "--params", str(REPO / "params.yaml"),
+            "--bundle", str(exported), "--data", str(digits_data), "--log", str(log_dir),
+            "--report", str(out), *extra,
+        )  # fmt: skip
+        return proc.returncode, proc.stderr, out
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    tiny = tmp_path / "tiny"
+    write_log(tiny, 5)  # 5 requests x 4 items
+    for log_dir, items in ((empty, 0), (tiny, 20)):
+        code, stderr, out = monitor(log_dir)
+        assert code == 3, stderr
+        assert f"monitor: not enough data: {items} items, 50 needed" in stderr
+        assert "no alarm" not in stderr
+        doc = json.loads((out / "monitor.json").read_text())
+        assert doc["status"] == "insufficient" and doc["alarm"] is False
+        assert doc["verdict"]["not_enough"] == f"not enough data: {items} items, 50 needed"
+        assert doc["checks_run"] == 0 and all(c["skipped"] for c in doc["verdict"]["checks"])
+        assert f"NO VERDICT, not enough data: {items} items" in (out / "report.html").read_text()
+        prom = (out / "monitor.prom").read_text()
+        assert 'paddle_mlops_monitor_enough_data{model="digits-classifier"' in prom
+        assert "paddle_mlops_monitor_alarm{" not in prom  # a 0 there would read as healthy
+    labels = tmp_path / "labels.jsonl"
+    labels.write_text(json.dumps({"id": "r0", "labels": [1, 2, 12, 3]}) + "\n")
+    code, stderr, _ = monitor(tiny, "--labels", str(labels))
+    errors = [line for line in stderr.splitlines() if line.startswith("error:")]
+    assert code == 1 and errors == [
+        f"error: {labels}:1: label 12 of request 'r0' is out of range: a label is a class "
+        "index 0..9 (10 classes)"
+    ], stderr
+    assert "Traceback" not in stderr
+
+
+def test_monitor_checked_at_is_the_time_of_the_check_and_no_verdict_is_recorded_so(
+    server, exported, digits_data, tmp_path
+):
+    """On a real MLflow server: ``monitor_checked_at`` is when the monitor ran (an injected
+    clock), not the newest logged item's time; a window too small is recorded as
+    ``insufficient`` (alarm unknown, no monitor_alarm point), never as healthy."""
+    from mlflow import MlflowClient
+
+    from components.steps.monitor import run
+    from components.tasks import get_task
+
+    client = MlflowClient(server.uri, server.uri)
+    client.create_registered_model("digits-classifier")
+    run_id = client.create_run(client.create_experiment("monitored")).info.run_id
+    client.create_model_version("digits-classifier", "s3://bucket/m", run_id=run_id)
+    task = get_task("digits")
+
+    def check(requests: int, at: float) -> dict:
+        log_dir = tmp_path / f"log-{requests}"
+        write_log(log_dir, requests)
+        doc = run(
+            shipped(), task, exported, digits_data, log_dir, tmp_path / f"out-{requests}",
+            tracking_uri=server.uri, clock=lambda: at,
+        )  # fmt: skip
+        tags = client.get_model_version("digits-classifier", "1").tags
+        return {"doc": doc, "tags": tags, "metrics": client.get_run(run_id).data.metrics}
+
+    tiny = check(5, 1_900_000_000.0)
+    assert tiny["doc"]["checked_at"] == "2030-03-17T17:46:40Z"
+    assert tiny["doc"]["window"]["last_time"] == "2026-12-04T10:00:04Z"
+    assert tiny["tags"]["monitor_checked_at"] == "2030-03-17T17:46:40Z"
+    assert tiny["tags"]["monitor_status"] == "insufficient"
+    assert tiny["tags"]["monitor_alarm"] == "unknown"
+    assert tiny["tags"]["monitor_reasons"] == "not enough data: 20 items, 50 needed"
+    assert tiny["metrics"]["monitor_items"] == 20 and "monitor_alarm" not in tiny["metrics"]
+
+    enough = check(100, 1_900_003_600.0)  # 400 items: the checks run
+    assert enough["doc"]["status"] in ("ok", "alarm") and enough["doc"]["checks_run"] >= 2
+    assert enough["tags"]["monitor_checked_at"] == "2030-03-17T18:46:40Z"
+    assert enough["tags"]["monitor_status"] == enough["doc"]["status"]
+    assert enough["tags"]["monitor_alarm"] == str(enough["doc"]["alarm"]).lower()
+    assert "monitor_alarm" in enough["metrics"]
+    history = client.get_metric_history(run_id, "monitor_items")
+    assert [(m.value, m.timestamp) for m in history] == [
+        (20.0, 1_900_000_000_000), (400.0, 1_900_003_600_000)
+    ]  # fmt: skip
 
 
 # --------------------------------------------------------------------------- text inputs

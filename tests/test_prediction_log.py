@@ -363,3 +363,145 @@ def test_shadow_canary_promote_and_rollback_of_a_challenger(
         )
         assert sorted((r.version, r.role, r.answered) for r in rs) == expected
     assert all(len(by_id[f"back-{i}"]) == 1 for i in range(20))
+
+
+# --------------------------------------------------------------------------- label feedback
+
+
+@pytest.fixture(scope="module")
+def answered_log(server_binary, exported, golden, tmp_path_factory) -> Path:
+    """The real server's log of three answered requests: r-4 (4 items), r-1 (1), r-2 (2)."""
+    tmp = tmp_path_factory.mktemp("labelled")
+    bundle = fp32_bundle(exported, tmp / "bundle")
+    log_dir = tmp / "log"
+    server = start(server_binary, bundle, tmp, f"--prediction-log-dir={log_dir}")
+    try:
+        for rid, n in (("r-4", 4), ("r-1", 1), ("r-2", 2)):
+            server.client.infer(NAME, {"image": golden[:n]}, request_id=rid)
+        wait_written(server, 3)
+    finally:
+        assert server.stop() == 0
+    assert sorted((r.id, r.batch) for r in read_log(log_dir)) == [
+        ("r-1", 1), ("r-2", 2), ("r-4", 4)
+    ]  # fmt: skip
+    return log_dir
+
+
+def labels_file(tmp_path: Path, *lines: dict) -> Path:
+    path = tmp_path / "labels.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+def label_error(path: Path, log_dir: Path, num_classes: int | None = 10) -> list[str]:
+    """The lines of the one error a bad label file raises."""
+    from components.core.artifacts import StepError
+    from components.ml.prediction_log import read_labels
+
+    with pytest.raises(StepError) as caught:
+        read_labels(path, log_dir, {"r-4", "r-1", "r-2"}, num_classes)
+    return str(caught.value).split("\nerror: ")
+
+
+def test_labels_of_logged_requests_are_read_and_a_resend_is_accepted(answered_log, tmp_path):
+    from components.ml.prediction_log import read_labels
+
+    path = labels_file(
+        tmp_path,
+        {"id": "r-4", "labels": [1, 2, 3, 4]},
+        {"id": "r-1", "label": 7},
+        {"id": "r-1", "labels": [7]},  # the same answer again: a resend, not a conflict
+        {"id": "r-2", "labels": [0, 9]},
+    )
+    got = read_labels(path, answered_log, {"r-4", "r-2"}, 10)
+    assert dict(got) == {"r-4": [1, 2, 3, 4], "r-2": [0, 9]}
+    assert got.lines == 4 and got.unknown == []
+
+
+def test_unknown_label_ids_are_counted_and_named_in_a_warning(answered_log, tmp_path, caplog):
+    """Ids no logged request has are never counted as labelled, and never silently."""
+    from components.ml.prediction_log import read_labels
+
+    path = labels_file(
+        tmp_path,
+        {"id": "r-1", "label": 3},
+        {"id": "ghost-a", "label": 3},
+        {"id": "ghost-b", "labels": [1, 2]},
+    )
+    with caplog.at_level("WARNING", logger="components.ml.prediction_log"):
+        got = read_labels(path, answered_log, {"r-4", "r-1", "r-2"}, 10)
+    assert dict(got) == {"r-1": [3]} and got.unknown == ["ghost-a", "ghost-b"]
+    assert got.summary() == {
+        "lines": 3, "unknown_ids": 2, "unknown_named": ["ghost-a", "ghost-b"]
+    }  # fmt: skip
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1, warnings
+    assert f"{path}: 2 of 3 labelled request id(s) match no request in the log" in warnings[0]
+    assert "'ghost-a', 'ghost-b'" in warnings[0]
+
+
+@pytest.mark.parametrize(
+    ("line", "error"),
+    [
+        (
+            {"id": "r-4", "labels": [1, 12, 3, 4]},
+            "label 12 of request 'r-4' is out of range: a label is a class index 0..9",
+        ),
+        (
+            {"id": "r-1", "label": -1},
+            "label -1 of request 'r-1' is out of range: a label is a class index 0..9",
+        ),
+        (
+            {"id": "r-4", "labels": [5]},
+            "1 label(s) for request 'r-4', which the log holds with 4 item(s): one label per "
+            "item, in the request's order",
+        ),
+        (
+            {"id": "r-1", "labels": [1, 2]},
+            "2 label(s) for request 'r-1', which the log holds with 1 item(s)",
+        ),
+        (
+            {"id": "r-2", "labels": [1, "two"]},
+            "a label line must be JSON with a string 'id' and an integer 'label'",
+        ),
+    ],
+    ids=["class-12", "class-minus-1", "one-label-for-four-items", "two-for-one", "not-int"],
+)
+def test_each_label_fault_is_one_error_line_naming_file_line_and_rule(
+    answered_log, tmp_path, line, error
+):
+    path = labels_file(tmp_path, {"id": "r-2", "labels": [0, 1]}, line)
+    (message,) = label_error(path, answered_log)
+    assert message.startswith(f"{path}:2: ") and error in message, message
+    assert "\n" not in message
+
+
+def test_conflicting_duplicate_labels_are_an_error_naming_both_lines(answered_log, tmp_path):
+    path = labels_file(
+        tmp_path,
+        {"id": "r-1", "label": 3},
+        {"id": "r-2", "labels": [0, 1]},
+        {"id": "r-1", "label": 5},
+    )
+    (message,) = label_error(path, answered_log)
+    assert message == (
+        f"{path}:3: request 'r-1' labelled [5] here but [3] at line 1: one answer per request "
+        "id (a resend must repeat the same labels)"
+    )
+
+
+def test_every_fault_of_a_label_file_is_listed_once_in_file_order(answered_log, tmp_path):
+    """All faults at once, one line each (a user fixes the file in one go); the range is not
+    checked where the classes are unknown."""
+    path = labels_file(
+        tmp_path,
+        {"id": "r-1", "label": 3},
+        {"id": "r-4", "labels": [1, 2]},
+        {"id": "r-2", "labels": [0, 10]},
+        {"id": "r-1", "label": 4},
+    )
+    lines = label_error(path, answered_log)
+    assert [m.split(": ", 1)[0] for m in lines] == [f"{path}:2", f"{path}:3", f"{path}:4"]
+    assert "out of range" in lines[1] and "labelled [4] here but [3]" in lines[2]
+    lines = label_error(path, answered_log, num_classes=None)
+    assert [m.split(": ", 1)[0] for m in lines] == [f"{path}:2", f"{path}:4"]

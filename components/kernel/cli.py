@@ -84,13 +84,14 @@ def readable_failure(exc: BaseException) -> str | None:
     return None
 
 
-def run_cli(body: Callable[[], None]) -> int:
+def run_cli(body: Callable[[], int | None]) -> int:
     """Run a step body; a StepError (or a :func:`readable_failure`) becomes a one-paragraph
-    message and exit code 1; SIGTERM and Ctrl-C end it cleanly with 143 and 130."""
+    message and exit code 1; SIGTERM and Ctrl-C end it cleanly with 143 and 130. Else the
+    body's own exit code (None: 0)."""
     setup_logging()
     signal.signal(signal.SIGTERM, _on_sigterm)
     try:
-        body()
+        code = body()
     except StepError as exc:
         sys.stderr.write(f"error: {exc}\n")
         return 1
@@ -106,7 +107,7 @@ def run_cli(body: Callable[[], None]) -> int:
             raise
         sys.stderr.write(f"error: {message}\n")
         return 1
-    return 0
+    return int(code or 0)
 
 
 def output_dir(path: str | Path, flag: str = "--out") -> Path:
@@ -151,11 +152,17 @@ def step_parser(step: Step) -> argparse.ArgumentParser:
     return parser
 
 
-def step_main(step: Step, argv: Sequence[str] | None = None) -> int:
-    """The CLI of a step: parse flags, check the output paths, load params, :meth:`Step.call`."""
+def step_main(
+    step: Step,
+    argv: Sequence[str] | None = None,
+    exit_code: Callable[[Any], int] | None = None,
+) -> int:
+    """The CLI of a step: parse flags, check the output paths, load params, :meth:`Step.call`.
+    ``exit_code``: the exit code of the step's result (default 0), for a step whose outcome
+    a scheduler must tell apart (the monitor's "not enough data")."""
     args = step_parser(step).parse_args(argv)
 
-    def _go() -> None:
+    def _go() -> int:
         failpoints.set_step(step.name)
         parents = set()
         for port in step.cli_outputs():
@@ -166,7 +173,8 @@ def step_main(step: Step, argv: Sequence[str] | None = None) -> int:
             log.warning("removed %s, left by a writer that was killed", gone)
         paths = {p.name: getattr(args, p.name) for p in (*step.cli_inputs(), *step.cli_outputs())}
         values = {v.name: getattr(args, v.name) for v in step.values}
-        step.call(load_params(args.params), paths, values)
+        result = step.call(load_params(args.params), paths, values)
+        return exit_code(result) if exit_code is not None else 0
 
     return run_cli(_go)
 

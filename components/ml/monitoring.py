@@ -15,7 +15,9 @@ two-sample test from scipy:
 
 A window alarms when any check's p-value is below ``alpha / m`` (Bonferroni over the ``m``
 checks that had enough data): the false-alarm rate per window is at most ``alpha`` whatever
-the dependence between the checks. Measured rates: ``tests/test_monitor.py``, docs/monitoring.md.
+the dependence between the checks. A window in which no check had enough data has no verdict:
+its status is ``insufficient`` ("not enough data: N items, M needed"), never a quiet one.
+Measured rates: ``tests/test_monitor.py``, docs/monitoring.md.
 
 Library layer: imported by steps, imports no step.
 """
@@ -30,6 +32,9 @@ import numpy as np
 from components.ml.features import image_features, softmax_top1
 
 __all__ = [
+    "ALARM",
+    "INSUFFICIENT",
+    "OK",
     "Check",
     "MonitorLimits",
     "Sample",
@@ -86,15 +91,27 @@ class Check:
     detail: dict[str, Any] = field(default_factory=dict)
 
 
+# a verdict's status: the checks ran and one alarmed, ran and none did, or none could run
+ALARM, OK, INSUFFICIENT = "alarm", "ok", "insufficient"
+
+
 @dataclass(frozen=True)
 class Verdict:
     alarm: bool
     checks: list[Check]
     reasons: list[str]  # the alarmed checks, readable
+    status: str = OK  # ALARM | OK | INSUFFICIENT
+    not_enough: str | None = None  # INSUFFICIENT: "not enough data: N items, M needed"
+
+    @property
+    def skipped(self) -> list[Check]:
+        return [c for c in self.checks if c.skipped is not None]
 
     def to_json(self) -> dict[str, Any]:
         return {
+            "status": self.status,
             "alarm": self.alarm,
+            "not_enough": self.not_enough,
             "reasons": self.reasons,
             "checks": [asdict(c) for c in self.checks],
         }
@@ -196,7 +213,16 @@ def compare(reference: Sample, window: Sample, limits: MonitorLimits, num_classe
         )
         if alarm:
             reasons.append(_reason(name, test, p, threshold, detail))
-    return Verdict(bool(reasons), checks, reasons)
+    if not ran:  # no check could run: no verdict, and never a quiet one
+        n_win, n_ref = len(window.top1), len(reference.top1)
+        need = limits.min_samples
+        not_enough = (
+            f"not enough data: {n_win} items, {need} needed"
+            if n_win < need
+            else f"not enough data: the reference has {n_ref} samples, {need} needed"
+        )
+        return Verdict(False, checks, [], INSUFFICIENT, not_enough)
+    return Verdict(bool(reasons), checks, reasons, ALARM if reasons else OK)
 
 
 def _reason(name: str, test: str, p: float, threshold: float, detail: dict[str, Any]) -> str:

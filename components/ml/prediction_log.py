@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Iterator
+import logging
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,8 @@ from typing import Any
 import numpy as np
 
 from components.core.artifacts import StepError
+
+log = logging.getLogger(__name__)
 
 EVENT_TYPE = "org.kubeflow.serving.inference.response"
 SEGMENT_GLOB = "predictions-*.jsonl"
@@ -161,24 +164,154 @@ def read_log(directory: str | Path) -> Iterator[Prediction]:
     return iter(LogReader(Path(directory)))
 
 
-def read_labels(path: Path, wanted: set[str]) -> dict[str, list[int]]:
-    """The fed-back labels of the requests in ``wanted`` (streamed: only those are kept).
-    A bad line is one error naming the file, the line and the rule."""
-    out: dict[str, list[int]] = {}
+# a label file's faults are listed one line each, at most this many (then a count of the rest)
+MAX_LABEL_ERRORS = 20
+# unknown label ids named in the warning, at most
+MAX_UNKNOWN_NAMED = 10
+
+
+class LabelFeedback(dict[str, list[int]]):
+    """The fed-back labels of the wanted requests (request id -> one label per item), and
+    what the file held besides: ``lines`` label lines, ``unknown`` ids no logged request has."""
+
+    def __init__(self, labels: dict[str, list[int]], lines: int, unknown: list[str]):
+        super().__init__(labels)
+        self.lines = lines
+        self.unknown = unknown
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "lines": self.lines,
+            "unknown_ids": len(self.unknown),
+            "unknown_named": self.unknown[:MAX_UNKNOWN_NAMED],
+        }
+
+
+def logged_batches(directory: Path, ids: set[str]) -> dict[str, int]:
+    """The item count (``batch``) of each of ``ids`` that some whole record of the log holds:
+    one streaming pass over every segment, reading the id and batch alone (no tensor is
+    decoded). Torn or invalid lines are skipped as :class:`LogReader` skips them."""
+    found: dict[str, int] = {}
+    if not ids:
+        return found
+    for segment in sorted(Path(directory).glob(SEGMENT_GLOB)):
+        try:
+            handle = segment.open("rb")
+        except FileNotFoundError:  # rotated away while we read
+            continue
+        with handle:
+            for raw in handle:
+                if not raw.endswith(b"\n"):
+                    continue
+                try:
+                    event = json.loads(raw)
+                    rid, batch = event["id"], int(event["data"]["batch"])
+                except (ValueError, KeyError, TypeError):
+                    continue
+                if rid in ids and rid not in found:
+                    found[rid] = batch
+    return found
+
+
+def read_labels(
+    path: Path, log_dir: Path, wanted: Iterable[str], num_classes: int | None = None
+) -> LabelFeedback:
+    """The fed-back labels of the requests in ``wanted``, the whole file validated first
+    (the one place labels are read: monitor, judge and harvest).
+
+    A line is ``{"id": ..., "label": k}`` or ``{"id": ..., "labels": [k, ...]}`` (one label
+    per item of the request, in its order). Errors, one line each naming the file, the line
+    and the rule, all raised together as one :class:`StepError`:
+
+    - a line that is not such JSON;
+    - a label outside ``0 .. num_classes - 1`` (when ``num_classes`` is known);
+    - a label count other than the item count the log holds for that request;
+    - a request id given twice with different labels (the same labels twice is a resend,
+      accepted).
+
+    Ids no record of ``log_dir`` holds (a typo, another id scheme, records already rotated
+    away) cannot be judged: they are counted and named in one warning, never counted as
+    labelled. Memory holds one entry per label line's id."""
+    wanted = set(wanted)
+    seen: dict[str, tuple[int, tuple[int, ...]]] = {}  # id -> (first line, labels)
+    errors: list[tuple[int, str]] = []  # (line, message)
+
+    def fault(n: int, rule: str) -> None:
+        errors.append((n, f"{path}:{n}: {rule}"))
+
+    lines = 0
     with path.open(encoding="utf-8") as handle:
         for n, line in enumerate(handle, 1):
             if not line.strip():
                 continue
+            lines += 1
             try:
                 doc = json.loads(line)
                 rid = doc["id"]
-                labels = doc["labels"] if "labels" in doc else [doc["label"]]
-                labels = [int(x) for x in labels]
+                raw = doc["labels"] if "labels" in doc else [doc["label"]]
+                if not isinstance(rid, str) or isinstance(raw, (str, bytes)):
+                    raise TypeError("'id' must be a string and 'labels' a list")
+                if any(isinstance(x, bool) or int(x) != x for x in raw):
+                    raise TypeError(f"labels must be integers, got {raw}")
+                labels = tuple(int(x) for x in raw)
             except (ValueError, KeyError, TypeError) as exc:
-                raise StepError(
-                    f"{path}:{n}: a label line must be JSON with 'id' and an integer 'label' "
-                    f"(or a list 'labels'): {exc}"
-                ) from None
-            if rid in wanted:
-                out[rid] = labels
-    return out
+                fault(
+                    n,
+                    f"a label line must be JSON with a string 'id' and an integer "
+                    f"'label' (or a list 'labels'): {exc}",
+                )
+                continue
+            bad = [x for x in labels if num_classes is not None and not 0 <= x < num_classes]
+            if bad:
+                fault(
+                    n,
+                    f"label {bad[0]} of request {rid!r} is out of range: a label "
+                    f"is a class index 0..{num_classes - 1} ({num_classes} classes)",
+                )
+                continue
+            if rid in seen and seen[rid][1] != labels:
+                first, before = seen[rid]
+                fault(
+                    n,
+                    f"request {rid!r} labelled {list(labels)} here but "
+                    f"{list(before)} at line {first}: one answer per request id (a resend "
+                    "must repeat the same labels)",
+                )
+                continue
+            seen.setdefault(rid, (n, labels))
+    batches = logged_batches(log_dir, set(seen))
+    for rid, (n, labels) in seen.items():
+        if rid in batches and len(labels) != batches[rid]:
+            fault(
+                n,
+                f"{len(labels)} label(s) for request {rid!r}, which the log holds "
+                f"with {batches[rid]} item(s): one label per item, in the request's order",
+            )
+    if errors:
+        errors.sort(key=lambda e: e[0])
+        shown = [message for _, message in errors[:MAX_LABEL_ERRORS]]
+        if len(errors) > MAX_LABEL_ERRORS:
+            shown.append(f"{path}: {len(errors) - MAX_LABEL_ERRORS} more label faults")
+        raise StepError("\nerror: ".join(shown))
+    unknown = [rid for rid in seen if rid not in batches]
+    if unknown:
+        named = ", ".join(repr(r) for r in unknown[:MAX_UNKNOWN_NAMED])
+        rest = (
+            f" and {len(unknown) - MAX_UNKNOWN_NAMED} more"
+            if len(unknown) > MAX_UNKNOWN_NAMED
+            else ""
+        )
+        log.warning(
+            "%s: %d of %d labelled request id(s) match no request in the log %s, so none of "
+            "their labels counts (a typo, another id scheme, or records rotated away): %s%s",
+            path, len(unknown), len(seen), log_dir, named, rest,
+        )  # fmt: skip
+    return LabelFeedback(
+        {
+            rid: list(labels)
+            for rid, (_, labels) in seen.items()
+            if rid in wanted and rid in batches
+        },
+        lines,
+        unknown,
+    )

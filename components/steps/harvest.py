@@ -96,7 +96,7 @@ def run(
     if len(like) == 0:
         raise StepError(f"{data_dir}: the train split is empty; run ingest first (--data)")
     done = harvested_ids(root)
-    labels = read_labels(Path(labels_file), _candidates(log_dir, done))
+    labels = read_labels(Path(labels_file), log_dir, _candidates(log_dir, done))
     names = [s.name for s in task.input_specs()]
 
     def recovered() -> Iterator[tuple[str, Any, int, bool, bytes | None]]:

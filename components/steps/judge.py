@@ -99,7 +99,7 @@ def evidence(log_dir: Path, window: int, labels_file: str) -> tuple[Evidence, st
         if both.get("champion", ("",))[0] == champion
         and both.get("challenger", ("",))[0] == challenger
     }
-    labels = read_labels(Path(labels_file), set(complete)) if labels_file else {}
+    labels = read_labels(Path(labels_file), log_dir, complete) if labels_file else {}
     for rid, (ours, theirs) in complete.items():
         for i, (a, b) in enumerate(zip(ours, theirs, strict=True)):
             ev.champion.append(int(a))

@@ -3,7 +3,10 @@
 Reads the newest ``monitor.window`` answered items of the server's prediction log (``--log``,
 the directory ``--prediction-log-dir`` writes; ``components.ml.prediction_log``), joins the
 labels fed back so far (``--labels``: JSON Lines ``{"id": ..., "label": ...}``, or
-``"labels": [...]`` for a batch request), and compares them with the reference: the bundle's
+``"labels": [...]`` for a batch request; the whole file is validated: a label out of the
+bundle's classes, a label count other than the request's item count, or one id labelled twice
+differently is an error line naming file:line and the rule; ids the log does not hold are
+counted and named in a warning), and compares them with the reference: the bundle's
 model on the held-out splits of its training snapshot (``monitor.reference_splits``, at most
 ``monitor.reference_samples``). The checks and their calibration are those of
 ``components.ml.monitoring``.
@@ -11,12 +14,22 @@ model on the held-out splits of its training snapshot (``monitor.reference_split
 Writes ``monitor.json`` (every statistic, p-value, threshold and decision), ``report.html``,
 ``monitor.prom`` (Prometheus gauges, node-exporter textfile format), logs one readable line,
 and, with ``--tracking-uri`` (or ``MLFLOW_TRACKING_URI``), records the verdict on the judged
-registered version (tags ``monitor_alarm``, ``monitor_reasons``, ``monitor_checked_at``) and on
-its run (metrics ``monitor_alarm``, ``monitor_p_<check>``, ``monitor_live_accuracy``, one point per
-monitor run). On an alarm, ``monitor.on_alarm`` starts retraining (``dvc``: ``dvc
-repro`` in the repository, the reason in ``PADDLE_MLOPS_RETRAIN_REASON``, which ``track``
-records on the run and the new version); the exit code is 0 either way: an alarm is a
-finding, not a failure.
+registered version (tags ``monitor_status``, ``monitor_alarm``, ``monitor_reasons``,
+``monitor_checked_at``: the time of the check) and on its run (metrics ``monitor_alarm``,
+``monitor_p_<check>``, ``monitor_live_accuracy``, one point per monitor run). On an alarm,
+``monitor.on_alarm`` starts retraining (``dvc``: ``dvc repro`` in the repository, the reason in
+``PADDLE_MLOPS_RETRAIN_REASON``, which ``track`` records on the run and the new version).
+
+A window in which no check has ``monitor.min_samples`` samples (an empty log, a fresh
+deploy) has no verdict: "not enough data: N items, M needed", status ``insufficient`` in
+monitor.json, report.html and the registry (``monitor_alarm: unknown``), never "no alarm".
+
+Exit codes:
+  0  the checks ran: no alarm, or an alarm (a finding, not a failure: monitor.json says which)
+  1  an error (one line per fault: bad params, a missing log directory, a bad label file)
+  2  bad command-line usage
+  3  not enough data: no check could run (monitor.json and report.html say so)
+  130/143  interrupted (Ctrl-C) / terminated (SIGTERM)
 
 Not a stage of the training DAG: its input is live traffic, and its alarm starts that DAG.
 """
@@ -32,6 +45,7 @@ import sys
 import tempfile
 import time
 from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,8 +53,10 @@ from typing import Any
 import numpy as np
 
 from components.core.artifacts import StepError, atomic_path, read_json, write_json
+from components.kernel.cli import step_main
 from components.kernel.step import In, Out, Step, Value
 from components.ml.monitoring import (
+    INSUFFICIENT,
     RETRAIN_REASON_ENV,
     MonitorLimits,
     Sample,
@@ -62,6 +78,9 @@ from components.tracking.registry import (
 )
 
 log = logging.getLogger(__name__)
+
+# the exit code of a window too small for any check (0: checked; 1: error; 2: usage)
+EXIT_NOT_ENOUGH_DATA = 3
 
 
 @dataclass(frozen=True)
@@ -215,12 +234,23 @@ def reference_sample(
     )
 
 
-def prometheus(verdict: Verdict, model: str, version: str | None, window: Window) -> str:
+def prometheus(
+    verdict: Verdict, model: str, version: str | None, window: Window, checked_at: float
+) -> str:
+    """The verdict as node-exporter textfile gauges. Not enough data: ``enough_data`` 0 and no
+    ``alarm`` sample at all (a 0 there would read as healthy)."""
     labels = f'model="{model}",version="{version or ""}"'
+    enough = verdict.status != INSUFFICIENT
     lines = [
+        "# HELP paddle_mlops_monitor_enough_data 0 when no check had enough data (no verdict)",
+        "# TYPE paddle_mlops_monitor_enough_data gauge",
+        f"paddle_mlops_monitor_enough_data{{{labels}}} {int(enough)}",
         "# HELP paddle_mlops_monitor_alarm 1 when the last monitor run alarmed",
         "# TYPE paddle_mlops_monitor_alarm gauge",
-        f"paddle_mlops_monitor_alarm{{{labels}}} {int(verdict.alarm)}",
+    ]
+    if enough:
+        lines.append(f"paddle_mlops_monitor_alarm{{{labels}}} {int(verdict.alarm)}")
+    lines += [
         "# HELP paddle_mlops_monitor_p_value p-value of each check (absent: skipped)",
         "# TYPE paddle_mlops_monitor_p_value gauge",
     ]
@@ -241,7 +271,7 @@ def prometheus(verdict: Verdict, model: str, version: str | None, window: Window
         lines.append(
             f"paddle_mlops_monitor_live_accuracy{{{labels}}} {acc.detail['window_accuracy']:.6g}"
         )
-    lines.append(f"paddle_mlops_monitor_timestamp_seconds{{{labels}}} {time.time():.0f}")
+    lines.append(f"paddle_mlops_monitor_timestamp_seconds{{{labels}}} {checked_at:.0f}")
     return "\n".join(lines) + "\n"
 
 
@@ -260,12 +290,16 @@ def report_html(doc: dict[str, Any]) -> str:
             + "</tr>"
         )
     verdict = doc["verdict"]
-    head = "ALARM: " + "; ".join(verdict["reasons"]) if verdict["alarm"] else "no alarm"
+    if verdict["status"] == INSUFFICIENT:
+        head = f"NO VERDICT, {verdict['not_enough']}"
+    else:
+        head = "ALARM: " + "; ".join(verdict["reasons"]) if verdict["alarm"] else "no alarm"
     w, ref = doc["window"], doc["reference"]
     summary = (
         f"window: {w['items']} items of {w['records']} requests, {w['first_time']} to "
         f"{w['last_time']}; reference: {ref['samples']} samples of {', '.join(ref['splits'])}; "
-        f"alpha {doc['params']['alpha']} over {doc['checks_run']} checks"
+        f"alpha {doc['params']['alpha']} over {doc['checks_run']} checks; checked at "
+        f"{doc['checked_at']}"
     )
     return (
         "<!doctype html><meta charset='utf-8'><title>monitor</title>"
@@ -322,15 +356,21 @@ def record(doc: dict[str, Any], tracking_uri: str, name: str, params: RegistryPa
                     version, exc)  # fmt: skip
         return {}
     verdict = doc["verdict"]
+    insufficient = verdict["status"] == INSUFFICIENT
     tags = {
-        "monitor_alarm": str(verdict["alarm"]).lower(),
-        "monitor_checked_at": str(doc["window"]["last_time"]),
-        "monitor_reasons": ("; ".join(verdict["reasons"]) or "-")[:4000],
+        "monitor_status": verdict["status"],
+        "monitor_alarm": "unknown" if insufficient else str(verdict["alarm"]).lower(),
+        "monitor_checked_at": doc["checked_at"],
+        "monitor_reasons": (
+            verdict["not_enough"] if insufficient else "; ".join(verdict["reasons"]) or "-"
+        )[:4000],
     }
     for key, value in tags.items():
         registry.client.set_model_version_tag(name, str(version), key, value)
-    now = int(time.time() * 1000)
-    metrics = {"monitor_alarm": float(verdict["alarm"]), "monitor_items": doc["window"]["items"]}
+    now = int(doc["checked_at_s"] * 1000)
+    metrics = {"monitor_items": doc["window"]["items"]}
+    if not insufficient:  # no point where no verdict was reached: a 0 would read as healthy
+        metrics["monitor_alarm"] = float(verdict["alarm"])
     for c in verdict["checks"]:
         if c["p_value"] is not None:
             key = "monitor_p_" + c["name"].replace(":", "_")
@@ -365,7 +405,10 @@ def run(
     tracking_uri: str = "",
     registry_params: RegistryParams | None = None,
     reference: str = "snapshot",
+    clock: Callable[[], float] = time.time,
 ) -> dict[str, Any]:
+    """Judge the window; the document written as monitor.json (``status``: alarm, ok or
+    insufficient). ``clock``: the time of the check (``monitor_checked_at``)."""
     model_dir, data_dir, log_dir, out_dir = map(Path, (model_dir, data_dir, log_dir, out_dir))
     try:
         params.check()
@@ -384,7 +427,7 @@ def run(
             params = dataclasses.replace(params, reference_splits=["test"])
             return run(
                 params, task, model_dir, data_dir, log_dir, out_dir, labels_file,
-                model_version, name, uri, registry_params,
+                model_version, name, uri, registry_params, clock=clock,
             )  # fmt: skip
     if not task.outputs_logits:
         raise StepError(
@@ -395,18 +438,27 @@ def run(
     name = model_name or registered_name(
         registry_params, signature.get("task", task.name), task.model_kind
     )
-    num_classes = len(signature.get("label_names") or []) or 2
+    label_names = signature.get("label_names") or []
+    num_classes = len(label_names) or 2
     reference, input_names = reference_sample(
         task, model_dir, data_dir, params.reference_splits, params.reference_samples
     )
     window = read_window(log_dir, task, params.window, input_names, model_version or None)
+    checked_at = clock()
     correct = None
     labelled = 0
+    feedback: dict[str, Any] | None = None
     if labels_file and not Path(labels_file).is_file():
         log.warning("monitor: %s does not exist: no labels fed back yet", labels_file)
         labels_file = ""
     if labels_file:
-        labels = read_labels(Path(labels_file), {rid for rid, _ in window.ids})
+        labels = read_labels(
+            Path(labels_file),
+            log_dir,
+            {rid for rid, _ in window.ids},
+            len(label_names) or None,  # the range is checked when the bundle names classes
+        )
+        feedback = {"file": labels_file, **labels.summary()}
         hits = [
             (t, labels[rid][i])
             for (rid, i), t in zip(window.ids, window.top1, strict=True)
@@ -418,7 +470,10 @@ def run(
     verdict = compare(reference, sample, params.limits(), num_classes)
     doc = {
         "model": name,
+        "status": verdict.status,
         "alarm": verdict.alarm,
+        "checked_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(checked_at)),
+        "checked_at_s": checked_at,
         "verdict": verdict.to_json(),
         "checks_run": sum(1 for c in verdict.checks if c.skipped is None),
         "window": {
@@ -431,6 +486,7 @@ def run(
             "last_time": window.last_time,
             "log": str(log_dir),
         },
+        "labels": feedback,
         "reference": {
             "splits": params.reference_splits,
             "samples": len(reference.top1),
@@ -451,21 +507,32 @@ def run(
         doc["alarm_line"] = line  # the retraining's reason (dvc here, a KFP run: schedule trigger)
         if params.on_alarm == "dvc":
             doc["retrain"] = {"how": "dvc repro", "reason": line}
-    else:
-        log.info(
-            "monitor: no alarm for %s version %s (%d items, %d labelled, %d checks)",
-            name,
-            window.version,
-            len(window.top1),
-            labelled,
-            doc["checks_run"],
+    elif verdict.status == INSUFFICIENT:
+        where = (
+            f"{name} version {window.version} ({labelled} labelled)"
+            if window.version is not None
+            else f"no answered request in {log_dir}"
         )
+        log.warning(
+            "monitor: %s (monitor.min_samples): %s; no verdict (exit code %d)",
+            verdict.not_enough, where, EXIT_NOT_ENOUGH_DATA,
+        )  # fmt: skip
+    else:
+        skipped = ", ".join(c.name for c in verdict.skipped)
+        log.info(
+            "monitor: no alarm for %s version %s (%d items, %d labelled, %d checks%s%s)",
+            name, window.version, len(window.top1), labelled, doc["checks_run"],
+            f"; not run, too few samples: {skipped}" if skipped else "",
+            "" if window.features else "; no logged inputs: no input check",
+        )  # fmt: skip
     doc["registry"] = record(doc, uri, name, registry_params)
     with atomic_path(out_dir) as tmp:
         tmp.mkdir(parents=True, exist_ok=True)
         write_json(tmp / "monitor.json", doc)
         (tmp / "report.html").write_text(report_html(doc), encoding="utf-8")
-        (tmp / "monitor.prom").write_text(prometheus(verdict, name, window.version, window))
+        (tmp / "monitor.prom").write_text(
+            prometheus(verdict, name, window.version, window, checked_at)
+        )
     if doc["retrain"] is not None:
         code = retrain(doc["retrain"]["reason"], Path.cwd())
         doc["retrain"]["exit_code"] = code
@@ -500,3 +567,16 @@ STEP = Step(
         ),
     ),
 )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The step's CLI; exit code 3 when no check had enough data (see the module doc)."""
+    return step_main(
+        STEP,
+        argv,
+        exit_code=lambda doc: EXIT_NOT_ENOUGH_DATA if doc["status"] == INSUFFICIENT else 0,
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
