@@ -181,6 +181,8 @@ COMMANDS = {
     "doctor": "components.doctor",
     "verify": "components.kube.verify",
     "keys": "components.tracking.signing",
+    "summary": "components.summary",
+    "traffic": "components.traffic",
 }
 
 
