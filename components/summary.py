@@ -27,6 +27,7 @@ from components.core.artifacts import StepError, read_json
 from components.core.config import load_params
 from components.kernel.cli import run_cli
 from components.kernel.dvc import dvc_yaml_path, pipeline_name, pipeline_path
+from components.kernel.step import REPO
 from components.traffic import LABELS_FILE, served, write_request
 
 MAX_LINES = 25
@@ -89,8 +90,8 @@ def _task_line(params_file: str, task: str, evaluation: dict[str, Any]) -> str:
     shown = [
         f"{k} {_num(v)}"
         for k, v in evaluation.items()
-        if isinstance(v, int | float) and not k.startswith("latency") and k != "samples"
-    ][:4]
+        if isinstance(v, int | float) and not k.startswith(("latency", "baseline", "samples"))
+    ][:3]
     samples = evaluation.get("samples")
     where = f"test ({samples} samples)" if samples else "test"
     return f"{where}: " + (", ".join(shown) or "no metrics")
@@ -114,14 +115,16 @@ def lines(params_file: str) -> list[str]:
     version = promotion.get("version", "?")
     champion = deployment.get("version")
     text = [
-        f"== {task} (dvc repro {dvc_yaml_path(params_file).as_posix()}) ==",
+        f"== {task} (dvc repro {dvc_yaml_path(params_file).relative_to(REPO).as_posix()}) ==",
         f"model {promotion.get('model', '?')}: this run registered v{version}"
         + (", promoted to champion" if promotion.get("promoted") else ", not promoted")
         + (f"; champion v{champion}" if champion is not None else ""),
     ]
     if evaluation:
         text.append(_task_line(params_file, task, evaluation))
-    if qat:
+    if qat.get("fp32_only") or qat.get("int8_available") is False:
+        text.append("int8: none shipped (fp32 only: its gate did not pass); the bundle serves fp32")
+    elif qat:
         text.append(
             f"int8: accuracy {_num(qat.get('accuracy'))} (fp32 {_num(qat.get('fp32_accuracy'))}),"
             f" size x{_num(qat.get('size_ratio'))}, latency b1 x{_num(qat.get('latency_ratio_b1'))}"
@@ -131,7 +134,7 @@ def lines(params_file: str) -> list[str]:
     if validate:
         gates.append(f"data {'pass' if not validate.get('failed') else 'FAIL'}")
     if qat:
-        gates.append(f"int8 {'pass' if qat.get('gate_passed') else 'FAIL'}")
+        gates.append(f"int8 {'pass' if qat.get('gate_passed') else 'fail'}")
     if infra:
         gates.append(f"server {'pass' if infra.get('infra_validated') else 'FAIL'}")
     if blessing:
@@ -161,15 +164,15 @@ def _served_lines(params_file: str, deployment: dict[str, Any]) -> list[str]:
         return ["served: nothing (no deployment record)"]
     local = deployment.get("local") or {}
     if not deployment.get("deployed") or not local.get("url"):
-        why = str(deployment.get("refused") or "").splitlines()
+        why = " ".join(s.strip(" -") for s in str(deployment.get("refused") or "").splitlines())
         target = deployment.get("target")
-        return [f"served: nothing (deploy.target {target}" + (f": {why[0]})" if why else ")")]
+        return [f"served: nothing (deploy.target {target}" + (f"; {why})" if why else ")")]
     target = served(params_file)
     request = write_request(target)
     url = f"{target.url}/v2/models/{target.model}/infer"
     return [
         f"served: {target.model} v{target.version} at {target.url} (pid file "
-        f"{Path(local.get('pid_file', '')).name or '-'}, log {local.get('log_file', '-')})",
+        f"{_rel(Path(local.get('pid_file', '-')))}, log {_rel(Path(local.get('log_file', '-')))})",
         "  a held-out test sample (KServe v2 infer):",
         f"  curl -d @{_rel(request)} {url}",
     ]
