@@ -14,14 +14,36 @@ MLFLOW_PORT ?= 5000
 # which task's pipeline `make run` reproduces: digits (dvc.yaml + params.yaml) or a task with
 # its own tasks/<name>/params.yaml + dvc.yaml (e.g. TASK=sentiment)
 TASK ?= digits
+TASKS := digits $(patsubst tasks/%/params.yaml,%,$(wildcard tasks/*/params.yaml))
+ifeq ($(filter $(TASK),$(TASKS)),)
+$(error TASK=$(TASK) is not a task of this repository; the tasks: $(TASKS))
+endif
 PIPELINE := $(if $(filter digits,$(TASK)),dvc.yaml,tasks/$(TASK)/dvc.yaml)
 PARAMS := $(if $(filter digits,$(TASK)),params.yaml,tasks/$(TASK)/params.yaml)
+# held-out samples `make traffic` sends to the served model
+SAMPLES ?= 300
+# promote signs the champion and deploy verifies it (docs/provenance.md): without keys of your
+# own, `make run` makes a pair in .keys/ (git-ignored) and the pipeline's recipes use it
+KEYS_DIR := $(CURDIR)/.keys
+PIPELINE_KEYS = PADDLE_MLOPS_SIGNING_KEY="$${PADDLE_MLOPS_SIGNING_KEY-$(KEYS_DIR)/signing.key}" \
+  PADDLE_MLOPS_TRUSTED_KEYS="$${PADDLE_MLOPS_TRUSTED_KEYS-$(KEYS_DIR)/signing.pub}"
 
-.PHONY: help doctor install apt-deps bench-deps serving serving-test run data repro status test test-quick test-loaded test-faults lint format metrics plots mlflow-ui mlflow-server registry bench bench-serving bench-distributed bench-data pipeline dvc-yaml kfp-local images container-deps kfp-containers clean
+.PHONY: help doctor install apt-deps bench-deps serving serving-test run data repro status test test-quick test-loaded test-faults lint format metrics plots mlflow-ui mlflow-server registry bench bench-serving bench-distributed bench-data pipeline dvc-yaml kfp-local images container-deps kfp-containers clean keys summary serve stop traffic monitor
 
 help:
-	@echo "make run      - install, materialise data/raw, run the whole pipeline (dvc repro)"
-	@echo "make run TASK=sentiment - the ERNIE sentiment pipeline (dvc repro tasks/sentiment/dvc.yaml)"
+	@echo "make run      - install, build the server, materialise data/raw, run the whole pipeline"
+	@echo "               (dvc repro), serve the champion on 127.0.0.1, print a summary"
+	@echo "   TASK=name  - the pipeline of any target here (default digits; tasks: $(TASKS)),"
+	@echo "               e.g. make run TASK=sentiment: dvc repro tasks/sentiment/dvc.yaml"
+	@echo "make install  - .venv with the pinned dependencies (constraints.txt)"
+	@echo "make data     - data/raw from the DVC remote, else regenerated and checked against data.dvc"
+	@echo "make summary  - the summary make run ends with (task, metrics, gates, served, next steps)"
+	@echo "make serve    - serve the champion again (dvc repro: deploy, and whatever is out of date)"
+	@echo "make stop     - stop the server make run started (deploy.target: local)"
+	@echo "make traffic  - send held-out samples to it (SAMPLES=$(SAMPLES)), labels fed back"
+	@echo "make monitor  - drift and live accuracy of what it answered (paddle-mlops monitor)"
+	@echo "make status   - dvc status of the pipeline (TASK=)"
+	@echo "make keys     - a signing key pair in .keys/ (promote signs, deploy verifies; make run makes it)"
 	@echo "make doctor   - what this machine can do (Paddle, GPU/AMP, OpenVINO/ISA, podman, MLflow, DVC, server)"
 	@echo "make test     - install, build the C++ server, run its unit tests and the whole suite"
 	@echo "               (parallel: TEST_WORKERS=4; extra pytest flags: PYTEST_ARGS=...)"
@@ -30,7 +52,7 @@ help:
 	@echo "make test-faults - every fault-injection row (SIGKILL per stage too); rewrites docs/faults.md"
 	@echo "make serving  - build the C++ KServe-v2 server (build/serving/paddle-mlops-server)"
 	@echo "make lint     - ruff"
-	@echo "make metrics  - dvc metrics show; make plots - dvc plots show"
+	@echo "make metrics  - dvc metrics show of the pipeline (TASK=); make plots - dvc plots show"
 	@echo "make mlflow-ui - browse sqlite:///mlflow.db on http://127.0.0.1:5000"
 	@echo "make mlflow-server - a tracking server on 127.0.0.1:$(MLFLOW_PORT) (SQLite + ./mlartifacts)"
 	@echo "make registry - champion / challenger / history of the registered model"
@@ -43,6 +65,7 @@ help:
 	@echo "make kfp-local - run the whole KFP DAG on this machine through kfp.local"
 	@echo "make images   - build the base, component and server images with podman (installs it)"
 	@echo "make kfp-containers - the whole KFP DAG, every step in the component image (podman)"
+	@echo "make clean    - remove outputs, checkpoints, metrics, plots, MLflow stores (stops the servers)"
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -103,21 +126,41 @@ data: install
 
 # what this machine can do, one line per check; fails (before any stage runs) when the pipeline
 # would (docs: `paddle-mlops doctor --help`)
-doctor: install
-	python -m components doctor --params $(PARAMS)
+doctor: install keys
+	$(PIPELINE_KEYS) python -m components doctor --params $(PARAMS)
+
+# the default key pair, unless the environment names keys of its own
+keys: install
+	@if [ -z "$$PADDLE_MLOPS_SIGNING_KEY$$PADDLE_MLOPS_TRUSTED_KEYS" ] && \
+	  [ ! -f $(KEYS_DIR)/signing.key ]; then python -m components keys generate $(KEYS_DIR); fi
 
 repro: serving doctor data
 	@test -f $(PIPELINE) || { echo "error: TASK=$(TASK): no $(PIPELINE)"; exit 1; }
-	dvc repro $(PIPELINE)
+	$(PIPELINE_KEYS) dvc repro $(PIPELINE)
 
 run: repro
-	dvc metrics show
+	@python -m components summary --params $(PARAMS)
+
+summary: install
+	@python -m components summary --params $(PARAMS)
+
+# deploy (deploy.target in params.yaml; local by default) after whatever is out of date
+serve: repro
+
+stop: install
+	python -m components deploy stop --params $(PARAMS)
+
+traffic: install
+	python -m components traffic --params $(PARAMS) --samples $(SAMPLES)
+
+monitor: install
+	eval "$$(python -m components summary --params $(PARAMS) --monitor-command)"
 
 status: install
-	dvc status
+	dvc status $(PIPELINE)
 
 metrics: install
-	dvc metrics show
+	dvc metrics show $$(python -m components summary --params $(PARAMS) --metrics-files)
 
 plots: install
 	dvc plots show
@@ -219,4 +262,5 @@ registry: install
 	python -m components registry status
 
 clean:
-	rm -rf outputs checkpoints metrics plots mlflow.db mlflow-server.db mlruns mlartifacts
+	-for params in params.yaml tasks/*/params.yaml; do python -m components deploy stop --params $$params; done
+	rm -rf .deploy outputs checkpoints metrics plots mlflow.db mlflow-server.db mlruns mlartifacts

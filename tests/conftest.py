@@ -391,6 +391,9 @@ TINY_DIGITS: dict[str, dict] = {
     },
     "evaluate": {"latency": {"warmup": 1, "repeats": 3}},
     "register": {"min_accuracy": 0.5},
+    # no server is left behind by a test's pipeline, nor two on one port: the local target
+    # (params.yaml's default) is tested with a free port in tests/test_serve_local.py
+    "deploy": {"target": "none"},
 }
 
 

@@ -26,7 +26,13 @@ ROOMS = {
     "kube": {"core", "faults", "tracking", "kernel"},
     "steps": {"core", "faults", "ml", "tasks", "kernel", "tracking", "kube"},
 }
-TOP_LEVEL = {"components/__init__.py", "components/__main__.py", "components/doctor.py"}
+TOP_LEVEL = {
+    "components/__init__.py",
+    "components/__main__.py",
+    "components/doctor.py",
+    "components/summary.py",  # make run's last lines
+    "components/traffic.py",  # make traffic
+}
 
 
 def modules() -> dict[str, Path]:

@@ -340,7 +340,7 @@ def test_monitor_alarm_retrains_judge_promotes_and_rolls_back_in_containers(
         assert (canary["version"], canary["local"]["policy"]) == (3, "canary")
         # what a cluster would get now (render only): the champion's pods with v3 beside
         cluster = DeployParams(
-            manifests=["deployment"], alias="challenger", challenger="canary",
+            target="none", manifests=["deployment"], alias="challenger", challenger="canary",
             challenger_fraction=0.5,
         )  # fmt: skip
         monkeypatch.setenv("MLFLOW_TRACKING_URI", tracking)

@@ -470,7 +470,8 @@ def test_deploy_refuses_a_version_without_an_image_digest(server, unpushed, tmp_
         deploy_run(params, unpushed.promotion, tmp_path / "out")
     assert not (tmp_path / "out").exists()  # nothing that looks like a deployment
     # render-only (a laptop): recorded, not an error
-    record = deploy_run(DeployParams(alias="candidate"), unpushed.promotion, tmp_path / "out")
+    laptop = DeployParams(target="none", alias="candidate")
+    record = deploy_run(laptop, unpushed.promotion, tmp_path / "out")
     assert record["deployed"] is False and "no serving image digest" in record["refused"]
 
 

@@ -189,6 +189,8 @@ COMMANDS = {
     "doctor": "components.doctor",
     "verify": "components.kube.verify",
     "keys": "components.tracking.signing",
+    "summary": "components.summary",
+    "traffic": "components.traffic",
 }
 
 

@@ -43,11 +43,15 @@ no champion yet (nothing was ever blessed) there is nothing to deploy: it says s
 
 from __future__ import annotations
 
+import argparse
 import copy
+import dataclasses
 import logging
 import os
 import subprocess
+import sys
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,13 +59,17 @@ from typing import Any
 import yaml
 
 from components.core.artifacts import StepError, atomic_path, read_json, write_json, write_text
+from components.core.config import load_params, section
 from components.core.uris import redact_uri
+from components.kernel.cli import run_cli, step_main
 from components.kernel.step import REPO, In, Out, Step
 from components.kube.check import check_manifests, load_manifests
 from components.kube.images import _run, image_repository
 from components.kube.signatures import policy_json, registries_d
 from components.kube.verify import check_version
+from components.ml import local_server
 from components.ml.kserve_client import KServeClient, KServeError
+from components.ml.server import default_build_dir, server_binary
 from components.tracking.fetch_model import fetch
 from components.tracking.model import BUNDLE_TAG
 from components.tracking.registry import (
@@ -75,7 +83,7 @@ from components.tracking.signing import ACCEPT_ANYTHING, TRUST_ENV, trusted_keys
 
 log = logging.getLogger(__name__)
 
-TARGETS = ("none", "podman", "kubernetes")
+TARGETS = ("none", "local", "podman", "kubernetes")
 SWAPS = ("load", "restart")
 VARIANTS = ("deployment", "kserve")
 FIELD_MANAGER = "paddle-mlops-deploy"
@@ -93,7 +101,7 @@ CHALLENGER_LABEL = "paddle-mlops/challenger-version"
 
 @dataclass(frozen=True)
 class DeployParams:
-    target: str = "none"  # none | podman | kubernetes
+    target: str = "local"  # none | local | podman | kubernetes
     alias: str = CHAMPION  # the alias deployed (resolved once, to an immutable version)
     manifests: list[str] = field(default_factory=lambda: list(VARIANTS))
     templates: str = "k8s"  # below it: serving/ and kserve/ (kustomization.yaml lists files)
@@ -137,7 +145,8 @@ class DeployParams:
             raise ValueError("challenger must be none, shadow or canary")
         if not 0.0 < self.challenger_fraction <= 1.0:
             raise ValueError("challenger_fraction must be in (0, 1]")
-        if self.challenger != "none" and self.target != "podman" and "kserve" in self.manifests:
+        on_this_machine = self.target in ("local", "podman")
+        if self.challenger != "none" and not on_this_machine and "kserve" in self.manifests:
             raise ValueError(
                 "challenger on a cluster: manifests [deployment] only (the server pods run both "
                 "versions and log both answers per request; KServe's canaryTrafficPercent would "
@@ -159,8 +168,10 @@ class Release:
 # --------------------------------------------------------------------------- the version
 
 
-def release(registry: Registry, version: int) -> Release:
-    """The deployable facts of ``version``; refuses what cannot be pinned or traced."""
+def release(registry: Registry, version: int, *, image: bool = True) -> Release:
+    """The deployable facts of ``version``; refuses what cannot be pinned or traced.
+    ``image`` False (``target: local``, the bundle served by the built binary): a version
+    without a pushed image is deployable (its ``image`` is empty)."""
 
     tags = registry.version(version).tags
     problems = []
@@ -168,7 +179,8 @@ def release(registry: Registry, version: int) -> Release:
     if missing:
         problems.append(f"lineage tags missing: {', '.join(missing)}")
     digest = tags.get("serving_image_digest", "")
-    if not digest.startswith("sha256:") or len(digest) != 71:
+    pinned = digest.startswith("sha256:") and len(digest) == 71
+    if image and not pinned:
         problems.append(
             "no serving image digest (tag serving_image_digest): the image was never pushed; "
             "set promote.push (or build in the cluster) so promote records one"
@@ -183,7 +195,7 @@ def release(registry: Registry, version: int) -> Release:
     return Release(
         registry.name,
         version,
-        f"{image_repository(tags['serving_image'])}@{digest}",
+        f"{image_repository(tags['serving_image'])}@{digest}" if pinned else "",
         f"models:/{registry.name}/{version}",
         tags[BUNDLE_TAG],
     )
@@ -253,17 +265,22 @@ def _pod_spec(doc: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def _server_args(
-    rel: Release, params: DeployParams, challenger: Release | None = None
+    rel: Release,
+    params: DeployParams,
+    challenger: Release | None = None,
+    *,
+    model_dir: str = "/mnt/models",
+    log_dir: str = PREDICTION_LOG_DIR,
 ) -> list[str]:
     args = [
-        "--model-dir=/mnt/models",
+        f"--model-dir={model_dir}",
         f"--variant={params.server_variant}",
         f"--model-name={rel.model}",
         f"--model-version={rel.version}",
     ]
     if params.prediction_log:
         args += [
-            f"--prediction-log-dir={PREDICTION_LOG_DIR}",
+            f"--prediction-log-dir={log_dir}",
             f"--prediction-log-max-bytes={params.prediction_log_max_bytes}",
         ]
     if challenger is not None:
@@ -508,14 +525,18 @@ def _swap_in_place(
     if _image_config(running_image) != _image_config(rel.image):
         log.info("the running server's image or configuration differs: restarting it")
         return None
+    if not _load_version(rel, params, url, f"{MODELS_ROOT}/v{rel.version}"):
+        return None
+    return {"method": "load", "server_image": running_image}
+
+
+def _load_version(rel: Release, params: DeployParams, url: str, model_dir: str) -> bool:
+    """Swap ``rel`` (its bundle at ``model_dir`` as the server sees it) into the server at
+    ``url`` with the repository's load; False when that server is not ready."""
     client = KServeClient(url, timeout=params.rollout_timeout_s)
     if not client.ready():
-        return None
-    config = {
-        "model_dir": f"{MODELS_ROOT}/v{rel.version}",
-        "version": str(rel.version),
-        "variant": params.server_variant,
-    }
+        return False
+    config = {"model_dir": model_dir, "version": str(rel.version), "variant": params.server_variant}
     try:
         client.load_model(rel.model, config)
     except KServeError as exc:
@@ -526,26 +547,40 @@ def _swap_in_place(
     if str(rel.version) not in client.metadata(rel.model)["versions"]:
         raise StepError(f"{url} reports no version {rel.version} of {rel.model} after loading it")
     log.info("swapped %s v%d into the running server at %s", rel.model, rel.version, url)
-    return {"method": "load", "server_image": running_image}
+    return True
 
 
-def _load_challenger(rel: Release, params: DeployParams, url: str) -> dict[str, Any]:
-    """Load ``rel`` beside the version the running server serves, under the policy."""
-    running = _running_server(params, rel)
-    if running is None:
-        raise StepError(
-            f"deploy.challenger {params.challenger}: no running server of {rel.model} with model "
-            f"control ({params.local_name}); deploy the champion first (deploy.challenger: none)"
-        )
-    running_image = running["image"]
-    if _image_config(running_image) != _image_config(rel.image):
-        raise StepError(
-            f"{rel.model} v{rel.version}'s server image differs from the running one: a "
-            "challenger must run in the champion's server (same image and configuration)"
-        )
+def _load_challenger(
+    rel: Release, params: DeployParams, url: str, model_dir: Path | None = None
+) -> dict[str, Any]:
+    """Load ``rel`` beside the version the running server serves, under the policy;
+    ``model_dir``: the local server's copy (target local), else the container's mount."""
+    if model_dir is None:
+        running = _running_server(params, rel)
+        if running is None:
+            raise StepError(
+                f"deploy.challenger {params.challenger}: no running server of {rel.model} with "
+                f"model control ({params.local_name}); deploy the champion first "
+                "(deploy.challenger: none)"
+            )
+        running_image = running["image"]
+        if _image_config(running_image) != _image_config(rel.image):
+            raise StepError(
+                f"{rel.model} v{rel.version}'s server image differs from the running one: a "
+                "challenger must run in the champion's server (same image and configuration)"
+            )
+    else:
+        server = local_server.read_state(Path(params.local_state_dir).resolve())
+        if server is None or server.model != rel.model or not server.model_control:
+            raise StepError(
+                f"deploy.challenger {params.challenger}: no local server of {rel.model} with "
+                f"model control ({Path(params.local_state_dir) / local_server.STATE_FILE}); "
+                "deploy the champion first (deploy.challenger: none)"
+            )
+        running_image = ""
     client = KServeClient(url, timeout=params.rollout_timeout_s)
     config = {
-        "model_dir": f"{MODELS_ROOT}/v{rel.version}",
+        "model_dir": str(model_dir) if model_dir else f"{MODELS_ROOT}/v{rel.version}",
         "version": str(rel.version),
         "variant": params.server_variant,
         "role": "challenger",
@@ -567,7 +602,7 @@ def _load_challenger(rel: Release, params: DeployParams, url: str) -> dict[str, 
         "method": "challenger",
         "policy": params.challenger,
         "fraction": params.challenger_fraction,
-        "server_image": running_image,
+        **({"server_image": running_image} if running_image else {}),
     }
 
 
@@ -576,14 +611,21 @@ def prediction_log_dir(params: DeployParams) -> Path:
     return Path(params.local_state_dir).resolve() / "predictions"
 
 
-def deploy_podman(rel: Release, params: DeployParams, tracking: str) -> dict[str, Any]:
-    """Run ``rel`` on this machine as the init container + server pod would (module doc)."""
-
+def _fetch_verified(rel: Release, params: DeployParams, tracking: str) -> tuple[Path, Path]:
+    """Fetch and verify ``rel``'s bundle as the init container does, into
+    ``local_state_dir/models/MODEL/vN``: (models root, the version's directory)."""
     models_root = Path(params.local_state_dir).resolve() / "models" / rel.model
     model_dir = models_root / f"v{rel.version}"
     fetched = fetch(rel.model_uri, model_dir, tracking=tracking)
     if fetched.sha256 != rel.bundle_sha256:
         raise StepError(f"{rel.model_uri}: fetched {fetched.sha256}, expected {rel.bundle_sha256}")
+    return models_root, model_dir
+
+
+def deploy_podman(rel: Release, params: DeployParams, tracking: str) -> dict[str, Any]:
+    """Run ``rel`` on this machine as the init container + server pod would (module doc)."""
+
+    models_root, model_dir = _fetch_verified(rel, params, tracking)
     _podman("pull", "--quiet", rel.image)
     url = f"http://127.0.0.1:{params.local_port}"
     local = {"url": url, "container": params.local_name, "model_dir": str(model_dir)}
@@ -639,6 +681,76 @@ def deploy_podman(rel: Release, params: DeployParams, tracking: str) -> dict[str
     return {**local, "method": "restart", "server_image": rel.image}
 
 
+# --------------------------------------------------------------------------- local
+
+
+def _settings(args: list[str]) -> list[str]:
+    """A server's flags without the version it serves: equal ones can swap a version in."""
+    return [a for a in args if not a.startswith(("--model-dir=", "--model-version="))]
+
+
+def local_state_dir(params: DeployParams) -> Path:
+    return Path(params.local_state_dir).resolve()
+
+
+def deploy_local(rel: Release, params: DeployParams, tracking: str) -> dict[str, Any]:
+    """Serve ``rel``'s verified bundle with the built server binary, a detached process on
+    ``127.0.0.1:local_port`` (``components.ml.local_server``): swapped into the running one
+    with the repository's load when that runs the same binary (``swap: load``), else
+    (re)started; a new server that never becomes ready gives way to the previous one."""
+    _, model_dir = _fetch_verified(rel, params, tracking)
+    binary = server_binary(REPO / "serving", default_build_dir()).resolve()
+    state_dir = local_state_dir(params)
+    url = f"http://127.0.0.1:{params.local_port}"
+    local: dict[str, Any] = {
+        "url": url,
+        "model_dir": str(model_dir),
+        "pid_file": str(state_dir / local_server.STATE_FILE),
+        "log_file": str(state_dir / local_server.LOG_FILE),
+        "binary": str(binary),
+    }
+    log_dir = prediction_log_dir(params)
+    if params.prediction_log:
+        local["prediction_log"] = str(log_dir)
+    if params.challenger != "none":
+        return {**local, **_load_challenger(rel, params, url, model_dir)}
+    control = params.swap == "load"
+    args = _server_args(rel, params, model_dir=str(model_dir), log_dir=str(log_dir))
+    args.append(f"--model-control={str(control).lower()}")
+    running = local_server.read_state(state_dir)
+    if (
+        running is not None
+        and control
+        and running.model_control
+        and running.model == rel.model
+        and running.port == params.local_port
+        and running.binary_sha256 == local_server.sha256_file(binary)
+        and _settings(local_server.args_of(running)) == _settings(args)
+    ):
+        if _load_version(rel, params, url, str(model_dir)):
+            local_server.record_version(state_dir, running, rel.version, str(model_dir))
+            return {**local, "method": "load", "pid": running.pid}
+    if params.prediction_log:
+        log_dir.mkdir(parents=True, exist_ok=True)
+    previous = local_server.stop(state_dir, params.rollout_timeout_s) if running else None
+    options = dict(state_dir=state_dir, port=params.local_port, model=rel.model)
+    try:
+        server = local_server.start(
+            binary, args, **options, version=rel.version, model_dir=str(model_dir),
+            model_control=control, timeout_s=params.rollout_timeout_s,
+        )  # fmt: skip
+    except StepError:
+        if previous is not None:
+            local_server.start(
+                Path(previous.binary), local_server.args_of(previous), **options,
+                version=previous.version, model_dir=previous.model_dir,
+                model_control=previous.model_control, timeout_s=params.rollout_timeout_s,
+            )  # fmt: skip
+            log.error("v%d never became ready: v%d serves again", rel.version, previous.version)
+        raise
+    return {**local, "method": "restart", "pid": server.pid}
+
+
 # --------------------------------------------------------------------------- step
 
 
@@ -654,6 +766,13 @@ def run(
         params.check()
     except ValueError as exc:
         raise StepError(f"deploy: {exc}") from exc
+    if params.target == "local" and os.environ.get("KUBERNETES_SERVICE_HOST"):
+        # a KFP task's pod: a process started here ends with the pod. Rendered as with none
+        log.warning(
+            "deploy.target local in a Kubernetes pod: nothing on this machine outlives it; "
+            "rendering only (deploy.target kubernetes applies the manifests)"
+        )
+        params = dataclasses.replace(params, target="none")
     promotion = read_json(Path(promotion_dir) / "promotion.json")
     templates = Path(templates_root) if templates_root else _templates(params.templates)
     tracking = tracking_uri()
@@ -697,8 +816,9 @@ def run(
             )
             return {**record, "deployed": False, "refused": refusal}
         try:
-            rel = release(registry, version)
-            record["verified"] = verify_release(registry, tracking, rel, tmp, Path(out_dir))
+            rel = release(registry, version, image=params.target != "local")
+            policy_dir = tmp if rel.image else None  # podman's image policy: an image's only
+            record["verified"] = verify_release(registry, tracking, rel, policy_dir, Path(out_dir))
             if challenger is not None:
                 record["challenger"]["verified"] = verify_release(registry, tracking, challenger)
         except StepError as exc:
@@ -708,9 +828,11 @@ def run(
             write_json(tmp / "deployment.json", {**record, "deployed": False, "refused": str(exc)})
             return {**record, "deployed": False, "refused": str(exc)}
         components_image = params.components_image or os.environ.get("PADDLE_MLOPS_IMAGE", "")
-        rendered = render(
-            rel, params, templates, components_image or "paddle-mlops-components", challenger
-        )
+        rendered = {}
+        if rel.image:  # target local serves the bundle: manifests need the version's image
+            rendered = render(
+                rel, params, templates, components_image or "paddle-mlops-components", challenger
+            )
 
         for variant, docs in rendered.items():
             check_manifests(docs, require_digest=params.target == "kubernetes")
@@ -724,6 +846,8 @@ def run(
             record["applied"] = applied
         elif params.target == "podman":
             record["local"] = deploy_podman(rel, params, tracking)
+        elif params.target == "local":
+            record["local"] = deploy_local(rel, params, tracking)
         record["deployed"] = params.target != "none" and not params.dry_run
         write_json(tmp / "deployment.json", record)
     log.info(
@@ -783,3 +907,40 @@ STEP = Step(
     outputs=(Out("deployment", "outputs/deploy", "out_dir", dvc="uncached"),),
     extra_deps=("k8s/serving", "k8s/kserve"),
 )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The step CLI, plus ``stop`` (end the ``target: local`` server, ``make stop``) and
+    ``status`` (what it serves)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] not in (["stop"], ["status"]):
+        return step_main(STEP, argv)
+    parser = argparse.ArgumentParser(
+        prog=f"paddle-mlops deploy {argv[0]}",
+        description="stop: SIGTERM the local server (deploy.target: local) and remove its pid "
+        "file. status: the server its pid file names, if it runs (exit code 3 if none).",
+    )
+    parser.add_argument("--params", default="params.yaml", help="params file (%(default)s)")
+    args = parser.parse_args(argv[1:])
+    code = 0
+
+    def _go() -> None:
+        nonlocal code
+        params = section(load_params(args.params), "deploy", DeployParams)
+        state_dir = local_state_dir(params)
+        if argv[0] == "stop":
+            server = local_server.stop(state_dir, params.rollout_timeout_s)
+            if server is None:
+                log.info("no local server runs (%s)", state_dir / local_server.STATE_FILE)
+            return
+        server = local_server.read_state(state_dir)
+        if server is None:
+            log.info("no local server runs (%s)", state_dir / local_server.STATE_FILE)
+            code = 3
+            return
+        log.info(
+            "%s v%d served at %s (pid %d, log %s)", server.model, server.version, server.url,
+            server.pid, state_dir / local_server.LOG_FILE,
+        )  # fmt: skip
+
+    return run_cli(_go) or code

@@ -1,0 +1,191 @@
+"""The C++ server as a detached service on this machine (``deploy.target: local``).
+
+``deploy`` starts the built binary (``components.ml.server``) in its own session, with no file
+descriptor of its caller (``dvc repro`` returns while it serves), bound to 127.0.0.1. What
+runs is recorded in ``STATE_DIR/server.json`` (the pid file: pid, port, model, version, argv,
+the binary's sha256), its output goes to ``STATE_DIR/server.log``. ``paddle-mlops deploy stop``
+(``make stop``) ends it with SIGTERM. A pid file whose process is gone, or is another program
+(a reused pid), is stale: it is removed and said so.
+
+Library layer: imported by steps, imports no step.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from components.core.artifacts import StepError, write_json
+from components.ml.kserve_client import KServeClient
+from components.ml.server import server_process_env
+
+log = logging.getLogger(__name__)
+
+STATE_FILE = "server.json"
+LOG_FILE = "server.log"
+
+
+@dataclass(frozen=True)
+class LocalServer:
+    """One server process this machine runs for a pipeline."""
+
+    pid: int
+    port: int
+    model: str
+    version: int
+    model_dir: str
+    binary: str
+    binary_sha256: str
+    argv: list[str]
+    model_control: bool
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _alive(pid: int, binary: str) -> bool:
+    """``pid`` runs ``binary`` (not a zombie, not another program that got the pid)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        exe = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0", 1)[0].decode()
+    except (OSError, UnicodeDecodeError):
+        return False
+    state = stat.rsplit(")", 1)[-1].split()[0]
+    return state not in ("Z", "X") and exe == binary
+
+
+def read_state(state_dir: Path) -> LocalServer | None:
+    """The server the pid file names, if it still runs; a stale pid file is removed."""
+    path = state_dir / STATE_FILE
+    if not path.is_file():
+        return None
+    try:
+        server = LocalServer(**json.loads(path.read_text(encoding="utf-8")))
+    except (ValueError, TypeError) as exc:
+        log.warning("%s: not a server record (%s): removed", path, exc)
+        path.unlink(missing_ok=True)
+        return None
+    if not _alive(server.pid, server.binary):
+        log.warning(
+            "%s: stale pid file (pid %d, %s v%d, is gone): removed",
+            path, server.pid, server.model, server.version,
+        )  # fmt: skip
+        path.unlink(missing_ok=True)
+        return None
+    return server
+
+
+def record_version(state_dir: Path, server: LocalServer, version: int, model_dir: str) -> None:
+    """The running server now serves ``version`` (swapped in with the repository's load)."""
+    updated = {**asdict(server), "version": version, "model_dir": model_dir}
+    write_json(state_dir / STATE_FILE, updated)
+
+
+def args_of(server: LocalServer) -> list[str]:
+    """The flags ``server`` was started with, as :func:`start` takes them."""
+    return server.argv[1:-2]  # without the binary, and the --host and --port start adds
+
+
+def _port_taken(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(1.0)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def start(
+    binary: Path,
+    args: list[str],
+    *,
+    state_dir: Path,
+    port: int,
+    model: str,
+    version: int,
+    model_dir: str,
+    model_control: bool,
+    timeout_s: float,
+) -> LocalServer:
+    """Start ``binary args`` detached on 127.0.0.1:``port`` and wait until it is ready."""
+    if _port_taken(port):
+        raise StepError(
+            f"127.0.0.1:{port} is taken by a process this deploy did not start (no live "
+            f"{state_dir / STATE_FILE}); stop it, or set deploy.local_port to a free port"
+        )
+    state_dir.mkdir(parents=True, exist_ok=True)
+    argv = [str(binary), *args, "--host=127.0.0.1", f"--port={port}"]
+    log_path = state_dir / LOG_FILE
+    with log_path.open("ab") as out, open(os.devnull, "rb") as null:
+        proc = subprocess.Popen(
+            argv,
+            stdin=null,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=server_process_env(),
+            start_new_session=True,  # no signal of the caller's terminal or of dvc reaches it
+            close_fds=True,
+        )
+    server = LocalServer(
+        proc.pid, port, model, version, model_dir, str(binary),
+        sha256_file(binary), argv, model_control,
+    )  # fmt: skip
+    write_json(state_dir / STATE_FILE, asdict(server))
+    client = KServeClient(server.url, timeout=5)
+    deadline = time.monotonic() + timeout_s
+    while proc.poll() is None and time.monotonic() < deadline:
+        if client.ready():
+            log.info("%s v%d: serving at %s (pid %d)", model, version, server.url, proc.pid)
+            return server
+        time.sleep(0.2)
+    code = proc.poll()
+    if code is None:
+        proc.kill()
+        proc.wait()
+    (state_dir / STATE_FILE).unlink(missing_ok=True)
+    tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-20:])
+    what = f"exited with code {code}" if code is not None else f"not ready in {timeout_s:.0f} s"
+    raise StepError(f"the server for {model} v{version} {what} (log {log_path}):\n{tail}")
+
+
+def stop(state_dir: Path, timeout_s: float = 30.0) -> LocalServer | None:
+    """SIGTERM the server the pid file names and wait until it is gone (SIGKILL after
+    ``timeout_s``); the pid file is removed. None when nothing ran."""
+    server = read_state(state_dir)
+    if server is None:
+        return None
+    os.kill(server.pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while _alive(server.pid, server.binary):
+        _reap(server.pid)
+        if time.monotonic() > deadline:
+            log.warning("pid %d did not stop within %.0f s: killed", server.pid, timeout_s)
+            os.kill(server.pid, signal.SIGKILL)
+            deadline = float("inf")
+        time.sleep(0.1)
+    _reap(server.pid)
+    (state_dir / STATE_FILE).unlink(missing_ok=True)
+    log.info("stopped %s v%d (pid %d, %s)", server.model, server.version, server.pid, server.url)
+    return server
+
+
+def _reap(pid: int) -> None:
+    """Collect ``pid`` when this process started it (else it is init's to collect)."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
