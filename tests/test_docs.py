@@ -208,9 +208,6 @@ def test_the_docs_index_lists_every_page():
 
 # tools that live in .venv/bin: a command that calls one bare needs an activated venv
 VENV_TOOLS = {"python", "python3", "pip", "pip3", "dvc", "paddle-mlops", "mlflow", "pytest", "ruff"}
-# make targets the README documents that another branch of issue 39 adds (the served champion):
-# once the Makefile has them, this set must be emptied (the test below says so)
-PENDING_TARGETS = {"stop", "traffic"}
 
 
 def _code_lines(text: str) -> Iterator[tuple[int, str, str]]:
@@ -248,7 +245,7 @@ def _make_targets() -> set[str]:
 
 def test_every_command_runs_from_a_fresh_clone_without_the_venv():
     bare, unknown = [], []
-    targets = _make_targets() | PENDING_TARGETS
+    targets = _make_targets()
     for page in _pages():
         text = page.read_text()
         where = page.relative_to(REPO)
@@ -271,22 +268,3 @@ def test_every_command_runs_from_a_fresh_clone_without_the_venv():
     tools = "|".join(map(re.escape, VENV_TOOLS))
     inline = re.findall(rf"`((?:{tools}) [^`]*)`", _prose(README.read_text()))
     assert not inline, f"README.md names bare venv commands: {inline}"
-
-
-def test_pending_make_targets_are_still_pending():
-    landed = PENDING_TARGETS & _make_targets()
-    assert not landed, f"the Makefile has {sorted(landed)} now: remove them from PENDING_TARGETS"
-
-
-def test_the_command_checks_catch_a_bare_tool_and_an_unknown_target():
-    text = (
-        "x\n\n    dvc repro\n    MLFLOW_TRACKING_URI=u .venv/bin/dvc repro\n\n"
-        "```sh\nmake nope\n```\n"
-    )
-    lines = [(n, _command(line)) for n, line, _ in _code_lines(text)]
-    assert lines == [
-        (3, ["dvc", "repro"]),
-        (4, [".venv/bin/dvc", "repro"]),
-        (7, ["make", "nope"]),
-    ]
-    assert "nope" not in _make_targets() and "run" in _make_targets()
