@@ -81,6 +81,7 @@ def pipeline(server, step_outputs, tmp_path_factory, digits_task, digits_data): 
         [parent.info.experiment_id], f"tags.mlflow.parentRunId = '{run_id}'"
     )
     return SimpleNamespace(
+        root=root,
         client=client,
         outputs=outputs,
         parent=parent,
@@ -93,6 +94,17 @@ def pipeline(server, step_outputs, tmp_path_factory, digits_task, digits_data): 
 def test_the_experiment_is_a_model_training_one(pipeline):
     experiment = pipeline.client.get_experiment(pipeline.parent.info.experiment_id)
     assert experiment.tags[EXPERIMENT_KIND_TAG] == EXPERIMENT_KIND == "custom_model_development"
+
+
+def test_run_json_names_the_runs_page_of_the_ui(pipeline):
+    run_json = read_json(pipeline.root / "track" / "run.json")
+    experiment_id, run_id = pipeline.parent.info.experiment_id, pipeline.parent.info.run_id
+    assert run_json["ui_path"] == (
+        f"#/experiments/{experiment_id}/runs/{run_id}?workflowType=machine_learning"
+    )
+    assert run_json["experiment_ui_path"] == (
+        f"#/experiments/{experiment_id}?workflowType=machine_learning"
+    )
 
 
 def test_a_kind_the_user_chose_stands(server):  # noqa: F811

@@ -69,6 +69,7 @@ from components.tracking.model import (
 )
 from components.tracking.registry import (
     CURVE_PREFIX,
+    UI_WORKFLOW,
     TrackingRetry,
     global_tracking_uri,
     set_experiment_kind,
@@ -387,6 +388,15 @@ def _closed_on_failure(client: Any, run_id: str) -> Iterator[None]:
         raise
 
 
+def ui_path(experiment_id: str, run_id: str = "") -> str:
+    """The MLflow UI's path (after ``http://HOST:PORT/``) of the experiment's training runs,
+    or of run ``run_id``: the ``workflowType=machine_learning`` query makes MLflow 3's UI
+    show runs and models rather than its GenAI overview (the UI decides by that query, not by
+    the experiment's kind tag)."""
+    where = f"#/experiments/{experiment_id}" + (f"/runs/{run_id}" if run_id else "")
+    return f"{where}?workflowType={UI_WORKFLOW}"
+
+
 def _log_step_run(
     client: Any,
     experiment_id: str,
@@ -575,6 +585,10 @@ def _run(
             "model_id": result.model_id,
             "model_uri": result.model_uri,
             BUNDLE_TAG: result.bundle_sha256,
+            # the run in the MLflow UI, after its base URL (MLflow 3.17's UI opens an
+            # experiment by the workflow type in its URL, GenAI unless it says otherwise)
+            "ui_path": ui_path(result.experiment_id, result.run_id),
+            "experiment_ui_path": ui_path(result.experiment_id),
             "tags": tags,
         },
     )

@@ -55,6 +55,9 @@ TAG_LIMIT = 5000
 # MLflow 3's experiment type: a model-training experiment (runs, charts, models), not a GenAI
 # one (traces); the UI's "Machine learning" kind
 EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_development"
+# ... which MLflow 3.17's UI shows only with ?workflowType=machine_learning in its URL (it
+# lands on the GenAI overview otherwise, whatever the tag says)
+UI_WORKFLOW = "machine_learning"
 # the per-epoch curves of a run: metrics ``training/<key>`` with step = epoch (the UI puts a
 # prefixed section before the unprefixed metrics)
 CURVE_PREFIX = "training/"
