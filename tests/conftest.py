@@ -257,6 +257,8 @@ def step_outputs(
                 "image": "paddle-mlops/digits-server:0123456789ab",
                 "image_id": None,
                 "built": False,
+                "builder_note": "no image builder (podman, docker) on PATH",
+                "context_sha256": "0123456789ab" + "0" * 52,
                 "infra_validated": True,
             },
         )

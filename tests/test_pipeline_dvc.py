@@ -196,8 +196,10 @@ def test_mlflow_run_holds_params_metrics_curves_and_artifacts(repo, tmp_path):
     assert tags["machine.isa"] == (",".join(here["isa"]) or "none")
     assert tags["versions.paddle"] and tags["versions.openvino"]
     assert parent.data.metrics["test.accuracy"] > 0.5
-    history = client.get_metric_history(parent.info.run_id, "val_accuracy")
+    history = client.get_metric_history(parent.info.run_id, "training/val_accuracy")
     assert sorted(m.step for m in history) == [1, 2, 3]
+    # the experiment opens on its runs (MLflow 3's kind), not on the GenAI overview
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
 
     children = client.search_runs(
         [exp.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'"
@@ -207,12 +209,30 @@ def test_mlflow_run_holds_params_metrics_curves_and_artifacts(repo, tmp_path):
         "export",
         "ingest",
         "package",
+        "promote",
         "qat",
+        "register",
         "serving_image",
         "train",
         "validate",
     ]
     by_step = {c.data.tags["step"]: c for c in children}
+    # each step run carries its step's own times (dvc repro runs every stage via Step.call;
+    # the stages the second repro skipped keep the first one's, as their manifests do)
+    from datetime import datetime
+
+    def ms(iso: str) -> int:
+        return round(datetime.fromisoformat(iso).timestamp() * 1000)
+
+    for step in STAGES[: STAGES.index("track")]:
+        manifest = json.loads((repo / "outputs" / step / "manifest.json").read_text())
+        run = by_step[step]
+        assert run.info.start_time == ms(manifest["started_at"]), step
+        assert run.info.end_time == ms(manifest["finished_at"]), step
+    assert parent.info.start_time <= min(c.info.start_time for c in children)
+    assert parent.info.end_time == by_step["promote"].info.end_time
+    assert by_step["promote"].data.tags["promoted"] in ("true", "false")
+    assert by_step["register"].data.tags["blessing_reasons"]
     assert by_step["validate"].data.metrics["success"] == 1.0
     assert by_step["qat"].data.tags["machine.cpu"] == here["cpu_model"]
     # the QAT gate's paired counts on val reach MLflow
@@ -220,7 +240,7 @@ def test_mlflow_run_holds_params_metrics_curves_and_artifacts(repo, tmp_path):
     assert {"gate_worse", "gate_better", "gate_p_value", "gate_samples"} <= set(qat_metrics)
     # the second run was blessed against the champion on test and on the pinned holdout
     for data in ("test", "holdout"):
-        assert 0.0 <= parent.data.metrics[f"blessing.{data}.p_value"] <= 1.0
+        assert 0.0 <= by_step["register"].data.metrics[f"blessing.{data}.p_value"] <= 1.0
 
     def files(run_id: str, path: str = "") -> set[str]:
         out = set()

@@ -40,9 +40,10 @@ LINEAGE = {
     "params_sha256": "c" * 64,
     "ge_success": "true",
     "qat_gate_passed": "true",
-    "serving_image": "paddle-mlops/digits-server:0123456789ab",
+    "serving_image_context_sha256": "d" * 64,
     "infra_validated": "true",
 }
+IMAGE = "paddle-mlops/digits-server:dddddddddddd"  # a build of that context would be pushed as
 
 
 @pytest.fixture(scope="module")
@@ -132,7 +133,7 @@ def register(
         tracking_uri=server,
     )
     # what serving_image leaves: the validated image, not built on this machine
-    write_json(tmp_path / "infra" / "infra.json", {"image": tags["serving_image"], "built": False})
+    write_json(tmp_path / "infra" / "infra.json", {"image": IMAGE, "built": False})
     promoted = promote_run(
         PromoteParams(auto_promote=auto_promote),
         tmp_path / "out",

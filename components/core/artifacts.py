@@ -7,6 +7,7 @@ previous complete output or nothing, never a half-written file that looks comple
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import hashlib
 import json
 import os
@@ -16,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
@@ -265,6 +267,31 @@ def machine_tags(info: Mapping[str, Any] | None = None) -> dict[str, str]:
     }
 
 
+# when the step running in this context started (epoch seconds): Step.call sets it, so every
+# manifest a step writes says when the step's work began (``started_at``), not only when it
+# ended; MLflow's step runs carry these times (the track step)
+_STEP_STARTED: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "step_started", default=None
+)
+
+
+@contextlib.contextmanager
+def step_clock(now: float | None = None) -> Iterator[float]:
+    """The step's work starts now (or at ``now``, epoch seconds) for the manifests written
+    inside the block (:func:`write_manifest`'s ``started_at``)."""
+    started = time.time() if now is None else now
+    token = _STEP_STARTED.set(started)
+    try:
+        yield started
+    finally:
+        _STEP_STARTED.reset(token)
+
+
+def iso_ms(epoch_s: float) -> str:
+    """``epoch_s`` as an ISO 8601 UTC timestamp with milliseconds."""
+    return datetime.fromtimestamp(epoch_s, UTC).isoformat(timespec="milliseconds")
+
+
 def write_manifest(
     out_dir: str | os.PathLike[str],
     step: str,
@@ -274,10 +301,16 @@ def write_manifest(
     params: Mapping[str, Any],
     extra: Mapping[str, Any] | None = None,
 ) -> Path:
-    """Write ``manifest.json``: what a step consumed, produced, with which params and code."""
+    """Write ``manifest.json``: what a step consumed, produced, with which params and code,
+    and when: ``started_at`` (when run through :class:`components.kernel.step.Step`, which
+    starts the :func:`step_clock`) and ``finished_at`` (now), ISO 8601 UTC with milliseconds."""
+    finished = time.time()
+    started = _STEP_STARTED.get()
     manifest = {
         "step": step,
-        "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "created_at": datetime.fromtimestamp(finished, UTC).isoformat(timespec="seconds"),
+        **({"started_at": iso_ms(started)} if started is not None else {}),
+        "finished_at": iso_ms(finished),
         "inputs": {k: _hash_entry(v) for k, v in inputs.items()},
         "outputs": {k: _hash_entry(v, relative_to=out_dir) for k, v in outputs.items()},
         "params": dict(params),

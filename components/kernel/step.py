@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from components.core.artifacts import StepError
+from components.core.artifacts import StepError, step_clock
 from components.core.config import params_source, section
 from components.tasks import task_from_params
 
@@ -157,7 +157,8 @@ class Step:
             kwargs[port.arg] = Path(paths[port.name])
         for value in self.values:
             kwargs[value.arg] = (values or {}).get(value.name, value.default)
-        return self.run(**kwargs)
+        with step_clock():  # the manifests it writes say when its work started
+            return self.run(**kwargs)
 
     # ------------------------------------------------------------------ CLI
 

@@ -18,7 +18,9 @@ happened and succeeds (the pipeline worked; the model was not good enough). For 
    the champion the blessing judged: if another run promoted meanwhile, this one fails rather
    than overwrite a model it was never compared with). Deployments follow the alias.
 
-``promotion.json`` records what was done.
+``promotion.json`` records what was done, and so does the ``promote`` run nested under the
+pipeline run (tags ``promoted``, ``decision``, the version and the image; the file as an
+artifact), whether or not the version was promoted.
 """
 
 from __future__ import annotations
@@ -27,13 +29,21 @@ import logging
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from components.core.artifacts import StepError, read_json, write_json
 from components.kernel.step import In, Out, Step, Value
 from components.kube.images import image_repository, push_image
 from components.kube.signatures import CYCLONEDX, attach, attach_attestation, sign_image
 from components.tracking.provenance import SBOM, SLSA, sign_version
-from components.tracking.registry import ChampionChanged, Registry, RegistryParams, tracking_uri
+from components.tracking.registry import (
+    TAG_LIMIT,
+    ChampionChanged,
+    Registry,
+    RegistryParams,
+    step_run,
+    tracking_uri,
+)
 from components.tracking.registry import client as mlflow_client
 from components.tracking.signing import signing_key
 
@@ -58,6 +68,7 @@ class PromoteResult:
     not_promoted: str = ""  # why a blessed version was not promoted (a racing promotion won)
     signed_by: str = ""  # the signing key's id (bundle, provenance and a pushed image)
     image_signature: str = ""  # the registry tag of the image's signature (sha256-<hex>.sig)
+    decision: str = ""  # what was done and why, one line (the promote run's tag)
 
 
 def run(
@@ -71,6 +82,64 @@ def run(
 ) -> PromoteResult:
     registration_dir, infra_dir, out_dir = Path(registration_dir), Path(infra_dir), Path(out_dir)
     info = read_json(registration_dir / "registration.json")
+    # the environment's URI (it may hold credentials); registration.json's is redacted
+    uri = os.environ.get("MLFLOW_TRACKING_URI") or str(info.get("tracking_uri") or "")
+    if "***" in uri:
+        raise StepError(
+            f"{registration_dir / 'registration.json'}: field 'tracking_uri' {uri} is "
+            "redacted (it held credentials); set MLFLOW_TRACKING_URI (credentials in "
+            "MLFLOW_TRACKING_USERNAME/PASSWORD)"
+        )
+    client = mlflow_client(uri or None)
+    # the pipeline run register was given (older registration.json: the version's run)
+    parent = str(info.get("pipeline_run_id") or info.get("version_run_id") or "")
+    if not parent:
+        raise StepError(
+            f"{registration_dir / 'registration.json'}: no field 'pipeline_run_id' or "
+            "'version_run_id' (the MLflow run to record the promotion under); run register again"
+        )
+    name, version = str(info["model"]), int(info["version"])
+    tags = {"registered_model": name, "model_version": str(version)}
+    with step_run(client, parent, "promote", tags) as step_id:
+        result = _promote(
+            params, info, registration_dir, infra_dir, uri, client, registry_params, image_digest
+        )
+        write_json(out_dir / "promotion.json", asdict(result))
+        client.log_batch(
+            step_id,
+            tags=[
+                _tag(k, v)
+                for k, v in {
+                    "blessed": str(result.blessed).lower(),
+                    "promoted": str(result.promoted).lower(),
+                    "decision": result.decision[:TAG_LIMIT],
+                    "pushed": str(result.pushed).lower(),
+                    "serving_image_digest": result.image_digest or "",
+                    "signed_by": result.signed_by,
+                }.items()
+                if v
+            ],
+        )
+        client.log_artifact(step_id, str(out_dir / "promotion.json"))
+    return result
+
+
+def _tag(key: str, value: str) -> Any:
+    from mlflow.entities import RunTag
+
+    return RunTag(key, value)
+
+
+def _promote(
+    params: PromoteParams,
+    info: dict,
+    registration_dir: Path,
+    infra_dir: Path,
+    uri: str,
+    client: Any,
+    registry_params: RegistryParams | None,
+    image_digest: str,
+) -> PromoteResult:
     infra = read_json(infra_dir / "infra.json")
     name, version = str(info["model"]), int(info["version"])
     digest, pushed, promoted = image_digest.strip() or None, False, False
@@ -78,16 +147,11 @@ def run(
     not_promoted = ""  # why a blessed version was not promoted
     if not info["blessed"]:
         log.warning("%s v%d was not blessed: no push, no promotion", name, version)
+        decision = (
+            f"not promoted: v{version} was not blessed ({_blessing_reasons(registration_dir)})"
+        )
     else:
-        # the environment's URI (it may hold credentials); registration.json's is redacted
-        uri = os.environ.get("MLFLOW_TRACKING_URI") or str(info.get("tracking_uri") or "")
-        if "***" in uri:
-            raise StepError(
-                f"{registration_dir / 'registration.json'}: field 'tracking_uri' {uri} is "
-                "redacted (it held credentials); set MLFLOW_TRACKING_URI (credentials in "
-                "MLFLOW_TRACKING_USERNAME/PASSWORD)"
-            )
-        registry = Registry(mlflow_client(uri or None), name, registry_params or RegistryParams())
+        registry = Registry(client, name, registry_params or RegistryParams())
         if digest is None and params.push:
             if not infra.get("built"):
                 raise StepError(
@@ -98,24 +162,47 @@ def run(
             digest, pushed = push_image(str(infra["builder"]), str(infra["image"])), True
             log.info("pushed %s (%s)", infra["image"], digest)
         if digest:
-            for tag, value in (("serving_image_digest", digest), ("serving_image_built", "true")):
+            # the image exists now, wherever it was built: the version names it, with its
+            # digest, and no longer says it was not built
+            for tag, value in (
+                ("serving_image", str(infra["image"])),
+                ("serving_image_digest", digest),
+                ("serving_image_built", "true"),
+            ):
                 registry.client.set_model_version_tag(name, str(version), tag, value)
+            if "serving_image_not_built" in registry.version(version).tags:
+                registry.client.delete_model_version_tag(
+                    name, str(version), "serving_image_not_built"
+                )
         sbom = infra_dir / SBOM if (infra_dir / SBOM).is_file() else None
         signed_by, image_signature = _sign(
             registry, uri or tracking_uri(), version, infra, sbom, digest
         )
         if params.auto_promote:
             try:
-                registry.promote(
+                event = registry.promote(
                     version,
                     reason="blessed by the pipeline",
                     expected_champion=info.get("judged_against"),
                 )
                 promoted = True
+                was = event.get("previous")
+                decision = (
+                    f"v{version} already is the champion"
+                    if event.get("action") == "noop"
+                    else f"promoted: v{version} is the champion"
+                    + (f" (was v{was})" if was else " (the first)")
+                )
             except ChampionChanged as exc:  # a racing pipeline won: its champion stands
                 log.warning("%s; v%d stays the challenger, not promoted", exc, version)
                 not_promoted = str(exc)
-    result = PromoteResult(
+                decision = f"blessed, not promoted: {exc}"
+        else:
+            decision = (
+                f"blessed, not promoted: promote.auto_promote is false (promote it with "
+                f"`paddle-mlops registry promote --version {version}`)"
+            )
+    return PromoteResult(
         name,
         version,
         bool(info["blessed"]),
@@ -126,9 +213,16 @@ def run(
         not_promoted,
         signed_by,
         image_signature,
+        decision,
     )
-    write_json(out_dir / "promotion.json", asdict(result))
-    return result
+
+
+def _blessing_reasons(registration_dir: Path) -> str:
+    """The failed rules register recorded (``blessing.json``), one line."""
+    blessing = registration_dir / "blessing.json"
+    if not blessing.is_file():
+        return f"no {blessing}"
+    return "; ".join(read_json(blessing).get("reasons") or []) or "no reason recorded"
 
 
 def _sign(

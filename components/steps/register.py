@@ -86,6 +86,7 @@ from components.tracking.registry import (
     log_training_keys,
     model_name,
     set_alias,
+    step_run,
 )
 from components.tracking.registry import client as mlflow_client
 
@@ -94,8 +95,10 @@ log = logging.getLogger(__name__)
 # copied when present: the local image id, the component image the steps ran in, and what
 # the served files compute (components.tracking.model.SERVED_TAG)
 _EXTRA_TAGS = (
+    "serving_image",  # only when an image was built (track's serving_image_tags)
     "serving_image_id",
     "serving_image_built",
+    "serving_image_not_built",
     "component_image",
     "retrain_reason",  # the monitor alarm that started the run (track, RETRAIN_REASON_ENV)
     "served_sha256",
@@ -151,6 +154,12 @@ class Blessing:
     task_rules: dict[str, Any] = field(default_factory=dict)
     # the holdout leak check and the samples left out of the champion's scores (Integrity)
     integrity: dict[str, Any] = field(default_factory=dict)
+    # every rule the challenger met, one line each (``reasons`` are the ones it failed)
+    passed: list[str] = field(default_factory=list)
+
+    def why(self) -> list[str]:
+        """The reasons for the decision: the failed rules when refused, else the met ones."""
+        return list(self.reasons) if not self.blessed else list(self.passed)
 
 
 @dataclass
@@ -227,13 +236,18 @@ def bless(
     cannot be scored on samples it did not train on).
     """
     integrity = integrity or Integrity()
-    reasons = []
+    reasons: list[str] = []
+    passed: list[str] = []
     missing = [t for t in LINEAGE_TAGS if not lineage.get(t)]
     if missing:
         reasons.append(f"lineage tags missing: {', '.join(missing)}")
+    else:
+        passed.append(f"lineage complete ({len(LINEAGE_TAGS)} tags)")
     acc = challenger["accuracy"]
     if acc < params.min_accuracy:
         reasons.append(f"{outcome} {acc:.4f} is below register.min_accuracy {params.min_accuracy}")
+    else:
+        passed.append(f"{outcome} {acc:.4f} >= register.min_accuracy {params.min_accuracy}")
     baseline = challenger.get("baseline_accuracy")
     if params.require_beats_baseline:
         if baseline is None:
@@ -246,7 +260,13 @@ def bless(
                 f"accuracy {acc:.4f} does not beat the baseline's {baseline:.4f} on the same "
                 "samples (register.require_beats_baseline)"
             )
+        else:
+            passed.append(f"accuracy {acc:.4f} beats the baseline's {baseline:.4f}")
     reasons += integrity.failures
+    if not integrity.failures:
+        passed.append(f"holdout leak check: {integrity.leak_tag()}")
+    if champion is None:
+        passed.append("no champion yet: nothing to regress against")
     comparisons: dict[str, Any] = {}
     if champion is not None:
         if champion.get("inputs") != challenger.get("inputs"):
@@ -274,7 +294,19 @@ def bless(
                 )
                 reasons += verdict.failures
                 comparisons[data] = {**comparison, "rules": verdict.rules, "passed": verdict.passed}
-            reasons += list((task_rules or {}).get("failures", []))
+                if verdict.passed:
+                    o = comparison["overall"]
+                    passed.append(
+                        f"no significant regression vs champion v{champion['version']} on "
+                        f"{where}: {o['worse']} worse, {o['better']} better of {o['samples']}, "
+                        f"drop {o['drop_points']:.2f} points, McNemar p={o['p_value']:.3g} "
+                        f"(register.max_regression {params.max_regression}, "
+                        f"register.alpha {params.alpha})"
+                    )
+            task_failures = list((task_rules or {}).get("failures", []))
+            reasons += task_failures
+            if task_rules and not task_failures:
+                passed.append(f"the {outcome} task's own rules vs the champion hold")
     return Blessing(
         not reasons,
         reasons,
@@ -283,6 +315,7 @@ def bless(
         comparisons,
         dict(task_rules or {}),
         asdict(integrity),
+        passed,
     )
 
 
@@ -787,11 +820,13 @@ def compare_with_champion(
 
 
 def record_blessing(client: Any, name: str, version: int, run_id: str, blessing: Blessing) -> None:
-    """The decision on the version (tags) and on the run (metrics ``blessing.<data>.*``)."""
-    client.set_model_version_tag(name, str(version), "blessed", str(blessing.blessed).lower())
-    client.set_model_version_tag(
-        name, str(version), "blessing_reasons", "; ".join(blessing.reasons)[:TAG_LIMIT]
-    )
+    """The decision on the version (tags ``blessed``, ``blessing_reasons``: the failed rules
+    when refused, the met ones when blessed) and on ``run_id``, register's run (the same tags,
+    metrics ``blessing.<data>.*``)."""
+    why = "; ".join(blessing.why())[:TAG_LIMIT]
+    for tag, value in (("blessed", str(blessing.blessed).lower()), ("blessing_reasons", why)):
+        client.set_model_version_tag(name, str(version), tag, value)
+        client.set_tag(run_id, tag, value)
     integrity = Integrity(**blessing.integrity) if blessing.integrity else Integrity()
     client.set_model_version_tag(name, str(version), "holdout_leak_check", integrity.leak_tag())
     if integrity.exclusions:
@@ -858,6 +893,41 @@ def run(
     registry = Registry(client, name, registry_params)
     mlrun = client.get_run(run_info["run_id"])
     run_id = mlrun.info.run_id
+    with step_run(client, run_id, "register", {"registered_model": name}) as step_id:
+        result = _register(
+            params,
+            task,
+            client,
+            uri,
+            registry,
+            run_info,
+            run_file,
+            mlrun,
+            data_dir,
+            out_dir,
+            step_id,
+        )
+        client.set_tag(step_id, "model_version", str(result.version))
+        client.log_artifact(step_id, str(out_dir / "blessing.json"))
+    return result
+
+
+def _register(
+    params: RegisterParams,
+    task: Task,
+    client: Any,
+    uri: str,
+    registry: Registry,
+    run_info: dict[str, Any],
+    run_file: Path,
+    mlrun: Any,
+    data_dir: Path,
+    out_dir: Path,
+    step_id: str,
+) -> RegisterResult:
+    """:func:`run`'s work inside register's own run ``step_id``."""
+    name, run_id = registry.name, mlrun.info.run_id
+    registry_params = registry.params
     model = logged_model(client, run_info, run_file)
     lineage = {t: mlrun.data.tags.get(t, "") for t in LINEAGE_TAGS + _EXTRA_TAGS}
     data_snapshot = snapshot.load(data_dir).sha256
@@ -943,12 +1013,11 @@ def run(
         outcome=task.outcome,
         integrity=integrity,
     )
-    record_blessing(client, name, version, run_id, blessing)
+    record_blessing(client, name, version, step_id, blessing)
     write_json(
         out_dir / "blessing.json",
         {"model": name, "version": version, **asdict(blessing), "params": asdict(params)},
     )
-    client.log_artifact(run_id, str(out_dir / "blessing.json"))
     if blessing.blessed:
         log.info(
             "%s v%d blessed (%s %.4f%s)",
@@ -975,6 +1044,8 @@ def run(
             "blessed": blessing.blessed,
             # the champion the blessing judged against: promote refuses if it moved since
             "judged_against": champion["version"] if champion else None,
+            # the pipeline run register was given (promote nests its own run under it)
+            "pipeline_run_id": run_id,
             "tracking_uri": redact_uri(uri),
             "model_id": registered.model_id or model.model_id,
             "version_run_id": registered.run_id,

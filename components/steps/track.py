@@ -1,15 +1,22 @@
 """track: record one pipeline execution as one MLflow run, with a nested run per step.
 
 Runs after evaluate and reads only the files the steps wrote, so the steps stay free of
-MLflow. The parent run carries every parameter of ``params.yaml`` (flattened), the headline
-metrics, the per-epoch training curves (``step`` = epoch), the tags ``git_sha``,
-``data_sha256`` (of the raw inputs), ``snapshot_sha256`` (of the ingested snapshot's
-``snapshot.json``), ``params_sha256``, ``task`` and ``bundle_sha256``, and
-the packaged serving bundle as an MLflow model (an MLflow 3 LoggedModel named ``model``, a
-``pyfunc`` with a signature and an input example from the test split:
-:mod:`components.tracking.model`); the headline test metrics are linked to that model. Each
-nested run (ingest ... evaluate, serving_image) carries that step's manifest, outputs such as
-the Great Expectations result and Data Docs, and metrics.
+MLflow. The experiment is tagged ``mlflow.experimentKind`` = ``custom_model_development``
+(MLflow 3: a model-training experiment, not a GenAI one). The parent run carries every
+parameter of ``params.yaml`` (flattened), the per-epoch training curves (``training/<key>``
+with ``step`` = epoch: the first section of charts in the UI), the headline metrics
+(``test.*``, a few of ``qat.*`` and ``train.*``; every other summary value is a metric of
+its step's nested run), the tags ``git_sha``, ``data_sha256`` (of the raw inputs),
+``snapshot_sha256`` (of the ingested snapshot's ``snapshot.json``), ``params_sha256``, ``task``,
+``bundle_sha256`` and the serving image's (:func:`serving_image_tags`), and the packaged
+serving bundle as an MLflow model (an MLflow 3 LoggedModel named ``model``, a ``pyfunc`` with
+a signature and an input example from the test split: :mod:`components.tracking.model`); the
+headline test metrics are linked to that model. Each nested run (ingest ... evaluate,
+serving_image) carries that step's manifest, outputs such as the Great Expectations result
+and Data Docs, and metrics. Every run carries the times its step recorded (the manifest's
+``started_at`` and ``finished_at``: :func:`components.core.artifacts.write_manifest`), not
+the time track took to log it; the parent run starts when the earliest of its steps started
+and ends when track ends (``register`` and ``promote`` add their nested runs and extend it).
 
 Tracking URI: ``MLFLOW_TRACKING_URI`` if set, else ``sqlite:///mlflow.db`` in the working
 directory (no server needed). ``run.json`` in the output directory names the run and the
@@ -24,8 +31,10 @@ import json
 import logging
 import os
 import re
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -59,8 +68,11 @@ from components.tracking.model import (
     served_sha256,
 )
 from components.tracking.registry import (
+    CURVE_PREFIX,
+    UI_WORKFLOW,
     TrackingRetry,
     global_tracking_uri,
+    set_experiment_kind,
     tracking_uri,
     use_experiment,
 )
@@ -181,13 +193,6 @@ def _machine_tags(manifest: Mapping[str, Any]) -> dict[str, str]:
     }
 
 
-def _log_dir(mlflow_mod: Any, path: Path, artifact_path: str | None = None) -> None:
-    if path.is_dir():
-        mlflow_mod.log_artifacts(str(path), artifact_path)
-    elif path.is_file():
-        mlflow_mod.log_artifact(str(path), artifact_path)
-
-
 def lineage_tags(
     all_params: Mapping[str, Any],
     outputs: StepOutputs,
@@ -209,10 +214,7 @@ def lineage_tags(
         "amp_effective": str(metrics["train"].get("amp_effective")),
         "ge_success": str(bool(metrics["validate"]["success"])).lower(),
         "qat_gate_passed": str(bool(metrics["qat"]["gate_passed"])).lower(),
-        "serving_image": str(infra.get("image") or ""),
-        # the local build's image id; the registry digest is promote's (after a push)
-        "serving_image_id": str(infra.get("image_id") or ""),
-        "serving_image_built": str(bool(infra.get("built"))).lower(),
+        **serving_image_tags(infra, manifests["serving_image"]),
         "infra_validated": str(bool(infra.get("infra_validated"))).lower(),
         # the served files, byte for byte (the registered version's tag; the blessing checks it)
         BUNDLE_TAG: bundle_sha256(outputs.bundle),
@@ -223,6 +225,42 @@ def lineage_tags(
         # the container image (reference@id) the steps ran in, when an orchestrator says so
         **({"component_image": image} if (image := os.environ.get("PADDLE_MLOPS_IMAGE")) else {}),
     }
+
+
+def serving_image_tags(infra: Mapping[str, Any], manifest: Mapping[str, Any]) -> dict[str, str]:
+    """What the serving_image step left, as tags that never contradict each other: an image
+    is named (``serving_image``, ``serving_image_id``) only when one was built here
+    (``serving_image_built`` ``true``); otherwise ``serving_image_not_built`` says why and
+    which reference a build of the context would be pushed as (promote names the image once
+    it has a digest). ``serving_image_context_sha256``, what any build of it is made from, is
+    always there (lineage)."""
+    built = bool(infra.get("built")) and bool(infra.get("image"))
+    context = str(infra.get("context_sha256") or manifest.get("context_sha256") or "")
+    tags = {"serving_image_context_sha256": context, "serving_image_built": str(built).lower()}
+    if built:
+        tags["serving_image"] = str(infra["image"])
+        if infra.get("image_id"):  # the local build's id; the registry digest is promote's
+            tags["serving_image_id"] = str(infra["image_id"])
+    else:
+        why = str(infra.get("builder_note") or "no image builder on this machine")
+        tags["serving_image_not_built"] = (
+            f"{why}; the build context is ready"
+            + (f" (to be pushed as {infra['image']})" if infra.get("image") else "")
+        )[:5000]
+    return tags
+
+
+# the headline values of the parent run's charts, besides the test metrics and the curves
+# (each step's nested run has all of its own)
+HEADLINE_METRICS = (
+    "train.best_val_accuracy",
+    "train.samples_per_second",
+    "qat.accuracy",
+    "qat.accuracy_drop",
+    "qat.size_ratio",
+    "qat.latency_ratio_b1",
+    "qat.latency_ratio_b64",
+)
 
 
 def step_metrics(outputs: StepOutputs) -> dict[str, dict[str, Any]]:
@@ -250,10 +288,34 @@ def step_metrics(outputs: StepOutputs) -> dict[str, dict[str, Any]]:
     }
 
 
-def _log_epochs(mlflow_mod: Any, history: list[dict[str, Any]]) -> None:
-    for row in history:
-        metrics = {k: float(v) for k, v in row.items() if k != "epoch"}
-        mlflow_mod.log_metrics(metrics, step=int(row["epoch"]))
+def epoch_metrics(history: list[dict[str, Any]], timestamp_ms: int) -> list[Any]:
+    """The per-epoch history (train's ``history.json``) as MLflow metrics
+    ``training/<key>`` with ``step`` = epoch: one curve per key."""
+    from mlflow.entities import Metric
+
+    return [
+        Metric(f"{CURVE_PREFIX}{k}", float(v), timestamp_ms, int(row["epoch"]))
+        for row in history
+        for k, v in row.items()
+        if k != "epoch" and isinstance(v, int | float) and not isinstance(v, bool)
+    ]
+
+
+def step_times(manifest: Mapping[str, Any]) -> tuple[int, int] | None:
+    """(start, end) of a step in epoch milliseconds, as its manifest recorded them; None
+    when it recorded no start (made outside :class:`components.kernel.step.Step`)."""
+    if not manifest.get("started_at") or not manifest.get("finished_at"):
+        return None
+    return _ms(manifest["started_at"]), _ms(manifest["finished_at"])
+
+
+def _ms(iso: str) -> int:
+    return int(round(datetime.fromisoformat(iso).timestamp() * 1000))
+
+
+def _ended_ms(manifest: Mapping[str, Any]) -> int | None:
+    stamp = manifest.get("finished_at") or manifest.get("created_at")
+    return _ms(stamp) if stamp else None
 
 
 def close_dead_runs(client: Any, experiment_id: str, stale_after_s: float, closer: str) -> list:
@@ -326,6 +388,74 @@ def _closed_on_failure(client: Any, run_id: str) -> Iterator[None]:
         raise
 
 
+def ui_path(experiment_id: str, run_id: str = "") -> str:
+    """The MLflow UI's path (after ``http://HOST:PORT/``) of the experiment's training runs,
+    or of run ``run_id``: the ``workflowType=machine_learning`` query makes MLflow 3's UI
+    show runs and models rather than its GenAI overview (the UI decides by that query, not by
+    the experiment's kind tag)."""
+    where = f"#/experiments/{experiment_id}" + (f"/runs/{run_id}" if run_id else "")
+    return f"{where}?workflowType={UI_WORKFLOW}"
+
+
+def _log_step_run(
+    client: Any,
+    experiment_id: str,
+    parent_id: str,
+    step: str,
+    tags: Mapping[str, str],
+    manifest: Mapping[str, Any],
+    section_params: Any,
+    step_values: Mapping[str, Any],
+    history: list[dict[str, Any]],
+    files: list[tuple[Path, str | None]],
+) -> str:
+    """The nested run of ``step``: its params, metrics, curves and files, started and ended
+    when the step's manifest says the step did (``step_timing`` says when it recorded no
+    start: then the run starts and ends when the step finished)."""
+    from mlflow.entities import Param
+
+    span = step_times(manifest)
+    ended = span[1] if span else _ended_ms(manifest)
+    step_tags = {**tags, "step": step, "mlflow.parentRunId": parent_id}
+    if span is None:
+        step_tags["step_timing"] = (
+            f"not recorded: the {step} manifest has no started_at (the step ran outside "
+            "paddle-mlops' step runner); the run shows when it finished"
+        )
+    run_id = client.create_run(
+        experiment_id,
+        start_time=span[0] if span else ended,
+        tags=step_tags,
+        run_name=step,
+    ).info.run_id
+    with _closed_on_failure(client, run_id):
+        if isinstance(section_params, Mapping) and section_params:
+            client.log_batch(
+                run_id,
+                params=[Param(k, str(v)[:6000]) for k, v in flatten(section_params)],
+            )
+        values = _numeric(step_values, "")
+        stamp = ended or int(time.time() * 1000)
+        client.log_batch(
+            run_id,
+            metrics=[_metric(k, v, stamp) for k, v in values.items()]
+            + epoch_metrics(history, stamp),
+        )
+        for path, artifact_path in files:
+            if path.is_dir():
+                client.log_artifacts(run_id, str(path), artifact_path)
+            elif path.is_file():
+                client.log_artifact(run_id, str(path), artifact_path)
+        client.set_terminated(run_id, "FINISHED", end_time=ended)
+    return run_id
+
+
+def _metric(key: str, value: float, timestamp_ms: int) -> Any:
+    from mlflow.entities import Metric
+
+    return Metric(key, value, timestamp_ms, 0)
+
+
 def run(
     params: TrackParams,
     all_params: Mapping[str, Any],
@@ -379,8 +509,16 @@ def _run(
     # dvc repro: the environment the monitor set)
     if why := (retrain_reason or os.environ.get(RETRAIN_REASON_ENV, "")):
         tags["retrain_reason"] = why[:4000]
+    set_experiment_kind(client, experiment_id)
+    # the pipeline run spans its steps' runs: from the earliest start (a step that recorded
+    # none: its end, as its run shows)
+    starts = [(span[0] if (span := step_times(m)) else _ended_ms(m)) for m in manifests.values()]
+    started = [t for t in starts if t is not None]
+    created = client.create_run(
+        experiment_id, start_time=min(started) if started else None, tags=tags, run_name=run_name
+    )
     with (
-        mlflow.start_run(run_name=run_name, tags=tags) as parent,
+        mlflow.start_run(run_id=created.info.run_id) as parent,
         _closed_on_failure(client, parent.info.run_id),
     ):
         flat = {k: str(v) for k, v in flatten(all_params)}
@@ -398,14 +536,13 @@ def _run(
                 f"run tag {BUNDLE_TAG} {tags[BUNDLE_TAG][:12]}); run the pipeline again"
             )
         mlflow.log_metrics(_numeric(metrics["evaluate"], "test."), model_id=logged.model_id)
-        mlflow.log_metrics(
-            {
-                **_numeric(metrics["train"], "train."),
-                **_numeric(metrics["qat"], "qat."),
-                "ge_success": metrics["validate"]["success"],
-            }
-        )
-        _log_epochs(mlflow, history)
+        summary = {
+            **_numeric(metrics["train"], "train."),
+            **_numeric(metrics["qat"], "qat."),
+        }
+        mlflow.log_metrics({k: summary[k] for k in HEADLINE_METRICS if k in summary})
+        curves_at = _ended_ms(manifests["train"]) or int(time.time() * 1000)
+        client.log_batch(parent.info.run_id, metrics=epoch_metrics(history, curves_at))
         for name, plot in (("train", outputs.train_plots), ("confusion", outputs.confusion)):
             mlflow.log_text(plot.read_text(encoding="utf-8"), f"plots/{name}.csv")
         for step, file in (
@@ -416,20 +553,18 @@ def _run(
             mlflow.log_dict(read_json(file), f"metrics/{step}.json")
         for step, files in outputs.step_files().items():
             failpoints.hit("track.mid_upload", f"before the {step} run's artifacts")
-            step_tags = {**tags, **_machine_tags(manifests.get(step, {})), "step": step}
-            with (
-                mlflow.start_run(run_name=step, nested=True, tags=step_tags) as nested,
-                _closed_on_failure(client, nested.info.run_id),
-            ):
-                section_params = all_params.get(step, {})
-                if isinstance(section_params, Mapping) and section_params:
-                    mlflow.log_params({k: str(v)[:6000] for k, v in flatten(section_params)})
-                if _numeric(metrics.get(step, {}), ""):
-                    mlflow.log_metrics(_numeric(metrics[step], ""))
-                if step == "train":
-                    _log_epochs(mlflow, history)
-                for path, artifact_path in files:
-                    _log_dir(mlflow, path, artifact_path)
+            _log_step_run(
+                client,
+                experiment_id,
+                parent.info.run_id,
+                step,
+                {**tags, **_machine_tags(manifests.get(step, {}))},
+                manifests.get(step, {}),
+                all_params.get(step, {}),
+                metrics.get(step, {}),
+                history if step == "train" else [],
+                files,
+            )
         result = TrackResult(
             parent.info.run_id,
             parent.info.experiment_id,
@@ -450,6 +585,10 @@ def _run(
             "model_id": result.model_id,
             "model_uri": result.model_uri,
             BUNDLE_TAG: result.bundle_sha256,
+            # the run in the MLflow UI, after its base URL (MLflow 3.17's UI opens an
+            # experiment by the workflow type in its URL, GenAI unless it says otherwise)
+            "ui_path": ui_path(result.experiment_id, result.run_id),
+            "experiment_ui_path": ui_path(result.experiment_id),
             "tags": tags,
         },
     )

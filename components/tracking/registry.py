@@ -31,7 +31,7 @@ from components.faults import failpoints
 from components.kernel.cli import run_cli
 from components.ml import snapshot
 from components.tasks import task_from_params
-from components.tracking.liveness import dead_owner, owner_tags
+from components.tracking.liveness import FAILURE_TAG, PIPELINE_RUN_TAG, dead_owner, owner_tags
 from components.tracking.model import BUNDLE_TAG, bundle_dir, bundle_sha256
 
 log = logging.getLogger(__name__)
@@ -45,11 +45,23 @@ LINEAGE_TAGS = (
     "params_sha256",
     "ge_success",
     "qat_gate_passed",
-    "serving_image",
+    # what the serving image is built from (the image itself is named once one exists:
+    # serving_image, set by track for a local build and by promote with the pushed digest)
+    "serving_image_context_sha256",
     "infra_validated",
     "bundle_sha256",  # components.tracking.model.BUNDLE_TAG: the served files, byte for byte
 )
 TAG_LIMIT = 5000
+# MLflow 3's experiment type: a model-training experiment (runs, charts, models), not a GenAI
+# one (traces); the UI's "Machine learning" kind
+EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_development"
+# ... which MLflow 3.17's UI shows only with ?workflowType=machine_learning in its URL (it
+# lands on the GenAI overview otherwise, whatever the tag says)
+UI_WORKFLOW = "machine_learning"
+# the per-epoch curves of a run: metrics ``training/<key>`` with step = epoch (the UI puts a
+# prefixed section before the unprefixed metrics)
+CURVE_PREFIX = "training/"
+STEP_TAG = "step"  # the pipeline step a nested run records
 
 
 # a concurrent first write of the same alias: MLflow's SQL store reads, then inserts, so two
@@ -153,6 +165,60 @@ def use_experiment(name: str) -> Any:
 
     experiment = mlflow.set_experiment(name)
     return mlflow.set_experiment(experiment_id=experiment.experiment_id)
+
+
+def set_experiment_kind(client: Any, experiment_id: str) -> None:
+    """Tag the experiment a model-training one (:data:`EXPERIMENT_KIND`) unless it already
+    has a kind (a user's choice in the UI stands)."""
+    experiment = client.get_experiment(experiment_id)
+    if not experiment.tags.get(EXPERIMENT_KIND_TAG):
+        client.set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
+
+
+@contextlib.contextmanager
+def step_run(
+    client: Any, parent_run_id: str, step: str, tags: dict[str, str] | None = None
+) -> Iterator[str]:
+    """A run of ``step`` nested under the pipeline run ``parent_run_id`` (the run track
+    made), started now and ended when the block ends: FINISHED, or FAILED (KILLED for an
+    interrupt) with ``failure_reason``. The pipeline run's end time moves to this run's end,
+    so its duration covers the steps that came after track (register, promote); a parent
+    that did not finish keeps its status and end."""
+    from mlflow.entities import RunStatus
+
+    parent = client.get_run(parent_run_id)
+    inherited = {
+        k: v
+        for k, v in parent.data.tags.items()
+        if k in (PIPELINE_RUN_TAG, "task", "git_sha", "params_sha256")
+    }
+    run = client.create_run(
+        parent.info.experiment_id,
+        tags={
+            **inherited,
+            **owner_tags(),
+            **(tags or {}),
+            STEP_TAG: step,
+            "mlflow.parentRunId": parent_run_id,
+        },
+        run_name=step,
+    )
+    run_id = run.info.run_id
+    try:
+        yield run_id
+    except BaseException as exc:
+        status = "KILLED" if isinstance(exc, KeyboardInterrupt | SystemExit) else "FAILED"
+        with contextlib.suppress(Exception):
+            client.set_tag(run_id, FAILURE_TAG, f"{type(exc).__name__}: {exc}".strip()[:500])
+            client.set_terminated(run_id, status)
+        raise
+    client.set_terminated(run_id, "FINISHED")
+    ended = client.get_run(run_id).info.end_time
+    parent = client.get_run(parent_run_id)
+    if parent.info.status == RunStatus.to_string(RunStatus.FINISHED) and ended > (
+        parent.info.end_time or 0
+    ):
+        client.set_terminated(parent_run_id, "FINISHED", end_time=ended)
 
 
 @contextlib.contextmanager
