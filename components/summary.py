@@ -111,6 +111,7 @@ def lines(params_file: str) -> list[str]:
     infra = _json(f"{out('serving_image')}/infra.json", missing)
     promotion = _json(f"{out('promote')}/promotion.json", missing)
     deployment = _json(f"{out('deploy')}/deployment.json", missing)
+    tracked = _json(f"{out('track')}/run.json", missing)
 
     version = promotion.get("version", "?")
     champion = deployment.get("version")
@@ -145,7 +146,9 @@ def lines(params_file: str) -> list[str]:
     text += [f"  not blessed: {r}" for r in reasons[:2]]
     text += _served_lines(params_file, deployment)
     text.append("next:")
-    text.append(f"  make mlflow-ui               runs, metrics, registry at {MLFLOW_UI}")
+    # MLflow 3's UI lands on its GenAI view unless the URL asks for the training runs
+    ui_path = str(tracked.get("experiment_ui_path") or "")
+    text.append(f"  make mlflow-ui               runs, metrics, registry: {MLFLOW_UI}/{ui_path}")
     docs = Path(out("validate")) / str(validate.get("data_docs") or "data_docs/index.html")
     text.append(f"  data docs                    {docs.as_posix()}")
     task_arg = "" if pipeline_name(params_file) is None else f" TASK={pipeline_name(params_file)}"
