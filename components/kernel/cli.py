@@ -86,20 +86,38 @@ def readable_failure(exc: BaseException) -> str | None:
         return (
             f"MLflow tracking server {redact_uri(url)} did not answer after {retries} retries "
             f"with backoff ({cause or text.splitlines()[0][:200]}); start it or check "
-            "MLFLOW_TRACKING_URI and run the step again: it is safe to rerun"
+            "MLFLOW_TRACKING_URI and run it again: it is safe to rerun"
         )
     return None
 
 
+# the tracking URI the running command uses (components.tracking.connection): every error
+# line of run_cli names it, so "not in the registry" says which registry
+_tracking_uri: list[str] = []
+
+
+def name_tracking_uri(uri: str) -> None:
+    """Record the tracking URI this command uses: :func:`run_cli` names it in its errors."""
+    _tracking_uri[:] = [redact_uri(uri)]
+
+
+def _with_tracking_uri(message: str) -> str:
+    if not _tracking_uri or _tracking_uri[0] in message:
+        return message
+    return f"{message} [tracking URI {_tracking_uri[0]}]"
+
+
 def run_cli(body: Callable[[], None]) -> int:
     """Run a step body; a StepError (or a :func:`readable_failure`) becomes a one-paragraph
-    message and exit code 1; SIGTERM and Ctrl-C end it cleanly with 143 and 130."""
+    message and exit code 1; SIGTERM and Ctrl-C end it cleanly with 143 and 130. The error
+    names the tracking URI the body recorded (:func:`name_tracking_uri`), if any."""
     setup_logging()
     signal.signal(signal.SIGTERM, _on_sigterm)
+    _tracking_uri.clear()
     try:
         body()
     except StepError as exc:
-        sys.stderr.write(f"error: {exc}\n")
+        sys.stderr.write(f"error: {_with_tracking_uri(str(exc))}\n")
         return 1
     except Terminated:
         sys.stderr.write("terminated (SIGTERM)\n")
@@ -111,7 +129,7 @@ def run_cli(body: Callable[[], None]) -> int:
         message = readable_failure(exc)
         if message is None:
             raise
-        sys.stderr.write(f"error: {message}\n")
+        sys.stderr.write(f"error: {_with_tracking_uri(message)}\n")
         return 1
     return 0
 

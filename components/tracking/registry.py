@@ -50,6 +50,7 @@ LINEAGE_TAGS = (
     "bundle_sha256",  # components.tracking.model.BUNDLE_TAG: the served files, byte for byte
 )
 TAG_LIMIT = 5000
+NOT_FOUND = "RESOURCE_DOES_NOT_EXIST"  # MlflowException.error_code of a missing model/version
 
 
 # a concurrent first write of the same alias: MLflow's SQL store reads, then inserts, so two
@@ -209,12 +210,16 @@ class Registry:
 
     # reading ------------------------------------------------------------------------
     def exists(self) -> bool:
+        """Whether the model is registered; any other failure (a server that does not
+        answer) is raised, never taken for "not registered"."""
         from mlflow.exceptions import MlflowException
 
         try:
             self.client.get_registered_model(self.name)
-        except MlflowException:
-            return False
+        except MlflowException as exc:
+            if exc.error_code == NOT_FOUND:
+                return False
+            raise
         return True
 
     def aliases(self) -> dict[str, int]:
@@ -229,6 +234,8 @@ class Registry:
         try:
             return self.client.get_model_version(self.name, str(version))
         except MlflowException as exc:
+            if exc.error_code != NOT_FOUND:
+                raise
             raise StepError(f"registered model '{self.name}' has no version {version}") from exc
 
     def history(self) -> list[dict[str, Any]]:
@@ -668,7 +675,7 @@ def version_label(version: int | None) -> str:
 
 
 def _format_status(status: dict[str, Any]) -> str:
-    lines = [f"model {status['model']}"]
+    lines = [f"model {status['model']}  (tracking URI {status.get('tracking_uri', '?')})"]
     for alias in (CHAMPION, CHALLENGER, PREVIOUS):
         entry = status.get(alias)
         if entry is None:
@@ -691,9 +698,14 @@ def _format_status(status: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``paddle-mlops registry status|promote|rollback``: the champion by hand."""
+    """``paddle-mlops registry status|promote|rollback``: the champion by hand. The tracking
+    store and its retries: ``components.tracking.connection`` (a command run by hand gives up
+    on a dead server in seconds; ``registry.retry`` is the pipeline steps' policy)."""
     import argparse
+    import dataclasses
     import sys
+
+    from components.tracking.connection import add_tracking_flags, open_tracking
 
     parser = argparse.ArgumentParser(
         prog="paddle-mlops registry",
@@ -701,11 +713,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "(refused unless blessed, or --force with a recorded --reason), roll back.",
     )
     parser.add_argument("--params", default="params.yaml")
-    parser.add_argument(
-        "--tracking-uri",
-        default=None,
-        help="default: MLFLOW_TRACKING_URI, else " + DEFAULT_TRACKING_URI,
-    )
+    add_tracking_flags(parser)
     parser.add_argument("--model-name", default=None, help="default: registry.model_name")
     sub = parser.add_subparsers(dest="command", required=True)
     p_status = sub.add_parser("status", help="champion, challenger, history")
@@ -722,19 +730,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         all_params = load_params(args.params)
         params = section(all_params, "registry", RegistryParams, source=args.params)
         name = args.model_name or model_name(params, task_from_params(all_params))
-        registry = Registry(client(args.tracking_uri), name, params)
+        store = open_tracking(args)  # its retries, not the steps' registry.retry
+        registry = Registry(store.client, name, dataclasses.replace(params, retry=store.retry))
         if not registry.exists():
-            raise StepError(f"no registered model '{name}' at the tracking URI")
+            raise StepError(f"no registered model '{name}' at tracking URI {store}")
         if args.command == "status":
-            status = registry.status()
+            status = registry.status() | {"tracking_uri": str(store)}
             out = json.dumps(status, indent=2) + "\n" if args.json else _format_status(status)
         elif args.command == "promote":
             version = args.version or registry.aliases().get(CHALLENGER)
             if version is None:
                 raise StepError(f"{name}: no --version given and no '{CHALLENGER}' alias")
-            out = json.dumps(registry.promote(version, force=args.force, reason=args.reason))
+            done = registry.promote(version, force=args.force, reason=args.reason)
+            out = json.dumps(done | {"tracking_uri": str(store)})
         else:
-            out = json.dumps(registry.rollback(reason=args.reason))
+            out = json.dumps(registry.rollback(reason=args.reason) | {"tracking_uri": str(store)})
         sys.stdout.write(out.rstrip("\n") + "\n")
 
     return run_cli(_go)
