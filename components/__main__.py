@@ -55,8 +55,9 @@ def ensure_interpreter(argv: list[str]) -> None:
     sys.exit(NO_DEPENDENCIES)
 
 
-ensure_interpreter(sys.argv[1:])
+if __name__ == "__main__":
+    ensure_interpreter(sys.argv[1:])
 
-from components.kernel.cli import main  # noqa: E402  (after the interpreter check)
+    from components.kernel.cli import main  # after the interpreter check
 
-sys.exit(main())
+    sys.exit(main())
