@@ -302,11 +302,13 @@ def test_the_retries_come_from_the_flag_else_mlflows_variable(
 def test_the_registry_command_never_takes_a_dead_server_for_a_missing_model(
     clean_retry_env, attempts, capsys
 ):
-    from components.tracking import registry
+    from components.tracking import registry_cli
 
     dead = f"http://127.0.0.1:{free_port()}"
     argv = ["--params", str(REPO / "params.yaml"), "--model-name", "digits-classifier"]
-    assert registry.main([*argv, "--tracking-uri", dead, "--tracking-retries", "0", "status"]) == 1
+    assert (
+        registry_cli.main([*argv, "--tracking-uri", dead, "--tracking-retries", "0", "status"]) == 1
+    )
     (line,) = capsys.readouterr().err.splitlines()
     assert f"MLflow tracking server {dead} did not answer after 0 retries" in line
     assert "no registered model" not in line

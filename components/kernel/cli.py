@@ -199,7 +199,7 @@ def step_main(step: Step, argv: Sequence[str] | None = None) -> int:
 # commands besides the steps: name -> (module whose main() runs it, what it does); imported by
 # name, so a step's import closure, and with it its dvc.yaml deps, does not include them
 COMMANDS = {
-    "registry": ("components.tracking.registry", "the champion: status, promote, rollback"),
+    "registry": ("components.tracking.registry_cli", "the champion: status, promote, rollback"),
     "dvc-yaml": ("components.kernel.dvc", "write dvc.yaml from the step declarations"),
     "fetch-model": ("components.tracking.fetch_model", "a version's verified bundle into a dir"),
     "mlflow-users": ("components.tracking.auth", "users of the basic-auth tracking server"),
