@@ -42,7 +42,13 @@ def process_state():
 
 
 def run(*args: str, cwd: Path = REPO, env: dict | None = None) -> subprocess.CompletedProcess:
-    full = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    # the defaults are under test: no tracking URI, no retry settings (an in-process test
+    # of another module on this worker may have exported its own)
+    full = {
+        k: v
+        for k, v in os.environ.items()
+        if k != "MLFLOW_TRACKING_URI" and not k.startswith("MLFLOW_HTTP_REQUEST_")
+    }
     full["PYTHONPATH"] = str(REPO)
     return subprocess.run(
         [sys.executable, "-m", "components", *args],
@@ -162,6 +168,16 @@ def test_an_unknown_command_suggests_the_closest_one(capsys):
     err = capsys.readouterr().err
     assert "invalid choice 'frobnicate' (choose from: ingest, validate, train" in err
     assert "verify" in err and len(err.splitlines()) == 1
+
+
+def test_an_unknown_subcommand_suggests_the_closest_one(capsys):
+    from components.tracking import registry_cli
+
+    with pytest.raises(SystemExit) as exc:
+        registry_cli.main(["stauts"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1].endswith("invalid choice 'stauts' (did you mean 'status'?)")
 
 
 def test_help_lists_every_step_and_command(capsys):

@@ -134,6 +134,22 @@ def run_cli(body: Callable[[], None]) -> int:
     return 0
 
 
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser that names the closest choice of an invalid one, as Python 3.12's
+    does: ``invalid choice 'stauts' (did you mean 'status'?)``; its sub-parsers too."""
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        choices = action.choices
+        if choices is not None and value not in choices:
+            names = [str(c) for c in choices]
+            close = difflib.get_close_matches(str(value), names, n=1, cutoff=0.6)
+            if close:
+                raise argparse.ArgumentError(
+                    action, f"invalid choice '{value}' (did you mean '{close[0]}'?)"
+                )
+        super()._check_value(action, value)
+
+
 def output_dir(path: str | Path, flag: str = "--out") -> Path:
     """``path`` as a step's output directory: it (and every existing parent) must be a
     directory or not exist yet, so the atomic rename at the end cannot fail."""

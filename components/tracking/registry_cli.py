@@ -8,7 +8,6 @@ the pipeline's steps, which ride out a server restart). The registry itself:
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import sys
@@ -17,7 +16,7 @@ from typing import Any
 
 from components.core.artifacts import StepError
 from components.core.config import load_params, section
-from components.kernel.cli import run_cli
+from components.kernel.cli import ArgumentParser, run_cli
 from components.tasks import task_from_params
 from components.tracking.connection import add_tracking_flags, open_tracking
 from components.tracking.registry import (
@@ -56,7 +55,7 @@ def _format_status(status: dict[str, Any]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``paddle-mlops registry status|promote|rollback``: the champion by hand."""
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="paddle-mlops registry",
         description="The registered model's champion: show it, promote a version by hand "
         "(refused unless blessed, or --force with a recorded --reason), roll back.",
