@@ -38,15 +38,14 @@ def _in_venv(venv: Path) -> bool:
 def ensure_interpreter(argv: list[str]) -> None:
     """Return when this interpreter can run the project; else re-exec with the repository's
     venv (does not return), or write one line and exit :data:`NO_DEPENDENCIES`."""
+    handed_over = os.environ.pop(REEXEC_ENV, None)  # not inherited by what this one starts
     missing = missing_dependencies()
     if not missing:
         return
     python = VENV / "bin" / "python"
-    if python.is_file() and not _in_venv(VENV) and not os.environ.get(REEXEC_ENV):
+    if python.is_file() and not _in_venv(VENV) and not handed_over:
         os.environ[REEXEC_ENV] = "1"
         os.execv(python, [str(python), "-m", "components", *argv])
-    if argv[:1] == ["doctor"]:
-        return  # doctor reports what is missing, check by check
     where = f"{VENV} lacks them too" if python.is_file() else f"there is no {VENV}"
     sys.stderr.write(
         f"error: {sys.executable} cannot import {', '.join(missing)} (the project's "
