@@ -180,10 +180,23 @@ def check_tracking(uri: str) -> Check:
     return Check("mlflow", "ok", f"tracking server {shown} answers /health ({body or 'OK'})")
 
 
+def venv_tool(name: str) -> str | None:
+    """``name`` on PATH, else beside this interpreter (``.venv/bin/paddle-mlops doctor`` with
+    the venv not activated: the venv's tools are not on PATH, but they are there)."""
+    beside = Path(sys.executable).parent / name
+    found = shutil.which(name)
+    if found is None and beside.is_file() and os.access(beside, os.X_OK):
+        found = str(beside)
+    return found
+
+
 def check_dvc() -> Check:
-    dvc = shutil.which("dvc")
+    dvc = venv_tool("dvc")
     if dvc is None:
-        return Check("dvc", "fail", "no dvc on PATH", "make install (dvc is in the venv)")
+        beside = Path(sys.executable).parent
+        return Check(
+            "dvc", "fail", f"no dvc on PATH nor in {beside}", "make install (dvc is in the venv)"
+        )
     try:
         proc = subprocess.run(
             [dvc, "remote", "list"], capture_output=True, text=True, timeout=30, cwd=REPO

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from components.core.ports import free_port
 from tests.conftest import REPO, run_module
@@ -131,3 +134,21 @@ def test_signing_keys_are_checked_before_a_release_needs_them(monkeypatch, tmp_p
     monkeypatch.setenv(KEY_ENV, str(public))  # not a private key
     with pytest.raises(StepError, match="not a usable PEM private key"):
         check_signing(True, "podman")
+
+
+def test_dvc_is_found_beside_the_interpreter_when_the_venv_is_not_on_path(monkeypatch, tmp_path):
+    """``.venv/bin/paddle-mlops doctor`` without the venv activated: its dvc is in .venv/bin,
+    next to the interpreter, not on PATH."""
+    from components.doctor import check_dvc
+
+    beside = Path(sys.executable).parent / "dvc"
+    assert beside.is_file(), "the tests run in the venv that holds dvc"
+    monkeypatch.setenv("PATH", "/usr/local/bin:/usr/bin:/bin")
+    if shutil.which("dvc"):
+        pytest.skip("a dvc outside the venv is on the system PATH")
+    found = check_dvc()
+    assert found.name == "dvc remote" and found.status != "fail", found  # dvc ran
+    # an interpreter with no dvc beside it, and none on PATH: the line says where it looked
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "bin" / "python"))
+    missing = check_dvc()
+    assert missing.status == "fail" and f"nor in {tmp_path / 'bin'}" in missing.finding, missing

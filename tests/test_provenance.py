@@ -485,6 +485,40 @@ def test_verify_refuses_a_statement_that_disagrees_with_the_lineage_tags(server,
     assert ok.returncode == 0 and "not pushed" in ok.stdout, ok.stderr[-1500:]
 
 
+def test_fetch_model_refuses_a_lineage_tag_rewritten_after_signing(server, signed, tmp_path):
+    """The serving pod's init path makes deploy's check (provenance.verified_provenance): a
+    params_sha256 rewritten after signing is refused in one line, whether DEST is empty or
+    already holds the version from before the rewrite."""
+    client = mlflow_client(server.uri)
+    uri, version = f"models:/{NAME}/{signed.version}", str(signed.version)
+
+    def fetch_cli(dest: Path) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "components", "fetch-model", uri, str(dest),
+             "--tracking-uri", server.uri],
+            capture_output=True, text=True, timeout=300, env=cli_env(), cwd=REPO,
+        )  # fmt: skip
+
+    held = fetch_cli(tmp_path / "held")  # the honest version, fetched before the rewrite
+    assert held.returncode == 0, held.stderr[-2000:]
+    assert held.stdout.rstrip().endswith(f"(tracking URI {server.uri})")
+    honest = client.get_model_version(NAME, version).tags["params_sha256"]
+    client.set_model_version_tag(NAME, version, "params_sha256", "e" * 64)
+    try:
+        fresh, again = fetch_cli(tmp_path / "fresh"), fetch_cli(tmp_path / "held")
+    finally:
+        client.set_model_version_tag(NAME, version, "params_sha256", honest)
+    for proc in (fresh, again):
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+        (line,) = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+        assert (
+            f"{uri}: the signed provenance disagrees with the version's lineage tags "
+            f"(params_sha256: statement {honest[:12]} vs tag eeeeeeeeeeee): refusing it"
+        ) in line
+    assert not (tmp_path / "fresh").exists()
+    assert fetch_cli(tmp_path / "held").returncode == 0  # the tag put back: served again
+
+
 def test_fetch_model_refuses_a_flipped_byte_even_with_the_hash_tag_rewritten(
     server, signed, tmp_path
 ):

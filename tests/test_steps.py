@@ -52,7 +52,7 @@ def test_cli_and_dvc_stage_bind_the_same_ports(name):
     stage = dvc_stage(step)
     # the stage's command, parsed by the step's own CLI, gives each port its declared path
     argv = shlex.split(stage["cmd"])
-    assert argv[:4] == ["python", "-m", "components", name]
+    assert argv[:4] == ["python3", "-m", "components", name]  # components/__main__.py
     args = step_parser(step).parse_args(argv[4:])
     assert args.params == "params.yaml"
     for port in (*step.cli_inputs(), *step.cli_outputs()):

@@ -8,12 +8,14 @@ closure (and with it its ``dvc.yaml`` deps) includes them.
 from __future__ import annotations
 
 import argparse
+import difflib
 import errno
 import importlib
 import logging
 import os
 import signal
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -26,6 +28,11 @@ from components.faults import failpoints
 from components.kernel.step import AFTER_DEPLOY, STEPS, In, Step, flag, load
 
 log = logging.getLogger(__name__)
+
+# Paddle warns at import, on every command, that ccache (which only speeds up compiling C++
+# extensions, something no step does) is not installed. Every command imports this module
+# before any module that imports paddle, so this one filter, for that one message, is enough.
+warnings.filterwarnings("ignore", message="No ccache found", category=UserWarning)
 
 
 def setup_logging() -> None:
@@ -79,21 +86,39 @@ def readable_failure(exc: BaseException) -> str | None:
         return (
             f"MLflow tracking server {redact_uri(url)} did not answer after {retries} retries "
             f"with backoff ({cause or text.splitlines()[0][:200]}); start it or check "
-            "MLFLOW_TRACKING_URI and run the step again: it is safe to rerun"
+            "MLFLOW_TRACKING_URI and run it again: it is safe to rerun"
         )
     return None
 
 
+# the tracking URI the running command uses (components.tracking.connection): every error
+# line of run_cli names it, so "not in the registry" says which registry
+_tracking_uri: list[str] = []
+
+
+def name_tracking_uri(uri: str) -> None:
+    """Record the tracking URI this command uses: :func:`run_cli` names it in its errors."""
+    _tracking_uri[:] = [redact_uri(uri)]
+
+
+def _with_tracking_uri(message: str) -> str:
+    if not _tracking_uri or _tracking_uri[0] in message:
+        return message
+    return f"{message} [tracking URI {_tracking_uri[0]}]"
+
+
 def run_cli(body: Callable[[], int | None]) -> int:
     """Run a step body; a StepError (or a :func:`readable_failure`) becomes a one-paragraph
-    message and exit code 1; SIGTERM and Ctrl-C end it cleanly with 143 and 130. Else the
+    message and exit code 1; SIGTERM and Ctrl-C end it cleanly with 143 and 130. The error
+    names the tracking URI the body recorded (:func:`name_tracking_uri`), if any. Else the
     body's own exit code (None: 0)."""
     setup_logging()
     signal.signal(signal.SIGTERM, _on_sigterm)
+    _tracking_uri.clear()
     try:
         code = body()
     except StepError as exc:
-        sys.stderr.write(f"error: {exc}\n")
+        sys.stderr.write(f"error: {_with_tracking_uri(str(exc))}\n")
         return 1
     except Terminated:
         sys.stderr.write("terminated (SIGTERM)\n")
@@ -105,9 +130,25 @@ def run_cli(body: Callable[[], int | None]) -> int:
         message = readable_failure(exc)
         if message is None:
             raise
-        sys.stderr.write(f"error: {message}\n")
+        sys.stderr.write(f"error: {_with_tracking_uri(message)}\n")
         return 1
     return int(code or 0)
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser that names the closest choice of an invalid one, as Python 3.12's
+    does: ``invalid choice 'stauts' (did you mean 'status'?)``; its sub-parsers too."""
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        choices = action.choices
+        if choices is not None and value not in choices:
+            names = [str(c) for c in choices]
+            close = difflib.get_close_matches(str(value), names, n=1, cutoff=0.6)
+            if close:
+                raise argparse.ArgumentError(
+                    action, f"invalid choice '{value}' (did you mean '{close[0]}'?)"
+                )
+        super()._check_value(action, value)
 
 
 def output_dir(path: str | Path, flag: str = "--out") -> Path:
@@ -179,30 +220,77 @@ def step_main(
     return run_cli(_go)
 
 
-# commands besides the steps: name -> module whose main() runs it (imported by name, so a
-# step's import closure, and with it its dvc.yaml deps, does not include them)
+# commands besides the steps: name -> (module whose main() runs it, what it does); imported by
+# name, so a step's import closure, and with it its dvc.yaml deps, does not include them
 COMMANDS = {
-    "registry": "components.tracking.registry",
-    "dvc-yaml": "components.kernel.dvc",
-    "fetch-model": "components.tracking.fetch_model",
-    "mlflow-users": "components.tracking.auth",
-    "doctor": "components.doctor",
-    "verify": "components.kube.verify",
-    "keys": "components.tracking.signing",
-    "summary": "components.summary",
-    "traffic": "components.traffic",
+    "registry": ("components.tracking.registry_cli", "the champion: status, promote, rollback"),
+    "dvc-yaml": ("components.kernel.dvc", "write dvc.yaml from the step declarations"),
+    "fetch-model": ("components.tracking.fetch_model", "a version's verified bundle into a dir"),
+    "mlflow-users": ("components.tracking.auth", "users of the basic-auth tracking server"),
+    "doctor": ("components.doctor", "check this machine: paddle, dvc, tools, ports"),
+    "verify": ("components.kube.verify", "what a registered version's signatures prove"),
+    "keys": ("components.tracking.signing", "make a signing key pair"),
+    "summary": ("components.summary", "what the last run made: metrics, gates, where served"),
+    "traffic": ("components.traffic", "send held-out samples to the served model"),
 }
+PROG = "paddle-mlops"
+
+
+def version() -> str:
+    """``paddle-mlops X.Y.Z`` (the installed distribution, else pyproject.toml's), where."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    here = Path(__file__).resolve().parent.parent
+    try:
+        number = dist_version("paddle-mlops")
+    except PackageNotFoundError:  # run from a source tree (an image: PYTHONPATH)
+        import tomllib
+
+        pyproject = here.parent / "pyproject.toml"
+        try:
+            number = tomllib.loads(pyproject.read_text())["project"]["version"]
+        except (OSError, KeyError, tomllib.TOMLDecodeError):
+            number = "unknown"
+    python = ".".join(map(str, sys.version_info[:3]))
+    return f"{PROG} {number} ({here}, Python {python})"
+
+
+def usage() -> str:
+    steps, after = ", ".join(STEPS), ", ".join(AFTER_DEPLOY)
+    width = max(map(len, COMMANDS))
+    commands = "".join(f"  {name:<{width}}  {what}\n" for name, (_, what) in COMMANDS.items())
+    return (
+        f"usage: {PROG} COMMAND [options]   ({PROG} COMMAND --help: its options)\n\n"
+        f"pipeline steps, in order (dvc.yaml runs them):\n  {steps}\n"
+        f"after deploy:\n  {after}\n"
+        f"commands:\n{commands}\n"
+        f"  --version  print the version and exit\n"
+    )
+
+
+def invalid_choice(word: str) -> str:
+    """The error line for an unknown command: the closest name, if one is close."""
+    names = (*STEPS, *AFTER_DEPLOY, *COMMANDS)
+    close = difflib.get_close_matches(word, names, n=1, cutoff=0.6)
+    hint = f"did you mean '{close[0]}'?" if close else f"choose from: {', '.join(names)}"
+    return f"{PROG}: error: invalid choice '{word}' ({hint}); {PROG} --help lists them"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``paddle-mlops STEP [args]``: the entry points ``dvc.yaml`` calls (one per step
-    declaration), plus ``registry`` (champion by hand) and ``dvc-yaml`` (write the stages)."""
+    declaration), plus the :data:`COMMANDS` (``registry``, ``verify``, ``fetch-model``...)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in COMMANDS:
-        return int(importlib.import_module(COMMANDS[argv[0]]).main(argv[1:]))
-    if not argv or argv[0] not in (*STEPS, *AFTER_DEPLOY):
-        names = ",".join((*STEPS, *AFTER_DEPLOY, *COMMANDS))
-        sys.stderr.write(f"usage: paddle-mlops {{{names}}} [options]\n")
+        return int(importlib.import_module(COMMANDS[argv[0]][0]).main(argv[1:]))
+    if not argv or argv[0] in ("-h", "--help"):
+        (sys.stdout if argv else sys.stderr).write(usage())
+        return 0 if argv else 2
+    if argv[0] == "--version":
+        sys.stdout.write(version() + "\n")
+        return 0
+    if argv[0] not in (*STEPS, *AFTER_DEPLOY):
+        sys.stderr.write(invalid_choice(argv[0]) + "\n")
         return 2
     step = load(argv[0])
     module = importlib.import_module(f"components.steps.{argv[0]}")

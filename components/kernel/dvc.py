@@ -157,9 +157,12 @@ def pipeline_path(path: str, params_file: str) -> str:
 
 
 def dvc_cmd(step: Step, params_file: str = DEFAULT_PARAMS) -> str:
+    """The stage command. ``python3``: there wherever Python is (Debian has no bare ``python``
+    outside a venv); one without the project's dependencies (``.venv/bin/dvc repro`` with the
+    venv not activated) hands over to the repository's ``.venv`` (``components/__main__.py``)."""
     ports = (*step.cli_inputs(), *step.cli_outputs())
     flags = " ".join(f"--{flag(p.name)} {pipeline_path(p.path, params_file)}" for p in ports)
-    return f"python -m components {step.name} --params {params_file} {flags}".strip()
+    return f"python3 -m components {step.name} --params {params_file} {flags}".strip()
 
 
 def _task_name(params: dict[str, Any]) -> str | None:

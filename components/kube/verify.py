@@ -26,17 +26,16 @@ from typing import Any
 from components.kernel.cli import run_cli
 from components.kube.images import image_repository
 from components.kube.signatures import verify_image
+from components.tracking.connection import add_tracking_flags, open_tracking
 from components.tracking.fetch_model import parse_model_uri, resolve
 from components.tracking.model import BUNDLE_TAG
 from components.tracking.provenance import (
     BUNDLE_SIG,
     download_files,
-    lineage_mismatches,
-    open_provenance,
     subject_digests,
+    verified_provenance,
 )
-from components.tracking.registry import client as mlflow_client
-from components.tracking.registry import download_version, tracking_uri
+from components.tracking.registry import download_version
 from components.tracking.signing import (
     TRUST_ENV,
     TrustedKey,
@@ -63,13 +62,7 @@ def check_version(
     report: dict[str, Any] = {"model": name, "version": version}
     with tempfile.TemporaryDirectory(prefix="paddle-mlops-verify-") as tmp:
         files = download_files(client, uri, name, version, Path(tmp) / "signing")
-        body, attester = open_provenance(keys, files, name, version, tags.get(BUNDLE_TAG, ""))
-        mismatches = lineage_mismatches(body, tags)
-        if mismatches:
-            raise VerificationError(
-                f"{what}: the signed provenance disagrees with the version's lineage tags "
-                f"({'; '.join(mismatches)}): refusing it"
-            )
+        body, attester = verified_provenance(keys, files, name, version, tags)
         build = body["predicate"]["buildDefinition"]
         report["provenance"] = {
             "signed_by": attester.keyid,
@@ -128,18 +121,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"against the keys {TRUST_ENV} names.",
     )
     parser.add_argument("model_uri", help="models:/NAME/VERSION or models:/NAME@ALIAS")
-    parser.add_argument("--tracking-uri", default=None, help="default: MLFLOW_TRACKING_URI")
+    add_tracking_flags(parser)
     args = parser.parse_args(argv)
 
     def _go() -> None:
+        ref = parse_model_uri(args.model_uri)
+        store = open_tracking(args)
         keys = trusted_keys()
         if keys is None:
             raise VerificationError(f"{TRUST_ENV} turns verification off: nothing to verify")
-        uri = args.tracking_uri or tracking_uri()
-        client = mlflow_client(uri)
-        ref = parse_model_uri(args.model_uri)
-        version = int(resolve(client, ref).version)
-        sys.stdout.write(_format(check_version(client, uri, ref.name, version, keys)))
+        version = int(resolve(store.client, ref).version)
+        report = check_version(store.client, store.uri, ref.name, version, keys)
+        sys.stdout.write(_format(report) + f"  tracking    {store}\n")
 
     return run_cli(_go)
 

@@ -5,19 +5,23 @@
 model from the registry, takes the serving bundle inside it, and checks its sha256 against the
 ``bundle_sha256`` tag recorded at registration, then its origin: the bundle's model-signing
 signature and the signed provenance naming this version must verify against the keys
-``PADDLE_MLOPS_TRUSTED_KEYS`` names (``components.tracking.signing``; unset: refused). Only a
-verified bundle lands in ``DEST``:
+``PADDLE_MLOPS_TRUSTED_KEYS`` names (``components.tracking.signing``; unset: refused), and the
+provenance must agree with the version's lineage tags (a tag rewritten after signing is
+refused): the check ``verify`` and ``deploy`` make,
+``components.tracking.provenance.verified_provenance``. Only a verified bundle lands in
+``DEST``:
 
 - ``DEST`` absent: the bundle is renamed into place in one step;
 - ``DEST`` an empty directory (an ``emptyDir`` mount of an init container, KServe's
   ``/mnt/models``): the files are moved in, then ``.fetched.json`` is written last;
-- ``DEST`` already holding this exact version (its ``.fetched.json`` and hash agree): nothing
-  to do; holding anything else: refused.
+- ``DEST`` already holding this exact version (its ``.fetched.json`` and hash agree, and the
+  provenance still agrees with the tags): nothing to do; holding anything else: refused.
 
 The argument order is the one KServe gives a storage initializer (``SRC DEST``), so the same
 command is the init container of ``k8s/serving/deployment.yaml`` and the
 ``ClusterStorageContainer`` of ``k8s/kserve/``. Credentials come from
-``MLFLOW_TRACKING_USERNAME`` / ``MLFLOW_TRACKING_PASSWORD`` (never from arguments).
+``MLFLOW_TRACKING_USERNAME`` / ``MLFLOW_TRACKING_PASSWORD`` (never from arguments). The
+tracking URI, a store that must exist and bounded retries: ``components.tracking.connection``.
 """
 
 from __future__ import annotations
@@ -34,9 +38,10 @@ from typing import Any
 
 from components.core.artifacts import StepError, combined_sha256, read_json, sha256_tree, write_json
 from components.core.uris import redact_uri
-from components.kernel.cli import run_cli
+from components.kernel.cli import readable_failure, run_cli
+from components.tracking.connection import add_tracking_flags, open_tracking
 from components.tracking.model import BUNDLE_TAG
-from components.tracking.provenance import download_files, verify_files
+from components.tracking.provenance import download_files, verified_provenance, verify_files
 from components.tracking.registry import client as mlflow_client
 from components.tracking.registry import download_version, tracking_uri
 from components.tracking.signing import ACCEPT_ANYTHING, TRUST_ENV, trusted_keys
@@ -89,6 +94,8 @@ def resolve(client: Any, ref: ModelRef) -> Any:
             return client.get_model_version_by_alias(ref.name, ref.alias)
         return client.get_model_version(ref.name, str(ref.version))
     except MlflowException as exc:
+        if readable_failure(exc) is not None:
+            raise  # the server did not answer: not an answer about the registry
         raise StepError(f"{ref}: not in the registry ({_reason(exc)})") from exc
 
 
@@ -107,17 +114,21 @@ def _place(bundle: Path, dest: Path) -> None:
         shutil.move(str(entry), str(dest / entry.name))
 
 
-def fetch(uri: str, dest: str | Path, *, tracking: str | None = None) -> Fetched:
-    """Download the serving bundle of ``uri`` into ``dest`` and verify it (module docstring)."""
+def fetch(
+    uri: str, dest: str | Path, *, tracking: str | None = None, client: Any = None
+) -> Fetched:
+    """Download the serving bundle of ``uri`` into ``dest`` and verify it (module docstring).
+    ``client``: an ``MlflowClient`` on ``tracking`` (default: a new one)."""
 
     dest = Path(dest)
     ref = parse_model_uri(uri)
     keys = trusted_keys()  # refused before anything is downloaded when nothing is trusted
     tracking = tracking or tracking_uri()
-    client = mlflow_client(tracking)
+    client = client or mlflow_client(tracking)
     mv = resolve(client, ref)
     name, version = ref.name, int(mv.version)
-    expected = (mv.tags or {}).get(BUNDLE_TAG)
+    tags = dict(mv.tags or {})
+    expected = tags.get(BUNDLE_TAG)
     if not expected:
         raise StepError(
             f"{ref} (v{version}) has no tag {BUNDLE_TAG}: it was not registered by the "
@@ -132,6 +143,10 @@ def fetch(uri: str, dest: str | Path, *, tracking: str | None = None) -> Fetched
         if held.get("name") == name and held.get("version") == version and trusted_copy:
             files = {k: v for k, v in sha256_tree(dest).items() if k != MARKER}
             if combined_sha256(files) == expected:
+                if keys is not None:  # the tags may have changed since it was fetched
+                    with tempfile.TemporaryDirectory(prefix="paddle-mlops-fetch-") as tmp:
+                        signing = download_files(client, tracking, name, version, Path(tmp))
+                        verified_provenance(keys, signing, name, version, tags)
                 log.info("%s: %s already holds v%d (verified)", ref, dest, version)
                 return Fetched(name, version, expected, dest, False, str(held.get("signed_by", "")))
         raise StepError(
@@ -158,7 +173,7 @@ def fetch(uri: str, dest: str | Path, *, tracking: str | None = None) -> Fetched
             )
         else:  # the bytes signed by a trusted key, and the signed statement naming this version
             files = download_files(client, tracking, name, version, Path(tmp) / ".signing")
-            signed_by = verify_files(keys, bundle, files, name, version, expected)
+            signed_by = verify_files(keys, bundle, files, name, version, tags)
         write_json(
             bundle / MARKER,
             {"name": name, "version": version, "sha256": expected, "uri": uri}
@@ -183,17 +198,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("model_uri", help="models:/NAME/VERSION or models:/NAME@ALIAS")
     parser.add_argument("dest", help="model directory (absent, or empty)")
-    parser.add_argument(
-        "--tracking-uri",
-        default=None,
-        help="default: MLFLOW_TRACKING_URI, else sqlite:///mlflow.db",
-    )
+    add_tracking_flags(parser)
     args = parser.parse_args(argv)
 
     def _go() -> None:
-        got = fetch(args.model_uri, args.dest, tracking=args.tracking_uri)
+        store = open_tracking(args)
+        got = fetch(args.model_uri, args.dest, tracking=store.uri, client=store.client)
         signed = f" signed by key {got.signed_by}" if got.signed_by else " (origin not verified)"
-        sys.stdout.write(f"{got.name} v{got.version} sha256 {got.sha256}{signed} -> {got.dest}\n")
+        sys.stdout.write(
+            f"{got.name} v{got.version} sha256 {got.sha256}{signed} -> {got.dest} "
+            f"(tracking URI {store})\n"
+        )
 
     return run_cli(_go)
 

@@ -9,10 +9,12 @@ version's tag ``signed_by`` names the key (information only: verification reads 
 The statement's subjects are the bundle (``models:/NAME/N``, its ``bundle_sha256``) and, once
 pushed, the serving image (repository, manifest digest). It names the git commit, the
 component image, the data (input files' and snapshot's sha256), the params' sha256 and the
-pipeline run. :func:`verify_files` checks a bundle against both files: the signature covers
-its bytes, the statement binds them to this model name and version (so a signed bundle of
-another version cannot be passed off as this one). :func:`lineage_mismatches` compares the
-statement with the version's lineage tags.
+pipeline run. :func:`verified_provenance` is the one check of a version's statement that
+``fetch-model``, ``verify`` and ``deploy`` (through ``components.kube.verify``) make: signed by
+a trusted key, naming this model name and version with its ``bundle_sha256`` (so a signed
+bundle of another version cannot be passed off as this one), and agreeing with the version's
+lineage tags (:func:`lineage_mismatches`: a tag rewritten after signing is refused).
+:func:`verify_files` adds the signature over the bundle's bytes.
 """
 
 from __future__ import annotations
@@ -201,14 +203,31 @@ def subject_digests(body: dict[str, Any]) -> dict[str, str]:
     return {s.get("name"): s.get("digest", {}).get("sha256") for s in body.get("subject", [])}
 
 
+def verified_provenance(
+    keys: list[TrustedKey], files: Path, name: str, version: int, tags: dict[str, str]
+) -> tuple[dict[str, Any], TrustedKey]:
+    """The statement in ``files`` (:func:`open_provenance`: trusted, naming this version with
+    its ``bundle_sha256`` tag) when it also agrees with the version's lineage ``tags``
+    (:data:`LINEAGE_CHECKS`), and the key that signed it; else VerificationError."""
+    body, attester = open_provenance(keys, files, name, version, tags.get(BUNDLE_TAG, ""))
+    mismatches = lineage_mismatches(body, tags)
+    if mismatches:
+        raise VerificationError(
+            f"models:/{name}/{version}: the signed provenance disagrees with the version's "
+            f"lineage tags ({'; '.join(mismatches)}): refusing it"
+        )
+    return body, attester
+
+
 def verify_files(
-    keys: list[TrustedKey], bundle: Path, files: Path, name: str, version: int, bundle_sha: str
+    keys: list[TrustedKey], bundle: Path, files: Path, name: str, version: int, tags: dict[str, str]
 ) -> str:
     """Refuse ``bundle`` unless ``files`` hold a trusted signature of exactly its bytes and a
-    trusted statement naming it ``models:/name/version`` with ``bundle_sha``; returns the id
-    of the key that signed the bundle."""
+    trusted statement naming it ``models:/name/version`` with the ``bundle_sha256`` of
+    ``tags`` and agreeing with their lineage (:func:`verified_provenance`); returns the id of
+    the key that signed the bundle."""
     signer = verify_bundle(keys, bundle, files / BUNDLE_SIG, f"models:/{name}/{version}")
-    open_provenance(keys, files, name, version, bundle_sha)
+    verified_provenance(keys, files, name, version, tags)
     return signer.keyid
 
 

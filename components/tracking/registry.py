@@ -17,7 +17,7 @@ import re
 import socket
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -26,11 +26,8 @@ from typing import Any
 import numpy as np
 
 from components.core.artifacts import StepError, sha256_file
-from components.core.config import load_params, section
 from components.faults import failpoints
-from components.kernel.cli import run_cli
 from components.ml import snapshot
-from components.tasks import task_from_params
 from components.tracking.liveness import FAILURE_TAG, PIPELINE_RUN_TAG, dead_owner, owner_tags
 from components.tracking.model import BUNDLE_TAG, bundle_dir, bundle_sha256
 
@@ -62,6 +59,7 @@ UI_WORKFLOW = "machine_learning"
 # prefixed section before the unprefixed metrics)
 CURVE_PREFIX = "training/"
 STEP_TAG = "step"  # the pipeline step a nested run records
+NOT_FOUND = "RESOURCE_DOES_NOT_EXIST"  # MlflowException.error_code of a missing model/version
 
 
 # a concurrent first write of the same alias: MLflow's SQL store reads, then inserts, so two
@@ -275,12 +273,16 @@ class Registry:
 
     # reading ------------------------------------------------------------------------
     def exists(self) -> bool:
+        """Whether the model is registered; any other failure (a server that does not
+        answer) is raised, never taken for "not registered"."""
         from mlflow.exceptions import MlflowException
 
         try:
             self.client.get_registered_model(self.name)
-        except MlflowException:
-            return False
+        except MlflowException as exc:
+            if exc.error_code == NOT_FOUND:
+                return False
+            raise
         return True
 
     def aliases(self) -> dict[str, int]:
@@ -295,6 +297,8 @@ class Registry:
         try:
             return self.client.get_model_version(self.name, str(version))
         except MlflowException as exc:
+            if exc.error_code != NOT_FOUND:
+                raise
             raise StepError(f"registered model '{self.name}' has no version {version}") from exc
 
     def history(self) -> list[dict[str, Any]]:
@@ -728,79 +732,3 @@ def fetch_training_keys(client: Any, uri: str, name: str, version: int, dest: Pa
 
 def version_label(version: int | None) -> str:
     return f"v{version}" if version is not None else "none"
-
-
-# --------------------------------------------------------------------------- CLI
-
-
-def _format_status(status: dict[str, Any]) -> str:
-    lines = [f"model {status['model']}"]
-    for alias in (CHAMPION, CHALLENGER, PREVIOUS):
-        entry = status.get(alias)
-        if entry is None:
-            lines.append(f"  {alias:<18} -")
-            continue
-        t = entry["tags"]
-        lines.append(
-            f"  {alias:<18} v{entry['version']}  accuracy {t.get('accuracy', '?')}  "
-            f"blessed {t.get('blessed', '?')}  git {t.get('git_sha', '?')[:12]}  "
-            f"data {t.get('data_sha256', '?')[:12]}  params {t.get('params_sha256', '?')[:12]}  "
-            f"ge {t.get('ge_success', '?')}  qat_gate {t.get('qat_gate_passed', '?')}"
-        )
-    for event in status["history"][-5:]:
-        lines.append(
-            f"  {event['at']}  {event['action']:<8} v{event['version']} "
-            f"(was {version_label(event['previous'])})"
-            f"{'  FORCED: ' + event['reason'] if event.get('forced') else ''}"
-        )
-    return "\n".join(lines) + "\n"
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``paddle-mlops registry status|promote|rollback``: the champion by hand."""
-    import argparse
-    import sys
-
-    parser = argparse.ArgumentParser(
-        prog="paddle-mlops registry",
-        description="The registered model's champion: show it, promote a version by hand "
-        "(refused unless blessed, or --force with a recorded --reason), roll back.",
-    )
-    parser.add_argument("--params", default="params.yaml")
-    parser.add_argument(
-        "--tracking-uri",
-        default=None,
-        help="default: MLFLOW_TRACKING_URI, else " + DEFAULT_TRACKING_URI,
-    )
-    parser.add_argument("--model-name", default=None, help="default: registry.model_name")
-    sub = parser.add_subparsers(dest="command", required=True)
-    p_status = sub.add_parser("status", help="champion, challenger, history")
-    p_status.add_argument("--json", action="store_true")
-    p_promote = sub.add_parser("promote", help="make a version the champion")
-    p_promote.add_argument("--version", type=int, default=None, help="default: the challenger")
-    p_promote.add_argument("--force", action="store_true", help="promote although not blessed")
-    p_promote.add_argument("--reason", default="")
-    p_rollback = sub.add_parser("rollback", help="restore the previous champion")
-    p_rollback.add_argument("--reason", default="")
-    args = parser.parse_args(argv)
-
-    def _go() -> None:
-        all_params = load_params(args.params)
-        params = section(all_params, "registry", RegistryParams, source=args.params)
-        name = args.model_name or model_name(params, task_from_params(all_params))
-        registry = Registry(client(args.tracking_uri), name, params)
-        if not registry.exists():
-            raise StepError(f"no registered model '{name}' at the tracking URI")
-        if args.command == "status":
-            status = registry.status()
-            out = json.dumps(status, indent=2) + "\n" if args.json else _format_status(status)
-        elif args.command == "promote":
-            version = args.version or registry.aliases().get(CHALLENGER)
-            if version is None:
-                raise StepError(f"{name}: no --version given and no '{CHALLENGER}' alias")
-            out = json.dumps(registry.promote(version, force=args.force, reason=args.reason))
-        else:
-            out = json.dumps(registry.rollback(reason=args.reason))
-        sys.stdout.write(out.rstrip("\n") + "\n")
-
-    return run_cli(_go)
