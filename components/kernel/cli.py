@@ -176,6 +176,7 @@ def step_main(step: Step, argv: Sequence[str] | None = None) -> int:
 COMMANDS = {
     "registry": "components.tracking.registry",
     "dvc-yaml": "components.kernel.dvc",
+    "plots": "components.kernel.plots",
     "fetch-model": "components.tracking.fetch_model",
     "mlflow-users": "components.tracking.auth",
     "doctor": "components.doctor",
