@@ -320,3 +320,50 @@ def test_mlflow_ui_shows_the_champion_and_its_lineage(screen: Screen, pipeline) 
         assert pipeline.tags[key] in body, (key, pipeline.tags[key])
     assert pipeline.parent.info.run_name in body  # the source run
     screen.shot("mlflow-champion")
+
+
+# --------------------------------------------------------------------------- dvc plots
+
+
+@pytest.mark.parametrize(
+    ("params_file", "out", "charts", "image"),
+    [
+        ("params.yaml", "dvc_plots", 3, "plots/figures/confusion_matrix.png"),
+        ("tasks/digits_gan/params.yaml", "dvc_plots/digits_gan", 4, "plots/digits_gan/figures"),
+    ],
+)
+def test_plots_of_one_pipeline_drawn_offline_each_once(
+    screen: Screen, tmp_path, params_file, out, charts, image
+) -> None:
+    """`paddle-mlops plots` in a fresh clone over the committed plot files: the pipeline's own
+    charts (Vega inline) and figures, each once, none of another pipeline's."""
+    from tests.conftest import clone_repo
+
+    repo = clone_repo(tmp_path / "repo")
+    proc = run_module("components", "plots", "--params", params_file, cwd=repo)
+    assert proc.returncode == 0, proc.stderr
+    page_file = repo / out / "index.html"
+    pipeline = yaml.safe_load((repo / params_file).parent.joinpath("dvc.yaml").read_text())
+    titles = [next(iter(p)) for p in pipeline["plots"] if isinstance(p, dict)]
+    assert len(titles) == charts
+    text = page_file.read_text()
+    assert "cdn.jsdelivr" not in text
+    with static_server(page_file.parent) as base:
+        page = screen.page
+        page.goto(f"{base}/index.html")
+        drawn = page.locator(".vega-embed .marks")  # the drawn chart (svg or canvas)
+        drawn.nth(charts - 1).wait_for()
+        assert drawn.count() == charts
+        images = page.locator("img")
+        sources = [images.nth(i).get_attribute("src") for i in range(images.count())]
+        assert len(sources) == len(set(sources)) >= 1  # each figure once
+        flat = image.replace("/", "_").replace(".png", "")
+        assert all(flat in src for src in sources), sources
+        body = page.inner_text("body")
+        for title in titles:
+            assert title in body
+        # another pipeline's plots (their titles) are not on the page
+        others = "Adversarial losses" if params_file == "params.yaml" else "Loss per epoch"
+        assert others not in body
+        screen.shot(f"dvc-plots-{Path(out).name}")
+    assert screen.failed == []
