@@ -52,7 +52,7 @@ help:
 	@echo "make test-faults - every fault-injection row (SIGKILL per stage too); rewrites docs/faults.md"
 	@echo "make serving  - build the C++ KServe-v2 server (build/serving/paddle-mlops-server)"
 	@echo "make lint     - ruff"
-	@echo "make metrics  - dvc metrics show of the pipeline (TASK=); make plots - dvc plots show"
+	@echo "make metrics  - dvc metrics show of the pipeline (TASK=); make plots - its plots, offline (dvc_plots/)"
 	@echo "make mlflow-ui - browse sqlite:///mlflow.db on http://127.0.0.1:5000"
 	@echo "make mlflow-server - a tracking server on 127.0.0.1:$(MLFLOW_PORT) (SQLite + ./mlartifacts)"
 	@echo "make registry - champion / challenger / history of the registered model"
@@ -163,7 +163,7 @@ metrics: install
 	dvc metrics show $$(python -m components summary --params $(PARAMS) --metrics-files)
 
 plots: install
-	dvc plots show
+	python -m components plots --params $(PARAMS)
 
 # The suite runs on TEST_WORKERS pytest-xdist workers, each test module on one worker (its
 # module fixtures, e.g. an MLflow server, start once), longest modules first. Session fixtures

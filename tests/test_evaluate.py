@@ -7,6 +7,7 @@ import csv
 
 import numpy as np
 import paddle
+import pytest
 
 from components.core.artifacts import read_json
 from components.ml import snapshot
@@ -115,3 +116,23 @@ def test_the_baseline_sample_is_bounded_seeded_and_uniform(digits_task, digits_d
     position = {img.tobytes(): i for i, img in enumerate(whole)}
     where = np.asarray([position[img.tobytes()] for img in a]) / len(whole)
     assert 0.15 < np.mean(where < 0.25) < 0.35 and 0.15 < np.mean(where >= 0.75) < 0.35
+
+
+@pytest.mark.parametrize("classes", [2, 10, 20])
+def test_confusion_figure_has_room_for_its_title_and_labels(classes, tmp_path):
+    """The committed sentiment figure was 200x200 px with its title cut: every side of the
+    drawn figure is now blank margin (nothing reaches the edge), at least 300 px a side."""
+    from PIL import Image
+
+    from components.steps.evaluate import _confusion_png
+
+    names = [f"class name {i}" for i in range(classes)]
+    matrix = [[(i == j) * 50 + 1 for j in range(classes)] for i in range(classes)]
+    _confusion_png(tmp_path / "c.png", matrix, names, "test: accuracy 0.9875 " * 3)
+    pixels = np.asarray(Image.open(tmp_path / "c.png").convert("L"))
+    height, width = pixels.shape
+    assert width >= 300 and height >= 300, (width, height)
+    edges = {
+        "top": pixels[:8], "bottom": pixels[-8:], "left": pixels[:, :8], "right": pixels[:, -8:]
+    }  # fmt: skip
+    assert {k: int(v.min()) for k, v in edges.items()} == {k: 255 for k in edges}

@@ -4,6 +4,7 @@ from ``STEP`` in the step's module, read the same params sections and produce th
 
 from __future__ import annotations
 
+import json
 import shlex
 from pathlib import Path
 from types import SimpleNamespace
@@ -43,7 +44,8 @@ def test_each_task_pipeline_is_generated_from_the_same_declarations(params_file)
         assert f"--params tasks/{task}/params.yaml" in stage["cmd"]
         for out in stage.get("outs", []):
             path = out if isinstance(out, str) else next(iter(out))
-            assert path.startswith(f"outputs/{task}/") or path.startswith(f"checkpoints/{task}/")
+            roots = ("outputs", "checkpoints", "plots")  # plots: the uncached plot files
+            assert path.startswith(tuple(f"{root}/{task}/" for root in roots)), path
 
 
 @pytest.mark.parametrize("name", STEPS)
@@ -64,10 +66,16 @@ def test_cli_and_dvc_stage_bind_the_same_ports(name):
         for o in stage.get(k, [])
     ]
     assert sorted(outs) == sorted(p.path for p in step.cli_outputs())
-    for key, kinds in (("metrics", ("metrics",)), ("plots", ("plots", "figures"))):
-        assert [next(iter(o)) for o in stage.get(key, [])] == [
-            p.path for p in step.outputs if p.dvc in kinds
-        ]
+    assert [next(iter(o)) for o in stage.get("metrics", [])] == [
+        p.path for p in step.outputs if p.dvc == "metrics"
+    ]
+    # plot files are drawn by the top-level `plots:` only (each once), never by the stage
+    assert "plots" not in stage
+    top = json.dumps(yaml.safe_load((REPO / "dvc.yaml").read_text())["plots"])
+    for port in step.outputs:
+        if port.dvc in ("plots", "figures"):
+            assert {port.path: {"cache": False}} in stage["outs"], port.name
+            assert f'"{port.path}' in top, f"{port.path}: no top-level plot draws it"
     assert stage.get("params", []) == list(step.sections)
     for port in step.inputs:
         wanted = [f"{port.path}/{f}" for f in port.files] or [port.path]

@@ -22,6 +22,7 @@ import pytest
 
 from components.core.artifacts import StepError, read_json, sha256_file, write_json
 from components.core.config import load_params, section
+from components.core.data_docs import remote_references
 from components.ml import snapshot
 from components.steps.ingest import IngestParams
 from components.steps.ingest import run as ingest_run
@@ -129,6 +130,7 @@ def _fails(data_dir: Path, out_dir: Path, params: ValidateParams | None = None) 
     # the outputs are written even though the data failed
     summary = json.loads((out_dir / "summary.json").read_text())
     assert summary["success"] is False and summary["failed"] >= 1
+    assert " Failed</a></td>" in (out_dir / "data_docs" / "index.html").read_text()
     # a header naming the counts, then one line per broken rule naming shard or split and column
     header, *lines = message.splitlines()
     assert header.startswith(
@@ -174,7 +176,18 @@ def test_good_data_passes(good_data: Path, tmp_path: Path) -> None:
         "train_shards", "val_shards", "test_shards", "splits", "class_counts",
         "split_overlap", "duplicates",
     }  # fmt: skip
-    assert "train_shards" in (out / "data_docs" / "index.html").read_text()
+    # the Data Docs read offline: no page fetches from another host, and the index lists
+    # each validation as a static row (no JS) linking to its page
+    docs = out / "data_docs"
+    pages = sorted(docs.rglob("*.html"))
+    assert len(pages) == 1 + 7 + 5  # the index, 7 validations, 5 suites
+    assert {p.name: remote_references(p.read_text()) for p in pages} == {p.name: [] for p in pages}
+    index = (docs / "index.html").read_text()
+    assert "bootstrapTable" not in index and "<script" not in index
+    links = re.findall(r'<a href="(validations/[^"]+)">', index)
+    assert len(links) == 7 and all((docs / link).is_file() for link in links)
+    assert any("train_shards.html" in link for link in links)
+    assert index.count(" Success</a></td>") == 7
     manifest = json.loads((out / "manifest.json").read_text())
     assert set(manifest["inputs"]) == {"snapshot.json", "labels.json"}
     assert manifest["inputs"]["snapshot.json"]["sha256"] == snap.sha256

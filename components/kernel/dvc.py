@@ -233,7 +233,9 @@ def dvc_stage(step: Step, params_file: str = DEFAULT_PARAMS) -> dict[str, Any]:
     if step.sections:
         stage["params"] = _params_entries(step, params_file)
     for port in step.cli_outputs():
-        key = {"metrics": "metrics", "plots": "plots", "figures": "plots"}.get(port.dvc, "outs")
+        # plot files are plain (uncached) outs: the dvc.yaml's top-level `plots:` draws each
+        # once, with its title and template (a stage-level plot was drawn a second time)
+        key = "metrics" if port.dvc == "metrics" else "outs"
         path = pipeline_path(port.path, params_file)
         entry: Any = path
         if port.dvc in ("metrics", "plots", "figures", "uncached"):

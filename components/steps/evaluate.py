@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import textwrap
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -70,6 +71,9 @@ class EvaluateResult:
     report: dict[str, Any]
 
 
+FIGURE_MIN_INCHES = 4.0  # the confusion figure's smallest side (400 px at 100 dpi)
+
+
 def _confusion_png(dest: Path, matrix: list[list[int]], names: list[str], title: str) -> None:
     import matplotlib
 
@@ -77,13 +81,14 @@ def _confusion_png(dest: Path, matrix: list[list[int]], names: list[str], title:
     import matplotlib.pyplot as plt
 
     cm = np.asarray(matrix)
-    fig, ax = plt.subplots(figsize=(1 + 0.5 * len(names), 1 + 0.5 * len(names)), dpi=100)
+    side = max(FIGURE_MIN_INCHES, 1 + 0.5 * len(names))  # 2 classes: room for the title too
+    fig, ax = plt.subplots(figsize=(side, side), dpi=100)
     ax.imshow(cm, cmap="Blues")
     ax.set_xticks(range(len(names)), names, rotation=90 if len(names) > 12 else 0)
     ax.set_yticks(range(len(names)), names)
     ax.set_xlabel("predicted")
     ax.set_ylabel("actual")
-    ax.set_title(title)
+    ax.set_title(textwrap.fill(title, 40), fontsize=10)
     for (i, j), v in np.ndenumerate(cm):
         if v:
             ax.text(
@@ -97,7 +102,8 @@ def _confusion_png(dest: Path, matrix: list[list[int]], names: list[str], title:
             )
     fig.tight_layout()
     with atomic_path(dest) as tmp:
-        fig.savefig(tmp, format="png")
+        # the bounding box of what was drawn: no title or tick label is cut at the edge
+        fig.savefig(tmp, format="png", bbox_inches="tight", pad_inches=0.2)
     plt.close(fig)
 
 

@@ -1,0 +1,369 @@
+"""The screens a user opens, in a real browser with no network.
+
+Playwright drives Debian's chromium (``/usr/bin/chromium``; .ci/run installs both, nothing is
+downloaded). Every page is served from 127.0.0.1 (a real ``mlflow server``, or a static file
+server for the Data Docs and the monitor's report); every request to another host is aborted
+by a route, and each test asserts none was needed. Screenshots are kept as test artifacts in
+``build/screenshots/`` (docs/testing.md).
+
+Without chromium or playwright the tests fail in CI (``CI`` set) and skip elsewhere, naming
+what is missing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import http.server
+import json
+import os
+import re
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+from urllib.parse import urlsplit
+
+import numpy as np
+import pytest
+import yaml
+
+from components.tracking.registry import LINEAGE_TAGS
+from tests.conftest import REPO, run_module, with_model_config
+from tests.test_registry import TASK_OPTIONS
+
+CHROMIUM = Path(os.environ.get("PADDLE_MLOPS_CHROMIUM", "/usr/bin/chromium"))
+SHOTS = REPO / "build" / "screenshots"
+MODEL = "browser-digits"
+EXPERIMENT = "browser-tests"
+TIMEOUT_MS = 60_000  # the longest a page may take to show what is waited for (2 busy CPUs)
+
+
+def _missing() -> str | None:
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return "playwright is not installed (make install: the dev dependencies)"
+    if not os.access(CHROMIUM, os.X_OK):
+        return f"no chromium at {CHROMIUM} (apt-get install chromium; .ci/run installs it)"
+    return None
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    why = _missing()
+    if why and os.environ.get("CI"):
+        pytest.fail(f"browser tests cannot run in CI: {why}", pytrace=False)
+    if why:
+        pytest.skip(why)
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        launched = pw.chromium.launch(executable_path=str(CHROMIUM))
+        try:
+            yield launched
+        finally:
+            launched.close()
+
+
+class Screen:
+    """One browser page whose requests may go to 127.0.0.1 (and file:, data:, blob:) only."""
+
+    def __init__(self, browser: Any) -> None:
+        self.context = browser.new_context(viewport={"width": 1400, "height": 1000})
+        self.context.set_default_timeout(TIMEOUT_MS)
+        self.blocked: list[str] = []
+        self.failed: list[str] = []  # local requests answered >= 400 or not answered
+        self.context.route("**/*", self._route)
+        self.page = self.context.new_page()
+        self.page.on("response", self._response)
+        self.page.on("requestfailed", lambda r: self.failed.append(f"{r.url}: {r.failure}"))
+
+    def _route(self, route: Any) -> None:
+        url = route.request.url
+        parts = urlsplit(url)
+        if parts.scheme in ("data", "blob", "file") or parts.hostname == "127.0.0.1":
+            route.continue_()
+        else:
+            self.blocked.append(url)
+            route.abort()
+
+    def _response(self, response: Any) -> None:
+        if response.status >= 400:
+            self.failed.append(f"{response.url}: HTTP {response.status}")
+
+    def shot(self, name: str) -> Path:
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        path = SHOTS / f"{name}.png"
+        self.page.screenshot(path=str(path), full_page=True)
+        assert path.stat().st_size > 10_000, path  # a drawn page, not an empty one
+        return path
+
+    def close(self) -> None:
+        self.context.close()
+
+
+@pytest.fixture
+def screen(browser: Any) -> Iterator[Screen]:
+    opened = Screen(browser)
+    try:
+        yield opened
+    finally:
+        opened.close()
+    # nothing outside 127.0.0.1 was needed (a blocked request would have left something blank)
+    assert opened.blocked == []
+
+
+@contextlib.contextmanager
+def static_server(root: Path) -> Iterator[str]:
+    """``root`` served on 127.0.0.1 (a free port) for the duration: its base URL."""
+    handler = functools.partial(_QuietHandler, directory=str(root))
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join()
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+        pass
+
+
+# --------------------------------------------------------------------------- Data Docs
+
+
+def test_data_docs_index_lists_the_validations_offline(screen: Screen, step_outputs) -> None:
+    """The validate step's Data Docs (the session's real validation of the digits): the index
+    lists each validation, with its status, and its link opens the validation's page."""
+    docs = step_outputs.report / "data_docs"
+    summary = json.loads((step_outputs.report / "summary.json").read_text())
+    with static_server(docs) as base:
+        page = screen.page
+        page.goto(f"{base}/index.html")
+        table = page.locator("table.ge-index-page-validation-results-table")
+        rows = table.locator("tbody tr")
+        assert rows.count() == 7  # train/val/test shards, splits, class counts, overlap, dups
+        texts = rows.all_inner_texts()
+        for asset in ("train_shards", "val_shards", "test_shards", "splits", "duplicates"):
+            assert any(asset in t for t in texts), (asset, texts)
+        assert all("Success" in t for t in texts) == summary["success"]
+        screen.shot("data-docs-index")
+        rows.filter(has_text="ingested-train_shards").locator("a").first.click()
+        page.wait_for_url(re.compile(r".*/validations/shards/.*train_shards\.html"))
+        body = page.inner_text("body")
+        assert "Evaluated Expectations" in body and "Succeeded" in body
+        screen.shot("data-docs-validation")
+    assert screen.failed == []
+
+
+# --------------------------------------------------------------------------- monitor report
+
+
+def test_monitor_report_shows_its_checks(
+    screen: Screen, server_binary, exported_int8, digits_task, digits_data, tmp_path
+) -> None:
+    """The real C++ server logs 100 real test digits; the monitor CLI judges them and writes
+    report.html; the page shows the verdict and one row per check."""
+    from components.ml.server import RunningServer
+
+    bundle = with_model_config(exported_int8, tmp_path / "bundle", log_input_rate=1.0)
+    log_dir, labels = tmp_path / "log", tmp_path / "labels.jsonl"
+    running = RunningServer(
+        server_binary, bundle, "fp32", "digits", tmp_path / "server.log",
+        extra_args=[f"--prediction-log-dir={log_dir}"],
+    )  # fmt: skip
+    running.wait_ready(60)
+    raw, y = digits_task.read_split(digits_data, "test")
+    (x,) = digits_task.preprocess(raw)
+    try:
+        with labels.open("w") as out:
+            for start in range(0, 100, 4):
+                rows = np.arange(start, start + 4)
+                rid = f"browser-{start}"
+                running.client.infer("digits", {"image": x[rows]}, binary=True, request_id=rid)
+                out.write(json.dumps({"id": rid, "labels": y[rows].tolist()}) + "\n")
+    finally:
+        assert running.stop() == 0
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params["monitor"] |= {"window": 100, "min_samples": 50}
+    params_file = tmp_path / "params.yaml"
+    params_file.write_text(yaml.safe_dump(params))
+    report = tmp_path / "report"
+    proc = run_module(
+        "components", "monitor", "--params", str(params_file), "--bundle", str(bundle),
+        "--data", str(digits_data), "--log", str(log_dir), "--labels", str(labels),
+        "--report", str(report),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads((report / "monitor.json").read_text())
+    checks = [c["name"] for c in doc["verdict"]["checks"]]
+    assert {"input:mean", "prediction:class_prior", "accuracy"} <= set(checks)
+    with static_server(report) as base:
+        screen.page.goto(f"{base}/report.html")
+        rows = screen.page.locator("table tr")
+        assert rows.count() == 1 + len(checks)
+        shown = [rows.nth(i + 1).locator("td").first.inner_text() for i in range(len(checks))]
+        assert shown == checks
+        verdict = "ALARM" if doc["alarm"] else "no alarm"
+        assert verdict in screen.page.inner_text("body")
+        screen.shot("monitor-report")
+    assert screen.failed == []
+
+
+# --------------------------------------------------------------------------- MLflow UI
+
+
+@pytest.fixture(scope="module")
+def pipeline(server, step_outputs, digits_task, digits_data, tmp_path_factory):
+    """The track, register and promote steps over the session's real step outputs, against
+    the module's real ``mlflow server``: the pipeline run, its nested step runs, the
+    registered version with its ``champion`` alias and lineage tags."""
+    from mlflow import MlflowClient
+
+    from components.core.artifacts import read_json, write_json
+    from components.steps.promote import PromoteParams
+    from components.steps.promote import run as promote_run
+    from components.steps.register import RegisterParams
+    from components.steps.register import run as register_run
+    from components.steps.track import TrackParams
+    from components.steps.track import run as track_run
+    from components.tracking.registry import RegistryParams, global_tracking_uri
+
+    root = tmp_path_factory.mktemp("browser-pipeline")
+    all_params = {"task": {"name": "digits", "options": TASK_OPTIONS}}
+    with global_tracking_uri(server.uri):
+        track_run(TrackParams(experiment=EXPERIMENT), all_params, root / "track", step_outputs)
+    registered = register_run(
+        RegisterParams(min_accuracy=0.5),
+        digits_task,
+        root / "track",
+        digits_data,
+        root / "register",
+        registry_params=RegistryParams(model_name=MODEL),
+        tracking_uri=server.uri,
+    )
+    infra = read_json(step_outputs.infra / "infra.json")
+    write_json(root / "infra" / "infra.json", infra)
+    with global_tracking_uri(server.uri):
+        promoted = promote_run(
+            PromoteParams(auto_promote=True),
+            root / "register",
+            root / "infra",
+            root / "promote",
+            registry_params=RegistryParams(model_name=MODEL),
+        )
+    assert registered.blessing.blessed and promoted.promoted
+    run_info = read_json(root / "track" / "run.json")
+    client = MlflowClient(tracking_uri=server.uri)
+    parent = client.get_run(run_info["run_id"])
+    children = client.search_runs(
+        [parent.info.experiment_id],
+        filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'",
+    )
+    return SimpleNamespace(
+        uri=server.uri,
+        experiment_id=parent.info.experiment_id,
+        parent=parent,
+        steps={r.info.run_name: r for r in children},
+        version=registered.version,
+        tags=client.get_model_version(MODEL, str(registered.version)).tags,
+    )
+
+
+def test_mlflow_ui_shows_the_pipeline_run_with_its_steps(screen: Screen, pipeline) -> None:
+    page = screen.page
+    page.goto(f"{pipeline.uri}/#/experiments/{pipeline.experiment_id}/runs")
+    name = pipeline.parent.info.run_name
+    row = page.get_by_role("row").filter(has_text=name)
+    row.wait_for()
+    row.get_by_role("button").first.click()  # the expander of the nested runs
+    assert {"ingest", "validate", "train", "evaluate"} <= set(pipeline.steps)
+    for step in pipeline.steps:
+        page.get_by_role("row").filter(has=page.get_by_text(step, exact=True)).first.wait_for()
+    screen.shot("mlflow-pipeline-run")
+
+
+def test_mlflow_ui_draws_a_training_curve(screen: Screen, pipeline) -> None:
+    """The train step's run: val_accuracy logged per epoch, drawn against the step."""
+    train = pipeline.steps["train"]
+    from mlflow import MlflowClient
+
+    history = MlflowClient(tracking_uri=pipeline.uri).get_metric_history(
+        train.info.run_id, "val_accuracy"
+    )
+    assert len(history) >= 2 and sorted(m.step for m in history) == [m.step for m in history]
+    page = screen.page
+    page.goto(
+        f"{pipeline.uri}/#/experiments/{pipeline.experiment_id}/runs/{train.info.run_id}"
+        "/model-metrics"
+    )
+    page.get_by_placeholder("Search metric charts").fill("val_accuracy")
+    chart = page.get_by_text("val_accuracy", exact=True).first
+    chart.wait_for()
+    page.get_by_text("Step", exact=True).first.wait_for()  # a line over steps, not a bar
+    screen.shot("mlflow-training-curve")
+
+
+def test_mlflow_ui_shows_the_champion_and_its_lineage(screen: Screen, pipeline) -> None:
+    page = screen.page
+    page.goto(f"{pipeline.uri}/#/models/{MODEL}/versions/{pipeline.version}")
+    page.get_by_text("@ champion").first.wait_for()
+    body = page.inner_text("body")
+    for key in (*LINEAGE_TAGS, "snapshot_sha256"):
+        assert key in body, key
+        assert pipeline.tags[key] in body, (key, pipeline.tags[key])
+    assert pipeline.parent.info.run_name in body  # the source run
+    screen.shot("mlflow-champion")
+
+
+# --------------------------------------------------------------------------- dvc plots
+
+
+@pytest.mark.parametrize(
+    ("params_file", "out", "charts", "image"),
+    [
+        ("params.yaml", "dvc_plots", 3, "plots/figures/confusion_matrix.png"),
+        ("tasks/digits_gan/params.yaml", "dvc_plots/digits_gan", 4, "plots/digits_gan/figures"),
+    ],
+)
+def test_plots_of_one_pipeline_drawn_offline_each_once(
+    screen: Screen, tmp_path, params_file, out, charts, image
+) -> None:
+    """`paddle-mlops plots` in a fresh clone over the committed plot files: the pipeline's own
+    charts (Vega inline) and figures, each once, none of another pipeline's."""
+    from tests.conftest import clone_repo
+
+    repo = clone_repo(tmp_path / "repo")
+    proc = run_module("components", "plots", "--params", params_file, cwd=repo)
+    assert proc.returncode == 0, proc.stderr
+    page_file = repo / out / "index.html"
+    pipeline = yaml.safe_load((repo / params_file).parent.joinpath("dvc.yaml").read_text())
+    titles = [next(iter(p)) for p in pipeline["plots"] if isinstance(p, dict)]
+    assert len(titles) == charts
+    text = page_file.read_text()
+    assert "cdn.jsdelivr" not in text
+    with static_server(page_file.parent) as base:
+        page = screen.page
+        page.goto(f"{base}/index.html")
+        drawn = page.locator(".vega-embed .marks")  # the drawn chart (svg or canvas)
+        drawn.nth(charts - 1).wait_for()
+        assert drawn.count() == charts
+        images = page.locator("img")
+        sources = [images.nth(i).get_attribute("src") for i in range(images.count())]
+        assert len(sources) == len(set(sources)) >= 1  # each figure once
+        flat = image.replace("/", "_").replace(".png", "")
+        assert all(flat in src for src in sources), sources
+        body = page.inner_text("body")
+        for title in titles:
+            assert title in body
+        # another pipeline's plots (their titles) are not on the page
+        others = "Adversarial losses" if params_file == "params.yaml" else "Loss per epoch"
+        assert others not in body
+        screen.shot(f"dvc-plots-{Path(out).name}")
+    assert screen.failed == []
