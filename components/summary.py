@@ -148,7 +148,7 @@ def lines(params_file: str) -> list[str]:
     text.append("next:")
     # MLflow 3's UI lands on its GenAI view unless the URL asks for the training runs
     ui_path = str(tracked.get("experiment_ui_path") or "")
-    text.append(f"  make mlflow-ui               runs, metrics, registry: {MLFLOW_UI}/{ui_path}")
+    text.append(f"  make mlflow-ui               {MLFLOW_UI}/{ui_path}")
     docs = Path(out("validate")) / str(validate.get("data_docs") or "data_docs/index.html")
     text.append(f"  data docs                    {docs.as_posix()}")
     task_arg = "" if pipeline_name(params_file) is None else f" TASK={pipeline_name(params_file)}"

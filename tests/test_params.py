@@ -24,9 +24,9 @@ from tests.conftest import REPO
 # package.tune added (the serving-config search); serving_image.server_binary removed (the
 # binary is $PADDLE_MLOPS_SERVER_BINARY or the dev build, for every step that runs it).
 EFFECTIVE = {
-    "params.yaml": "bcb77589",
-    "tasks/digits_gan/params.yaml": "1ac9f0f5",
-    "tasks/sentiment/params.yaml": "63a01a97",
+    "params.yaml": "ac2e0ed5",
+    "tasks/digits_gan/params.yaml": "8e1ab595",
+    "tasks/sentiment/params.yaml": "fcc66746",
 }
 
 

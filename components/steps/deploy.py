@@ -112,6 +112,7 @@ class DeployParams:
     server_variant: str = "int8"  # the bundle variant the server runs (fp32 | int8)
     rollout_timeout_s: float = 300.0
     local_port: int = 8501  # podman: the server on 127.0.0.1:local_port
+    local_grpc_port: int = 8601  # local: its KServe v2 gRPC port on 127.0.0.1 (-1: none)
     local_name: str = "paddle-mlops-server"  # podman container name
     local_state_dir: str = ".deploy"  # podman: verified model copies, by version
     swap: str = "load"  # podman: load (in place, no restart, when possible) | restart
@@ -135,6 +136,10 @@ class DeployParams:
             raise ValueError("server_variant must be fp32 or int8")
         if not 0 < self.local_port < 65536:
             raise ValueError("local_port must be a TCP port")
+        if not (self.local_grpc_port == -1 or 0 < self.local_grpc_port < 65536):
+            raise ValueError("local_grpc_port must be a TCP port, or -1 (no gRPC)")
+        if self.local_grpc_port == self.local_port:
+            raise ValueError("local_grpc_port must differ from local_port")
         if self.rollout_timeout_s <= 0:
             raise ValueError("rollout_timeout_s must be > 0")
         if self.swap not in SWAPS:
@@ -717,6 +722,8 @@ def deploy_local(rel: Release, params: DeployParams, tracking: str) -> dict[str,
     control = params.swap == "load"
     args = _server_args(rel, params, model_dir=str(model_dir), log_dir=str(log_dir))
     args.append(f"--model-control={str(control).lower()}")
+    # the server's own default gRPC port (8081) would collide between two tasks served here
+    args.append(f"--grpc-port={params.local_grpc_port}")
     running = local_server.read_state(state_dir)
     if (
         running is not None
