@@ -174,8 +174,9 @@ def _served_lines(params_file: str, deployment: dict[str, Any]) -> list[str]:
     request = write_request(target)
     url = f"{target.url}/v2/models/{target.model}/infer"
     return [
-        f"served: {target.model} v{target.version} at {target.url} (pid file "
-        f"{_rel(Path(local.get('pid_file', '-')))}, log {_rel(Path(local.get('log_file', '-')))})",
+        f"served: {target.model} v{target.version} at {target.url}",
+        f"  pid file {_rel(Path(local.get('pid_file', '-')))}, "
+        f"log {_rel(Path(local.get('log_file', '-')))}",
         "  a held-out test sample (KServe v2 infer):",
         f"  curl -d @{_rel(request)} {url}",
     ]

@@ -78,23 +78,41 @@ def served(params_file: str) -> Served:
     )
 
 
-def held_out(params_file: str, data_dir: Path, split: str, count: int) -> tuple[dict, Any]:
+def text_input(target: Served) -> str | None:
+    """The raw-text input the served model declares (its metadata's ``text_inputs``: the
+    server tokenizes), or None (a model fed its tensors, or a server that does not answer)."""
+    try:
+        meta = KServeClient(target.url, timeout=10).metadata(target.model)
+    except Exception:  # noqa: BLE001 - not answering: send() says so; a request file still helps
+        return None
+    names = [str(t.get("name")) for t in meta.get("text_inputs") or [] if t.get("name")]
+    return names[0] if names else None
+
+
+def held_out(
+    params_file: str, data_dir: Path, split: str, count: int, text: str | None = None
+) -> tuple[dict, Any]:
     """The first ``count`` samples of ``split`` (repeated when it holds fewer) as the
-    model's named inputs, and their labels."""
+    model's named inputs, or as the raw samples under ``text`` (a text model's server
+    tokenizes them itself), and their labels."""
     task = task_from_params(load_params(params_file))
     if not (data_dir / "snapshot.json").is_file():
         raise StepError(f"{data_dir}: no snapshot (the pipeline's ingest output)")
-    inputs, labels = task.eval_head(data_dir, split, count)
+    if text is not None:
+        raw, labels = task.read_head(data_dir, split, count)
+        inputs, names = [np.asarray(raw, dtype=object)], [text]
+    else:
+        inputs, labels = task.eval_head(data_dir, split, count)
+        names = [spec.name for spec in task.input_specs()]
     if len(labels) == 0:
         raise StepError(f"{data_dir}: the {split} split holds no samples")
     take = np.arange(count) % len(labels)
-    names = [spec.name for spec in task.input_specs()]
     return {n: np.asarray(x)[take] for n, x in zip(names, inputs, strict=True)}, labels[take]
 
 
 def write_request(target: Served, split: str = "test") -> Path:
     """One held-out sample as a JSON KServe v2 request (for ``curl -d @file``)."""
-    inputs, _ = held_out(target.params_file, target.data_dir, split, 1)
+    inputs, _ = held_out(target.params_file, target.data_dir, split, 1, text_input(target))
     body, _ = encode_request(inputs, request_id=f"example-{split}-0")
     path = target.state_dir / REQUEST_FILE
     write_text(path, body.decode("utf-8") + "\n")
@@ -103,7 +121,9 @@ def write_request(target: Served, split: str = "test") -> Path:
 
 def send(target: Served, split: str, samples: int, batch: int) -> dict[str, Any]:
     """``samples`` held-out samples in requests of ``batch``; their labels fed back."""
-    inputs, labels = held_out(target.params_file, target.data_dir, split, samples)
+    inputs, labels = held_out(
+        target.params_file, target.data_dir, split, samples, text_input(target)
+    )
     client = KServeClient(target.url, timeout=60)
     if not client.ready():
         raise StepError(
