@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 import yaml
 
-from components.tracking.registry import LINEAGE_TAGS
+from components.tracking.registry import CURVE_PREFIX, LINEAGE_TAGS, UI_WORKFLOW
 from tests.conftest import REPO, run_module, with_model_config
 from tests.test_registry import TASK_OPTIONS
 
@@ -218,12 +218,28 @@ def test_monitor_report_shows_its_checks(
 
 # --------------------------------------------------------------------------- MLflow UI
 
+# the nested runs of a pipeline run: the track step's, one per step output, then register's
+# and promote's (docs/tracking.md "The runs")
+STEP_RUNS = (
+    "ingest", "validate", "train", "export", "qat", "package", "evaluate", "serving_image",
+    "register", "promote",
+)  # fmt: skip
+CURVES = ("train_loss", "val_loss", "train_accuracy", "val_accuracy", "lr")
+CARD = "[data-testid=experiment-view-compare-runs-card]"  # one chart of a run's metrics
+# the UI asks who is signed in; a server without the auth app answers 404 (nothing is missing)
+WHO_AM_I = "/ajax-api/2.0/mlflow/users/current"
+
+
+def _mlflow_failures(screen: Screen) -> list[str]:
+    return [f for f in screen.failed if urlsplit(f.split(": ")[0]).path != WHO_AM_I]
+
 
 @pytest.fixture(scope="module")
 def pipeline(server, step_outputs, digits_task, digits_data, tmp_path_factory):
     """The track, register and promote steps over the session's real step outputs, against
     the module's real ``mlflow server``: the pipeline run, its nested step runs, the
-    registered version with its ``champion`` alias and lineage tags."""
+    registered version with its ``champion`` alias and lineage tags, and ``run.json`` (the
+    UI paths the summary prints)."""
     from mlflow import MlflowClient
 
     from components.core.artifacts import read_json, write_json
@@ -266,60 +282,145 @@ def pipeline(server, step_outputs, digits_task, digits_data, tmp_path_factory):
         [parent.info.experiment_id],
         filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'",
     )
+    curves = {
+        name: client.get_metric_history(parent.info.run_id, f"{CURVE_PREFIX}{name}")
+        for name in CURVES
+    }
     return SimpleNamespace(
         uri=server.uri,
         experiment_id=parent.info.experiment_id,
+        run_json=run_info,
         parent=parent,
         steps={r.info.run_name: r for r in children},
+        epochs=len(curves["val_accuracy"]),
+        curves=curves,
         version=registered.version,
         tags=client.get_model_version(MODEL, str(registered.version)).tags,
     )
 
 
-def test_mlflow_ui_shows_the_pipeline_run_with_its_steps(screen: Screen, pipeline) -> None:
+def _open(screen: Screen, base: str, ui_path: str) -> None:
+    """``ui_path`` (run.json's, from ``#/``) under the server's base URL."""
+    assert ui_path.startswith("#/"), ui_path
+    screen.page.goto(f"{base}/{ui_path}")
+
+
+def test_mlflow_ui_opens_the_experiment_on_its_training_runs(screen: Screen, pipeline) -> None:
+    """run.json's ``experiment_ui_path`` opens the model-training view of the experiment (its
+    runs table, not the GenAI overview MLflow 3 opens by default): the pipeline run, and
+    under it, once expanded, one nested run per step, register and promote included."""
+    assert set(pipeline.steps) == set(STEP_RUNS)
+    experiment = pipeline.experiment_id
+    path = pipeline.run_json["experiment_ui_path"]
+    assert path == f"#/experiments/{experiment}?workflowType={UI_WORKFLOW}"
     page = screen.page
-    page.goto(f"{pipeline.uri}/#/experiments/{pipeline.experiment_id}/runs")
+    _open(screen, pipeline.uri, path)
     name = pipeline.parent.info.run_name
     row = page.get_by_role("row").filter(has_text=name)
     row.wait_for()
+    # the runs table of the model-training view, not the GenAI overview (usage, traces)
+    page.wait_for_url(re.compile(rf"#/experiments/{experiment}/runs\?.*workflowType={UI_WORKFLOW}"))
+    sections = page.get_by_role("navigation").first.inner_text().splitlines()
+    assert "Runs" in sections and "Models" in sections, sections
+    assert not {"Overview", "Observability", "Evaluation", "Judges"} & set(sections), sections
+    # the pipeline run alone at the top level; its step runs nested under it
+    page.get_by_text(f"{1 + len(STEP_RUNS)} matching runs", exact=True).wait_for()
+    assert row.count() == 1
+
+    def step_row(step: str) -> Any:
+        return page.get_by_role("row").filter(has=page.get_by_text(step, exact=True))
+
+    assert [step_row(s).count() for s in STEP_RUNS] == [0] * len(STEP_RUNS)  # collapsed
     row.get_by_role("button").first.click()  # the expander of the nested runs
-    assert {"ingest", "validate", "train", "evaluate"} <= set(pipeline.steps)
-    for step in pipeline.steps:
-        page.get_by_role("row").filter(has=page.get_by_text(step, exact=True)).first.wait_for()
+    for step in STEP_RUNS:
+        step_row(step).first.wait_for()
+        assert step_row(step).count() == 1, step
+    names = [t.split("\n") for t in page.get_by_role("row").all_inner_texts()]
+    order = [next((s for s in (name, *STEP_RUNS) if s in cells), None) for cells in names]
+    shown = [s for s in order if s]
+    assert shown[0] == name and set(shown[1:]) == set(STEP_RUNS), shown  # parent first
     screen.shot("mlflow-pipeline-run")
+    assert _mlflow_failures(screen) == []
 
 
-def test_mlflow_ui_draws_a_training_curve(screen: Screen, pipeline) -> None:
-    """The train step's run: val_accuracy logged per epoch, drawn against the step."""
-    train = pipeline.steps["train"]
-    from mlflow import MlflowClient
-
-    history = MlflowClient(tracking_uri=pipeline.uri).get_metric_history(
-        train.info.run_id, "val_accuracy"
-    )
-    assert len(history) >= 2 and sorted(m.step for m in history) == [m.step for m in history]
+def _training_section(screen: Screen, epochs: int) -> None:
+    """The open run's metrics page: its first section is ``training``, one line chart per
+    curve, each over the ``epochs`` steps."""
     page = screen.page
-    page.goto(
-        f"{pipeline.uri}/#/experiments/{pipeline.experiment_id}/runs/{train.info.run_id}"
-        "/model-metrics"
+    page.locator(CARD).first.wait_for()
+    section = CURVE_PREFIX.rstrip("/")
+    headers = [
+        h.split("\n") for h in page.locator("[role=button][aria-expanded]").all_inner_texts()
+    ]
+    assert headers[0][:2] == [section, f"({len(CURVES)})"], headers  # the curves come first
+    assert len(headers) >= 2, headers  # the unprefixed metrics after them
+    for curve in CURVES:
+        metric = f"{CURVE_PREFIX}{curve}"
+        card = page.locator(CARD).filter(has=page.locator(f'h4[title="{metric}"]'))
+        assert card.count() == 1, metric
+        assert card.locator("h4").inner_text() == curve  # shown without its section's prefix
+        points = card.locator("g.scatterlayer g.points path.point")
+        points.nth(epochs - 1).wait_for()
+        assert points.count() == epochs, metric  # one point per epoch
+        assert card.locator("g.scatterlayer path.js-line").count() >= 1, metric  # a line
+        assert card.locator("g.barlayer g.trace").count() == 0, metric  # not a bar
+        assert card.locator("text.xtitle").text_content() == "Step", metric
+        ticks = card.locator("g.xtick text").all_text_contents()
+        assert str(epochs) in ticks, (metric, ticks)  # the last epoch on the step axis
+
+
+def test_mlflow_ui_draws_the_training_curves_first(screen: Screen, pipeline) -> None:
+    """The pipeline run (run.json's ``ui_path``) and the train step's run: the Model metrics
+    tab opens on the ``training`` section, the per-epoch curves drawn as lines over steps."""
+    assert pipeline.epochs >= 2
+    for curve, history in pipeline.curves.items():
+        assert [m.step for m in history] == list(range(1, pipeline.epochs + 1)), curve
+    page = screen.page
+    run_id = pipeline.parent.info.run_id
+    path = pipeline.run_json["ui_path"]
+    assert (
+        path == f"#/experiments/{pipeline.experiment_id}/runs/{run_id}?workflowType={UI_WORKFLOW}"
     )
-    page.get_by_placeholder("Search metric charts").fill("val_accuracy")
-    chart = page.get_by_text("val_accuracy", exact=True).first
-    chart.wait_for()
-    page.get_by_text("Step", exact=True).first.wait_for()  # a line over steps, not a bar
+    _open(screen, pipeline.uri, path)
+    page.get_by_role("tab", name="Model metrics").click()
+    page.wait_for_url(re.compile(rf"/runs/{run_id}/model-metrics"))
+    _training_section(screen, pipeline.epochs)
     screen.shot("mlflow-training-curve")
+    train = pipeline.steps["train"].info.run_id
+    _open(
+        screen,
+        pipeline.uri,
+        f"#/experiments/{pipeline.experiment_id}/runs/{train}/model-metrics"
+        f"?workflowType={UI_WORKFLOW}",
+    )
+    _training_section(screen, pipeline.epochs)
+    screen.shot("mlflow-training-curve-train-step")
+    assert _mlflow_failures(screen) == []
 
 
-def test_mlflow_ui_shows_the_champion_and_its_lineage(screen: Screen, pipeline) -> None:
+def test_mlflow_ui_shows_the_champion_its_lineage_and_why_it_was_blessed(
+    screen: Screen, pipeline
+) -> None:
     page = screen.page
     page.goto(f"{pipeline.uri}/#/models/{MODEL}/versions/{pipeline.version}")
     page.get_by_text("@ champion").first.wait_for()
-    body = page.inner_text("body")
-    for key in (*LINEAGE_TAGS, "snapshot_sha256"):
-        assert key in body, key
-        assert pipeline.tags[key] in body, (key, pipeline.tags[key])
-    assert pipeline.parent.info.run_name in body  # the source run
+    aliases = page.get_by_text("Aliases", exact=True).first.locator("xpath=../..").inner_text()
+    assert "@ champion" in aliases.replace("\xa0", " "), aliases
+
+    def tag_row(key: str) -> list[str]:
+        row = page.get_by_role("row").filter(has=page.get_by_text(key, exact=True))
+        assert row.count() == 1, key
+        return row.get_by_role("cell").all_inner_texts()
+
+    for key in (*LINEAGE_TAGS, "snapshot_sha256", "blessed", "blessing_reasons"):
+        cells = tag_row(key)
+        assert cells[:2] == [key, pipeline.tags[key]], (key, cells)
+    assert tag_row("blessed")[1] == "true"
+    reasons = tag_row("blessing_reasons")[1]
+    assert reasons.strip() and "register.min_accuracy" in reasons, reasons  # the rules it met
+    assert pipeline.parent.info.run_name in page.inner_text("body")  # the source run
     screen.shot("mlflow-champion")
+    assert _mlflow_failures(screen) == []
 
 
 # --------------------------------------------------------------------------- dvc plots

@@ -3,17 +3,22 @@
 The rendering tests check what the cluster would get; the podman test runs the whole path on
 this machine with real parts: an OCI registry (``docker-registry``) on 127.0.0.1, a real
 ``mlflow server``, the serving images built and pushed by the pipeline's own steps, and the
-server containers the deploy step starts.
+server containers the deploy step starts. The local test does the same with the built C++
+server binary as a process on this machine (``deploy.target: local``): a newly promoted,
+signed version is loaded into the running process.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+import socket
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -567,6 +572,146 @@ def test_kubernetes_target_without_a_cluster_is_a_readable_error(tmp_path, monke
     docs = render(REL, DeployParams(manifests=["deployment"]), REPO / "k8s", COMPONENTS)
     with pytest.raises(StepError, match="no in-cluster config and no usable kubeconfig"):
         apply_kubernetes(docs["deployment"], DeployParams(target="kubernetes"))
+
+
+def _pid_alive(pid: int) -> bool:
+    """``pid`` is a process (a zombie is not: it ended, nobody collected it yet)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
+def _repository_index(url: str, ready: bool) -> list[dict]:
+    """``POST /v2/repository/index``: the versions the server holds (``ready``: serving)."""
+    request = urllib.request.Request(
+        f"{url}/v2/repository/index",
+        data=json.dumps({"ready": ready}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=60) as answer:
+        return json.loads(answer.read())
+
+
+def promote_signed(server, outputs, root: Path, task, data: Path, note: str) -> Path:
+    """The real track, register and promote steps for ``outputs`` (no image pushed, as on a
+    laptop): the version is blessed (LENIENT), signed with the session's key and made
+    ``champion``; the promote step's output directory."""
+    version = track_and_register(server, outputs, root, task, data, note=note)
+    promote_run(
+        PromoteParams(auto_promote=True),
+        root / "register",
+        outputs.infra,
+        root / "promote",
+        registry_params=RegistryParams(model_name=NAME),
+    )
+    promotion = read_json(root / "promote" / "promotion.json")
+    assert promotion["version"] == version and promotion["promoted"], promotion
+    return root / "promote"
+
+
+def test_local_deploy_loads_a_newly_promoted_version_into_the_running_server(
+    server, server_binary, step_outputs, exported_int8, other_export, digits_task, digits_data,
+    tmp_path, monkeypatch,
+):  # fmt: skip
+    """``deploy.target: local`` with ``swap: load``: the first champion starts the built C++
+    server (prediction log on); a second signed champion is loaded into that same process
+    with the repository API (no restart), which then answers with it alone; ``deploy stop``
+    leaves no process and the log holds both versions' answers."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", server.uri)
+    state_dir = tmp_path / "state"
+    params = DeployParams(
+        target="local",
+        server_variant="fp32",  # the second bundle ships no int8
+        local_port=free_port(),
+        local_state_dir=str(state_dir),
+        rollout_timeout_s=120,
+    )
+    assert params.swap == "load" and params.prediction_log
+    golden = digits_task.eval_head(digits_data, "test", 16)[0][0]
+    v1_bundle = exported_int8  # the session's trained bundle, as package made it
+    v2_bundle = fp32_bundle(other_export, tmp_path / "bundle2")  # other weights
+    try:
+        promoted = promote_signed(
+            server, dataclasses.replace(step_outputs, bundle=v1_bundle), tmp_path / "v1",
+            digits_task, digits_data, note="local-v1",
+        )  # fmt: skip
+        first = deploy_run(params, promoted, tmp_path / "deploy1")
+        v1 = first["version"]
+        assert first["deployed"] is True and first["verified"]["verified"] is True
+        local = first["local"]
+        assert local["method"] == "restart"  # nothing ran before
+        pid, url = local["pid"], local["url"]
+        assert url == f"http://127.0.0.1:{params.local_port}" and _pid_alive(pid)
+        assert Path(local["binary"]) == server_binary.resolve()
+        assert Path(local["prediction_log"]) == state_dir / "predictions"
+        one = assert_serves(url, v1_bundle, golden, v1)
+        KServeClient(url).infer(NAME, {"image": golden[:4]}, binary=True, request_id="to-v1")
+
+        promoted = promote_signed(
+            server, dataclasses.replace(step_outputs, bundle=v2_bundle), tmp_path / "v2",
+            digits_task, digits_data, note="local-v2",
+        )  # fmt: skip
+        second = deploy_run(params, promoted, tmp_path / "deploy2")
+        v2 = second["version"]
+        assert v2 > v1 and second["verified"]["verified"] is True  # signed, verified
+        assert second["local"]["method"] == "load"
+        assert second["local"]["pid"] == pid and _pid_alive(pid)  # the same process
+        state = read_json(state_dir / "server.json")
+        assert (state["pid"], state["version"]) == (pid, v2)
+        assert state["model_dir"] == second["local"]["model_dir"]
+        # it serves v2 alone: metadata, the repository's ready versions, and v2's answers
+        assert KServeClient(url).metadata(NAME)["versions"] == [str(v2)]
+        ready = _repository_index(url, ready=True)
+        assert [(e["name"], e["version"], e["state"]) for e in ready] == [(NAME, str(v2), "READY")]
+        assert str(v1) in {e["version"] for e in _repository_index(url, ready=False)}  # retired
+        two = assert_serves(url, v2_bundle, golden, v2)
+        assert not np.allclose(one, two, atol=1e-2)  # the check can tell the versions apart
+        KServeClient(url).infer(NAME, {"image": golden[:4]}, binary=True, request_id="to-v2")
+        status = subprocess.run(
+            [sys.executable, "-m", "components", "deploy", "status", "--params",
+             str(_params_file(tmp_path, params))],
+            cwd=REPO, capture_output=True, text=True, timeout=300,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )  # fmt: skip
+        assert status.returncode == 0, status.stderr[-2000:]
+        assert f"{NAME} v{v2} served at {url} (pid {pid}" in status.stderr
+
+        # make stop: SIGTERM, the server drains (its prediction log too) and is gone
+        stop = subprocess.run(
+            [sys.executable, "-m", "components", "deploy", "stop", "--params",
+             str(_params_file(tmp_path, params))],
+            cwd=REPO, capture_output=True, text=True, timeout=300,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )  # fmt: skip
+        assert stop.returncode == 0, stop.stderr[-2000:]
+        _reap(pid)
+        assert not _pid_alive(pid) and not (state_dir / "server.json").exists()
+        with socket.socket() as sock:
+            assert sock.connect_ex(("127.0.0.1", params.local_port)) != 0  # nothing listens
+        reader = LogReader(state_dir / "predictions")
+        answered = {r.id: r.version for r in reader if r.id in ("to-v1", "to-v2")}
+        assert answered == {"to-v1": str(v1), "to-v2": str(v2)} and reader.torn == 0, answered
+    finally:
+        from components.ml import local_server
+
+        local_server.stop(state_dir)  # a no-op when the test got to its stop
+
+
+def _params_file(root: Path, params: DeployParams) -> Path:
+    path = root / "params.yaml"
+    doc = {"deploy": dataclasses.asdict(params), "registry": {"model_name": NAME}}
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def _reap(pid: int) -> None:
+    """Collect the ended ``pid`` if this process started it (deploy_run did): no zombie."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
 
 
 def test_fetch_model_refuses_files_changed_after_registration(server, unpushed, tmp_path):
