@@ -625,6 +625,7 @@ def test_local_deploy_loads_a_newly_promoted_version_into_the_running_server(
         target="local",
         server_variant="fp32",  # the second bundle ships no int8
         local_port=free_port(),
+        local_grpc_port=free_port(),  # not the 8601 a `make run` here may hold
         local_state_dir=str(state_dir),
         rollout_timeout_s=120,
     )

@@ -34,7 +34,14 @@ def repo(tmp_path_factory: pytest.TempPathFactory, server_binary: Path):
     sh(repo, *CLI[:2], "components.steps.ingest", "materialize", "--out", "data/raw/digits")
     set_params(
         repo,
-        **{**TINY_DIGITS, "deploy": {"target": "local", "local_port": free_port()}},
+        **{
+            **TINY_DIGITS,
+            "deploy": {
+                "target": "local",
+                "local_port": free_port(),
+                "local_grpc_port": free_port(),
+            },
+        },
         serving_image={"builder": "none", "golden_samples": 16, "latency_requests": 5},
     )
     try:
