@@ -21,7 +21,10 @@ endif
 PIPELINE := $(if $(filter digits,$(TASK)),dvc.yaml,tasks/$(TASK)/dvc.yaml)
 PARAMS := $(if $(filter digits,$(TASK)),params.yaml,tasks/$(TASK)/params.yaml)
 # held-out samples `make traffic` sends to the served model
-SAMPLES ?= 300
+# make traffic: the server keeps the inputs of package.server.log_input_rate (0.1) of the
+# requests, and the monitor's input checks need monitor.min_samples (50) of those: 1,000
+# samples in 250 requests of 4 leave about 100
+SAMPLES ?= 1000
 # promote signs the champion and deploy verifies it (docs/provenance.md): without keys of your
 # own, `make run` makes a pair in .keys/ (git-ignored) and the pipeline's recipes use it
 KEYS_DIR := $(CURDIR)/.keys
