@@ -265,9 +265,16 @@ def check_signing(push: bool, target: str) -> Check:
                 "signing", "warn", f"{TRUST_ENV}={ACCEPT_ANYTHING}: deploy verifies nothing"
             )
         if not os.environ.get(TRUST_ENV, "").strip():
+            # `make run` made a pair in .keys/ and names it only to the commands it runs
+            made = Path(".keys/signing.pub").is_file()
+            fix = (
+                "make doctor (make names .keys/ itself), or export "
+                f"{KEY_ENV}=$PWD/.keys/signing.key {TRUST_ENV}=$PWD/.keys/signing.pub"
+                if made
+                else f"paddle-mlops keys generate .keys; export {TRUST_ENV}=$PWD/.keys/signing.pub"
+            )
             return Check("signing", "fail", f"deploy.target {target} and no {TRUST_ENV}: deploy "
-                         "refuses every version", f"paddle-mlops keys generate .keys; export "
-                         f"{TRUST_ENV}=$PWD/.keys/signing.pub")  # fmt: skip
+                         "refuses every version", fix)  # fmt: skip
         trusted_keys()  # unreadable keys fail here
     if push and key is None:
         finding = f"promote.push and no {KEY_ENV}: image and version are released unsigned"

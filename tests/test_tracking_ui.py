@@ -261,10 +261,46 @@ def test_a_failing_step_run_ends_failed_with_its_reason(server):  # noqa: F811
     parent = client.create_run(experiment_id, run_name="pipeline")
     client.set_terminated(parent.info.run_id, "FINISHED")
     ended = client.get_run(parent.info.run_id).info.end_time
-    with pytest.raises(RuntimeError), step_run(client, parent.info.run_id, "promote") as run_id:
+    with (
+        pytest.raises(RuntimeError),
+        step_run(client, parent.info.run_id, "promote", stale_after_s=600) as run_id,
+    ):
         raise RuntimeError("the registry said no")
     failed = client.get_run(run_id)
     assert failed.info.status == "FAILED"
     assert failed.data.tags["failure_reason"] == "RuntimeError: the registry said no"
     assert failed.data.tags["mlflow.parentRunId"] == parent.info.run_id
     assert client.get_run(parent.info.run_id).info.end_time == ended  # only a finish extends it
+
+
+def test_a_killed_attempts_step_run_is_ended_killed_by_the_next_attempt(server):  # noqa: F811
+    """register/promote SIGKILLed after their run started leave it RUNNING; the rerun's step
+    run ends it KILLED with the reason (a live owner's run is left alone)."""
+    import socket
+    import subprocess
+    import sys
+
+    from mlflow import MlflowClient
+
+    from components.tracking.liveness import HOST_TAG, PID_TAG, owner_tags
+    from components.tracking.registry import STEP_TAG, step_run
+
+    client = MlflowClient(tracking_uri=server)
+    experiment_id = client.create_experiment("tracking-ui-killed-attempt")
+    parent = client.create_run(experiment_id, run_name="pipeline").info.run_id
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # a pid that no longer runs
+    nested = {"mlflow.parentRunId": parent, STEP_TAG: "register"}
+    dead = client.create_run(
+        experiment_id,
+        tags={**nested, HOST_TAG: socket.gethostname(), PID_TAG: str(gone.pid)},
+        run_name="register",
+    ).info.run_id
+    alive = client.create_run(experiment_id, tags={**nested, **owner_tags()}).info.run_id
+    with step_run(client, parent, "register", stale_after_s=600) as run_id:
+        pass
+    killed = client.get_run(dead)
+    assert killed.info.status == "KILLED"
+    assert f"its process {gone.pid}" in killed.data.tags["failure_reason"]
+    assert client.get_run(alive).info.status == "RUNNING"  # this process: alive
+    assert client.get_run(run_id).info.status == "FINISHED"

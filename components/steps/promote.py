@@ -100,7 +100,8 @@ def run(
         )
     name, version = str(info["model"]), int(info["version"])
     tags = {"registered_model": name, "model_version": str(version)}
-    with step_run(client, parent, "promote", tags) as step_id:
+    stale_after_s = (registry_params or RegistryParams()).lock_stale_s
+    with step_run(client, parent, "promote", tags, stale_after_s=stale_after_s) as step_id:
         result = _promote(
             params, info, registration_dir, infra_dir, uri, client, registry_params, image_digest
         )

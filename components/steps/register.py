@@ -893,7 +893,13 @@ def run(
     registry = Registry(client, name, registry_params)
     mlrun = client.get_run(run_info["run_id"])
     run_id = mlrun.info.run_id
-    with step_run(client, run_id, "register", {"registered_model": name}) as step_id:
+    with step_run(
+        client,
+        run_id,
+        "register",
+        {"registered_model": name},
+        stale_after_s=registry_params.lock_stale_s,
+    ) as step_id:
         result = _register(
             params,
             task,

@@ -28,7 +28,13 @@ import numpy as np
 from components.core.artifacts import StepError, sha256_file
 from components.faults import failpoints
 from components.ml import snapshot
-from components.tracking.liveness import FAILURE_TAG, PIPELINE_RUN_TAG, dead_owner, owner_tags
+from components.tracking.liveness import (
+    FAILURE_TAG,
+    PIPELINE_RUN_TAG,
+    dead_owner,
+    mark_failed,
+    owner_tags,
+)
 from components.tracking.model import BUNDLE_TAG, bundle_dir, bundle_sha256
 
 log = logging.getLogger(__name__)
@@ -175,16 +181,35 @@ def set_experiment_kind(client: Any, experiment_id: str) -> None:
 
 @contextlib.contextmanager
 def step_run(
-    client: Any, parent_run_id: str, step: str, tags: dict[str, str] | None = None
+    client: Any,
+    parent_run_id: str,
+    step: str,
+    tags: dict[str, str] | None = None,
+    *,
+    stale_after_s: float,
 ) -> Iterator[str]:
     """A run of ``step`` nested under the pipeline run ``parent_run_id`` (the run track
     made), started now and ended when the block ends: FINISHED, or FAILED (KILLED for an
     interrupt) with ``failure_reason``. The pipeline run's end time moves to this run's end,
     so its duration covers the steps that came after track (register, promote); a parent
-    that did not finish keeps its status and end."""
+    that did not finish keeps its status and end. A run of ``step`` under the same parent
+    still RUNNING whose process is gone (a SIGKILLed earlier attempt;
+    :func:`components.tracking.liveness.dead_owner`, ``stale_after_s`` for another host's)
+    is ended KILLED with the reason first."""
     from mlflow.entities import RunStatus
 
     parent = client.get_run(parent_run_id)
+    earlier = client.search_runs(
+        [parent.info.experiment_id],
+        filter_string=(
+            f"tags.mlflow.parentRunId = '{parent_run_id}' and tags.{STEP_TAG} = '{step}' "
+            "and attributes.status = 'RUNNING'"
+        ),
+    )
+    for old in earlier:
+        why = dead_owner(old.data.tags, old.info.start_time / 1000.0, stale_after_s)
+        if why is not None:
+            mark_failed(client, old, "KILLED", f"found RUNNING by a new {step} run: {why}")
     inherited = {
         k: v
         for k, v in parent.data.tags.items()
