@@ -511,9 +511,18 @@ def _run(
         tags["retrain_reason"] = why[:4000]
     set_experiment_kind(client, experiment_id)
     # the pipeline run spans its steps' runs: from the earliest start (a step that recorded
-    # none: its end, as its run shows)
+    # none: its end, as its run shows) among the steps this execution ran; outputs dvc repro
+    # kept from an earlier execution (they ended before the previous pipeline run did) are
+    # not part of it, so the newest execution is the newest run in the UI
     starts = [(span[0] if (span := step_times(m)) else _ended_ms(m)) for m in manifests.values()]
-    started = [t for t in starts if t is not None]
+    previous = client.search_runs(
+        [experiment_id],
+        "tags.mlflow.parentRunId IS NULL",
+        order_by=["attributes.end_time DESC"],
+        max_results=1,
+    )
+    after = (previous[0].info.end_time or 0) if previous else 0
+    started = [t for t in starts if t is not None and t > after]
     created = client.create_run(
         experiment_id, start_time=min(started) if started else None, tags=tags, run_name=run_name
     )
