@@ -13,7 +13,7 @@ through ``kfp.local`` (see ``run_local``).
 Where training runs is chosen when the pipeline is compiled, from the params file it is
 compiled with (``compile --params``, default ``params.yaml``; read like ``resources``):
 ``train.distributed.backend: paddlejob`` puts the PaddleJob launcher
-(``pipelines/paddlejob.py``) in the train task's place. It has the train task's inputs and
+(``pipelines/paddlejob/``) in the train task's place. It has the train task's inputs and
 outputs, so every later step is wired to it unchanged; it mounts the shared volume
 (``paddlejob.pvc`` at ``paddlejob.mount_path``, also read at compile time) and the pipeline
 gains the parameter ``paddlejob`` (``pipeline_params`` passes that section only then). Any

@@ -3,7 +3,7 @@
 No Kubernetes cluster and no training-operator exist on the machines these tests run on:
 nothing here starts a real PaddleJob or a real pod. What is tested instead:
 
-- the launcher (``pipelines/paddlejob.py``) runs for real, with the real ``kubernetes``
+- the launcher (``pipelines/paddlejob/``) runs for real, with the real ``kubernetes``
   client configured from a real kubeconfig, against ``FakeApiServer``: an HTTP server on
   127.0.0.1 that answers the requests the launcher makes (create/get/delete of
   ``kubeflow.org/v1`` ``paddlejobs``, the pod list by the operator's job-name label, pod
@@ -544,9 +544,10 @@ ATTEMPT = """
 import json, logging, sys
 from pathlib import Path
 from pipelines import paddlejob as pj
+from pipelines.paddlejob import launcher
 logging.basicConfig(level=logging.INFO)
 args = json.loads(sys.argv[1])
-pj.TERM_LOGS_S = args.pop("term_logs_s", pj.TERM_LOGS_S)
+launcher.TERM_LOGS_S = args.pop("term_logs_s", pj.TERM_LOGS_S)
 args["outputs"] = pj.Outputs(**{k: Path(v) for k, v in args["outputs"].items()})
 pj.launch(**args)
 """
