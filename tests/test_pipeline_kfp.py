@@ -374,7 +374,8 @@ def test_kaniko_pushes_with_the_registry_secret_mounted_as_its_docker_config(tmp
     """The push credentials: Secret REGISTRY_PUSH_SECRET (type dockerconfigjson, with a
     config.json key) mounted at /kaniko/.docker, i.e. /kaniko/.docker/config.json; the
     destination is the serving_image step's ref (params.yaml serving_image.image_repository)."""
-    from pipelines.training import KANIKO_DOCKER_CONFIG, KANIKO_IMAGE, REGISTRY_PUSH_SECRET
+    from pipelines.training_cluster import KANIKO_DOCKER_CONFIG, REGISTRY_PUSH_SECRET
+    from pipelines.training_components import KANIKO_IMAGE
 
     spec, executors = _compile(tmp_path)
     (volume,) = executors["exec-kaniko-build-op"]["secretAsVolume"]
@@ -399,7 +400,7 @@ def test_only_promote_holds_the_signing_key_and_deploy_trusts_the_configmap(tmp_
     SIGNING_SECRET mounted into the promote pod of the cluster branch only, named by
     PADDLE_MLOPS_SIGNING_KEY (a path, never a parameter); deploy gets the trusted keys from
     ConfigMap TRUST_CONFIG_MAP; both read the registry credentials from a mounted file."""
-    from pipelines.training import SIGNING_MOUNT, SIGNING_SECRET, TRUST_CONFIG_MAP
+    from pipelines.training_cluster import SIGNING_MOUNT, SIGNING_SECRET, TRUST_CONFIG_MAP
 
     spec, executors = _compile(tmp_path)
     containers = {k: e["container"] for k, e in spec["deploymentSpec"]["executors"].items()}
@@ -446,7 +447,8 @@ def test_ingest_fans_out_over_unit_groups_under_kfp_local(tmp_path):
     from components.ml import snapshot
     from components.steps.ingest import run as ingest
     from components.tasks import task_from_params
-    from pipelines.training import IMAGE, ingest_fanout, ops
+    from pipelines.training import IMAGE, ops
+    from pipelines.training_components import ingest_fanout
 
     root = tmp_path / "folder"
     rng = np.random.default_rng(3)
