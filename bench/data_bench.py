@@ -79,8 +79,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -712,7 +712,7 @@ def rss_growth(sizes: Sequence[int], runs: dict[int, dict[str, StepRun]]) -> dic
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--sizes",
@@ -769,20 +769,39 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--worker", choices=["decode", "ingest", "reader"], help=argparse.SUPPRESS)
     parser.add_argument("worker_args", nargs="*", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)  # fmt: skip
+    return parser
 
-    if args.worker:
-        a = args.worker_args
-        if args.worker == "decode":
-            result = worker_decode(Path(a[0]), int(a[1]), int(a[2]))
-        elif args.worker == "ingest":
-            result = worker_ingest(Path(a[0]), Path(a[1]))
-        else:
-            result = worker_reader(Path(a[0]), Path(a[1]), int(a[2]), int(a[3]))
-        print(json.dumps(result))
-        return 0
 
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+def run_worker(kind: str, a: Sequence[str]) -> dict[str, Any]:
+    """``--worker KIND ARGS``: one measurement in this process (see :func:`call_worker`)."""
+    if kind == "decode":
+        return worker_decode(Path(a[0]), int(a[1]), int(a[2]))
+    if kind == "ingest":
+        return worker_ingest(Path(a[0]), Path(a[1]))
+    return worker_reader(Path(a[0]), Path(a[1]), int(a[2]), int(a[3]))
+
+
+@dataclass
+class Bench:
+    """One run of the benchmark: its options, the sizes and sets each scenario measures, the
+    generated images, and each scenario's result (:data:`SCENARIOS`) by name."""
+
+    args: argparse.Namespace
+    sizes: list[int]
+    repeats: int
+    throughput_n: int
+    reader_n: int
+    incremental_n: int
+    sets: list[tuple[str, Any]]
+    cache: Path
+    cpu: dict[str, Any]
+    started: datetime
+    gen: Path
+    results: dict[str, Any] = field(default_factory=dict)
+
+
+def setup(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Bench:
+    """The sizes (checked), the cache and the generated 64x64 images every scenario reads."""
     sizes = sorted(args.sizes or ([500, 2000] if args.quick else [2000, 8000, 32000]))
     if len(sizes) < 2 or any(n < 20 or n % len(CLASSES) for n in sizes):
         parser.error("--sizes: at least two sizes, multiples of 10, >= 20")
@@ -804,35 +823,47 @@ def main(argv: list[str] | None = None) -> int:
     log.info("CPU %s, %d cores; cache %s", cpu.get("cpu_model"), os.cpu_count(), cache)
     most = max(*sizes, incremental_n)
     gen = generated(cache, 64, most // 10 + max(1, most // 100), args.seed, args.workers)
+    return Bench(
+        args, sizes, repeats, throughput_n, reader_n, incremental_n, sets, cache, cpu, started, gen
+    )
 
-    # 1. peak RSS per step and size
+
+# --------------------------------------------------------------------------- scenarios
+
+
+def scenario_rss(b: Bench) -> tuple[dict[int, dict[str, StepRun]], dict[int, dict[str, str]]]:
+    """Peak RSS per step and size: (runs, failed steps) by size."""
     runs: dict[int, dict[str, StepRun]] = {}
     failed: dict[int, dict[str, str]] = {}
-    for n in sizes:
-        folder = link_folder(cache / f"folder-64px-{n}", gen, n // len(CLASSES))
+    for n in b.sizes:
+        folder = link_folder(b.cache / f"folder-64px-{n}", b.gen, n // len(CLASSES))
         params = write_params(
-            cache / "runs" / str(n) / "params.yaml", folder, image_size=64,
-            workers=args.workers, batch_size=args.batch_size, sets=sets,
+            b.cache / "runs" / str(n) / "params.yaml", folder, image_size=64,
+            workers=b.args.workers, batch_size=b.args.batch_size, sets=b.sets,
         )  # fmt: skip
         log.info("%d images (%s):", n, folder)
-        runs[n], failed[n] = run_steps(params, cache / "runs" / str(n) / "out", args.steps)
-    growth = rss_growth(sizes, runs)
+        runs[n], failed[n] = run_steps(params, b.cache / "runs" / str(n) / "out", b.args.steps)
+    return runs, failed
 
-    # 2. ingest vs the bare decode loop
-    log.info("ingest vs decode, %d images, %d processes:", throughput_n, args.workers)
-    tp_params = cache / "runs" / str(throughput_n) / "params.yaml"
+
+def scenario_ingest_vs_decode(b: Bench) -> dict[str, Any]:
+    """Ingest vs the bare decode loop, on the throughput size's folder."""
+    log.info("ingest vs decode, %d images, %d processes:", b.throughput_n, b.args.workers)
+    tp_params = b.cache / "runs" / str(b.throughput_n) / "params.yaml"
     unit_files = int(yaml.safe_load(tp_params.read_text())["ingest"].get("unit_files", 256))
-    throughput = ingest_vs_decode(
-        cache / f"folder-64px-{throughput_n}", tp_params, cache / "scratch" / "throughput",
-        args.workers, repeats, unit_files,
+    return ingest_vs_decode(
+        b.cache / f"folder-64px-{b.throughput_n}", tp_params, b.cache / "scratch" / "throughput",
+        b.args.workers, b.repeats, unit_files,
     )  # fmt: skip
 
-    # 3. the streaming reader vs the train step
-    log.info("reader vs train step, the train split of %d images:", reader_n)
+
+def scenario_reader(b: Bench) -> dict[str, Any]:
+    """The streaming reader (the train step's loader when it reports one) vs the train step."""
+    log.info("reader vs train step, the train split of %d images:", b.reader_n)
     reader = call_worker(
-        "reader", str(cache / "runs" / str(reader_n) / "params.yaml"),
-        str(cache / "runs" / str(reader_n) / "out" / "ingest"), str(args.batch_size),
-        str(args.train_steps),
+        "reader", str(b.cache / "runs" / str(b.reader_n) / "params.yaml"),
+        str(b.cache / "runs" / str(b.reader_n) / "out" / "ingest"), str(b.args.batch_size),
+        str(b.args.train_steps),
     )  # fmt: skip
     loader = reader.get("loader") or {}
     if "samples_per_s" in loader:  # the train step's own pipeline is the reader it trains on
@@ -850,51 +881,99 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     log.info(
         "  train step %.0f samples/s (batch %d) -> reader_vs_train %.2f (%s)",
-        reader["train_samples_per_s"], args.batch_size, reader["reader_vs_train"],
+        reader["train_samples_per_s"], b.args.batch_size, reader["reader_vs_train"],
         reader["reader"],
     )  # fmt: skip
+    return reader
 
-    # 4. incremental ingest
-    log.info("incremental ingest, %d images + 10%%:", incremental_n)
-    inc = incremental(
-        gen, cache / "scratch" / "incremental", incremental_n, args.workers, args.batch_size, sets
-    )
 
-    # 5. 100k at 224x224
-    big: dict[str, StepRun] = {}
-    big_failed: dict[str, str] = {}
-    if args.big:
-        per_class = args.big_images // len(CLASSES)
-        gen224 = generated(cache, 224, per_class, args.seed, args.workers)
-        folder = link_folder(cache / f"folder-224px-{args.big_images}", gen224, per_class)
-        params = write_params(
-            cache / "runs" / "big" / "params.yaml", folder, image_size=224,
-            workers=args.workers, batch_size=args.batch_size,
-            sets=[*sets, *parse_sets(args.big_set)],
-        )  # fmt: skip
-        log.info("%d images at 224x224 (%s):", args.big_images, folder)
-        big, big_failed = run_steps(params, cache / "runs" / "big" / "out", args.big_steps)
-    rss_big = max((r.max_rss_mb for r in big.values()), default=None)
+def scenario_incremental(b: Bench) -> dict[str, Any]:
+    """Incremental ingest: +10% new files, into the same output directory."""
+    log.info("incremental ingest, %d images + 10%%:", b.incremental_n)
+    return incremental(
+        b.gen, b.cache / "scratch" / "incremental", b.incremental_n, b.args.workers,
+        b.args.batch_size, b.sets,
+    )  # fmt: skip
 
-    # report
+
+def scenario_big(b: Bench) -> tuple[dict[str, StepRun], dict[str, str]]:
+    """``--big``: 100k RGB images at 224x224 (runs, failed steps)."""
+    args = b.args
+    per_class = args.big_images // len(CLASSES)
+    gen224 = generated(b.cache, 224, per_class, args.seed, args.workers)
+    folder = link_folder(b.cache / f"folder-224px-{args.big_images}", gen224, per_class)
+    params = write_params(
+        b.cache / "runs" / "big" / "params.yaml", folder, image_size=224,
+        workers=args.workers, batch_size=args.batch_size,
+        sets=[*b.sets, *parse_sets(args.big_set)],
+    )  # fmt: skip
+    log.info("%d images at 224x224 (%s):", args.big_images, folder)
+    return run_steps(params, b.cache / "runs" / "big" / "out", args.big_steps)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One measurement of the benchmark: ``run`` when ``when`` holds for the options, else
+    ``default`` is its result."""
+
+    name: str
+    run: Callable[[Bench], Any]
+    when: Callable[[argparse.Namespace], bool] = lambda args: True
+    default: Any = None
+
+
+# run in this order; each result is Bench.results[name]
+SCENARIOS = (
+    Scenario("rss", scenario_rss),  # 1. peak RSS per step and size
+    Scenario("throughput", scenario_ingest_vs_decode),  # 2. ingest vs the bare decode loop
+    Scenario("reader", scenario_reader),  # 3. the streaming reader vs the train step
+    Scenario("incremental", scenario_incremental),  # 4. incremental ingest
+    Scenario("big", scenario_big, when=lambda args: args.big, default=({}, {})),  # 5. 100k
+)
+
+
+# --------------------------------------------------------------------------- the report
+
+
+def goal_values(b: Bench) -> tuple[dict[str, float], str | None, dict[str, float | None]]:
+    """The rss growth per step, the worst step, and the value of each of :data:`GOALS`."""
+    runs, _ = b.results["rss"]
+    big, _ = b.results["big"]
+    growth = rss_growth(b.sizes, runs)
+    worst = max(growth, key=growth.get) if growth else None
+    values = {
+        "rss_growth_16x": growth[worst] if worst else None,
+        "ingest_vs_decode": b.results["throughput"]["ingest_vs_decode"],
+        "reader_vs_train": b.results["reader"]["reader_vs_train"],
+        "incremental_ingest": b.results["incremental"]["incremental_ingest"],
+        "rss_100k_224_mb": max((r.max_rss_mb for r in big.values()), default=None),
+    }
+    return growth, worst, values
+
+
+def print_measurements(b: Bench, growth: dict[str, float], worst: str | None) -> None:
+    """The tables and one paragraph per scenario."""
+    args, sizes, (runs, failed) = b.args, b.sizes, b.results["rss"]
+    throughput, reader, inc = (b.results[k] for k in ("throughput", "reader", "incremental"))
+    loader = reader.get("loader") or {}
     print(
-        f"\nCPU: {cpu.get('cpu_model', '?')}, {os.cpu_count()} cores; {started:%Y-%m-%d %H:%M} UTC"
+        f"\nCPU: {b.cpu.get('cpu_model', '?')}, {os.cpu_count()} cores; "
+        f"{b.started:%Y-%m-%d %H:%M} UTC"
     )
     print(f"ingest.workers = decode processes = {args.workers}; train batch {args.batch_size}")
     print_tables(sizes, runs, failed)
-    worst = max(growth, key=growth.get) if growth else None
     print(f"\nrss_growth ({sizes[-1]:,} vs {sizes[0]:,} images, max RSS): "
           + ", ".join(f"{s} {v:.2f}" for s, v in growth.items())
           + (f"; worst {worst}" if worst else ""))  # fmt: skip
     print(
-        f"ingest vs decode ({throughput_n:,} images, median of {repeats}): decode "
+        f"ingest vs decode ({b.throughput_n:,} images, median of {b.repeats}): decode "
         f"{throughput['decode_images_per_s']:.0f} images/s, ingest "
         f"{throughput['ingest_images_per_s']:.0f} images/s"
     )
     print(
-        f"reader vs train ({reader['reader_samples']:,} train samples of the {reader_n:,} set): "
-        f"iter_split + preprocess {reader['reader_samples_per_s']:.0f} samples/s, the train "
-        f"step's loader "
+        f"reader vs train ({reader['reader_samples']:,} train samples of the {b.reader_n:,} "
+        f"set): iter_split + preprocess {reader['reader_samples_per_s']:.0f} samples/s, the "
+        f"train step's loader "
         + (
             f"{loader['samples_per_s']:.0f} samples/s ({loader['settings']})"
             if "samples_per_s" in loader
@@ -903,8 +982,24 @@ def main(argv: list[str] | None = None) -> int:
         + f"; resnet18 64x64 train step {reader['train_samples_per_s']:.0f} samples/s "
         f"(batch {args.batch_size}); reader_vs_train uses {reader['reader']}"
     )
-    for n in sizes:
-        metrics = cache / "runs" / str(n) / "out" / "metrics" / "train.json"
+    print_train_metrics(b)
+    print(
+        f"incremental ({inc['images_full']:,} + {inc['images_added']:,} images): full "
+        f"{inc['full_s']:.2f} s, incremental {inc['incremental_s']:.2f} s; units reused "
+        f"{inc['units_reused']}/{inc['units']}; old shards byte-identical: "
+        f"{inc['shards_identical']} ({inc['old_shards']} shards); no old sample changed split: "
+        f"{inc['splits_stable']}"
+    )
+    big, _ = b.results["big"]
+    if big:
+        cells = [f"{s} {r.max_rss_mb:.0f} MB ({r.seconds:.0f} s)" for s, r in big.items()]
+        print(f"{args.big_images:,} images at 224x224: " + ", ".join(cells))
+
+
+def print_train_metrics(b: Bench) -> None:
+    """The train step's own reader and throughput metrics, at each size it ran."""
+    for n in b.sizes:
+        metrics = b.cache / "runs" / str(n) / "out" / "metrics" / "train.json"
         if metrics.exists():
             doc = json.loads(metrics.read_text())
             print(
@@ -913,25 +1008,43 @@ def main(argv: list[str] | None = None) -> int:
                 f"{fmt(doc.get('reader_samples_per_second'), '.0f')}, reader_vs_train "
                 f"{fmt(doc.get('reader_vs_train'))}"
             )
-    print(
-        f"incremental ({inc['images_full']:,} + {inc['images_added']:,} images): full "
-        f"{inc['full_s']:.2f} s, incremental {inc['incremental_s']:.2f} s; units reused "
-        f"{inc['units_reused']}/{inc['units']}; old shards byte-identical: "
-        f"{inc['shards_identical']} ({inc['old_shards']} shards); no old sample changed split: "
-        f"{inc['splits_stable']}"
-    )
-    if big:
-        cells = [f"{s} {r.max_rss_mb:.0f} MB ({r.seconds:.0f} s)" for s, r in big.items()]
-        print(f"{args.big_images:,} images at 224x224: " + ", ".join(cells))
-    values = {
-        "rss_growth_16x": growth[worst] if worst else None,
-        "ingest_vs_decode": throughput["ingest_vs_decode"],
-        "reader_vs_train": reader["reader_vs_train"],
-        "incremental_ingest": inc["incremental_ingest"],
-        "rss_100k_224_mb": rss_big,
-    }
-    failures = [(f"{n:,} images", f) for n in sizes for f in failed[n].items()]
+
+
+def failures_of(b: Bench) -> list[tuple[str, tuple[str, str]]]:
+    """(where, (step, why)) of every step that failed, at each size and in the --big run."""
+    _, failed = b.results["rss"]
+    _, big_failed = b.results["big"]
+    failures = [(f"{n:,} images", f) for n in b.sizes for f in failed[n].items()]
     failures += [("224x224", f) for f in big_failed.items()]
+    return failures
+
+
+def write_json(b: Bench, growth: dict[str, float], values: dict[str, float | None]) -> None:
+    runs, failed = b.results["rss"]
+    big, big_failed = b.results["big"]
+    report = {
+        "machine": b.cpu,
+        "date": b.started.isoformat(timespec="seconds"),
+        "sizes": b.sizes,
+        "workers": b.args.workers,
+        "runs": {n: {s: asdict(r) for s, r in rs.items()} for n, rs in runs.items()},
+        "failed": {**failed, "big": big_failed},
+        "rss_growth": growth,
+        "throughput": b.results["throughput"],
+        "reader": b.results["reader"],
+        "incremental": b.results["incremental"],
+        "big": {s: asdict(r) for s, r in big.items()},
+        "values": values,
+    }
+    b.args.json.write_text(json.dumps(report, indent=2))
+
+
+def report(b: Bench) -> int:
+    """Print the measurements, the failures, the goals and the last (machine-readable) line;
+    0 when the incremental ingest kept the old shards and splits and no step failed."""
+    growth, worst, values = goal_values(b)
+    print_measurements(b, growth, worst)
+    failures = failures_of(b)
     if failures:
         print("\nFAILED steps (not measured; rss_growth_16x covers the measured ones):")
         for where, (step, why) in failures:
@@ -939,31 +1052,33 @@ def main(argv: list[str] | None = None) -> int:
     print("\ngoals:")
     for name, value in values.items():
         print(f"  {name:<20} {fmt(value, '.3f'):>8}  {verdict(name, value)}")
-    if args.json:
-        report = {
-            "machine": cpu,
-            "date": started.isoformat(timespec="seconds"),
-            "sizes": sizes,
-            "workers": args.workers,
-            "runs": {n: {s: asdict(r) for s, r in rs.items()} for n, rs in runs.items()},
-            "failed": {**failed, "big": big_failed},
-            "rss_growth": growth,
-            "throughput": throughput,
-            "reader": reader,
-            "incremental": inc,
-            "big": {s: asdict(r) for s, r in big.items()},
-            "values": values,
-        }
-        args.json.write_text(json.dumps(report, indent=2))
+    if b.args.json:
+        write_json(b, growth, values)
+    inc = b.results["incremental"]
     ok = inc["shards_identical"] and inc["splits_stable"] and not failures
     print(
         f"rss_growth_16x={fmt(values['rss_growth_16x'])} "
         f"ingest_vs_decode={fmt(values['ingest_vs_decode'])} "
         f"reader_vs_train={fmt(values['reader_vs_train'])} "
         f"incremental_ingest={fmt(values['incremental_ingest'], '.3f')} "
-        f"rss_100k_224_mb={fmt(rss_big, '.0f')}"
+        f"rss_100k_224_mb={fmt(values['rss_100k_224_mb'], '.0f')}"
     )
     return 0 if ok else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.worker:
+        print(json.dumps(run_worker(args.worker, args.worker_args)))
+        return 0
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    bench = setup(parser, args)
+    for scenario in SCENARIOS:
+        bench.results[scenario.name] = (
+            scenario.run(bench) if scenario.when(args) else scenario.default
+        )
+    return report(bench)
 
 
 if __name__ == "__main__":

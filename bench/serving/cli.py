@@ -11,17 +11,15 @@ import shutil
 import sys
 import tempfile
 import time
-from dataclasses import asdict
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from bench.serving import runtime_best
 from bench.serving.common import (
-    DEFAULT_BINARY,
-    DEFAULT_DIGITS,
     DIGITS_PARTS,
     PARTS,
-    REPO,
     Cell,
     Report,
     _cpu_model,
@@ -33,6 +31,7 @@ from bench.serving.common import (
 )
 from bench.serving.compute import confirm_compute, run_compute
 from bench.serving.loads import H2load, Wrk, measure
+from bench.serving.options import OPTIONS
 from bench.serving.predlog import run_prediction_log
 from bench.serving.report import last_line, render
 from bench.serving.servers import (
@@ -51,197 +50,31 @@ from components.ml.ov_runtime import OVPredictor
 from components.ml.server import RunningServer
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m bench.serving",
         description="Serving benchmark: the C++ KServe-v2 server against its limits and a "
         "Python baseline (docs/serving-benchmark.md).",
     )
-    parser.add_argument("--arch", default="resnet18", choices=["resnet18", "resnet34", "resnet50"])
-    parser.add_argument("--server-binary", type=Path, default=DEFAULT_BINARY)
-    parser.add_argument("--digits-dir", type=Path, default=DEFAULT_DIGITS)
-    parser.add_argument("--threads", type=int, default=2, help="total inference threads")
-    parser.add_argument(
-        "--layouts",
-        default=None,
-        help="C++ worker layouts for the compute-bound regime, e.g. '1x2,2x1' (workers x "
-        "threads per worker, each adding up to --threads); default: all of them",
-    )
-    parser.add_argument(
-        "--digits-layout", default="1x1", help="workers x threads for both digits servers"
-    )
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
-    parser.add_argument(
-        "--digits-concurrency",
-        type=int,
-        nargs="+",
-        default=[1, 4, 16],
-        help="digits: batching on vs off, and the Python baseline",
-    )
-    parser.add_argument("--overhead-concurrency", type=int, default=16, help="of ratio_vs_python")
-    parser.add_argument(
-        "--grpc-concurrency",
-        type=int,
-        nargs="+",
-        default=[16, 1],
-        help="digits, batching off: gRPC (h2load) vs REST binary (wrk)",
-    )
-    parser.add_argument(
-        "--slow-clients",
-        type=int,
-        default=1000,
-        help="connections the slow-clients helper holds (0: no slow-clients cell)",
-    )
-    parser.add_argument(
-        "--slow-idle-fraction", type=float, default=0.5, help="of them silent, the rest trickle"
-    )
-    parser.add_argument(
-        "--slow-interval-ms", type=float, default=500.0, help="between trickled header bytes"
-    )
-    parser.add_argument(
-        "--slow-duration",
-        type=int,
-        default=12,
-        help="seconds of the good clients' timed run among slow clients",
-    )
-    parser.add_argument(
-        "--slow-concurrency", type=int, default=16, help="good clients (wrk connections)"
-    )
-    parser.add_argument(
-        "--log-concurrency",
-        type=int,
-        default=16,
-        help="digits, batching off: the prediction log's cost (no log / outputs / inputs 0.1)",
-    )
-    parser.add_argument("--max-batch-size", type=int, default=16, help="digits servers")
-    parser.add_argument(
-        "--warm-batches",
-        type=int,
-        nargs="+",
-        default=[1, 3, 8, 16],
-        help="warmup: the batch sizes whose first request after a swap is timed",
-    )
-    parser.add_argument("--warm-rounds", type=int, default=6, help="warmup: swaps of each kind")
-    parser.add_argument(
-        "--warm-repeats", type=int, default=25, help="warmup: requests per size for the median"
-    )
-    parser.add_argument(
-        "--resnet-max-batch-size",
-        type=int,
-        default=8,
-        help="ResNet servers (8: at concurrency 16 one batch runs while the next one's "
-        "requests arrive)",
-    )
-    parser.add_argument(
-        "--queue-delay-us",
-        type=int,
-        default=20000,
-        help="ResNet, batching on: the longest a free worker waits for answered clients to "
-        "come back (server default 0: never waits)",
-    )
-    parser.add_argument(
-        "--digits-queue-delay-us",
-        type=int,
-        default=0,
-        help="digits, batching on (server default 0)",
-    )
-    parser.add_argument(
-        "--tune-bundle",
-        type=Path,
-        default=REPO / "outputs" / "package",
-        help="tune: the digits bundle package wrote (int8 and warm-up samples)",
-    )
-    parser.add_argument("--tune-rounds", type=int, default=3, help="tune: rounds of the grid")
-    parser.add_argument(
-        "--tune-trial-seconds",
-        type=int,
-        default=2,
-        help="tune: wrk seconds per concurrency of each grid cell",
-    )
-    parser.add_argument("--inprocess-batches", type=int, nargs="+", default=[1, 16, 32])
-    parser.add_argument(
-        "--runtime-streams",
-        nargs="+",
-        default=["1", "2", "AUTO"],
-        help="NUM_STREAMS searched for OpenVINO's best (THROUGHPUT hint, async requests)",
-    )
-    parser.add_argument("--runtime-batches", type=int, nargs="+", default=[1, 16, 32])
-    parser.add_argument("--duration", type=int, default=4, help="seconds per timed cell")
-    parser.add_argument(
-        "--repeats",
-        type=int,
-        default=5,
-        help="digits: rounds of the compared servers (each measured in turn at each "
-        "concurrency); medians and paired ratios are reported",
-    )
-    parser.add_argument(
-        "--compute-rounds",
-        type=int,
-        default=8,
-        help="ResNet: rounds of the best server cell vs the best in-process batch, in turn",
-    )
-    parser.add_argument(
-        "--compute-candidates",
-        type=int,
-        default=3,
-        help="ResNet: how many of the table's best server cells the rounds measure (the "
-        "best median ratio is the verdict; every candidate's is printed)",
-    )
-    parser.add_argument(
-        "--compute-round-seconds",
-        type=int,
-        default=6,
-        help="ResNet: seconds of each side of a round (short: the machine's slow phases "
-        "then hit both sides of a pair; not too short: whole batches of 16 finish in it)",
-    )
-    parser.add_argument(
-        "--cpu-pinning",
-        action="store_true",
-        help="OpenVINO CPU pinning for every runtime (C++ server, Python baseline, "
-        "in-process); default off, like the server",
-    )
-    parser.add_argument("--warmup", type=int, default=1, help="seconds of warm-up per cell")
-    parser.add_argument("--inprocess-seconds", type=float, default=5.0)
-    parser.add_argument(
-        "--noise-threshold",
-        type=float,
-        default=25.0,
-        help="CPU %% of other processes (100 = one core) above which a cell is measured again",
-    )
-    parser.add_argument("--retries", type=int, default=2, help="re-measurements of a noisy cell")
-    parser.add_argument("--startup-timeout", type=float, default=120.0)
-    parser.add_argument(
-        "--server-arg",
-        dest="server_args",
-        action="append",
-        default=[],
-        help="extra flag for every C++ server run (repeatable), e.g. --server-arg=--http-threads=8",
-    )
-    parser.add_argument(
-        "--wait-for-binary", type=float, default=0.0, help="seconds to wait for the server binary"
-    )
-    parser.add_argument(
-        "--only",
-        action="append",
-        choices=[*PARTS, "digits"],
-        help="run only these parts (repeatable): resnet, batching, python, grpc, slow-clients, "
-        "prediction-log, warmup, tune, or digits (all but resnet); default: everything",
-    )
-    parser.add_argument("--quick", action="store_true", help="short cells, fewer of them")
-    parser.add_argument("--skip-cpp", action="store_true", help="no C++ server (development)")
-    parser.add_argument("--work-dir", type=Path, help="keep model, requests and logs here")
-    parser.add_argument("--json", type=Path, help="also write the results here")
-    args = parser.parse_args(argv)
-    if args.repeats < 1 or args.compute_rounds < 1 or args.compute_candidates < 1:
-        parser.error("--repeats, --compute-rounds and --compute-candidates must be >= 1")
-    logging.basicConfig(level=logging.INFO, format="%(message)s", force=True, stream=sys.stderr)
-    os.environ.setdefault("GLOG_minloglevel", "2")
+    for flags, kwargs in OPTIONS:
+        parser.add_argument(*flags, **kwargs)
+    return parser
+
+
+def choose_parts(args: argparse.Namespace) -> list[str]:
+    """``--only`` (``digits``: all but resnet), without slow-clients when it has no
+    connections; in the order of :data:`PARTS`."""
     chosen = set(args.only or PARTS)
     if "digits" in chosen:
         chosen = (chosen - {"digits"}) | set(DIGITS_PARTS)
     if args.slow_clients <= 0:
         chosen.discard("slow-clients")
-    args.parts = [p for p in PARTS if p in chosen]
+    return [p for p in PARTS if p in chosen]
+
+
+def apply_quick(args: argparse.Namespace) -> None:
+    """``--quick``: short cells, fewer of them; then the default ``--layouts`` (every split
+    of ``--threads``)."""
     if args.quick:
         args.duration, args.warmup, args.inprocess_seconds = 2, 1, 2.0
         args.repeats = min(args.repeats, 2)
@@ -257,10 +90,15 @@ def main(argv: list[str] | None = None) -> int:
         args.layouts = ",".join(
             f"{w}x{args.threads // w}" for w in range(1, args.threads + 1) if args.threads % w == 0
         )
+
+
+def preflight(args: argparse.Namespace) -> str | None:
+    """wrk's path, once wrk, the server binary (waited for ``--wait-for-binary`` s) and the
+    digits model the chosen parts need are there; else None, the missing one printed."""
     wrk_bin = shutil.which("wrk")
     if wrk_bin is None:
         print("error: wrk not found (apt-get install wrk)", file=sys.stderr)
-        return 2
+        return None
     deadline = time.monotonic() + args.wait_for_binary
     while not args.skip_cpp and not args.server_binary.exists() and time.monotonic() < deadline:
         time.sleep(min(10.0, max(0.1, deadline - time.monotonic())))
@@ -270,10 +108,25 @@ def main(argv: list[str] | None = None) -> int:
             "(or pass --server-binary, or --skip-cpp)",
             file=sys.stderr,
         )
-        return 2
+        return None
     digits = any(p in args.parts for p in DIGITS_PARTS)
     if digits and not (args.digits_dir / "signature.json").exists():
         print(f"error: {args.digits_dir}/signature.json not found (dvc repro)", file=sys.stderr)
+        return None
+    return wrk_bin
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.repeats < 1 or args.compute_rounds < 1 or args.compute_candidates < 1:
+        parser.error("--repeats, --compute-rounds and --compute-candidates must be >= 1")
+    logging.basicConfig(level=logging.INFO, format="%(message)s", force=True, stream=sys.stderr)
+    os.environ.setdefault("GLOG_minloglevel", "2")
+    args.parts = choose_parts(args)
+    apply_quick(args)
+    wrk_bin = preflight(args)
+    if wrk_bin is None:
         return 2
 
     t_start = time.perf_counter()
@@ -298,57 +151,91 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def run_resnet(args: argparse.Namespace, report: Report, work: Path, wrk: Wrk) -> None:
+    """ResNet (random init): the in-process limit and OpenVINO's best, then the C++ server's
+    cells and the rounds that confirm the best of them (the in-process limit again after)."""
+    log.info("exporting %s (random init, paddle.seed(0))", args.arch)
+    resnet_dir = export_resnet(args.arch, work / args.arch)
+    shape = input_shape(resnet_dir)
+    report.inprocess = measure_inprocess(
+        model_file(resnet_dir),
+        shape,
+        args.threads,
+        args.inprocess_batches,
+        args.inprocess_seconds,
+        max_iters=10_000,
+        noise=noise_of(args),
+        cpu_pinning=args.cpu_pinning,
+    )
+    report.runtime = runtime_best.as_dicts(
+        runtime_best.search(
+            model_file(resnet_dir),
+            shape,
+            args.threads,
+            args.runtime_streams,
+            args.runtime_batches,
+            args.inprocess_seconds,
+        )
+    )
+    if not args.skip_cpp:
+        run_compute(args, report, work, wrk, resnet_dir)
+        # again after the server runs: the machine's speed drifts; the limit is the better
+        report.inprocess += measure_inprocess(
+            model_file(resnet_dir),
+            shape,
+            args.threads,
+            [b for b in args.inprocess_batches if b > 1] or args.inprocess_batches,
+            args.inprocess_seconds,
+            max_iters=10_000,
+            noise=noise_of(args),
+            when="after",
+            cpu_pinning=args.cpu_pinning,
+        )
+        report.compute_rounds = confirm_compute(args, report, work, wrk, resnet_dir)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A part of the benchmark: ``run(args, report, work, wrk)`` when ``when(args)``."""
+
+    name: str
+    when: Callable[[argparse.Namespace], bool]
+    run: Callable[[argparse.Namespace, Report, Path, Wrk], None]
+
+
+# run in this order (the digits parts share one set of servers: run_overhead)
+SCENARIOS = (
+    Scenario("resnet", lambda a: "resnet" in a.parts, run_resnet),
+    Scenario(
+        "digits",
+        lambda a: any(p in a.parts for p in DIGITS_PARTS if p != "prediction-log"),
+        lambda a, r, w, wrk: run_overhead(a, r, w, wrk),
+    ),
+    Scenario(
+        "prediction-log",
+        lambda a: "prediction-log" in a.parts and not a.skip_cpp,
+        lambda a, r, w, wrk: run_prediction_log(a, r, w, wrk),
+    ),
+    Scenario(
+        "warmup",
+        lambda a: "warmup" in a.parts and not a.skip_cpp,
+        lambda a, r, w, wrk: run_warmup(a, r, w),
+    ),
+    Scenario(
+        "tune",
+        lambda a: "tune" in a.parts and not a.skip_cpp,
+        lambda a, r, w, wrk: run_tune(a, r, w),
+    ),
+)
+
+
 def run_all(args: argparse.Namespace, report: Report, work: Path, wrk_bin: str) -> None:
     wrk = Wrk(wrk_bin, work)
     busy = noise_of(args).wait_for_quiet()
     log.info("machine busy before the first measurement: %.0f%% of one core", busy)
-    if "resnet" in args.parts:
-        log.info("exporting %s (random init, paddle.seed(0))", args.arch)
-        resnet_dir = export_resnet(args.arch, work / args.arch)
-        shape = input_shape(resnet_dir)
-        report.inprocess = measure_inprocess(
-            model_file(resnet_dir),
-            shape,
-            args.threads,
-            args.inprocess_batches,
-            args.inprocess_seconds,
-            max_iters=10_000,
-            noise=noise_of(args),
-            cpu_pinning=args.cpu_pinning,
-        )
-        report.runtime = runtime_best.as_dicts(
-            runtime_best.search(
-                model_file(resnet_dir),
-                shape,
-                args.threads,
-                args.runtime_streams,
-                args.runtime_batches,
-                args.inprocess_seconds,
-            )
-        )
-        if not args.skip_cpp:
-            run_compute(args, report, work, wrk, resnet_dir)
-            # again after the server runs: the machine's speed drifts; the limit is the better
-            report.inprocess += measure_inprocess(
-                model_file(resnet_dir),
-                shape,
-                args.threads,
-                [b for b in args.inprocess_batches if b > 1] or args.inprocess_batches,
-                args.inprocess_seconds,
-                max_iters=10_000,
-                noise=noise_of(args),
-                when="after",
-                cpu_pinning=args.cpu_pinning,
-            )
-            report.compute_rounds = confirm_compute(args, report, work, wrk, resnet_dir)
-    if any(p in args.parts for p in DIGITS_PARTS if p != "prediction-log"):
-        run_overhead(args, report, work, wrk)
-    if "prediction-log" in args.parts and not args.skip_cpp:
-        run_prediction_log(args, report, work, wrk)
-    if "warmup" in args.parts and not args.skip_cpp:
-        run_warmup(args, report, work)
-    if "tune" in args.parts and not args.skip_cpp:
-        run_tune(args, report, work)
+    for scenario in SCENARIOS:
+        if scenario.when(args):
+            scenario.run(args, report, work, wrk)
     report.ratios = ratios(report, args.overhead_concurrency)
 
 
