@@ -11,8 +11,9 @@ import pytest
 
 from components.core.artifacts import read_json
 from components.ml import snapshot
+from components.ml.evaluation import reservoir_sample
 from components.ml.modelio import load_trained
-from components.steps.evaluate import EvaluateParams, LatencyParams, reservoir_sample, run
+from components.steps.evaluate import EvaluateParams, LatencyParams, run
 from components.tasks.data import iter_split
 
 
@@ -124,11 +125,11 @@ def test_confusion_figure_has_room_for_its_title_and_labels(classes, tmp_path):
     drawn figure is now blank margin (nothing reaches the edge), at least 300 px a side."""
     from PIL import Image
 
-    from components.steps.evaluate import _confusion_png
+    from components.ml.evaluation import confusion_png
 
     names = [f"class name {i}" for i in range(classes)]
     matrix = [[(i == j) * 50 + 1 for j in range(classes)] for i in range(classes)]
-    _confusion_png(tmp_path / "c.png", matrix, names, "test: accuracy 0.9875 " * 3)
+    confusion_png(tmp_path / "c.png", matrix, names, "test: accuracy 0.9875 " * 3)
     pixels = np.asarray(Image.open(tmp_path / "c.png").convert("L"))
     height, width = pixels.shape
     assert width >= 300 and height >= 300, (width, height)

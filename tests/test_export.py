@@ -7,9 +7,10 @@ import paddle
 import pytest
 
 from components.core.artifacts import StepError, read_json
+from components.ml.exporting import check_parity
 from components.ml.modelio import load_trained
 from components.ml.runtime import ModelFiles, PaddlePredictor
-from components.steps.export import ExportParams, ParityParams, check_parity
+from components.steps.export import ExportParams, ParityParams
 from components.steps.export import run as export_run
 
 

@@ -10,18 +10,13 @@ import pytest
 
 from components.core.artifacts import StepError, read_json
 from components.ml.modelio import load_trained
+from components.ml.quantization import fp32_bundle as make_fp32_bundle
+from components.ml.quantization import quantizer, write_bundle
 from components.steps.package import bundle_int8
 from components.steps.package import run as package_run
-from components.steps.qat import (
-    QatLatency,
-    QatParams,
-    check_bundle,
-    finetune,
-    quantizer,
-    write_bundle,
-)
-from components.steps.qat import fp32_bundle as make_fp32_bundle
+from components.steps.qat import QatLatency, QatParams
 from components.steps.qat import run as qat_run
+from components.tasks.quantize import check_bundle, finetune
 from tests.conftest import package_params
 
 

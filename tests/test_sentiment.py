@@ -276,7 +276,7 @@ def test_the_baseline_is_fitted_on_a_bounded_sample_of_the_training_texts(text_d
     """Evaluate's TF-IDF baseline reads the training split as a stream: all of it when it is
     no larger than ``evaluate.baseline_max_samples``, else a seeded sample of that size; it
     is scored on the same test texts as the model, batch by batch."""
-    from components.steps.evaluate import score_baseline
+    from components.tasks.baseline import score_baseline
 
     task, names = _sentiment(), ["negative", "positive"]
     _, y_test = task.read_split(text_data, "test")
@@ -464,7 +464,8 @@ def test_quantized_ernie_still_cannot_be_saved(text_data, tmp_path):
     save a quantized ERNIE, this test fails and the blocker must go."""
     import paddle
 
-    from components.steps.qat import QatParams, quantizer
+    from components.ml.quantization import quantizer
+    from components.steps.qat import QatParams
 
     task = _sentiment()
     task.fit_preprocessing(task.read_split(text_data, "train")[0])

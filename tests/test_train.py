@@ -337,13 +337,14 @@ def _keys_read(data_dir: Path, task, workers: int, rank: int = 0, size: int = 1)
     """The keys of the samples one rank's training batches hold in epoch 1."""
     from components.ml import snapshot
     from components.ml.distributed import EpochShare, World
-    from components.steps.train import TrainParams, _Inputs
+    from components.steps.train import TrainParams
     from components.tasks import stream
+    from components.tasks.trainer import Inputs
 
     params = TrainParams(piece_rows=100, shuffle_buffer=300, loader_workers=workers)
     snap = snapshot.load(data_dir)
     share = EpochShare(snap.rows("train"), params.batch_size, size)
-    inputs = _Inputs.build(snap, task, params, share, World(rank, size), task.objective())
+    inputs = Inputs.build(snap, task, params, share, World(rank, size), task.objective())
     reader = inputs.reader([1], val=False)
     try:
         batches = list(inputs.batches(reader, 1, np.random.default_rng(0)))

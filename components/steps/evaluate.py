@@ -18,22 +18,16 @@ compared with the champion."""
 from __future__ import annotations
 
 import logging
-import shutil
-import textwrap
-from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from components.core.artifacts import StepError, atomic_path, write_json, write_manifest, write_text
 from components.kernel.step import BUNDLE, DATA, Out, Step
-from components.ml import dataset
+from components.ml import dataset, evaluation
 from components.ml.scoring import score_model
-from components.tasks import Task
-from components.tasks.data import check_format, iter_split
-from components.tasks.report import classification_report
+from components.tasks import Task, baseline
+from components.tasks.base import Scores
 
 log = logging.getLogger(__name__)
 
@@ -71,124 +65,6 @@ class EvaluateResult:
     report: dict[str, Any]
 
 
-FIGURE_MIN_INCHES = 4.0  # the confusion figure's smallest side (400 px at 100 dpi)
-
-
-def _confusion_png(dest: Path, matrix: list[list[int]], names: list[str], title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    cm = np.asarray(matrix)
-    side = max(FIGURE_MIN_INCHES, 1 + 0.5 * len(names))  # 2 classes: room for the title too
-    fig, ax = plt.subplots(figsize=(side, side), dpi=100)
-    ax.imshow(cm, cmap="Blues")
-    ax.set_xticks(range(len(names)), names, rotation=90 if len(names) > 12 else 0)
-    ax.set_yticks(range(len(names)), names)
-    ax.set_xlabel("predicted")
-    ax.set_ylabel("actual")
-    ax.set_title(textwrap.fill(title, 40), fontsize=10)
-    for (i, j), v in np.ndenumerate(cm):
-        if v:
-            ax.text(
-                j,
-                i,
-                str(v),
-                ha="center",
-                va="center",
-                color="white" if v > cm.max() / 2 else "black",
-                fontsize=8,
-            )
-    fig.tight_layout()
-    with atomic_path(dest) as tmp:
-        # the bounding box of what was drawn: no title or tick label is cut at the edge
-        fig.savefig(tmp, format="png", bbox_inches="tight", pad_inches=0.2)
-    plt.close(fig)
-
-
-BASELINE_SEED = 0  # of the reservoir sample the baseline is fitted on
-
-
-def reservoir_sample(
-    batches: Iterable[tuple[np.ndarray, np.ndarray]], size: int, seed: int = BASELINE_SEED
-) -> tuple[np.ndarray, np.ndarray, int]:
-    """A uniform sample of at most ``size`` samples of a stream of (samples, labels) batches
-    (reservoir sampling, algorithm R, seeded), in stream order; all of them when the stream
-    is no longer. Returns the samples, their labels and how many samples streamed by."""
-    rng = np.random.default_rng(seed)
-    kept: list[Any] = []
-    labels: list[int] = []
-    order: list[int] = []  # each kept sample's position in the stream
-    seen = 0
-    for samples, lbl in batches:
-        n = len(lbl)
-        # own copies of array samples: a view would keep its whole batch alive
-        own = (lambda x: x) if samples.dtype == object else np.array
-        fill = min(max(size - len(kept), 0), n)
-        kept += [own(x) for x in samples[:fill]]
-        labels += lbl[:fill].tolist()
-        order += range(seen, seen + fill)
-        if fill < n:  # the reservoir is full: sample i replaces a kept one with p = size/(i+1)
-            positions = np.arange(seen + fill, seen + n)
-            slots = rng.integers(0, positions + 1)
-            for i in np.flatnonzero(slots < size):
-                slot = int(slots[i])
-                kept[slot], labels[slot] = own(samples[fill + i]), int(lbl[fill + i])
-                order[slot] = int(positions[i])
-        seen += n
-    by_position = np.argsort(order, kind="stable")
-    out = np.empty(len(kept), dtype=object) if kept and isinstance(kept[0], str) else None
-    if out is not None:
-        out[:] = [kept[i] for i in by_position]
-    else:
-        out = np.stack([kept[i] for i in by_position]) if kept else np.zeros(0)
-    return out, np.asarray(labels, dtype=np.int64)[by_position], seen
-
-
-def score_baseline(
-    task: Task,
-    data_dir: Path,
-    split: str,
-    y_true: np.ndarray,
-    names: list[str],
-    max_samples: int = 50000,
-    batch_rows: int = 1024,
-) -> dict[str, Any] | None:
-    """The task's baseline (``Task.baseline``) fitted on the training split (a seeded sample
-    of ``max_samples`` when it is larger, :func:`reservoir_sample`) and scored on ``split``,
-    the same samples the model is scored on, batch by batch (None: the task has none)."""
-
-    estimator = task.baseline()
-    if estimator is None:
-        return None
-    check_format(data_dir, task.data, task.name)
-    x_train, y_train, seen = reservoir_sample(
-        iter_split(task.data, data_dir, "train", batch_rows), max_samples
-    )
-    estimator.fit(x_train.tolist(), y_train)
-    predicted, labels, scored = [], [], 0
-    for x_eval, y_eval in iter_split(task.data, data_dir, split, batch_rows):
-        take = min(len(y_eval), len(y_true) - scored)  # the samples the model was scored on
-        if take <= 0:
-            break
-        predicted.append(np.asarray(estimator.predict(x_eval[:take].tolist())))
-        labels.append(y_eval[:take])
-        scored += take
-    y_eval = np.concatenate(labels) if labels else np.zeros(0, dtype=np.int64)
-    if not np.array_equal(y_eval, y_true):
-        raise StepError(f"{data_dir}: the {split} split changed while it was scored")
-    report = classification_report(y_eval, np.concatenate(predicted), names)
-    return {
-        "model": " + ".join(type(s).__name__ for _, s in getattr(estimator, "steps", [])),
-        "accuracy": report["accuracy"],
-        "macro_f1": report["macro_f1"],
-        "per_class": report["per_class"],
-        "train_samples": int(len(y_train)),
-        "train_split_samples": int(seen),
-    }
-
-
 def run(
     params: EvaluateParams,
     task: Task,
@@ -222,53 +98,47 @@ def run(
             len(scores.y_true),
             params.split,
         )
-    report, y_true, y_pred = scores.report, scores.y_true, scores.y_pred
-    names = dataset.read_label_names(data_dir)
-
-    latency: dict[str, float] = {}
-    largest = max(params.latency.batch_sizes, default=0)
-    if largest > inputs[0].shape[0]:  # the first batch is smaller: read as many as timed
-        inputs, _ = task.eval_head(data_dir, params.split, largest)
-    for bs in params.latency.batch_sizes:
-        idx = np.arange(bs) % inputs[0].shape[0]  # repeat samples if the split is smaller
-        latency[f"latency_ms_b{bs}"] = round(
-            predictor.latency_ms(
-                [x[idx] for x in inputs],
-                warmup=params.latency.warmup,
-                repeats=params.latency.repeats,
-            ),
-            4,
-        )
-
+    report, names = scores.report, dataset.read_label_names(data_dir)
+    if max(params.latency.batch_sizes, default=0) > inputs[0].shape[0]:
+        # the first batch is smaller: read as many as timed
+        inputs, _ = task.eval_head(data_dir, params.split, max(params.latency.batch_sizes))
+    latency = evaluation.latency(predictor, inputs, params.latency)
     metrics = {  # the task's metrics (Task.score), then latency
         **scores.metrics,
         **latency,
-        "samples": int(len(y_true)),
+        "samples": int(len(scores.y_true)),
         "latency_threads": params.latency.threads,
     }
-    baseline = score_baseline(
-        task, data_dir, params.split, y_true, names, params.baseline_max_samples
+    found = baseline.score_baseline(
+        task, data_dir, params.split, scores.y_true, names, params.baseline_max_samples
     )
-    if baseline is not None:
-        report["baseline"] = baseline
-        metrics["baseline_accuracy"] = baseline["accuracy"]
-        metrics["baseline_macro_f1"] = baseline["macro_f1"]
-        # > 0: the model beats the baseline on the same samples
-        metrics["accuracy_minus_baseline"] = round(report["accuracy"] - baseline["accuracy"], 6)
-        log_fn = log.info if metrics["accuracy_minus_baseline"] > 0 else log.warning
-        log_fn(
-            "%s: model accuracy %.4f vs baseline (%s) %.4f",
-            params.split,
-            report["accuracy"],
-            baseline["model"],
-            baseline["accuracy"],
-        )
+    baseline.add_baseline(found, report, metrics, params.split)
     log.info("%s: %s %s", params.split, scores.metrics, latency)
+    figures = _write_report(params, task, scores, names, latency, model_dir, data_dir, out_dir)
+    if figures_dir is not None:  # the images again, where `dvc plots show` finds them
+        evaluation.copy_figures(out_dir, Path(figures_dir), ["confusion_matrix.png", *figures])
+    write_json(metrics_file, metrics)
+    write_text(plots_file, evaluation.confusion_csv(scores.y_true, scores.y_pred, names))
+    return EvaluateResult(metrics=metrics, report=report)
 
+
+def _write_report(
+    params: EvaluateParams,
+    task: Task,
+    scores: Scores,
+    names: list[str],
+    latency: dict[str, float],
+    model_dir: Path,
+    data_dir: Path,
+    out_dir: Path,
+) -> list[str]:
+    """``report.json``, the confusion matrix and the task's figures in ``out_dir``
+    (atomically); the figures' names."""
+    report = scores.report
     with atomic_path(out_dir) as tmp:
         tmp.mkdir(parents=True)
         write_json(tmp / "report.json", {**report, **latency, "split": params.split})
-        _confusion_png(
+        evaluation.confusion_png(
             tmp / "confusion_matrix.png",
             report["confusion_matrix"],
             names,
@@ -290,17 +160,7 @@ def run(
             },
             params=asdict(params),
         )
-    if figures_dir is not None:  # the images again, where `dvc plots show` finds them
-        with atomic_path(figures_dir) as tmp:
-            tmp.mkdir(parents=True)
-            for name in ["confusion_matrix.png", *figures]:
-                shutil.copy2(out_dir / name, tmp / Path(name).name)
-    write_json(metrics_file, metrics)
-    rows = ["actual,predicted"] + [
-        f"{names[a]},{names[p]}" for a, p in zip(y_true, y_pred, strict=True)
-    ]
-    write_text(plots_file, "\n".join(rows) + "\n")
-    return EvaluateResult(metrics=metrics, report=report)
+    return figures
 
 
 STEP = Step(

@@ -26,24 +26,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import paddle
 
-from components.core.artifacts import StepError, atomic_path, write_json, write_manifest
-from components.faults import failpoints
+from components.core.artifacts import atomic_path, write_json, write_manifest
 from components.kernel.step import DATA, In, Out, Step
-from components.ml import dataset, gates, warmup
-from components.ml.modelio import load_trained, save_legacy
-from components.ml.ov_runtime import OVPredictor
-from components.ml.runtime import ModelFiles, PaddlePredictor
+from components.ml import dataset, exporting, warmup
+from components.ml.modelio import load_trained
 from components.tasks import Task
 from components.tasks.base import ASSETS_DIR
 
 log = logging.getLogger(__name__)
-
-# what the failpoint export.parity (action corrupt) adds to every output the parity check
-# reads of an exported program: a drift as a broken inference kernel or pass would make
-FAILPOINT_DRIFT = 1e-2
 
 
 @dataclass(frozen=True)
@@ -70,78 +62,6 @@ class ExportResult:
     parity: dict[str, Any]
 
 
-def save_onnx(pir_dir: Path, dest: Path) -> Path:
-    """The PIR program in ``pir_dir`` (``model.json``) as ONNX (opset 13, paddle2onnx): the
-    fp32 format OpenVINO reads for a model that has no legacy program."""
-    import paddle2onnx
-
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        paddle2onnx.export(
-            str(pir_dir / "model.json"),
-            str(pir_dir / "model.pdiparams"),
-            save_file=str(dest),
-            opset_version=13,
-            enable_onnx_checker=True,
-            optimize_tool="None",
-        )
-    except Exception as exc:  # paddle2onnx raises bare Exceptions for unsupported ops
-        raise StepError(
-            f"{pir_dir / 'model.json'}: paddle2onnx {paddle2onnx.__version__} cannot convert "
-            f"it to ONNX ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
-        ) from exc
-    if not dest.is_file():
-        raise StepError(f"{dest}: paddle2onnx wrote no ONNX file")
-    return dest
-
-
-def check_parity(
-    model: paddle.nn.Layer,
-    predictor: Any,
-    inputs: list[np.ndarray],
-    params: ParityParams,
-    program: Path,
-    logits: bool = True,
-) -> dict[str, Any]:
-    """Compare the exported program with the dygraph model; returns a JSON-able report.
-    ``logits``: the output is class logits, whose top-1 classes must agree too."""
-    with paddle.no_grad():
-        ref = model(*[paddle.to_tensor(x) for x in inputs]).numpy()
-    full = predictor.run(inputs)[0]
-    single = np.concatenate(
-        [predictor.run([x[i : i + 1] for x in inputs])[0] for i in range(inputs[0].shape[0])]
-    )
-    if failpoints.corrupts("export.parity", str(program)):
-        full, single = full + FAILPOINT_DRIFT, single + FAILPOINT_DRIFT
-    report: dict[str, Any] = {
-        "samples": int(ref.shape[0]),
-        "atol": params.atol,
-        "rtol": params.rtol,
-    }
-    ok = True
-    for name, got in (("batch_full", full), ("batch_1", single)):
-        if got.shape != ref.shape:
-            raise StepError(
-                f"{program}: output shape {list(got.shape)} != dygraph {list(ref.shape)} ({name})"
-            )
-        diff = np.abs(got - ref)
-        bound = params.atol + params.rtol * np.abs(ref)
-        mismatches = gates.top1_mismatches(got, ref, params.atol, params.rtol) if logits else 0
-        passed = bool((diff <= bound).all() and mismatches == 0)
-        report[name] = {
-            "max_abs_diff": float(diff.max()),
-            "violations": int((diff > bound).sum()),
-            "passed": passed,
-        }
-        if logits:
-            # near-ties within the tolerance may differ; beyond it a real disagreement
-            report[name]["top1_agreement"] = float((got.argmax(1) == ref.argmax(1)).mean())
-            report[name]["top1_mismatches"] = mismatches
-        ok = ok and passed
-    report["passed"] = ok
-    return report
-
-
 def run(
     params: ExportParams,
     task: Task,
@@ -159,45 +79,12 @@ def run(
 
     with atomic_path(out_dir) as tmp:
         tmp.mkdir(parents=True)
-        paddle.jit.save(model, str(tmp / "model"), input_spec=spec)
+        runtimes = exporting.write_formats(model, spec, tmp, task.export_formats)
         task.save_assets(tmp / ASSETS_DIR)  # the fitted preprocessing, beside the program
-        targets = [("pir", tmp)]
-        if "legacy" in task.export_formats:
-            save_legacy(model, spec, tmp / "legacy" / "model")
-            targets.append(("legacy", tmp / "legacy"))
-        runtimes: list[tuple[str, Any, Path, Path | None]] = []
-        for fmt, directory in targets:
-            files = ModelFiles.in_dir(directory)
-            runtimes.append((fmt, PaddlePredictor(files), files.program, files.params))
-        if "onnx" in task.export_formats:  # OpenVINO (the server) reads it; no legacy needed
-            onnx_file = save_onnx(tmp, tmp / "onnx" / "model.onnx")
-            runtimes.append(("onnx", OVPredictor(onnx_file), onnx_file, None))
-        formats, parity = {}, {}
-        for fmt, predictor, program, weights in runtimes:
-            parity[fmt] = check_parity(
-                model, predictor, held_out, params.parity, program, task.outputs_logits
-            )
-            formats[fmt] = {
-                "program": program.relative_to(tmp).as_posix(),
-                "params": weights.relative_to(tmp).as_posix() if weights else "",
-                "input_names": predictor.input_names,
-                "output_names": predictor.output_names,
-            }
-            log.info(
-                "parity %s: %s",
-                fmt,
-                {k: v for k, v in parity[fmt].items() if k.startswith("batch")},
-            )
-        num_classes = int(meta["num_classes"])
-        signature = {
-            "task": task.name,
-            "inputs": [s.to_json() for s in task.input_specs()],
-            "outputs": [s.to_json() for s in task.output_specs(num_classes)],
-            "formats": formats,
-            "preprocessing": task.preprocessing_doc(),
-            "label_names": dataset.read_label_names(data_dir),
-            "paddle_version": paddle.__version__,
-        }
+        formats, parity = exporting.check_formats(
+            model, runtimes, held_out, params.parity, tmp, task.outputs_logits
+        )
+        signature = _signature(task, int(meta["num_classes"]), formats, data_dir)
         write_json(tmp / "signature.json", signature)
         if params.warmup_samples:
             warm, _ = task.eval_head(data_dir, "val", params.warmup_samples)
@@ -212,22 +99,24 @@ def run(
             },
             params=asdict(params),
         )
-        failed = [f for f, r in parity.items() if not r["passed"]]
-        if failed:
-            details = "; ".join(
-                f"{f}: {k} max |diff| {parity[f][k]['max_abs_diff']:.3g}, "
-                f"{parity[f][k]['violations']} outputs beyond tolerance, "
-                f"{parity[f][k].get('top1_mismatches', 0)} top-1 classes differ "
-                "(beyond near-ties)"
-                for f in failed
-                for k in ("batch_full", "batch_1")
-                if not parity[f][k]["passed"]
-            )
-            raise StepError(
-                f"{out_dir}: exported model differs from the trained model "
-                f"(atol {params.parity.atol}, rtol {params.parity.rtol}): {details}"
-            )
+        exporting.raise_on_failed_parity(parity, params.parity, out_dir)
     return ExportResult(out_dir=out_dir, parity=parity)
+
+
+def _signature(
+    task: Task, num_classes: int, formats: dict[str, Any], data_dir: Path
+) -> dict[str, Any]:
+    """``signature.json``: the served inputs and outputs, each format, the preprocessing,
+    the label names."""
+    return {
+        "task": task.name,
+        "inputs": [s.to_json() for s in task.input_specs()],
+        "outputs": [s.to_json() for s in task.output_specs(num_classes)],
+        "formats": formats,
+        "preprocessing": task.preprocessing_doc(),
+        "label_names": dataset.read_label_names(data_dir),
+        "paddle_version": paddle.__version__,
+    }
 
 
 STEP = Step(
