@@ -185,8 +185,8 @@ def record_failure_op(track: dict, status: dsl.PipelineTaskFinalStatus, pipeline
         return
     import mlflow
 
-    from components.steps.track import fail_pipeline_runs
     from components.tracking.liveness import FAILURE_TAG, PIPELINE_RUN_TAG
+    from components.tracking.pipeline_run import fail_pipeline_runs
     from components.tracking.registry import tracking_uri, use_experiment
 
     mlflow.set_tracking_uri(tracking_uri())

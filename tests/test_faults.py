@@ -982,13 +982,13 @@ def test_a_dead_runs_version_is_adopted_if_it_is_the_same_model_else_marked(tmp_
     ``orphaned`` otherwise (unless an alias serves it); live and complete ones are left."""
     from mlflow import MlflowClient
 
-    from components.steps.register import (
+    from components.tracking.liveness import FAILURE_TAG, PID_TAG, START_TAG, owner_tags
+    from components.tracking.registration import (
         ADOPTED_TAG,
         CONTENT_KEY_TAG,
         ORPHAN_TAG,
         settle_dead_registrations,
     )
-    from components.tracking.liveness import FAILURE_TAG, PID_TAG, START_TAG, owner_tags
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = MlflowClient(uri, uri)

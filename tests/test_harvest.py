@@ -322,7 +322,7 @@ def test_the_params_harvest_writes_are_loggable_by_mlflow():
     harvest)."""
     from mlflow.utils.validation import _validate_param_name
 
-    from components.steps.track import flatten
+    from components.tracking.step_outputs import flatten
 
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     params["ingest"]["split"]["files"] = {"w49-*": "train", "holdout/*": "test"}

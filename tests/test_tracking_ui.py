@@ -236,7 +236,7 @@ def test_serving_image_tags_never_contradict(pipeline):
 
 
 def test_serving_image_tags_of_a_built_image():
-    from components.steps.track import serving_image_tags
+    from components.tracking.step_outputs import serving_image_tags
 
     built = {"image": "r/x:1", "image_id": "abc", "built": True, "context_sha256": "c" * 64}
     assert serving_image_tags(built, {}) == {

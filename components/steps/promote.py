@@ -33,9 +33,8 @@ from typing import Any
 
 from components.core.artifacts import StepError, read_json, write_json
 from components.kernel.step import In, Out, Step, Value
-from components.kube.images import image_repository, push_image
-from components.kube.signatures import CYCLONEDX, attach, attach_attestation, sign_image
-from components.tracking.provenance import SBOM, SLSA, sign_version
+from components.kube.publish import publish_image, sign_release
+from components.tracking.provenance import SBOM
 from components.tracking.registry import (
     TAG_LIMIT,
     ChampionChanged,
@@ -45,7 +44,6 @@ from components.tracking.registry import (
     tracking_uri,
 )
 from components.tracking.registry import client as mlflow_client
-from components.tracking.signing import signing_key
 
 log = logging.getLogger(__name__)
 
@@ -153,51 +151,13 @@ def _promote(
         )
     else:
         registry = Registry(client, name, registry_params or RegistryParams())
-        if digest is None and params.push:
-            if not infra.get("built"):
-                raise StepError(
-                    f"promote.push: the image {infra['image']} was not built on this machine "
-                    f"({infra.get('builder_note') or 'no builder'}); set serving_image.builder, "
-                    "or let the cluster pipeline build and push it (kaniko)"
-                )
-            digest, pushed = push_image(str(infra["builder"]), str(infra["image"])), True
-            log.info("pushed %s (%s)", infra["image"], digest)
-        if digest:
-            # the image exists now, wherever it was built: the version names it, with its
-            # digest, and no longer says it was not built
-            for tag, value in (
-                ("serving_image", str(infra["image"])),
-                ("serving_image_digest", digest),
-                ("serving_image_built", "true"),
-            ):
-                registry.client.set_model_version_tag(name, str(version), tag, value)
-            if "serving_image_not_built" in registry.version(version).tags:
-                registry.client.delete_model_version_tag(
-                    name, str(version), "serving_image_not_built"
-                )
+        digest, pushed = publish_image(registry, version, infra, digest, params.push)
         sbom = infra_dir / SBOM if (infra_dir / SBOM).is_file() else None
-        signed_by, image_signature = _sign(
+        signed_by, image_signature = sign_release(
             registry, uri or tracking_uri(), version, infra, sbom, digest
         )
         if params.auto_promote:
-            try:
-                event = registry.promote(
-                    version,
-                    reason="blessed by the pipeline",
-                    expected_champion=info.get("judged_against"),
-                )
-                promoted = True
-                was = event.get("previous")
-                decision = (
-                    f"v{version} already is the champion"
-                    if event.get("action") == "noop"
-                    else f"promoted: v{version} is the champion"
-                    + (f" (was v{was})" if was else " (the first)")
-                )
-            except ChampionChanged as exc:  # a racing pipeline won: its champion stands
-                log.warning("%s; v%d stays the challenger, not promoted", exc, version)
-                not_promoted = str(exc)
-                decision = f"blessed, not promoted: {exc}"
+            promoted, not_promoted, decision = _make_champion(registry, version, info)
         else:
             decision = (
                 f"blessed, not promoted: promote.auto_promote is false (promote it with "
@@ -218,40 +178,33 @@ def _promote(
     )
 
 
+def _make_champion(registry: Registry, version: int, info: dict) -> tuple[bool, str, str]:
+    """The blessed ``version`` becomes the champion unless another run promoted since the
+    blessing judged (compare-and-swap): (promoted, why not, the decision line)."""
+    try:
+        event = registry.promote(
+            version,
+            reason="blessed by the pipeline",
+            expected_champion=info.get("judged_against"),
+        )
+    except ChampionChanged as exc:  # a racing pipeline won: its champion stands
+        log.warning("%s; v%d stays the challenger, not promoted", exc, version)
+        return False, str(exc), f"blessed, not promoted: {exc}"
+    was = event.get("previous")
+    decision = (
+        f"v{version} already is the champion"
+        if event.get("action") == "noop"
+        else f"promoted: v{version} is the champion" + (f" (was v{was})" if was else " (the first)")
+    )
+    return True, "", decision
+
+
 def _blessing_reasons(registration_dir: Path) -> str:
     """The failed rules register recorded (``blessing.json``), one line."""
     blessing = registration_dir / "blessing.json"
     if not blessing.is_file():
         return f"no {blessing}"
     return "; ".join(read_json(blessing).get("reasons") or []) or "no reason recorded"
-
-
-def _sign(
-    registry: Registry, uri: str, version: int, infra: dict, sbom: Path | None, digest: str | None
-) -> tuple[str, str]:
-    """Sign the version (and its pushed image) before it can become the champion."""
-    key = signing_key()
-    name = registry.name
-    if key is None:
-        log.warning(
-            "no signing key (PADDLE_MLOPS_SIGNING_KEY): %s v%d is released unsigned; deploy and "
-            "fetch-model refuse it wherever keys are trusted",
-            name,
-            version,
-        )
-        return "", ""
-    image = f"{image_repository(str(infra['image']))}@{digest}" if digest else None
-    envelope = sign_version(registry.client, uri, name, version, key, image, sbom)
-    if not digest:
-        return key.keyid, ""
-    ref = str(infra["image"])
-    tag = sign_image(ref, digest, key)
-    slot = f"{name}/{version}:{key.keyid}"  # one statement per version and key
-    attach_attestation(ref, digest, envelope, SLSA, slot)
-    if sbom is not None:
-        attach(ref, digest, "sbom", sbom.read_bytes(), CYCLONEDX, slot="sbom")
-    log.info("signed %s; its provenance%s attached", image, " and SBOM" if sbom else "")
-    return key.keyid, tag
 
 
 STEP = Step(

@@ -285,8 +285,6 @@ def log_bundle_model(
     ``split`` (the stored layout, e.g. ``uint8 [-1, 8, 8, 1]``) and the model's own output on
     them. ``task_name``/``task_options`` are ``params.yaml: task`` (errors name ``source``).
     """
-    from mlflow.models import infer_signature
-
     from components.tasks import get_task
 
     bundle, data_dir = Path(bundle), Path(data_dir)
@@ -312,6 +310,37 @@ def log_bundle_model(
         "threads": threads,
         "batch_size": 256,
     }
+    info = _log_pyfunc(bundle, sha, task.name, signature_json, images, config, name)
+    saved = info.flavors["python_function"]["artifacts"][BUNDLE_ARTIFACT]["path"]
+    if saved != f"artifacts/{BUNDLE_ARTIFACT}":
+        raise StepError(
+            f"MLflow stored the bundle at '{saved}', not artifacts/{BUNDLE_ARTIFACT} "
+            "(components.tracking.model.bundle_dir expects the latter)"
+        )
+    log.info(
+        "logged MLflow model %s (%s, bundle sha256 %s, input uint8 %s)",
+        info.model_id,
+        info.model_uri,
+        sha[:12],
+        [-1, *shape],
+    )
+    return LoggedBundle(info.model_id, info.model_uri, active.info.run_id, sha, info)
+
+
+def _log_pyfunc(
+    bundle: Path,
+    sha: str,
+    task_name: str,
+    signature_json: Mapping[str, Any],
+    images: Any,
+    config: dict[str, Any],
+    name: str,
+) -> Any:
+    """Log a staged copy of ``bundle`` (checked to still hash to ``sha``) as the pyfunc model
+    ``name``, its signature inferred from the model's own output on ``images``; returns
+    MLflow's ModelInfo."""
+    from mlflow.models import infer_signature
+
     with tempfile.TemporaryDirectory(prefix="bundle-model-") as tmp:
         # the pyfunc artifact's directory name is its path in the model: artifacts/bundle
         staged = Path(tmp) / BUNDLE_ARTIFACT
@@ -331,24 +360,11 @@ def log_bundle_model(
             input_example=images,
             pip_requirements=_requirements(),
             metadata={
-                "task": task.name,
+                "task": task_name,
                 "label_names": list(signature_json.get("label_names") or []),
                 "formats": sorted(signature_json.get("formats") or {}),
                 BUNDLE_TAG: sha,
             },
-            tags={BUNDLE_TAG: sha, "task": task.name},
+            tags={BUNDLE_TAG: sha, "task": task_name},
         )
-    saved = info.flavors["python_function"]["artifacts"][BUNDLE_ARTIFACT]["path"]
-    if saved != f"artifacts/{BUNDLE_ARTIFACT}":
-        raise StepError(
-            f"MLflow stored the bundle at '{saved}', not artifacts/{BUNDLE_ARTIFACT} "
-            "(components.tracking.model.bundle_dir expects the latter)"
-        )
-    log.info(
-        "logged MLflow model %s (%s, bundle sha256 %s, input uint8 %s)",
-        info.model_id,
-        info.model_uri,
-        sha[:12],
-        [-1, *shape],
-    )
-    return LoggedBundle(info.model_id, info.model_uri, active.info.run_id, sha, info)
+    return info
