@@ -33,13 +33,10 @@ from components.tasks import ingest_units as units
 from components.tasks.data import SplitParams, label_names
 from components.tasks.image_data import IngestParams, materialize_builtin_digits, write_idx
 from components.tasks.ingest_reduce import DEFAULT_PARAMS_FILE
-from components.tasks.splitting import split_deviation, stratified_split
 
 log = logging.getLogger(__name__)
-SPLITS = snapshot.SPLITS
 
 __all__ = ["IngestParams", "IngestResult", "SplitParams", "run", "write_idx"]
-__all__ += ["split_deviation", "stratified_split"]  # the split's rules, kept importable here
 
 
 @dataclass(frozen=True)
