@@ -1,7 +1,7 @@
 """What a ``monitor`` run writes and does (library layer): ``monitor.json``'s document,
-``report.html``, ``monitor.prom`` (Prometheus gauges, node-exporter textfile format), the one
-readable line it logs, and on an alarm with ``monitor.on_alarm: dvc`` the retraining
-(``dvc repro``, the reason in ``PADDLE_MLOPS_RETRAIN_REASON`` for ``track``)."""
+``report.html``, ``monitor.prom`` (Prometheus gauges, node-exporter textfile format), and on
+an alarm with ``monitor.on_alarm: dvc`` the retraining (``dvc repro``, the reason in
+``PADDLE_MLOPS_RETRAIN_REASON`` for ``track``)."""
 
 from __future__ import annotations
 
@@ -19,9 +19,6 @@ from components.ml.monitor_window import Window
 from components.ml.monitoring import INSUFFICIENT, RETRAIN_REASON_ENV, Sample, Verdict
 
 log = logging.getLogger(__name__)
-
-# the exit code of a window too small for any check (0: checked; 1: error; 2: usage)
-EXIT_NOT_ENOUGH_DATA = 3
 
 
 class MonitorSettings(Protocol):
@@ -80,38 +77,6 @@ def monitor_doc(
         "retrain": None,
         "registry": {},
     }
-
-
-def conclude(
-    doc: dict[str, Any], verdict: Verdict, window: Window, on_alarm: str, log_dir: Path
-) -> None:
-    """Log the verdict's one readable line; an alarm's line is its retraining's reason
-    (``alarm_line``; ``retrain`` with ``on_alarm: dvc``)."""
-    name, labelled = doc["model"], doc["window"]["labelled"]
-    if verdict.alarm:
-        line = f"monitor: ALARM {name} version {window.version}: " + "; ".join(verdict.reasons)
-        log.warning(line)
-        doc["alarm_line"] = line  # the retraining's reason (dvc here, a KFP run: schedule trigger)
-        if on_alarm == "dvc":
-            doc["retrain"] = {"how": "dvc repro", "reason": line}
-    elif verdict.status == INSUFFICIENT:
-        where = (
-            f"{name} version {window.version} ({labelled} labelled)"
-            if window.version is not None
-            else f"no answered request in {log_dir}"
-        )
-        log.warning(
-            "monitor: %s (monitor.min_samples): %s; no verdict (exit code %d)",
-            verdict.not_enough, where, EXIT_NOT_ENOUGH_DATA,
-        )  # fmt: skip
-    else:
-        skipped = ", ".join(c.name for c in verdict.skipped)
-        log.info(
-            "monitor: no alarm for %s version %s (%d items, %d labelled, %d checks%s%s)",
-            name, window.version, len(window.top1), labelled, doc["checks_run"],
-            f"; not run, too few samples: {skipped}" if skipped else "",
-            "" if window.features else "; no logged inputs: no input check",
-        )  # fmt: skip
 
 
 def write_outputs(

@@ -52,15 +52,16 @@ import numpy as np
 from components.core.artifacts import StepError, read_json, write_json
 from components.kernel.cli import step_main
 from components.kernel.step import In, Out, Step, Value
-from components.ml.monitor_report import (
-    EXIT_NOT_ENOUGH_DATA,
-    conclude,
-    monitor_doc,
-    retrain,
-    write_outputs,
-)
+from components.ml.monitor_report import monitor_doc, retrain, write_outputs
 from components.ml.monitor_window import Window, read_window
-from components.ml.monitoring import INSUFFICIENT, MonitorLimits, Sample, compare, softmax_top1
+from components.ml.monitoring import (
+    INSUFFICIENT,
+    MonitorLimits,
+    Sample,
+    Verdict,
+    compare,
+    softmax_top1,
+)
 from components.ml.prediction_log import read_labels
 from components.ml.runtime import ModelFiles, PaddlePredictor
 from components.tasks.base import Task
@@ -68,6 +69,9 @@ from components.tracking.monitor_registry import record, registry_reference
 from components.tracking.registry import RegistryParams, registered_name
 
 log = logging.getLogger(__name__)
+
+# the exit code of a window too small for any check (0: checked; 1: error; 2: usage)
+EXIT_NOT_ENOUGH_DATA = 3
 
 
 @dataclass(frozen=True)
@@ -176,6 +180,38 @@ def _labelled(
     return np.asarray([t == y for t, y in hits], dtype=bool), len(hits), feedback
 
 
+def _conclude(
+    doc: dict[str, Any], verdict: Verdict, window: Window, on_alarm: str, log_dir: Path
+) -> None:
+    """Log the verdict's one readable line; an alarm's line is its retraining's reason
+    (``alarm_line``; ``retrain`` with ``on_alarm: dvc``)."""
+    name, labelled = doc["model"], doc["window"]["labelled"]
+    if verdict.alarm:
+        line = f"monitor: ALARM {name} version {window.version}: " + "; ".join(verdict.reasons)
+        log.warning(line)
+        doc["alarm_line"] = line  # the retraining's reason (dvc here, a KFP run: schedule trigger)
+        if on_alarm == "dvc":
+            doc["retrain"] = {"how": "dvc repro", "reason": line}
+    elif verdict.status == INSUFFICIENT:
+        where = (
+            f"{name} version {window.version} ({labelled} labelled)"
+            if window.version is not None
+            else f"no answered request in {log_dir}"
+        )
+        log.warning(
+            "monitor: %s (monitor.min_samples): %s; no verdict (exit code %d)",
+            verdict.not_enough, where, EXIT_NOT_ENOUGH_DATA,
+        )  # fmt: skip
+    else:
+        skipped = ", ".join(c.name for c in verdict.skipped)
+        log.info(
+            "monitor: no alarm for %s version %s (%d items, %d labelled, %d checks%s%s)",
+            name, window.version, len(window.top1), labelled, doc["checks_run"],
+            f"; not run, too few samples: {skipped}" if skipped else "",
+            "" if window.features else "; no logged inputs: no input check",
+        )  # fmt: skip
+
+
 def run(
     params: MonitorParams,
     task: Task,
@@ -223,7 +259,7 @@ def run(
     sample = Sample(window.top1, window.confidence, window.features, correct)
     verdict = compare(ref, sample, params.limits(), len(label_names) or 2)
     doc = monitor_doc(name, verdict, checked_at, window, labelled, log_dir, feedback, ref, params)
-    conclude(doc, verdict, window, params.on_alarm, log_dir)
+    _conclude(doc, verdict, window, params.on_alarm, log_dir)
     doc["registry"] = record(doc, uri, name, registry_params)
     write_outputs(out_dir, doc, verdict, window, checked_at)
     if doc["retrain"] is not None:
