@@ -28,21 +28,16 @@ import tritonclient.http as httpclient
 import yaml
 
 from components.core.artifacts import StepError, read_json, sha256_tree, write_json
+from components.core.deploy_target import VERSION_LABEL, Release
 from components.kernel.step import REPO
 from components.kube.check import check_manifests
 from components.kube.images import image_repository
+from components.kube.render import FETCH_CONTAINERS, SERVER_CONTAINERS, render
 from components.ml.kserve_client import KServeClient
 from components.ml.monitoring import RETRAIN_REASON_ENV
 from components.ml.prediction_log import LogReader
 from components.ml.runtime import ModelFiles, PaddlePredictor
-from components.steps.deploy import (
-    FETCH_CONTAINERS,
-    SERVER_CONTAINERS,
-    VERSION_LABEL,
-    DeployParams,
-    Release,
-    render,
-)
+from components.steps.deploy import DeployParams
 from components.steps.deploy import run as deploy_run
 from components.steps.promote import PromoteParams
 from components.steps.promote import run as promote_run
@@ -565,7 +560,7 @@ def test_fetch_model_never_prints_the_credentials_of_its_tracking_uri(server, un
 def test_kubernetes_target_without_a_cluster_is_a_readable_error(tmp_path, monkeypatch):
     """No in-cluster service account and no kubeconfig: a clear error, not a traceback
     (this machine has no cluster: the apply itself is not exercised here)."""
-    from components.steps.deploy import apply_kubernetes
+    from components.kube.cluster import apply_kubernetes
 
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "absent-kubeconfig"))
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)

@@ -65,6 +65,23 @@ class Judgement:
     evidence: dict[str, Any]
 
 
+def _breaches(ev: Evidence, limits: JudgeLimits, error_rate: float, p99: float) -> list[str]:
+    """The challenger's service-level breaches: its error rate and its p99 latency."""
+    n = ev.challenger_requests
+    breaches = []
+    if error_rate > limits.max_error_rate:
+        breaches.append(
+            f"error rate {error_rate:.3f} > judge.max_error_rate {limits.max_error_rate} "
+            f"({ev.challenger_errors} of {n} answers failed)"
+        )
+    if p99 > limits.max_p99_latency_ms:
+        breaches.append(
+            f"p99 latency {p99:.1f} ms > judge.max_p99_latency_ms "
+            f"{limits.max_p99_latency_ms} over {n} answers"
+        )
+    return breaches
+
+
 def judge(
     ev: Evidence, limits: JudgeLimits, paired: PairedLimits, class_names: list[str]
 ) -> Judgement:
@@ -83,17 +100,7 @@ def judge(
         "pairs": len(ev.champion),
     }
     if n >= limits.slo_min_requests:
-        breaches = []
-        if error_rate > limits.max_error_rate:
-            breaches.append(
-                f"error rate {error_rate:.3f} > judge.max_error_rate {limits.max_error_rate} "
-                f"({ev.challenger_errors} of {n} answers failed)"
-            )
-        if p99 > limits.max_p99_latency_ms:
-            breaches.append(
-                f"p99 latency {p99:.1f} ms > judge.max_p99_latency_ms "
-                f"{limits.max_p99_latency_ms} over {n} answers"
-            )
+        breaches = _breaches(ev, limits, error_rate, p99)
         if breaches:
             return Judgement(
                 "rollback", [f"service level breached: {b}" for b in breaches], summary

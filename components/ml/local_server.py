@@ -22,10 +22,19 @@ import subprocess
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from components.core.artifacts import StepError, write_json
+from components.core.deploy_target import (
+    Release,
+    Rollout,
+    local_state_dir,
+    prediction_log_dir,
+    server_args,
+)
+from components.ml import model_control
 from components.ml.kserve_client import KServeClient
-from components.ml.server import server_process_env
+from components.ml.server import REPO, default_build_dir, server_binary, server_process_env
 
 log = logging.getLogger(__name__)
 
@@ -122,11 +131,13 @@ def start(
     timeout_s: float,
 ) -> LocalServer:
     """Start ``binary args`` detached on 127.0.0.1:``port`` and wait until it is ready."""
-    if _port_taken(port):
-        raise StepError(
-            f"127.0.0.1:{port} is taken by a process this deploy did not start (no live "
-            f"{state_dir / STATE_FILE}); stop it, or set deploy.local_port to a free port"
-        )
+    grpc_ports = [int(a.split("=", 1)[1]) for a in args if a.startswith("--grpc-port=")]
+    for taken, key in [(port, "local_port"), *((p, "local_grpc_port") for p in grpc_ports)]:
+        if taken != -1 and _port_taken(taken):
+            raise StepError(
+                f"127.0.0.1:{taken} is taken by a process this deploy did not start (no live "
+                f"{state_dir / STATE_FILE}); stop it, or set deploy.{key} to a free port"
+            )
     state_dir.mkdir(parents=True, exist_ok=True)
     argv = [str(binary), *args, "--host=127.0.0.1", f"--port={port}"]
     log_path = state_dir / LOG_FILE
@@ -189,3 +200,95 @@ def _reap(pid: int) -> None:
         os.waitpid(pid, os.WNOHANG)
     except ChildProcessError:
         pass
+
+
+# --------------------------------------------------------------------------- the target
+
+
+def _settings(args: list[str]) -> list[str]:
+    """A server's flags without the version it serves: equal ones can swap a version in."""
+    return [a for a in args if not a.startswith(("--model-dir=", "--model-version="))]
+
+
+def _load_challenger(rel: Release, rollout: Rollout, url: str) -> dict[str, Any]:
+    """Load ``rel`` beside the version the local server serves, under the policy."""
+    params = rollout.params
+    server = read_state(Path(params.local_state_dir).resolve())
+    if server is None or server.model != rel.model or not server.model_control:
+        raise StepError(
+            f"deploy.challenger {params.challenger}: no local server of {rel.model} with "
+            f"model control ({Path(params.local_state_dir) / STATE_FILE}); "
+            "deploy the champion first (deploy.challenger: none)"
+        )
+    return model_control.load_challenger(rel, params, url, str(rollout.model_dir), "")
+
+
+def _restart(
+    binary: Path, args: list[str], rollout: Rollout, running: LocalServer | None
+) -> LocalServer:
+    """Stop ``running`` (if any) and start ``binary args`` serving the rollout's version; if
+    that never becomes ready, the previous server is started again."""
+    rel, params = rollout.rel, rollout.params
+    state_dir = local_state_dir(params)
+    if params.prediction_log:
+        prediction_log_dir(params).mkdir(parents=True, exist_ok=True)
+    previous = stop(state_dir, params.rollout_timeout_s) if running else None
+    options = dict(state_dir=state_dir, port=params.local_port, model=rel.model)
+    try:
+        return start(
+            binary, args, **options, version=rel.version, model_dir=str(rollout.model_dir),
+            model_control=params.swap == "load", timeout_s=params.rollout_timeout_s,
+        )  # fmt: skip
+    except StepError:
+        if previous is not None:
+            start(
+                Path(previous.binary), args_of(previous), **options,
+                version=previous.version, model_dir=previous.model_dir,
+                model_control=previous.model_control, timeout_s=params.rollout_timeout_s,
+            )  # fmt: skip
+            log.error("v%d never became ready: v%d serves again", rel.version, previous.version)
+        raise
+
+
+def deploy(rollout: Rollout) -> dict[str, Any]:
+    """The ``local`` target (``components.core.deploy_target``): serve the rollout's verified
+    bundle with the built server binary, a detached process on ``127.0.0.1:local_port``:
+    swapped into the running one with the repository's load when that runs the same binary
+    (``swap: load``), else (re)started; a new server that never becomes ready gives way to the
+    previous one."""
+    rel, params, model_dir = rollout.rel, rollout.params, rollout.model_dir
+    binary = server_binary(REPO / "serving", default_build_dir()).resolve()
+    state_dir = local_state_dir(params)
+    url = f"http://127.0.0.1:{params.local_port}"
+    local: dict[str, Any] = {
+        "url": url,
+        "model_dir": str(model_dir),
+        "pid_file": str(state_dir / STATE_FILE),
+        "log_file": str(state_dir / LOG_FILE),
+        "binary": str(binary),
+    }
+    log_dir = prediction_log_dir(params)
+    if params.prediction_log:
+        local["prediction_log"] = str(log_dir)
+    if params.challenger != "none":
+        return {"local": {**local, **_load_challenger(rel, rollout, url)}}
+    control = params.swap == "load"
+    args = server_args(rel, params, model_dir=str(model_dir), log_dir=str(log_dir))
+    args.append(f"--model-control={str(control).lower()}")
+    # the server's own default gRPC port (8081) would collide between two tasks served here
+    args.append(f"--grpc-port={params.local_grpc_port}")
+    running = read_state(state_dir)
+    if (
+        running is not None
+        and control
+        and running.model_control
+        and running.model == rel.model
+        and running.port == params.local_port
+        and running.binary_sha256 == sha256_file(binary)
+        and _settings(args_of(running)) == _settings(args)
+    ):
+        if model_control.load_version(rel, params, url, str(model_dir)):
+            record_version(state_dir, running, rel.version, str(model_dir))
+            return {"local": {**local, "method": "load", "pid": running.pid}}
+    server = _restart(binary, args, rollout, running)
+    return {"local": {**local, "method": "restart", "pid": server.pid}}

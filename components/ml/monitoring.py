@@ -117,10 +117,12 @@ class Verdict:
         }
 
 
+# one check's outcome: (name, kind, test, statistic, p, n_ref, n_win, skipped, detail)
+_Result = tuple[str, str, str, float | None, float | None, int, int, str | None, dict]
+
+
 def compare(reference: Sample, window: Sample, limits: MonitorLimits, num_classes: int) -> Verdict:
     """Every check of ``window`` against ``reference``; see the module doc."""
-    from scipy import stats  # here: track imports this module for RETRAIN_REASON_ENV only
-
     planned: list[tuple[str, str, str, Any]] = []
     for name in sorted(set(reference.features) & set(window.features)):
         planned.append((f"input:{name}", "input_drift", "ks_2samp", name))
@@ -128,18 +130,9 @@ def compare(reference: Sample, window: Sample, limits: MonitorLimits, num_classe
     planned.append(("prediction:confidence", "prediction_drift", "ks_2samp", None))
     planned.append(("accuracy", "accuracy", "fisher_exact_one_sided", None))
 
-    results: list[tuple[str, str, str, float | None, float | None, int, int, str | None, dict]]
-    results = []
+    results: list[_Result] = []
     for name, kind, test, feature in planned:
-        if kind == "input_drift":
-            ref, win = reference.features[feature], window.features[feature]
-        elif name == "accuracy":
-            ref = reference.correct if reference.correct is not None else np.zeros(0, bool)
-            win = window.correct if window.correct is not None else np.zeros(0, bool)
-        elif name == "prediction:class_prior":
-            ref, win = reference.top1, window.top1
-        else:
-            ref, win = reference.confidence, window.confidence
+        ref, win = _compared(name, kind, feature, reference, window)
         n_ref, n_win = len(ref), len(win)
         if n_win < limits.min_samples or n_ref < limits.min_samples:
             why = (
@@ -148,45 +141,74 @@ def compare(reference: Sample, window: Sample, limits: MonitorLimits, num_classe
             )
             results.append((name, kind, test, None, None, n_ref, n_win, why, {}))
             continue
-        detail: dict[str, Any] = {}
-        if test == "ks_2samp":
-            res = stats.ks_2samp(ref, win)
-            statistic, p = float(res.statistic), float(res.pvalue)
-            detail = {
-                "reference_median": float(np.median(ref)),
-                "window_median": float(np.median(win)),
-            }
-        elif test == "chi2_contingency":
-            table = np.vstack(
-                [np.bincount(ref, minlength=num_classes), np.bincount(win, minlength=num_classes)]
-            )
-            table = table[:, table.sum(0) > 0]
-            if table.shape[1] < 2:
-                statistic, p = 0.0, 1.0
-            else:
-                res = stats.chi2_contingency(table)
-                statistic, p = float(res.statistic), float(res.pvalue)
-            detail = {
-                "reference_prior": (np.bincount(ref, minlength=num_classes) / n_ref)
-                .round(4)
-                .tolist(),
-                "window_prior": (np.bincount(win, minlength=num_classes) / n_win).round(4).tolist(),
-            }
-        else:  # accuracy: is the reference's accuracy greater than the window's?
-            table = [
-                [int(ref.sum()), int(n_ref - ref.sum())],
-                [int(win.sum()), int(n_win - win.sum())],
-            ]
-            res = stats.fisher_exact(table, alternative="greater")
-            statistic, p = float(res.statistic), float(res.pvalue)
-            drop = float(ref.mean() - win.mean())
-            detail = {
-                "reference_accuracy": float(ref.mean()),
-                "window_accuracy": float(win.mean()),
-                "drop": drop,
-            }
+        statistic, p, detail = _test(test, ref, win, num_classes)
         results.append((name, kind, test, statistic, p, n_ref, n_win, None, detail))
+    return _verdict(results, reference, window, limits)
 
+
+def _compared(
+    name: str, kind: str, feature: Any, reference: Sample, window: Sample
+) -> tuple[np.ndarray, np.ndarray]:
+    """The reference's and the window's values one check compares."""
+    if kind == "input_drift":
+        return reference.features[feature], window.features[feature]
+    if name == "accuracy":
+        ref = reference.correct if reference.correct is not None else np.zeros(0, bool)
+        win = window.correct if window.correct is not None else np.zeros(0, bool)
+        return ref, win
+    if name == "prediction:class_prior":
+        return reference.top1, window.top1
+    return reference.confidence, window.confidence
+
+
+def _test(
+    test: str, ref: np.ndarray, win: np.ndarray, num_classes: int
+) -> tuple[float, float, dict[str, Any]]:
+    """(statistic, p-value, detail) of one two-sample test."""
+    from scipy import stats  # here: track imports this module for RETRAIN_REASON_ENV only
+
+    n_ref, n_win = len(ref), len(win)
+    if test == "ks_2samp":
+        res = stats.ks_2samp(ref, win)
+        detail = {
+            "reference_median": float(np.median(ref)),
+            "window_median": float(np.median(win)),
+        }
+        return float(res.statistic), float(res.pvalue), detail
+    if test == "chi2_contingency":
+        table = np.vstack(
+            [np.bincount(ref, minlength=num_classes), np.bincount(win, minlength=num_classes)]
+        )
+        table = table[:, table.sum(0) > 0]
+        if table.shape[1] < 2:
+            statistic, p = 0.0, 1.0
+        else:
+            res = stats.chi2_contingency(table)
+            statistic, p = float(res.statistic), float(res.pvalue)
+        detail = {
+            "reference_prior": (np.bincount(ref, minlength=num_classes) / n_ref).round(4).tolist(),
+            "window_prior": (np.bincount(win, minlength=num_classes) / n_win).round(4).tolist(),
+        }
+        return statistic, p, detail
+    # accuracy: is the reference's accuracy greater than the window's?
+    table = [
+        [int(ref.sum()), int(n_ref - ref.sum())],
+        [int(win.sum()), int(n_win - win.sum())],
+    ]
+    res = stats.fisher_exact(table, alternative="greater")
+    drop = float(ref.mean() - win.mean())
+    detail = {
+        "reference_accuracy": float(ref.mean()),
+        "window_accuracy": float(win.mean()),
+        "drop": drop,
+    }
+    return float(res.statistic), float(res.pvalue), detail
+
+
+def _verdict(
+    results: list[_Result], reference: Sample, window: Sample, limits: MonitorLimits
+) -> Verdict:
+    """The checks (Bonferroni over those that ran), the alarm and its reasons."""
     ran = [r for r in results if r[7] is None]
     threshold = limits.alpha / len(ran) if ran else None
     checks: list[Check] = []

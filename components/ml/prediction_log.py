@@ -16,7 +16,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -88,20 +88,34 @@ class LogReader:
 
     def segment_records(self, path: Path) -> Iterator[Prediction]:
         """The whole records of one segment file (torn lines counted in ``torn``)."""
+        for raw in whole_lines([path], self._tear):
+            record = parse_line(raw)
+            if record is None:
+                self.torn += 1
+                continue
+            yield record
+
+    def _tear(self) -> None:
+        self.torn += 1  # the unterminated tail a kill can leave
+
+
+def whole_lines(
+    segments: Iterable[Path], torn: Callable[[], None] = lambda: None
+) -> Iterator[bytes]:
+    """The complete lines of ``segments``, in order, as bytes: a segment rotated away while
+    it is read is skipped, an unterminated line (the tail a kill can leave) is reported to
+    ``torn`` and skipped."""
+    for path in segments:
         try:
             handle = path.open("rb")
         except FileNotFoundError:  # rotated away while we read
-            return
+            continue
         with handle:
             for raw in handle:
                 if not raw.endswith(b"\n"):
-                    self.torn += 1  # the unterminated tail a kill can leave
+                    torn()
                     continue
-                record = parse_line(raw)
-                if record is None:
-                    self.torn += 1
-                    continue
-                yield record
+                yield raw
 
 
 def parse_line(raw: bytes) -> Prediction | None:
@@ -194,22 +208,14 @@ def logged_batches(directory: Path, ids: set[str]) -> dict[str, int]:
     found: dict[str, int] = {}
     if not ids:
         return found
-    for segment in sorted(Path(directory).glob(SEGMENT_GLOB)):
+    for raw in whole_lines(sorted(Path(directory).glob(SEGMENT_GLOB))):
         try:
-            handle = segment.open("rb")
-        except FileNotFoundError:  # rotated away while we read
+            event = json.loads(raw)
+            rid, batch = event["id"], int(event["data"]["batch"])
+        except (ValueError, KeyError, TypeError):
             continue
-        with handle:
-            for raw in handle:
-                if not raw.endswith(b"\n"):
-                    continue
-                try:
-                    event = json.loads(raw)
-                    rid, batch = event["id"], int(event["data"]["batch"])
-                except (ValueError, KeyError, TypeError):
-                    continue
-                if rid in ids and rid not in found:
-                    found[rid] = batch
+        if rid in ids and rid not in found:
+            found[rid] = batch
     return found
 
 
@@ -233,60 +239,15 @@ def read_labels(
     away) cannot be judged: they are counted and named in one warning, never counted as
     labelled. Memory holds one entry per label line's id."""
     wanted = set(wanted)
-    seen: dict[str, tuple[int, tuple[int, ...]]] = {}  # id -> (first line, labels)
-    errors: list[tuple[int, str]] = []  # (line, message)
-
-    def fault(n: int, rule: str) -> None:
-        errors.append((n, f"{path}:{n}: {rule}"))
-
-    lines = 0
-    with path.open(encoding="utf-8") as handle:
-        for n, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            lines += 1
-            try:
-                doc = json.loads(line)
-                rid = doc["id"]
-                raw = doc["labels"] if "labels" in doc else [doc["label"]]
-                if not isinstance(rid, str) or isinstance(raw, (str, bytes)):
-                    raise TypeError("'id' must be a string and 'labels' a list")
-                if any(isinstance(x, bool) or int(x) != x for x in raw):
-                    raise TypeError(f"labels must be integers, got {raw}")
-                labels = tuple(int(x) for x in raw)
-            except (ValueError, KeyError, TypeError) as exc:
-                fault(
-                    n,
-                    f"a label line must be JSON with a string 'id' and an integer "
-                    f"'label' (or a list 'labels'): {exc}",
-                )
-                continue
-            bad = [x for x in labels if num_classes is not None and not 0 <= x < num_classes]
-            if bad:
-                fault(
-                    n,
-                    f"label {bad[0]} of request {rid!r} is out of range: a label "
-                    f"is a class index 0..{num_classes - 1} ({num_classes} classes)",
-                )
-                continue
-            if rid in seen and seen[rid][1] != labels:
-                first, before = seen[rid]
-                fault(
-                    n,
-                    f"request {rid!r} labelled {list(labels)} here but "
-                    f"{list(before)} at line {first}: one answer per request id (a resend "
-                    "must repeat the same labels)",
-                )
-                continue
-            seen.setdefault(rid, (n, labels))
+    seen, errors, lines = _scan_labels(path, num_classes)
     batches = logged_batches(log_dir, set(seen))
     for rid, (n, labels) in seen.items():
         if rid in batches and len(labels) != batches[rid]:
-            fault(
-                n,
+            rule = (
                 f"{len(labels)} label(s) for request {rid!r}, which the log holds "
-                f"with {batches[rid]} item(s): one label per item, in the request's order",
+                f"with {batches[rid]} item(s): one label per item, in the request's order"
             )
+            errors.append(_fault(path, n, rule))
     if errors:
         errors.sort(key=lambda e: e[0])
         shown = [message for _, message in errors[:MAX_LABEL_ERRORS]]
@@ -295,17 +256,7 @@ def read_labels(
         raise StepError("\nerror: ".join(shown))
     unknown = [rid for rid in seen if rid not in batches]
     if unknown:
-        named = ", ".join(repr(r) for r in unknown[:MAX_UNKNOWN_NAMED])
-        rest = (
-            f" and {len(unknown) - MAX_UNKNOWN_NAMED} more"
-            if len(unknown) > MAX_UNKNOWN_NAMED
-            else ""
-        )
-        log.warning(
-            "%s: %d of %d labelled request id(s) match no request in the log %s, so none of "
-            "their labels counts (a typo, another id scheme, or records rotated away): %s%s",
-            path, len(unknown), len(seen), log_dir, named, rest,
-        )  # fmt: skip
+        _warn_unknown(path, log_dir, unknown, len(seen))
     return LabelFeedback(
         {
             rid: list(labels)
@@ -315,3 +266,76 @@ def read_labels(
         lines,
         unknown,
     )
+
+
+def _fault(path: Path, n: int, rule: str) -> tuple[int, str]:
+    """A label file's fault at line ``n``: (line, the message naming file:line and rule)."""
+    return (n, f"{path}:{n}: {rule}")
+
+
+def _label_line(line: str) -> tuple[str, tuple[int, ...]]:
+    """(request id, labels) of one label line; ValueError/KeyError/TypeError if malformed."""
+    doc = json.loads(line)
+    rid = doc["id"]
+    raw = doc["labels"] if "labels" in doc else [doc["label"]]
+    if not isinstance(rid, str) or isinstance(raw, (str, bytes)):
+        raise TypeError("'id' must be a string and 'labels' a list")
+    if any(isinstance(x, bool) or int(x) != x for x in raw):
+        raise TypeError(f"labels must be integers, got {raw}")
+    return rid, tuple(int(x) for x in raw)
+
+
+def _scan_labels(
+    path: Path, num_classes: int | None
+) -> tuple[dict[str, tuple[int, tuple[int, ...]]], list[tuple[int, str]], int]:
+    """One pass over the label file: id -> (first line, labels), the faults of single lines
+    (malformed, out of range, relabelled differently) and the count of label lines."""
+    seen: dict[str, tuple[int, tuple[int, ...]]] = {}  # id -> (first line, labels)
+    errors: list[tuple[int, str]] = []  # (line, message)
+    lines = 0
+    with path.open(encoding="utf-8") as handle:
+        for n, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            lines += 1
+            try:
+                rid, labels = _label_line(line)
+            except (ValueError, KeyError, TypeError) as exc:
+                rule = (
+                    f"a label line must be JSON with a string 'id' and an integer "
+                    f"'label' (or a list 'labels'): {exc}"
+                )
+                errors.append(_fault(path, n, rule))
+                continue
+            bad = [x for x in labels if num_classes is not None and not 0 <= x < num_classes]
+            if bad:
+                rule = (
+                    f"label {bad[0]} of request {rid!r} is out of range: a label "
+                    f"is a class index 0..{num_classes - 1} ({num_classes} classes)"
+                )
+                errors.append(_fault(path, n, rule))
+                continue
+            if rid in seen and seen[rid][1] != labels:
+                first, before = seen[rid]
+                rule = (
+                    f"request {rid!r} labelled {list(labels)} here but "
+                    f"{list(before)} at line {first}: one answer per request id (a resend "
+                    "must repeat the same labels)"
+                )
+                errors.append(_fault(path, n, rule))
+                continue
+            seen.setdefault(rid, (n, labels))
+    return seen, errors, lines
+
+
+def _warn_unknown(path: Path, log_dir: Path, unknown: list[str], labelled: int) -> None:
+    """One warning naming the labelled ids no record of the log holds."""
+    named = ", ".join(repr(r) for r in unknown[:MAX_UNKNOWN_NAMED])
+    rest = (
+        f" and {len(unknown) - MAX_UNKNOWN_NAMED} more" if len(unknown) > MAX_UNKNOWN_NAMED else ""
+    )
+    log.warning(
+        "%s: %d of %d labelled request id(s) match no request in the log %s, so none of "
+        "their labels counts (a typo, another id scheme, or records rotated away): %s%s",
+        path, len(unknown), labelled, log_dir, named, rest,
+    )  # fmt: skip

@@ -25,15 +25,11 @@ directory (the copy ``data.dvc`` tracks); a built-in corpus or a remote URI is r
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import re
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from components.core.artifacts import StepError, write_json
 from components.core.config import params_source, section
@@ -47,7 +43,14 @@ from components.ml.harvest import (
     update_params,
     write_ids,
 )
-from components.ml.prediction_log import LogReader, Prediction, read_labels
+from components.ml.harvest_rows import (
+    Selection,
+    candidates,
+    inputs_digest,
+    recovered,
+    wanted_digests,
+)
+from components.ml.prediction_log import read_labels
 from components.tasks.base import Task
 from components.tasks.data import iter_split
 
@@ -55,13 +58,22 @@ log = logging.getLogger(__name__)
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
-def _candidates(log_dir: Path, done: set[str]) -> set[str]:
-    """Ids of answered, successful requests whose inputs were logged (first pass)."""
-    return {r.id for r in LogReader(log_dir) if _usable(r) and r.id not in done}
-
-
-def _usable(record: Prediction) -> bool:
-    return record.answered and record.ok and record.inputs is not None
+def _source_root(name: str, split: str, labels_file: str, log_dir: Path, ingest: Any) -> Path:
+    """The local source directory the unit goes to, once the arguments are checked."""
+    if not NAME.fullmatch(name):
+        raise StepError(f"harvest --name {name!r}: letters, digits, '_', '.', '-' (at most 64)")
+    if split not in ("train", "hash"):
+        raise StepError(f"harvest --split: train or hash, got {split!r}")
+    if not labels_file:
+        raise StepError("harvest: --labels is required (only labelled traffic is harvested)")
+    if not Path(labels_file).is_file():
+        raise StepError(f"{labels_file}: no labels file (--labels)")
+    if not log_dir.is_dir():
+        raise StepError(f"{log_dir}: no prediction log directory (--log)")
+    root = local_source(ingest.source, ingest.kind)
+    if (root / HARVEST_DIR / f"{name}.ids").exists():
+        raise StepError(f"{root}: a unit named {name!r} was harvested already (--name)")
+    return root
 
 
 def run(
@@ -79,82 +91,23 @@ def run(
     source = params_source(all_params)
     ingest = section(dict(all_params), "ingest", task.data.ingest_params, source=source)
     name = name or time.strftime("harvest-%Y%m%dT%H%M%SZ", time.gmtime())
-    if not NAME.fullmatch(name):
-        raise StepError(f"harvest --name {name!r}: letters, digits, '_', '.', '-' (at most 64)")
-    if split not in ("train", "hash"):
-        raise StepError(f"harvest --split: train or hash, got {split!r}")
-    if not labels_file:
-        raise StepError("harvest: --labels is required (only labelled traffic is harvested)")
-    if not Path(labels_file).is_file():
-        raise StepError(f"{labels_file}: no labels file (--labels)")
-    if not log_dir.is_dir():
-        raise StepError(f"{log_dir}: no prediction log directory (--log)")
-    root = local_source(ingest.source, ingest.kind)
-    if (root / HARVEST_DIR / f"{name}.ids").exists():
-        raise StepError(f"{root}: a unit named {name!r} was harvested already (--name)")
+    root = _source_root(name, split, labels_file, log_dir, ingest)
     like, _ = task.read_head(data_dir, "train", 1)
     if len(like) == 0:
         raise StepError(f"{data_dir}: the train split is empty; run ingest first (--data)")
     done = harvested_ids(root)
-    labels = read_labels(Path(labels_file), log_dir, _candidates(log_dir, done))
+    labels = read_labels(Path(labels_file), log_dir, candidates(log_dir, done))
     names = [s.name for s in task.input_specs()]
-
-    def recovered() -> Iterator[tuple[str, Any, int, bool, bytes | None]]:
-        """(request id, stored sample or None, label, recovered, digest of the model input
-        or None) of every labelled item."""
-        seen: set[str] = set()
-        for r in LogReader(log_dir):
-            if not _usable(r) or r.id not in labels or r.id in seen:
-                continue
-            seen.add(r.id)
-            assert r.inputs is not None
-            model_inputs = all(n in r.inputs for n in names)
-            arrays = [np.asarray(r.inputs[k]) for k in (names if model_inputs else r.inputs)]
-            samples, ok = task.raw_samples(arrays, like[0])
-            wanted = labels[r.id]
-            if len(wanted) != len(samples):
-                yield r.id, None, -1, False, None  # labels that do not match the batch
-                continue
-            for i, (sample, good, label) in enumerate(zip(samples, ok, wanted, strict=True)):
-                digest = inputs_digest(arrays, i) if model_inputs else None
-                yield r.id, sample if good else None, int(label), bool(good), digest
-
     # pass 1: digests of what would be written; pass 2: those the snapshot already holds,
     # as stored samples or as the model inputs they preprocess to (a client preprocessing
     # as the task does sends exactly those); pass 3: the rest is written
-    wanted_raw: set[bytes] = set()
-    wanted_inputs: set[bytes] = set()
-    for _, sample, _, good, digest in recovered():
-        if good:
-            wanted_raw.add(sample_digest(sample))
-            if digest is not None:
-                wanted_inputs.add(digest)
+    wanted_raw, wanted_inputs = wanted_digests(recovered(log_dir, labels, names, task, like[0]))
     known_raw, known_inputs = _in_snapshot(task, data_dir, wanted_raw, wanted_inputs)
-    counts = {"requests": 0, "samples": 0, "not_recovered": 0, "in_snapshot": 0, "repeated": 0}
-    taken: list[str] = []
-
-    def rows() -> Iterator[tuple[str, Any, int]]:
-        written: set[bytes] = set()
-        last = None
-        for rid, sample, label, good, in_digest in recovered():
-            if rid != last:
-                counts["requests"] += 1
-                taken.append(rid)
-                last = rid
-            if not good:
-                counts["not_recovered"] += 1
-                continue
-            digest = sample_digest(sample)
-            if digest in known_raw or in_digest in known_inputs:
-                counts["in_snapshot"] += 1
-            elif digest in written:
-                counts["repeated"] += 1
-            else:
-                written.add(digest)
-                counts["samples"] += 1
-                yield rid, sample, label
-
-    unit = task.data.write_harvest(ingest, name, rows(), params_file)
+    selection = Selection()
+    items = recovered(log_dir, labels, names, task, like[0])
+    rows = selection.rows(items, known_raw, known_inputs)
+    unit = task.data.write_harvest(ingest, name, rows, params_file)
+    counts = selection.counts
     update = unit.ingest_update
     if split == "hash":  # ingest's own rule splits the unit like any new data
         update = {k: v for k, v in update.items() if k != "split"}
@@ -178,15 +131,10 @@ def run(
         )  # fmt: skip
     else:
         log.warning("harvest: nothing new to harvest from %s", log_dir)
-    write_ids(root, name, taken)
+    write_ids(root, name, selection.taken)
     out_dir.mkdir(parents=True, exist_ok=True)
     write_json(out_dir / "harvest.json", doc)
     return doc
-
-
-def inputs_digest(arrays: list[np.ndarray], row: int) -> bytes:
-    """The digest of sample ``row``'s model inputs (one per input tensor, in order)."""
-    return hashlib.sha256(b"".join(sample_digest(a[row]) for a in arrays)).digest()
 
 
 def _in_snapshot(
