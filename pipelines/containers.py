@@ -24,24 +24,27 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from components.core.ports import free_port
+from components.core.retry import SYSTEM_CLOCK, Backoff, Clock, poll
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "containers" / "containers.conf"
 log = logging.getLogger("kfp-containers")
+WAIT_POLL_S = 0.3  # how often wait_for asks
 
 
-def wait_for(check: Any, what: str, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            raise SystemExit(f"{what} did not come up within {timeout_s:.0f} s")
-        time.sleep(0.3)
+def wait_for(
+    check: Callable[[], Any], what: str, timeout_s: float = 60.0, clock: Clock = SYSTEM_CLOCK
+) -> None:
+    """Until ``check()`` answers true (every :data:`WAIT_POLL_S`), at most ``timeout_s``."""
+    backoff = Backoff(first_s=WAIT_POLL_S, max_s=WAIT_POLL_S, factor=1, deadline_s=timeout_s)
+    if not poll(check, backoff, clock=clock):
+        raise SystemExit(f"{what} did not come up within {timeout_s:.0f} s")
 
 
 @contextmanager

@@ -53,19 +53,31 @@ def test_installed_mlflow_has_the_flags_the_manifests_use():
     import flask_wtf  # noqa: F401 - the auth app's extra (mlflow[auth])
 
 
-def test_rest_routes_match_the_installed_server():
-    from mlflow.server.auth import routes
+def test_the_auth_client_override_matches_the_installed_mlflow():
+    """``auth.auth_client`` is MLflow's ``AuthServiceClient`` with ``_request`` overridden (the
+    admin's explicit credentials instead of ``MLFLOW_TRACKING_*``): the installed MLflow still
+    sends every call through ``_request`` with that signature, and has the methods we use."""
+    import inspect
 
-    for name in (
-        "CREATE_USER",
-        "GET_USER",
-        "GET_CURRENT_USER",
-        "UPDATE_USER_PASSWORD",
-        "GRANT_USER_PERMISSION",
-        "LIST_USER_ROLES",
-        "UPDATE_ROLE_PERMISSION",
-    ):
-        assert getattr(mlflow_auth, name) == getattr(routes, name), name
+    from mlflow.server.auth import routes
+    from mlflow.server.auth.client import AuthServiceClient
+
+    params = inspect.signature(AuthServiceClient._request).parameters
+    assert list(params)[:3] == ["self", "endpoint", "method"], params
+    assert params["expected_status"].kind is inspect.Parameter.KEYWORD_ONLY
+    used = (
+        "create_user",
+        "get_user",
+        "update_user_password",
+        "grant_user_permission",
+        "list_user_roles",
+        "update_role_permission",
+    )
+    for name in used:
+        assert "self._request(" in inspect.getsource(getattr(AuthServiceClient, name)), name
+    client = mlflow_auth.auth_client("http://127.0.0.1:9", None)
+    assert isinstance(client, AuthServiceClient) and hasattr(client, "current_user")
+    assert routes.GET_CURRENT_USER == "/api/2.0/mlflow/users/current"
 
 
 @pytest.fixture(scope="module")
@@ -349,3 +361,14 @@ def test_cli_names_what_is_missing_without_a_server():
     assert proc.returncode == 1
     assert "MLFLOW_ADMIN_USERNAME is not set" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_waiting_for_a_dead_server_backs_off_to_its_deadline():
+    """``wait_for_server`` asks /health, waiting 0.5 s, doubling, at most 5 s, until the
+    deadline (a fake clock: the refused connections are real, the waits are counted)."""
+    from tests.test_retry import FakeClock
+
+    fake = FakeClock()
+    with pytest.raises(StepError, match=r"did not answer /health within 20 s"):
+        mlflow_auth.wait_for_server("http://127.0.0.1:9", 20, clock=fake.clock())
+    assert fake.waits == [0.5, 1.0, 2.0, 4.0, 5.0, 5.0, 2.5]

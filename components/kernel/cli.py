@@ -227,7 +227,7 @@ COMMANDS = {
     "dvc-yaml": ("components.kernel.dvc", "write dvc.yaml from the step declarations"),
     "plots": ("components.kernel.plots", "this pipeline's plots as one offline HTML page"),
     "fetch-model": ("components.tracking.fetch_model", "a version's verified bundle into a dir"),
-    "mlflow-users": ("components.tracking.auth", "users of the basic-auth tracking server"),
+    "mlflow-users": ("components.tracking.auth_cli", "users of the basic-auth tracking server"),
     "doctor": ("components.doctor", "check this machine: paddle, dvc, tools, ports"),
     "verify": ("components.kube.verify", "what a registered version's signatures prove"),
     "keys": ("components.tracking.signing", "make a signing key pair"),

@@ -1,6 +1,23 @@
 """A small Open Inference Protocol (KServe v2) REST client, JSON and binary tensors.
 
-Used by infra validation; users and tests can equally use ``tritonclient.http``.
+Used by infra validation, deploy, ``traffic`` and the package step's tuning; users and tests
+can equally use ``tritonclient.http`` (the tests and the serving bench use it as the
+independent client the server and this one are checked against).
+
+Why not ``tritonclient.http`` here (checked against tritonclient 2.73):
+
+- **JSON answers.** A request that names no outputs gets ``"binary_data_output": true`` added
+  (``tritonclient/http/_utils.py``: ``_get_inference_request``), and that parameter is
+  reserved (setting it raises). Our JSON requests ask for every output as JSON without naming
+  them: the example request ``traffic`` writes for curl users, the requests it sends, and the
+  JSON path infra validation compares with the binary one. tritonclient would need a
+  metadata call first, and the example file would change.
+- **Loading a version.** ``load_model`` sends only ``config`` and ``file:`` parameters; the
+  server's repository load takes ``model_dir``, ``version``, ``variant``, ``role``,
+  ``policy`` and ``fraction`` (deploy's swap and its challengers).
+- **The image.** ``tritonclient[http]`` would add gevent, geventhttpclient, greenlet,
+  zope.event/interface, brotli, python-rapidjson and ml-dtypes (about 50 MB) to the
+  component image, for the binary request path alone.
 """
 
 from __future__ import annotations

@@ -12,16 +12,17 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from components.core.artifacts import StepError
 from components.core.ports import free_port
+from components.core.retry import SYSTEM_CLOCK, Backoff, Clock, poll
 from components.ml.kserve_client import KServeClient
 
 REPO = Path(__file__).resolve().parents[2]
 SERVER_NAME = "paddle-mlops-server"
+READY_POLL_S = 0.1  # how often a starting server is asked whether it is ready
 
 
 # Read by the binary besides SERVING_* (KServe's names); never inherited by a validation run.
@@ -82,20 +83,23 @@ class ServerProcess:
 
     free_port = staticmethod(free_port)
 
-    def wait_ready(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+    def wait_ready(self, timeout_s: float, clock: Clock = SYSTEM_CLOCK) -> None:
+        """Until the server answers ready (every :data:`READY_POLL_S`), at most ``timeout_s``;
+        a server that exits first fails at once."""
+
+        def _ready() -> bool:
             if self.proc.poll() is not None:
                 raise StepError(
                     f"the server exited with code {self.proc.returncode} "
                     f"before it was ready (log: {self._log.name})"
                 )
-            if self.client.ready():
-                return
-            time.sleep(0.1)
-        raise StepError(
-            f"the server was not ready within {timeout_s:.0f} s (log: {self._log.name})"
-        )
+            return self.client.ready()
+
+        backoff = Backoff(first_s=READY_POLL_S, max_s=READY_POLL_S, factor=1, deadline_s=timeout_s)
+        if not poll(_ready, backoff, clock=clock):
+            raise StepError(
+                f"the server was not ready within {timeout_s:.0f} s (log: {self._log.name})"
+            )
 
     def stop(self, timeout_s: float = 30.0) -> int | None:
         """SIGTERM, wait; the exit code, or None when it had to be killed."""

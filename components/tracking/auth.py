@@ -1,9 +1,9 @@
 """Users and permissions of an MLflow server that runs ``mlflow server --app-name basic-auth``.
 
-Library layer (imports no step). An admin session (:class:`AuthAdmin`) talks to the auth REST
-API of the server with explicit credentials (never the process-wide ``MLFLOW_TRACKING_*``
-variables), and every operation is idempotent, so the ``mlflow-users`` Job can run again after
-a password rotation or a partial failure:
+Library layer (imports no step). An admin session (:class:`AuthAdmin`) talks to the server
+through MLflow's own ``AuthServiceClient`` with explicit credentials (never the process-wide
+``MLFLOW_TRACKING_*`` variables), and every operation is idempotent, so the ``mlflow-users``
+Job can run again after a password rotation or a partial failure:
 
 - :func:`ensure_user` creates a user, or sets its password if the user exists and the password
   does not already work;
@@ -11,56 +11,33 @@ a password rotation or a partial failure:
   experiment (by name) or a registered model, creating the experiment or model (as the admin)
   when it does not exist yet, and updating an existing grant of another level.
 
-``paddle-mlops mlflow-users`` (:func:`main`) makes the two accounts the cluster uses: the
-**pipeline** user (``EDIT`` on the experiment and the registered model: runs, artifacts, new
-versions, tags, aliases; it creates and deletes the promotion lock model itself, as its
-creator) and the read-only **deploy** user (``READ`` on the registered model, and on the
-experiment because a version's files are its run's artifacts). Passwords come only from
-environment variables or files (mounted Secrets), never from the command line, and are never
-logged.
+``paddle-mlops mlflow-users`` (``components.tracking.auth_cli``) makes the two accounts the
+cluster uses: the **pipeline** user (``EDIT`` on the experiment and the registered model:
+runs, artifacts, new versions, tags, aliases; it creates and deletes the promotion lock model
+itself, as its creator) and the read-only **deploy** user (``READ`` on the registered model,
+and on the experiment because a version's files are its run's artifacts). Passwords come only
+from environment variables or files (mounted Secrets), never from the command line, and are
+never logged.
 """
 
 from __future__ import annotations
 
 import configparser
-import json
+import dataclasses
 import logging
 import os
-import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from components.core.artifacts import StepError
-from components.core.config import load_params, section
+from components.core.retry import SYSTEM_CLOCK, Backoff, Clock, poll
 from components.core.uris import redact_uri
-from components.kernel.cli import run_cli
-from components.tasks import is_builtin, task_class
-from components.tracking.registry import (
-    BUILTIN_MODEL_KIND,
-    RegistryParams,
-    registered_name,
-    tracking_uri,
-)
 
 log = logging.getLogger(__name__)
-
-# The REST routes of mlflow.server.auth.routes / mlflow.server.handlers (mlflow 3.17), spelled
-# out so a client does not import the server (tests/test_mlflow_auth.py checks they match).
-CREATE_USER = "/api/2.0/mlflow/users/create"
-GET_USER = "/api/2.0/mlflow/users/get"
-GET_CURRENT_USER = "/api/2.0/mlflow/users/current"
-UPDATE_USER_PASSWORD = "/api/2.0/mlflow/users/update-password"
-GRANT_USER_PERMISSION = "/api/3.0/mlflow/users/permissions/grant"
-LIST_USER_ROLES = "/api/3.0/mlflow/users/roles/list"
-UPDATE_ROLE_PERMISSION = "/api/3.0/mlflow/roles/permissions/update"
-GET_EXPERIMENT_BY_NAME = "/api/2.0/mlflow/experiments/get-by-name"
-CREATE_EXPERIMENT = "/api/2.0/mlflow/experiments/create"
-GET_REGISTERED_MODEL = "/api/2.0/mlflow/registered-models/get"
-CREATE_REGISTERED_MODEL = "/api/2.0/mlflow/registered-models/create"
 
 PERMISSIONS = ("READ", "USE", "EDIT", "MANAGE")
 MIN_PASSWORD_LENGTH = 12  # the auth store refuses shorter passwords
@@ -68,6 +45,9 @@ MIN_PASSWORD_LENGTH = 12  # the auth store refuses shorter passwords
 # who gets what (paddle-mlops mlflow-users)
 PIPELINE_PERMISSION = "EDIT"  # experiment + registered model: log, register, move aliases
 DEPLOY_PERMISSION = "READ"  # registered model + experiment (a version's files are run artifacts)
+# asking a starting server for /health: 0.5 s, doubling, at most 5 s between tries (the
+# deadline: ``mlflow-users --wait-s``)
+HEALTH_BACKOFF = Backoff(first_s=0.5, max_s=5.0, deadline_s=120.0)
 
 
 @dataclass(frozen=True)
@@ -97,24 +77,35 @@ def _host_creds(tracking_uri: str, creds: Credentials | None) -> Any:
     )
 
 
-def _call(
-    tracking_uri: str,
-    creds: Credentials | None,
-    endpoint: str,
-    method: str,
-    *,
-    max_retries: int | None = None,
-    **kwargs: Any,
-) -> dict[str, Any]:
-    """One REST call; a non-200 answer raises ``MlflowException`` (its status and error code
-    kept: ``exc.get_http_status_code()``, ``exc.error_code``)."""
+def auth_client(tracking_uri: str, creds: Credentials | None, *, max_retries: int | None = None):
+    """MLflow's ``AuthServiceClient`` on ``tracking_uri`` signed in as ``creds`` (explicit:
+    MLflow's own reads ``MLFLOW_TRACKING_USERNAME``/``_PASSWORD`` at each request), with
+    ``current_user()`` (``GET /users/current``, which it lacks). ``max_retries``: MLflow's HTTP
+    retries of each request (None: MLflow's setting). A non-200 answer raises
+    ``MlflowException`` (status and error code kept: ``exc.get_http_status_code()``,
+    ``exc.error_code``)."""
+    from mlflow.server.auth.client import AuthServiceClient
+    from mlflow.server.auth.routes import GET_CURRENT_USER
     from mlflow.utils.rest_utils import http_request, verify_rest_response
 
-    resp = http_request(
-        _host_creds(tracking_uri, creds), endpoint, method, max_retries=max_retries, **kwargs
-    )
-    resp = verify_rest_response(resp, endpoint)
-    return resp.json() if resp.content else {}
+    class _Client(AuthServiceClient):
+        def _request(
+            self, endpoint: str, method: str, *, expected_status: int = 200, **kwargs: Any
+        ) -> dict[str, Any]:
+            if max_retries is not None:
+                kwargs.setdefault("max_retries", max_retries)
+            host = _host_creds(self.tracking_uri, creds)
+            resp = verify_rest_response(
+                http_request(host, endpoint, method, **kwargs),
+                endpoint,
+                expected_status=expected_status,
+            )
+            return resp.json() if resp.status_code != 204 and resp.content else {}
+
+        def current_user(self) -> dict[str, Any]:
+            return self._request(GET_CURRENT_USER, "GET").get("user", {})
+
+    return _Client(tracking_uri)
 
 
 def _error_code(exc: BaseException) -> str | None:
@@ -122,7 +113,9 @@ def _error_code(exc: BaseException) -> str | None:
 
 
 class AuthAdmin:
-    """An admin session against one tracking server's auth API (explicit credentials)."""
+    """An admin session against one tracking server (explicit credentials): MLflow's auth
+    client (:func:`auth_client`) for users and grants, its REST stores for the experiment and
+    the registered model a grant names."""
 
     def __init__(self, tracking_uri: str, admin: Credentials):
         if not tracking_uri.startswith(("http://", "https://")):
@@ -130,18 +123,26 @@ class AuthAdmin:
                 f"tracking URI {redact_uri(tracking_uri)!r}: users and permissions exist only on "
                 "an MLflow server (http:// or https://) running --app-name basic-auth"
             )
+        from mlflow.store.model_registry.rest_store import RestStore as RegistryStore
+        from mlflow.store.tracking.rest_store import RestStore as TrackingStore
+
         self.tracking_uri = tracking_uri.rstrip("/")
         self.admin = admin
+        self.client = auth_client(self.tracking_uri, admin)
 
-    def call(self, endpoint: str, method: str, **kwargs: Any) -> dict[str, Any]:
-        return _call(self.tracking_uri, self.admin, endpoint, method, **kwargs)
+        def host() -> Any:
+            return _host_creds(self.tracking_uri, admin)
+
+        self.tracking = TrackingStore(host)
+        self.registry = RegistryStore(host)
 
     def check_admin(self) -> None:
         """Fail with a readable message unless the admin credentials work and are an admin's."""
         from mlflow.exceptions import MlflowException
+        from mlflow.server.auth.routes import GET_CURRENT_USER
 
         try:
-            user = self.call(GET_CURRENT_USER, "GET", max_retries=0).get("user", {})
+            user = auth_client(self.tracking_uri, self.admin, max_retries=0).current_user()
         except MlflowException as exc:
             status = exc.get_http_status_code()
             if status == 401:
@@ -165,7 +166,7 @@ class AuthAdmin:
         from mlflow.exceptions import MlflowException
 
         try:
-            return int(self.call(GET_USER, "GET", params={"username": username})["user"]["id"])
+            return int(self.client.get_user(username).id)
         except MlflowException as exc:
             if _error_code(exc) == "RESOURCE_DOES_NOT_EXIST":
                 return None
@@ -179,50 +180,44 @@ class AuthAdmin:
         uid = self.user_id(username)
         if uid is None:
             raise StepError(f"MLflow user '{username}' does not exist")
-        roles = self.call(LIST_USER_ROLES, "GET", params={"username": username}).get("roles", [])
-        for role in roles:
-            if role.get("name") != f"__user_{uid}__":
+        for role in self.client.list_user_roles(username):
+            if role.name != f"__user_{uid}__":
                 continue
-            for perm in role.get("permissions", []):
-                if (perm["resource_type"], perm["resource_pattern"]) == (
-                    resource_type,
-                    resource_id,
-                ):
-                    return int(perm["id"]), str(perm["permission"])
+            for perm in role.permissions:
+                if (perm.resource_type, perm.resource_pattern) == (resource_type, resource_id):
+                    return int(perm.id), str(perm.permission)
         return None
 
     def experiment_id(self, name: str, *, create: bool = True) -> str:
         """The id of experiment ``name``, created (owned by the admin) if missing."""
         from mlflow.exceptions import MlflowException
 
+        found = self.tracking.get_experiment_by_name(name)
+        if found is not None:
+            return str(found.experiment_id)
+        if not create:
+            raise StepError(f"MLflow experiment '{name}' does not exist")
         try:
-            got = self.call(GET_EXPERIMENT_BY_NAME, "GET", params={"experiment_name": name})
-            return str(got["experiment"]["experiment_id"])
-        except MlflowException as exc:
-            if _error_code(exc) != "RESOURCE_DOES_NOT_EXIST" or not create:
-                raise
-        try:
-            created = self.call(CREATE_EXPERIMENT, "POST", json={"name": name})
-            log.info("created experiment '%s' (id %s)", name, created["experiment_id"])
-            return str(created["experiment_id"])
+            created = self.tracking.create_experiment(name)
+            log.info("created experiment '%s' (id %s)", name, created)
+            return str(created)
         except MlflowException as exc:  # created concurrently
             if _error_code(exc) != "RESOURCE_ALREADY_EXISTS":
                 raise
-        got = self.call(GET_EXPERIMENT_BY_NAME, "GET", params={"experiment_name": name})
-        return str(got["experiment"]["experiment_id"])
+        return str(self.tracking.get_experiment_by_name(name).experiment_id)
 
     def ensure_registered_model(self, name: str) -> None:
         """Create registered model ``name`` (owned by the admin) if missing."""
         from mlflow.exceptions import MlflowException
 
         try:
-            self.call(GET_REGISTERED_MODEL, "GET", params={"name": name})
+            self.registry.get_registered_model(name)
             return
         except MlflowException as exc:
             if _error_code(exc) != "RESOURCE_DOES_NOT_EXIST":
                 raise
         try:
-            self.call(CREATE_REGISTERED_MODEL, "POST", json={"name": name})
+            self.registry.create_registered_model(name)
             log.info("created registered model '%s'", name)
         except MlflowException as exc:
             if _error_code(exc) != "RESOURCE_ALREADY_EXISTS":
@@ -234,7 +229,7 @@ def can_log_in(tracking_uri: str, creds: Credentials) -> bool:
     from mlflow.exceptions import MlflowException
 
     try:
-        _call(tracking_uri.rstrip("/"), creds, GET_CURRENT_USER, "GET", max_retries=0)
+        auth_client(tracking_uri.rstrip("/"), creds, max_retries=0).current_user()
     except MlflowException as exc:
         if exc.get_http_status_code() == 401:
             return False
@@ -263,9 +258,7 @@ def ensure_user(admin: AuthAdmin, creds: Credentials) -> str:
     check_password(creds)
     if admin.user_id(creds.username) is None:
         try:
-            admin.call(
-                CREATE_USER, "POST", json={"username": creds.username, "password": creds.password}
-            )
+            admin.client.create_user(creds.username, creds.password)
             log.info("MLflow user '%s': created", creds.username)
             return "created"
         except MlflowException as exc:  # created concurrently: fall through to the update
@@ -278,11 +271,7 @@ def ensure_user(admin: AuthAdmin, creds: Credentials) -> str:
         log.info("MLflow user '%s': exists, password unchanged", creds.username)
         return "unchanged"
     try:
-        admin.call(
-            UPDATE_USER_PASSWORD,
-            "PATCH",
-            json={"username": creds.username, "password": creds.password},
-        )
+        admin.client.update_user_password(creds.username, creds.password)
     except MlflowException as exc:
         raise StepError(
             f"setting the password of MLflow user '{creds.username}' failed: HTTP "
@@ -304,16 +293,7 @@ def grant(
     current = admin.explicit_grant(username, resource_type, resource_id)
     if current is None:
         try:
-            admin.call(
-                GRANT_USER_PERMISSION,
-                "POST",
-                json={
-                    "username": username,
-                    "resource_type": resource_type,
-                    "resource_id": resource_id,
-                    "permission": permission,
-                },
-            )
+            admin.client.grant_user_permission(username, resource_type, resource_id, permission)
             return "granted"
         except MlflowException as exc:
             if _error_code(exc) != "RESOURCE_ALREADY_EXISTS":
@@ -327,11 +307,7 @@ def grant(
     grant_id, have = current
     if have == permission:
         return "unchanged"
-    admin.call(
-        UPDATE_ROLE_PERMISSION,
-        "PATCH",
-        json={"role_permission_id": grant_id, "permission": permission},
-    )
+    admin.client.update_role_permission(grant_id, permission)
     return "updated"
 
 
@@ -441,162 +417,20 @@ def admin_from_auth_config(path: str | Path) -> Credentials:
     return Credentials(section["admin_username"], section["admin_password"], source=str(path))
 
 
-def wait_for_server(tracking_uri: str, timeout_s: float) -> None:
-    """Wait (bounded) until ``/health`` answers 200; a Job may start before the server."""
-    deadline = time.monotonic() + timeout_s
+def wait_for_server(tracking_uri: str, timeout_s: float, clock: Clock = SYSTEM_CLOCK) -> None:
+    """Wait (bounded) until ``/health`` answers 200; a Job may start before the server.
+    Asks again after :data:`HEALTH_BACKOFF`'s waits, at most ``timeout_s`` in all."""
     url = tracking_uri.rstrip("/") + "/health"
-    delay = 0.5
-    while True:
+
+    def _healthy() -> bool:
         try:
             with urllib.request.urlopen(url, timeout=5) as resp:  # noqa: S310 - http(s) only
-                if resp.status == 200:
-                    return
+                return resp.status == 200
         except (urllib.error.URLError, OSError):
-            pass
-        if time.monotonic() + delay > deadline:
-            raise StepError(
-                f"MLflow server {redact_uri(tracking_uri)} did not answer /health within "
-                f"{timeout_s:.0f} s"
-            )
-        time.sleep(delay)
-        delay = min(delay * 2, 5.0)
+            return False
 
-
-# --------------------------------------------------------------------------- CLI
-
-
-def _defaults_from_params(params_file: str) -> tuple[str, str]:
-    """``track.experiment`` and the registered model name of ``params_file`` (without
-    importing the task, so no Paddle import)."""
-
-    all_params = load_params(params_file)
-    track = all_params.get("track") or {}
-    experiment = str(track.get("experiment") or "")
-    registry = section(all_params, "registry", RegistryParams, source=params_file)
-    task = (all_params.get("task") or {}).get("name")
-    model = ""
-    if task:  # a plugin's class says what it registers (built-in ones: no paddle import)
-        kind = BUILTIN_MODEL_KIND if is_builtin(task) else task_class(task).model_kind
-        model = registered_name(registry, task, kind)
-    if not experiment or not model:
+    if not poll(_healthy, dataclasses.replace(HEALTH_BACKOFF, deadline_s=timeout_s), clock=clock):
         raise StepError(
-            f"{params_file}: cannot tell the experiment (track.experiment) or the model "
-            "(registry.model_name, task.name); pass --experiment and --model-name"
+            f"MLflow server {redact_uri(tracking_uri)} did not answer /health within "
+            f"{timeout_s:.0f} s"
         )
-    return experiment, model
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``paddle-mlops mlflow-users``: create/update the pipeline and deploy users and their
-    grants on an MLflow server running ``--app-name basic-auth`` (run with admin rights)."""
-    import argparse
-    import sys
-
-    from mlflow.exceptions import MlflowException
-
-    parser = argparse.ArgumentParser(
-        prog="paddle-mlops mlflow-users",
-        description=(
-            "Create or update the MLflow users of the pipeline (EDIT on the experiment and the "
-            "registered model) and of deployments (READ), idempotently. Passwords are read "
-            "from environment variables or files only. Admin: --admin-auth-config, "
-            "--admin-secret-dir, or MLFLOW_ADMIN_USERNAME + MLFLOW_ADMIN_PASSWORD[_FILE]. "
-            "Pipeline user: --pipeline-secret-dir or MLFLOW_PIPELINE_USERNAME + "
-            "MLFLOW_PIPELINE_PASSWORD[_FILE]. Deploy user: --deploy-secret-dir or "
-            "MLFLOW_DEPLOY_USERNAME + MLFLOW_DEPLOY_PASSWORD[_FILE]."
-        ),
-    )
-    parser.add_argument("--tracking-uri", default=None, help="default: MLFLOW_TRACKING_URI")
-    parser.add_argument("--params", default="params.yaml", help="for the default names")
-    parser.add_argument("--experiment", default=None, help="default: params track.experiment")
-    parser.add_argument("--model-name", default=None, help="default: the registry's model name")
-    parser.add_argument(
-        "--admin-auth-config",
-        default=None,
-        metavar="INI",
-        help="the server's auth config (basic_auth.ini): admin_username and admin_password",
-    )
-    for role in ("admin", "pipeline", "deploy"):
-        parser.add_argument(
-            f"--{role}-secret-dir",
-            default=None,
-            metavar="DIR",
-            help=f"directory with files 'username' and 'password' of the {role} user",
-        )
-    parser.add_argument(
-        "--no-deploy-user", action="store_true", help="only create the pipeline user"
-    )
-    parser.add_argument(
-        "--wait-s", type=float, default=120.0, help="wait this long for the server (default 120)"
-    )
-    args = parser.parse_args(argv)
-
-    def _go() -> None:
-        uri = args.tracking_uri or tracking_uri()
-        if args.experiment and args.model_name:
-            experiment, model = args.experiment, args.model_name
-        else:
-            default_experiment, default_model = _defaults_from_params(args.params)
-            experiment = args.experiment or default_experiment
-            model = args.model_name or default_model
-        if args.admin_auth_config and args.admin_secret_dir:
-            raise StepError("give --admin-auth-config or --admin-secret-dir, not both")
-        admin_creds = (
-            admin_from_auth_config(args.admin_auth_config)
-            if args.admin_auth_config
-            else credentials_from("admin", "MLFLOW_ADMIN", secret_dir=args.admin_secret_dir)
-        )
-        pipeline = credentials_from(
-            "pipeline", "MLFLOW_PIPELINE", secret_dir=args.pipeline_secret_dir
-        )
-        deploy = (
-            None
-            if args.no_deploy_user
-            else credentials_from("deploy", "MLFLOW_DEPLOY", secret_dir=args.deploy_secret_dir)
-        )
-        if deploy is not None and deploy.username == pipeline.username:
-            raise StepError(
-                f"the pipeline and deploy users are both '{pipeline.username}'; the deploy user "
-                "must be a separate, read-only account"
-            )
-        for creds in (pipeline, deploy):
-            if creds is not None:
-                check_password(creds)
-
-        admin = AuthAdmin(uri, admin_creds)
-        log.info(
-            "MLflow server %s: users for experiment '%s' and model '%s' (admin '%s')",
-            redact_uri(uri),
-            experiment,
-            model,
-            admin_creds.username,
-        )
-        wait_for_server(admin.tracking_uri, args.wait_s)
-        plan = [("pipeline", pipeline, PIPELINE_PERMISSION)]
-        if deploy is not None:
-            plan.append(("deploy", deploy, DEPLOY_PERMISSION))
-        summary: dict[str, Any] = {"tracking_uri": redact_uri(uri), "users": {}}
-        try:
-            admin.check_admin()
-            for role, creds, permission in plan:
-                summary["users"][role] = {
-                    "username": creds.username,
-                    "user": ensure_user(admin, creds),
-                    "permission": permission,
-                    "experiment": experiment,
-                    "experiment_grant": grant_experiment(
-                        admin, creds.username, experiment, permission
-                    ),
-                    "registered_model": model,
-                    "registered_model_grant": grant_model(admin, creds.username, model, permission),
-                }
-                if not can_log_in(admin.tracking_uri, creds):
-                    raise StepError(f"MLflow user '{creds.username}' still cannot log in")
-        except MlflowException as exc:  # its message names the endpoint, never a password
-            raise StepError(
-                f"MLflow server {redact_uri(uri)} refused a request: HTTP "
-                f"{exc.get_http_status_code()} {exc.error_code}: {exc.message[:300]}"
-            ) from None
-        sys.stdout.write(json.dumps(summary, sort_keys=True) + "\n")
-
-    return run_cli(_go)

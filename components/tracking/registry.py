@@ -9,6 +9,7 @@ directory (no server needed).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import getpass
 import json
 import logging
@@ -26,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from components.core.artifacts import StepError, sha256_file
+from components.core.retry import SYSTEM_CLOCK, Backoff, Clock, poll, retry_call
 from components.faults import failpoints
 from components.ml import snapshot
 from components.tracking.liveness import (
@@ -73,24 +75,41 @@ NOT_FOUND = "RESOURCE_DOES_NOT_EXIST"  # MlflowException.error_code of a missing
 _ALIAS_RACE = re.compile(
     r"IntegrityError|UniqueViolation|UNIQUE constraint|duplicate key|Duplicate entry", re.I
 )
+# the waits between those writes (the loser's row exists at once: short waits)
+ALIAS_RACE_BACKOFF = Backoff(first_s=0.05, max_s=1.0, attempts=5)
+# a promotion waiting for the promotion lock: 0.05 s, doubling, at most 1 s between tries
+# (the deadline is ``registry.lock_timeout_s``)
+LOCK_BACKOFF_FIRST_S, LOCK_BACKOFF_MAX_S = 0.05, 1.0
 
 
-def set_alias(client: Any, name: str, alias: str, version: int | str, attempts: int = 5) -> None:
+def set_alias(
+    client: Any,
+    name: str,
+    alias: str,
+    version: int | str,
+    attempts: int = 5,
+    clock: Clock = SYSTEM_CLOCK,
+) -> None:
     """Point ``alias`` of ``name`` at ``version``, as ``set_registered_model_alias`` does, but
     riding out the race of two first writes of one alias (two pipelines registering at once):
     MLflow answers the loser with BAD_REQUEST and a unique-key violation; by then the row
-    exists, so the next attempt updates it. Any other error is raised at once."""
+    exists, so the next attempt updates it (``attempts`` in all, :data:`ALIAS_RACE_BACKOFF`).
+    Any other error is raised at once."""
     from mlflow.exceptions import MlflowException
 
-    for attempt in range(attempts):
-        try:
-            client.set_registered_model_alias(name, alias, str(version))
-            return
-        except MlflowException as exc:
-            if attempt == attempts - 1 or not _ALIAS_RACE.search(str(exc)):
-                raise
-            log.info("%s: alias %s written concurrently; writing it again", name, alias)
-            time.sleep(0.05 * (attempt + 1))
+    def _race(exc: BaseException) -> bool:
+        return isinstance(exc, MlflowException) and bool(_ALIAS_RACE.search(str(exc)))
+
+    def _again(_attempt: int, _exc: BaseException) -> None:
+        log.info("%s: alias %s written concurrently; writing it again", name, alias)
+
+    retry_call(
+        lambda: client.set_registered_model_alias(name, alias, str(version)),
+        dataclasses.replace(ALIAS_RACE_BACKOFF, attempts=attempts),
+        _race,
+        clock=clock,
+        before_wait=_again,
+    )
 
 
 class ChampionChanged(StepError):
@@ -291,8 +310,9 @@ def _actor() -> str:
 class Registry:
     """Aliases, lineage, history and the promotion lock of one registered model."""
 
-    def __init__(self, client: Any, name: str, params: RegistryParams):
+    def __init__(self, client: Any, name: str, params: RegistryParams, clock: Clock = SYSTEM_CLOCK):
         self.client, self.name, self.params = client, name, params
+        self.clock = clock  # the promotion lock's waits (components.core.retry)
         self.lock_name = f"{name}--promotion-lock"
         params.retry.apply()
 
@@ -361,9 +381,13 @@ class Registry:
         from mlflow.exceptions import MlflowException
 
         token = uuid.uuid4().hex
-        deadline = time.monotonic() + self.params.lock_timeout_s
-        delay = 0.05
-        while True:
+        backoff = Backoff(
+            first_s=LOCK_BACKOFF_FIRST_S,
+            max_s=LOCK_BACKOFF_MAX_S,
+            deadline_s=self.params.lock_timeout_s,
+        )
+
+        def _try() -> bool:
             try:
                 self.client.create_registered_model(
                     self.lock_name,
@@ -376,11 +400,14 @@ class Registry:
                     description=f"held while '{self.name}' changes champion; safe to delete "
                     "if no promotion is running",
                 )
-                break
+                return True
             except MlflowException as exc:
                 if exc.error_code != "RESOURCE_ALREADY_EXISTS":
                     raise
-            if delay == 0.05:  # the first refusal: say what it waits for, once
+            return False
+
+        def _refused(attempt: int) -> None:
+            if attempt == 1:  # the first refusal: say what it waits for, once
                 log.info(
                     "registered model '%s': waiting for '%s', held by another promotion "
                     "(up to %.0f s)",
@@ -389,13 +416,12 @@ class Registry:
                     self.params.lock_timeout_s,
                 )
             self._break_stale_lock()
-            if time.monotonic() > deadline:
-                raise StepError(
-                    f"registered model '{self.name}': another promotion holds "
-                    f"'{self.lock_name}' for over {self.params.lock_timeout_s:.0f} s"
-                )
-            time.sleep(delay)
-            delay = min(delay * 2, 1.0)
+
+        if not poll(_try, backoff, clock=self.clock, before_wait=_refused):
+            raise StepError(
+                f"registered model '{self.name}': another promotion holds "
+                f"'{self.lock_name}' for over {self.params.lock_timeout_s:.0f} s"
+            )
         try:
             yield token
         finally:
