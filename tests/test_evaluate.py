@@ -11,9 +11,9 @@ import pytest
 
 from components.core.artifacts import read_json
 from components.ml import snapshot
-from components.ml.modelio import load_trained
 from components.steps.evaluate import EvaluateParams, LatencyParams, reservoir_sample, run
 from components.tasks.data import iter_split
+from components.tasks.trained import load_trained
 
 
 def test_evaluate_scores_the_exported_model(exported, trained, digits_task, digits_data, tmp_path):

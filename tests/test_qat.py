@@ -9,7 +9,6 @@ import paddle
 import pytest
 
 from components.core.artifacts import StepError, read_json
-from components.ml.modelio import load_trained
 from components.steps.package import bundle_int8
 from components.steps.package import run as package_run
 from components.steps.qat import (
@@ -22,6 +21,7 @@ from components.steps.qat import (
 )
 from components.steps.qat import fp32_bundle as make_fp32_bundle
 from components.steps.qat import run as qat_run
+from components.tasks.trained import load_trained
 from tests.conftest import package_params
 
 

@@ -33,11 +33,12 @@ from components.core.artifacts import StepError, atomic_path, write_json, write_
 from components.faults import failpoints
 from components.kernel.step import DATA, In, Out, Step
 from components.ml import dataset, gates, warmup
-from components.ml.modelio import load_trained, save_legacy
+from components.ml.modelio import save_legacy
 from components.ml.ov_runtime import OVPredictor
 from components.ml.runtime import ModelFiles, PaddlePredictor
 from components.tasks import Task
 from components.tasks.base import ASSETS_DIR
+from components.tasks.trained import load_trained
 
 log = logging.getLogger(__name__)
 

@@ -53,12 +53,12 @@ from components.core.artifacts import StepError, atomic_path, read_json, write_j
 from components.faults import failpoints
 from components.kernel.step import DATA, In, Out, Step
 from components.ml import dataset, gates, snapshot
-from components.ml.modelio import load_trained
 from components.ml.ov_runtime import OVPredictor, read_model, save_ir
 from components.ml.runtime import ModelFiles, PaddlePredictor
 from components.tasks import Task
 from components.tasks.data import check_format
 from components.tasks.stream import SnapshotData, StreamSettings
+from components.tasks.trained import load_trained
 
 log = logging.getLogger(__name__)
 

@@ -50,9 +50,9 @@ from components.core.uris import redact_uri
 from components.faults import failpoints
 from components.kernel.step import DATA, In, Out, Step
 from components.ml import dataset, gates, snapshot
-from components.ml.scoring import score_model
 from components.tasks import Task
 from components.tasks.base import Scores
+from components.tasks.scoring import score_model
 from components.tracking.liveness import (
     FAILURE_TAG,
     HOST_TAG,
