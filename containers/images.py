@@ -217,8 +217,8 @@ SBOM_PYTHON = {"components": "/opt/venv/bin/python", "server": ""}
 
 
 def write_sbom(ref: str, out: Path, python: str) -> None:
-    """Debian packages and Python environment of ``ref`` (components/kube/sbom.py)."""
-    cmd = [sys.executable, "-m", "components.kube.sbom", ref, "--out", str(out)]
+    """Debian packages and Python environment of ``ref`` (components/commands/sbom.py)."""
+    cmd = [sys.executable, "-m", "components.commands.sbom", ref, "--out", str(out)]
     env = {**os.environ, "CONTAINERS_CONF": str(CONF), "PYTHONPATH": str(REPO)}
     subprocess.run([*cmd, *(["--python", python] if python else [])], check=True, env=env, cwd=REPO)
 

@@ -15,17 +15,36 @@ from tests.conftest import REPO, STAGES
 
 PACKAGE = REPO / "components"
 STEP_MODULES = {f"components.steps.{s}" for s in (*STAGES, *AFTER_DEPLOY)}
-# each room and what it may import (besides itself); tasks: the task plug-ins
+# the layers, lowest first: a module imports only from its own room and the layers below
+# (rooms of one layer import none of each other); kernel.cli, the CLI adapter, is above the
+# libraries that its commands run, which is why those commands live in ``commands``
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("faults",),
+    ("core",),
+    ("ml",),  # data, training, serving and decisions, none of them about one task
+    ("tasks",),  # the task plug-ins, and what needs a task: scoring, the trained model
+    ("kernel",),  # Step declarations and their adapters (CLI, DVC, KFP)
+    ("tracking",),
+    ("kube",),
+    ("steps", "commands"),  # a step declaration; a command line of the libraries
+)
+LAYER = {room: level for level, rooms in enumerate(LAYERS) for room in rooms}
+# each room and what it may import (besides itself): some of the layers below, never above
 ROOMS = {
     "faults": set(),
     "core": {"faults"},
+    "ml": {"core", "faults"},
     "tasks": {"core", "faults", "ml"},
-    "ml": {"core", "faults", "tasks"},
     "kernel": {"core", "faults", "tasks"},
-    "tracking": {"core", "faults", "ml", "tasks", "kernel"},
+    "tracking": {"core", "faults", "ml", "tasks"},
     "kube": {"core", "faults", "tracking", "kernel"},
     "steps": {"core", "faults", "ml", "tasks", "kernel", "tracking", "kube"},
+    "commands": {"core", "faults", "tasks", "kernel", "tracking", "kube"},
 }
+# library rooms: functions only; their command lines (``main()`` on ``run_cli``, argparse)
+# are in ``commands``, so no library imports the CLI adapter
+LIBRARIES = ("faults", "core", "ml", "tasks", "tracking", "kube")
+CLI_ADAPTER = "components.kernel.cli"
 TOP_LEVEL = {
     "components/__init__.py",
     "components/__main__.py",
@@ -120,6 +139,59 @@ def test_rooms_import_only_the_rooms_below(name):
     bad = {m for m in imports_of(name) if m.count(".") >= 1 and m.split(".")[1] not in ROOMS[own]}
     bad = {m for m in bad if m.split(".")[1] != own}
     assert not bad, f"{name} ({own}) imports {sorted(bad)}; {own} may import {sorted(ROOMS[own])}"
+
+
+def test_every_room_is_in_one_layer_and_may_import_only_layers_below():
+    """The layer order is the rule: no room may import a room of its own layer or above."""
+    assert set(LAYER) == set(ROOMS), (sorted(set(LAYER) ^ set(ROOMS)), "LAYERS vs ROOMS")
+    assert sum(map(len, LAYERS)) == len(LAYER), "a room in two layers"
+    upward = {
+        room: sorted(r for r in allowed if LAYER[r] >= LAYER[room])
+        for room, allowed in ROOMS.items()
+        if any(LAYER[r] >= LAYER[room] for r in allowed)
+    }
+    assert not upward, f"rooms allowed to import their own layer or above: {upward}"
+
+
+@pytest.mark.parametrize("name", sorted(n for n in MODULES if n.count(".") >= 2))
+def test_no_module_imports_from_a_layer_above_its_own(name):
+    own = name.split(".")[1]
+    if own not in LAYER:
+        pytest.skip("top-level module")
+    above = {
+        m
+        for m in imports_of(name)
+        if m.count(".") >= 1
+        and m.split(".")[1] != own
+        and LAYER.get(m.split(".")[1], -1) >= LAYER[own]
+    }
+    assert not above, f"{name} (layer {own}) imports from its layer or above: {sorted(above)}"
+
+
+@pytest.mark.parametrize(
+    "name", sorted(n for n in MODULES if n.count(".") >= 2 and n.split(".")[1] in LIBRARIES)
+)
+def test_no_library_module_is_a_command_line(name):
+    """A library module neither imports the CLI adapter nor parses arguments: its command
+    line (a ``main()``) is a module of ``components/commands/``."""
+    tree = ast.parse(MODULES[name].read_text(encoding="utf-8"))
+    mains = [n.name for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "main"]
+    assert CLI_ADAPTER not in imports_of(name), f"{name} imports {CLI_ADAPTER}"
+    assert not mains, f"{name} defines main(): move its command line to components/commands/"
+
+
+def test_every_command_is_a_commands_module_or_a_top_level_tool():
+    """``paddle-mlops COMMAND`` runs a module of ``commands``, of the kernel (its own
+    adapters: dvc-yaml, plots) or a top-level tool; no library module."""
+    from components.kernel.cli import COMMANDS
+
+    stray = {
+        name: module
+        for name, (module, _) in COMMANDS.items()
+        if not module.startswith(("components.commands.", "components.kernel."))
+        and MODULES[module].relative_to(REPO).as_posix() not in TOP_LEVEL
+    }
+    assert not stray, f"commands whose main() lives in a library: {stray}"
 
 
 @pytest.mark.parametrize("step", sorted(STEP_MODULES))
@@ -325,7 +397,11 @@ def test_dvc_reruns_only_the_stages_that_run_an_edited_module(tmp_path):
     repo = clone_repo(tmp_path / "repo")
     tasks = sorted(p.relative_to(REPO).as_posix() for p in (PACKAGE / "tasks").glob("*.py"))
     mlflow_only = ["components/tracking/registry.py", "components/tracking/model.py"]
-    commands = ["components/tracking/auth.py", "components/kernel/dvc.py"]  # no stage runs them
+    commands = [  # no stage runs them
+        "components/tracking/auth.py",
+        "components/kernel/dvc.py",
+        *sorted(p.relative_to(REPO).as_posix() for p in (PACKAGE / "commands").glob("*.py")),
+    ]
     stale = _stale_by_file(repo, [*tasks, *mlflow_only, *commands])
 
     reads_task: dict[str, set[str]] = {}

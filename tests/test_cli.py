@@ -171,7 +171,7 @@ def test_an_unknown_command_suggests_the_closest_one(capsys):
 
 
 def test_an_unknown_subcommand_suggests_the_closest_one(capsys):
-    from components.tracking import registry_cli
+    from components.commands import registry as registry_cli
 
     with pytest.raises(SystemExit) as exc:
         registry_cli.main(["stauts"])
@@ -244,7 +244,7 @@ def test_an_answer_about_a_store_names_its_uri(tmp_path):
 @pytest.fixture
 def clean_retry_env(monkeypatch):
     """MLflow's retry variables unset now and restored after (the commands set them)."""
-    from components.tracking.connection import JITTER_ENV, RETRY_ENV
+    from components.commands.connection import JITTER_ENV, RETRY_ENV
 
     for var in (*RETRY_ENV.values(), JITTER_ENV):
         monkeypatch.setenv(var, "0")  # recorded, so the teardown puts back what was there
@@ -272,8 +272,8 @@ def attempts(monkeypatch) -> dict[str, list]:
 def test_a_dead_server_costs_the_configured_retries_and_backoff_then_one_line(
     clean_retry_env, attempts, capsys
 ):
-    from components.kube import verify
-    from components.tracking.connection import CLI_RETRY, give_up_after_s
+    from components.commands import verify
+    from components.commands.connection import CLI_RETRY, give_up_after_s
 
     port = free_port()
     assert (
@@ -295,7 +295,7 @@ def test_a_dead_server_costs_the_configured_retries_and_backoff_then_one_line(
 def test_the_retries_come_from_the_flag_else_mlflows_variable(
     clean_retry_env, attempts, monkeypatch, capsys, tmp_path
 ):
-    from components.tracking import fetch_model
+    from components.commands import fetch_model
 
     dead = f"http://127.0.0.1:{free_port()}"
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "4")
@@ -318,7 +318,7 @@ def test_the_retries_come_from_the_flag_else_mlflows_variable(
 def test_the_registry_command_never_takes_a_dead_server_for_a_missing_model(
     clean_retry_env, attempts, capsys
 ):
-    from components.tracking import registry_cli
+    from components.commands import registry as registry_cli
 
     dead = f"http://127.0.0.1:{free_port()}"
     argv = ["--params", str(REPO / "params.yaml"), "--model-name", "digits-classifier"]

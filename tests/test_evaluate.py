@@ -12,9 +12,9 @@ import pytest
 from components.core.artifacts import read_json
 from components.ml import snapshot
 from components.ml.evaluation import reservoir_sample
-from components.ml.modelio import load_trained
 from components.steps.evaluate import EvaluateParams, LatencyParams, run
 from components.tasks.data import iter_split
+from components.tasks.trained import load_trained
 
 
 def test_evaluate_scores_the_exported_model(exported, trained, digits_task, digits_data, tmp_path):

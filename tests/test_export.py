@@ -8,10 +8,10 @@ import pytest
 
 from components.core.artifacts import StepError, read_json
 from components.ml.exporting import check_parity
-from components.ml.modelio import load_trained
 from components.ml.runtime import ModelFiles, PaddlePredictor
 from components.steps.export import ExportParams, ParityParams
 from components.steps.export import run as export_run
+from components.tasks.trained import load_trained
 
 
 def test_export_writes_both_formats_and_signature(exported, digits_task):

@@ -109,7 +109,7 @@ def test_a_challenger_trained_on_a_holdout_sample_is_refused(
 def test_the_champion_is_scored_only_on_samples_it_did_not_train_on(
     store, tmp_path, exported, digits_task, digits_data, wider_test
 ):
-    from components.ml.scoring import score_model
+    from components.tasks.scoring import score_model
 
     name = "clean-classifier"
     first = register(store.uri, tmp_path / "1", exported, digits_task, digits_data, name=name)

@@ -72,7 +72,7 @@ def registered(server, step_outputs, tmp_path_factory, digits_task, digits_data)
 def reference(exported_int8: Path, digits_task, digits_data: Path):
     """The bundle scored by the in-process Paddle runtime, as evaluate does: raw test
     images, labels, logits, predicted classes."""
-    from components.ml.scoring import score_model
+    from components.tasks.scoring import score_model
 
     scores, predictor, _ = score_model(exported_int8, digits_task, digits_data)
     raw, _ = digits_task.read_split(digits_data, "test")

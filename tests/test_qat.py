@@ -9,7 +9,6 @@ import paddle
 import pytest
 
 from components.core.artifacts import StepError, read_json
-from components.ml.modelio import load_trained
 from components.ml.quantization import fp32_bundle as make_fp32_bundle
 from components.ml.quantization import quantizer, write_bundle
 from components.steps.package import bundle_int8
@@ -17,6 +16,7 @@ from components.steps.package import run as package_run
 from components.steps.qat import QatLatency, QatParams
 from components.steps.qat import run as qat_run
 from components.tasks.quantize import check_bundle, finetune
+from components.tasks.trained import load_trained
 from tests.conftest import package_params
 
 

@@ -385,7 +385,7 @@ def test_pinned_holdout_catches_a_bad_challenger_that_corrupted_labels_hide(
 ):
     """New data whose test labels are corrupted makes a bad model look *better* than the
     champion on that split; the first champion's pinned test split still tells them apart."""
-    from components.ml.scoring import score_model
+    from components.tasks.scoring import score_model
 
     name = "holdout-classifier"
     params = RegisterParams(min_accuracy=0.0)

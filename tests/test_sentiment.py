@@ -388,9 +388,9 @@ def test_the_default_pipeline_is_untouched_by_the_task_pipeline(pipeline):
 def test_pretrained_weights_load_from_a_save_pretrained_directory(text_data, tmp_path):
     """``pretrained: <dir>`` loads the tokenizer and weights ``save_pretrained`` wrote: the
     path a user with published weights (ernie-3.0-medium-zh) takes, here offline."""
-    from components.ml.modelio import load_trained
     from components.steps.train import TrainParams
     from components.steps.train import run as train_run
+    from components.tasks.trained import load_trained
 
     task = _sentiment()
     train_x, _ = task.read_split(text_data, "train")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import errno
 import importlib
 import logging
 import os
@@ -19,10 +18,10 @@ import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from components.core.artifacts import StepError, sweep_dead_temporaries
 from components.core.config import load_params
+from components.core.failures import readable_failure
 from components.core.uris import redact_uri
 from components.faults import failpoints
 from components.kernel.step import AFTER_DEPLOY, STEPS, In, Step, flag, load
@@ -60,38 +59,7 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     raise Terminated("SIGTERM")
 
 
-_DISK_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
-
-
-def readable_failure(exc: BaseException) -> str | None:
-    """One line for the failures an unattended run meets that are not bugs: a tracking
-    server that stayed unreachable through its retries, a full or read-only disk. None
-    for anything else (a bug keeps its traceback)."""
-    if isinstance(exc, OSError) and exc.errno in _DISK_ERRORS:
-        where = exc.filename or "a step output"
-        return (
-            f"{where}: {os.strerror(exc.errno)}. Outputs are written atomically, so nothing "
-            "half-written was left; fix the disk and run the step again"
-        )
-    text = str(exc)
-    if type(exc).__module__.startswith(("mlflow", "requests", "urllib3")) and (
-        "API request to" in text or "Max retries exceeded" in text
-    ):
-        _, caused, cause = text.rpartition("Caused by ")
-        cause = cause.strip(" ()'\"")[:200] if caused else ""
-        _, request, url = text.partition("API request to ")
-        parts = urlsplit(url.split(" ", 1)[0]) if request else None
-        url = f"{parts.scheme}://{parts.netloc}" if parts else ""
-        retries = os.environ.get("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "the default")
-        return (
-            f"MLflow tracking server {redact_uri(url)} did not answer after {retries} retries "
-            f"with backoff ({cause or text.splitlines()[0][:200]}); start it or check "
-            "MLFLOW_TRACKING_URI and run it again: it is safe to rerun"
-        )
-    return None
-
-
-# the tracking URI the running command uses (components.tracking.connection): every error
+# the tracking URI the running command uses (components.commands.connection): every error
 # line of run_cli names it, so "not in the registry" says which registry
 _tracking_uri: list[str] = []
 
@@ -223,14 +191,14 @@ def step_main(
 # commands besides the steps: name -> (module whose main() runs it, what it does); imported by
 # name, so a step's import closure, and with it its dvc.yaml deps, does not include them
 COMMANDS = {
-    "registry": ("components.tracking.registry_cli", "the champion: status, promote, rollback"),
+    "registry": ("components.commands.registry", "the champion: status, promote, rollback"),
     "dvc-yaml": ("components.kernel.dvc", "write dvc.yaml from the step declarations"),
     "plots": ("components.kernel.plots", "this pipeline's plots as one offline HTML page"),
-    "fetch-model": ("components.tracking.fetch_model", "a version's verified bundle into a dir"),
-    "mlflow-users": ("components.tracking.auth_cli", "users of the basic-auth tracking server"),
+    "fetch-model": ("components.commands.fetch_model", "a version's verified bundle into a dir"),
+    "mlflow-users": ("components.commands.mlflow_users", "users of the basic-auth tracking server"),
     "doctor": ("components.doctor", "check this machine: paddle, dvc, tools, ports"),
-    "verify": ("components.kube.verify", "what a registered version's signatures prove"),
-    "keys": ("components.tracking.signing", "make a signing key pair"),
+    "verify": ("components.commands.verify", "what a registered version's signatures prove"),
+    "keys": ("components.commands.keys", "make a signing key pair"),
     "summary": ("components.summary", "what the last run made: metrics, gates, where served"),
     "traffic": ("components.traffic", "send held-out samples to the served model"),
 }

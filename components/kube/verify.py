@@ -1,4 +1,5 @@
-"""``paddle-mlops verify models:/NAME/VERSION``: what a registered version's signatures prove.
+"""What a registered version's signatures prove (``paddle-mlops verify models:/NAME/VERSION``:
+:mod:`components.commands.verify`).
 
 Checks, against the keys ``PADDLE_MLOPS_TRUSTED_KEYS`` names (components.tracking.signing):
 
@@ -17,17 +18,12 @@ fetched: ``fetch-model``, in the init container or on this machine).
 from __future__ import annotations
 
 import logging
-import sys
 import tempfile
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from components.kernel.cli import run_cli
 from components.kube.images import image_repository
 from components.kube.signatures import verify_image
-from components.tracking.connection import add_tracking_flags, open_tracking
-from components.tracking.fetch_model import parse_model_uri, resolve
 from components.tracking.model import BUNDLE_TAG
 from components.tracking.provenance import (
     BUNDLE_SIG,
@@ -37,10 +33,8 @@ from components.tracking.provenance import (
 )
 from components.tracking.registry import download_version
 from components.tracking.signing import (
-    TRUST_ENV,
     TrustedKey,
     VerificationError,
-    trusted_keys,
     verify_bundle,
 )
 
@@ -84,58 +78,3 @@ def check_version(
             )
         report["image"] = {"ref": image.image, "signed_by": image.keyid, "key": image.key_path}
     return report
-
-
-def _format(report: dict[str, Any]) -> str:
-    name, version = report["model"], report["version"]
-    lines = [f"models:/{name}/{version}: verified against {TRUST_ENV}"]
-    prov = report["provenance"]
-    deps = prov["dependencies"]
-    lines.append(
-        f"  provenance  signed by key {prov['signed_by'][:16]} ({prov['key']}); matches the "
-        "version's lineage tags: "
-        + ", ".join(f"{k} {next(iter(v.values()))[:12]}" for k, v in deps.items())
-        + (f"; pipeline run {prov['pipeline_run']}" if prov["pipeline_run"] else "")
-    )
-    if "bundle" in report:
-        lines.append(
-            f"  bundle      sha256 {report['bundle']['sha256'][:16]} (every file) signed by key "
-            f"{report['bundle']['signed_by'][:16]}"
-        )
-    image = report.get("image")
-    lines.append(
-        f"  image       {image['ref']} signed by key {image['signed_by'][:16]}"
-        if image
-        else "  image       not pushed (no serving_image_digest): nothing to verify"
-    )
-    return "\n".join(lines) + "\n"
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``paddle-mlops verify MODEL_URI``."""
-    import argparse
-
-    parser = argparse.ArgumentParser(
-        prog="paddle-mlops verify",
-        description="Verify a registered version's provenance, bundle and image signatures "
-        f"against the keys {TRUST_ENV} names.",
-    )
-    parser.add_argument("model_uri", help="models:/NAME/VERSION or models:/NAME@ALIAS")
-    add_tracking_flags(parser)
-    args = parser.parse_args(argv)
-
-    def _go() -> None:
-        ref = parse_model_uri(args.model_uri)
-        store = open_tracking(args)
-        keys = trusted_keys()
-        if keys is None:
-            raise VerificationError(f"{TRUST_ENV} turns verification off: nothing to verify")
-        version = int(resolve(store.client, ref).version)
-        report = check_version(store.client, store.uri, ref.name, version, keys)
-        sys.stdout.write(_format(report) + f"  tracking    {store}\n")
-
-    return run_cli(_go)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -10,36 +10,88 @@ validation (``serving_image``), the image (the bundle is its ``/mnt/models``) an
 ``SERVING_*`` variable on the server only overrides it (``serving/src/config.h``); the
 server's ``GET /v2/models/<name>/config`` answers what a version really runs with.
 
+The file's rules (keys, types, defaults, bounds) are written once, in its JSON Schema
+:data:`SCHEMA_FILE`: :func:`read` validates a bundle's file against it, and the C++ server's
+defaults and minimums are generated from it when it is built (``serving/CMakeLists.txt``);
+``tests/test_model_config_schema.py`` drives the built server with values made from it.
+
 Library layer: imported by steps, imports no step.
 """
 
 from __future__ import annotations
 
+import functools
+import json
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+import jsonschema
+
 from components.core.artifacts import StepError, read_json, write_json
 
 MODEL_CONFIG_FILE = "model_config.json"  # kModelConfigFile in serving/src/config.h
+SCHEMA_FILE = Path(__file__).with_suffix("") / "model_config.schema.json"
+SCHEMA: dict[str, Any] = json.loads(SCHEMA_FILE.read_text(encoding="utf-8"))
+SETTINGS: dict[str, dict[str, Any]] = SCHEMA["properties"]  # every key the server reads
+DEFAULTS: dict[str, Any] = {k: p["default"] for k, p in SETTINGS.items()}  # the server's own
 
-# The smallest value the server accepts for each integer setting (serving/src/config.cc):
+# The smallest value the server accepts for each integer setting (the schema's minimum):
 # 0 threads per worker is the runtime's default, a 0 queue delay runs what is queued at once,
 # a 0 queue size is unbounded.
-MINIMUMS = {
-    "workers": 1,
-    "threads_per_worker": 0,
-    "max_batch_size": 1,
-    "max_queue_delay_us": 0,
-    "max_queue_size": 0,
-    "request_timeout_ms": 1,
-}
+MINIMUMS = {k: p["minimum"] for k, p in SETTINGS.items() if p["type"] == "integer"}
+TYPE_NAMES = {"integer": "int", "boolean": "bool", "number": "float", "string": "str"}
+
+
+@functools.cache
+def _validator() -> jsonschema.protocols.Validator:
+    """The schema's validator; an integer is a JSON integer (``1.0`` is not, as in C++)."""
+    base = jsonschema.Draft202012Validator
+    base.check_schema(SCHEMA)
+    integer = base.TYPE_CHECKER.redefine(
+        "integer", lambda _, value: isinstance(value, int) and not isinstance(value, bool)
+    )
+    return jsonschema.validators.extend(base, type_checker=integer)(SCHEMA)
+
+
+def _rule(error: jsonschema.ValidationError, doc: dict[str, Any]) -> tuple[int, str, str]:
+    """(order, field, rule) of one way ``doc`` breaks the schema: an unknown key or a wrong
+    type first, then missing keys, then values out of bounds."""
+    if error.validator == "additionalProperties":
+        key = next(k for k in doc if k not in SETTINGS)
+        return 0, key, f"not a per-model setting ({sorted(SETTINGS)})"
+    if error.validator == "required":
+        return 1, "", f"missing field(s) {sorted(set(SCHEMA['required']) - set(doc))}"
+    key = str(error.path[0])
+    spec, value = SETTINGS[key], doc[key]
+    if error.validator == "type":
+        return 0, key, f"must be {TYPE_NAMES[spec['type']]}, got {value!r}"
+    if error.validator == "enum":
+        return 0, key, f"must be one of {spec['enum']}, got {value!r}"
+    if spec["type"] == "number" and {"minimum", "maximum"} <= spec.keys():
+        return 2, key, f"must be in [{spec['minimum']}, {spec['maximum']}], got {value}"
+    if error.validator == "minimum":
+        return 2, key, f"must be >= {spec['minimum']}, got {value}"
+    return 2, key, f"must be <= {spec['maximum']}, got {value}"
+
+
+def violation(doc: dict[str, Any]) -> tuple[str, str] | None:
+    """The first way ``doc`` (a model_config.json) breaks :data:`SCHEMA`, as (field, rule)
+    (field ``""``: the document), in the order an unknown key, a wrong type, a missing key,
+    a value out of bounds; None: valid."""
+    keys = list(doc)
+    found = sorted(
+        (_rule(e, doc) for e in _validator().iter_errors(doc)),
+        key=lambda r: (r[0], keys.index(r[1]) if r[1] in keys else -1),
+    )
+    return (found[0][1], found[0][2]) if found else None
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Every field is required: ``params.yaml`` is the one place their values are written
-    (the C++ defaults in ``serving/src/defaults.h`` only serve a bundle without the file)."""
+    """Every field is required (the schema's ``required``): ``params.yaml`` is the one place
+    their values are written (the schema's defaults, the C++ server's, only serve a bundle
+    without the file or a key)."""
 
     workers: int
     threads_per_worker: int
@@ -53,12 +105,9 @@ class ModelConfig:
     log_input_rate: float
 
     def check(self) -> None:
-        for name, minimum in MINIMUMS.items():
-            value = getattr(self, name)
-            if value < minimum:
-                raise ValueError(f"{name}: must be >= {minimum}, got {value}")
-        if not 0.0 <= self.log_input_rate <= 1.0:
-            raise ValueError(f"log_input_rate: must be in [0, 1], got {self.log_input_rate}")
+        broken = violation(self.to_json())  # the bounds of SCHEMA
+        if broken is not None:
+            raise ValueError(f"{broken[0]}: {broken[1]}")
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -72,33 +121,19 @@ def write(bundle_dir: str | Path, config: ModelConfig) -> Path:
 
 
 def read(bundle_dir: str | Path) -> ModelConfig:
-    """The model config of a bundle ``package`` wrote; a missing file or a field that is not
-    a per-model setting is an error naming the file and the field."""
+    """The model config of a bundle ``package`` wrote; a missing file or a field that breaks
+    :data:`SCHEMA` (not a per-model setting, a wrong type, out of bounds) is an error naming
+    the file and the field."""
     path = Path(bundle_dir) / MODEL_CONFIG_FILE
     if not path.is_file():
         raise StepError(f"{path}: missing; the bundle must come from package")
     doc = read_json(path)
     if not isinstance(doc, dict):
         raise StepError(f"{path}: top level must be an object of settings")
-    known = {f.name: f for f in fields(ModelConfig)}
-    for key, value in doc.items():
-        if key not in known:
-            raise StepError(f"{path}: field '{key}': not a per-model setting ({sorted(known)})")
-        kind = known[key].type
-        want: tuple[type, ...] = (int,)
-        if kind in ("bool", bool):
-            want = (bool,)
-        elif kind in ("float", float):
-            want = (float, int)
-        if type(value) not in want:
-            raise StepError(f"{path}: field '{key}': must be {want[0].__name__}, got {value!r}")
-    missing = sorted(set(known) - set(doc))
-    if missing:
-        raise StepError(f"{path}: missing field(s) {missing}")
-    config = ModelConfig(**{**doc, "log_input_rate": float(doc["log_input_rate"])})
-    try:
-        config.check()
-    except ValueError as exc:
-        name, _, rule = str(exc).partition(": ")
-        raise StepError(f"{path}: field '{name}': {rule}") from exc
-    return config
+    broken = violation(doc)
+    if broken is not None:
+        field, rule = broken
+        raise StepError(f"{path}: field '{field}': {rule}" if field else f"{path}: {rule}")
+    # the settings package writes; the optional ones (precision, cpu_pinning) the server reads
+    written = {f.name: doc[f.name] for f in fields(ModelConfig)}
+    return ModelConfig(**{**written, "log_input_rate": float(doc["log_input_rate"])})

@@ -8,7 +8,7 @@ TF-IDF + logistic regression for sentiment) also ``baseline_accuracy``, ``baseli
 and ``accuracy_minus_baseline``: the baseline trained on the training split (all of it up to
 ``evaluate.baseline_max_samples``, else a seeded uniform sample of that many, drawn as the
 split streams by) and scored on the same samples as the model. The split is scored as a
-stream, batch by batch (``components.ml.scoring``): memory stays flat as the data grows. The
+stream, batch by batch (``components.tasks.scoring``): memory stays flat as the data grows. The
 per-sample outcomes give a confusion matrix as PNG and as a DVC plot (one row per sample:
 ``actual``, ``predicted``; for a conditional generator the requested class and the judge's),
 the task's own figures (a generator's sample grid) and ``report.json`` beside them. The same
@@ -25,9 +25,9 @@ from typing import Any
 from components.core.artifacts import StepError, atomic_path, write_json, write_manifest, write_text
 from components.kernel.step import BUNDLE, DATA, Out, Step
 from components.ml import dataset, evaluation
-from components.ml.scoring import score_model
 from components.tasks import Task, baseline
 from components.tasks.base import Scores
+from components.tasks.scoring import score_model
 
 log = logging.getLogger(__name__)
 

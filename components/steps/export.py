@@ -31,9 +31,9 @@ import paddle
 from components.core.artifacts import atomic_path, write_json, write_manifest
 from components.kernel.step import DATA, In, Out, Step
 from components.ml import dataset, exporting, warmup
-from components.ml.modelio import load_trained
 from components.tasks import Task
 from components.tasks.base import ASSETS_DIR
+from components.tasks.trained import load_trained
 
 log = logging.getLogger(__name__)
 

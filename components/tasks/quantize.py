@@ -22,7 +22,6 @@ from tqdm import tqdm
 from components.core.artifacts import StepError
 from components.faults import failpoints
 from components.ml import dataset, gates, snapshot
-from components.ml.modelio import load_trained
 from components.ml.ov_runtime import OVPredictor
 from components.ml.quantization import (
     FAILPOINT_SCALE,
@@ -40,6 +39,7 @@ from components.ml.runtime import ModelFiles, PaddlePredictor
 from components.tasks.base import Task
 from components.tasks.data import check_format
 from components.tasks.stream import SnapshotData, StreamSettings
+from components.tasks.trained import load_trained
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ Job can run again after a password rotation or a partial failure:
   experiment (by name) or a registered model, creating the experiment or model (as the admin)
   when it does not exist yet, and updating an existing grant of another level.
 
-``paddle-mlops mlflow-users`` (``components.tracking.auth_cli``) makes the two accounts the
+``paddle-mlops mlflow-users`` (``components.commands.mlflow_users``) makes the two accounts the
 cluster uses: the **pipeline** user (``EDIT`` on the experiment and the registered model:
 runs, artifacts, new versions, tags, aliases; it creates and deletes the promotion lock model
 itself, as its creator) and the read-only **deploy** user (``READ`` on the registered model,

@@ -26,9 +26,9 @@ import numpy as np
 from components.core.artifacts import read_json
 from components.ml import dataset, gates, snapshot
 from components.ml.blessing import Blessing, Integrity, Rules, check_leak, clean_split, too_few
-from components.ml.scoring import score_model
 from components.tasks import Task
 from components.tasks.base import Scores
+from components.tasks.scoring import score_model
 from components.tracking.registry import (
     CHAMPION,
     HOLDOUT_FORMAT,

@@ -21,7 +21,8 @@ The argument order is the one KServe gives a storage initializer (``SRC DEST``),
 command is the init container of ``k8s/serving/deployment.yaml`` and the
 ``ClusterStorageContainer`` of ``k8s/kserve/``. Credentials come from
 ``MLFLOW_TRACKING_USERNAME`` / ``MLFLOW_TRACKING_PASSWORD`` (never from arguments). The
-tracking URI, a store that must exist and bounded retries: ``components.tracking.connection``.
+tracking URI, a store that must exist and bounded retries: ``components.commands.connection``
+(the command line: ``components.commands.fetch_model``).
 """
 
 from __future__ import annotations
@@ -29,17 +30,14 @@ from __future__ import annotations
 import logging
 import re
 import shutil
-import sys
 import tempfile
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from components.core.artifacts import StepError, combined_sha256, read_json, sha256_tree, write_json
+from components.core.failures import readable_failure
 from components.core.uris import redact_uri
-from components.kernel.cli import readable_failure, run_cli
-from components.tracking.connection import add_tracking_flags, open_tracking
 from components.tracking.model import BUNDLE_TAG
 from components.tracking.provenance import download_files, verified_provenance, verify_files
 from components.tracking.registry import client as mlflow_client
@@ -185,33 +183,3 @@ def fetch(
         f", signed by key {signed_by[:12]}" if signed_by else "",
     )  # fmt: skip
     return Fetched(name, version, expected, dest, True, signed_by)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``paddle-mlops fetch-model MODEL_URI DEST``."""
-    import argparse
-
-    parser = argparse.ArgumentParser(
-        prog="paddle-mlops fetch-model",
-        description="Download a registered version's serving bundle into DEST and verify its "
-        "sha256 against the registration (an init container / KServe storage initializer).",
-    )
-    parser.add_argument("model_uri", help="models:/NAME/VERSION or models:/NAME@ALIAS")
-    parser.add_argument("dest", help="model directory (absent, or empty)")
-    add_tracking_flags(parser)
-    args = parser.parse_args(argv)
-
-    def _go() -> None:
-        store = open_tracking(args)
-        got = fetch(args.model_uri, args.dest, tracking=store.uri, client=store.client)
-        signed = f" signed by key {got.signed_by}" if got.signed_by else " (origin not verified)"
-        sys.stdout.write(
-            f"{got.name} v{got.version} sha256 {got.sha256}{signed} -> {got.dest} "
-            f"(tracking URI {store})\n"
-        )
-
-    return run_cli(_go)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

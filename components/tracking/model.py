@@ -21,7 +21,7 @@ downloaded bundle against it.
 Inference (:class:`PaddleBundleModel`) is the same code as ``evaluate``: the task's own
 preprocessing (``components.tasks``, built from ``model_config``) then the bundle's fp32
 program in :class:`components.ml.runtime.PaddlePredictor` (``ModelFiles.in_dir``: the PIR
-``model.json``), as :func:`components.ml.scoring.score_model` does.
+``model.json``), as :func:`components.tasks.scoring.score_model` does.
 
 Input (signature: one unnamed tensor ``uint8 [-1, H, W, C]``, the stored layout of
 ``docs/data-format.md``; ``H, W, C`` are the data set's, e.g. ``[-1, 8, 8, 1]`` for the

@@ -13,7 +13,8 @@ one), named by the environment, never by ``params.yaml`` or argv:
   it). The value ``insecure-accept-anything`` turns verification off, explicitly; unset,
   every verification refuses (nothing is trusted).
 
-``paddle-mlops keys generate DIR`` writes a key pair (docs/provenance.md: creation, rotation).
+``paddle-mlops keys generate DIR`` (:mod:`components.commands.keys`) writes a key pair
+(docs/provenance.md: creation, rotation).
 
 A bundle's signature is an OpenSSF model-signing signature (a DSSE envelope over an in-toto
 statement of every file's sha256) made with ``model_signing`` and verified with it. Other
@@ -28,7 +29,6 @@ import hashlib
 import json
 import logging
 import os
-import sys
 import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -37,7 +37,6 @@ from pathlib import Path
 from typing import Any
 
 from components.core.artifacts import StepError, write_text
-from components.kernel.cli import run_cli
 
 log = logging.getLogger(__name__)
 
@@ -311,28 +310,3 @@ def private_copy(data: bytes, name: str) -> Iterator[Path]:
         with os.fdopen(fd, "wb") as out:
             out.write(data)
         yield path
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``paddle-mlops keys generate DIR [--name NAME]``."""
-    import argparse
-
-    parser = argparse.ArgumentParser(
-        prog="paddle-mlops keys",
-        description="Signing keys (docs/provenance.md): generate an ECDSA P-256 key pair.",
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-    gen = sub.add_parser("generate", help="write DIR/NAME.key (0600) and DIR/NAME.pub")
-    gen.add_argument("directory")
-    gen.add_argument("--name", default="signing")
-    args = parser.parse_args(argv)
-
-    def _go() -> None:
-        private, public = generate(args.directory, args.name)
-        sys.stdout.write(f"private key {private} (keep it in a Secret)\npublic key {public}\n")
-
-    return run_cli(_go)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -17,8 +17,8 @@ struct BackendOptions {
   std::string model_path;         // program: .pdmodel, .json (PIR) or .xml
   std::string params_path;        // weights (paddle backend; optional)
   std::string device = "CPU";     // OpenVINO device, or cpu / gpu[:id]
-  std::string precision = "f32";  // f32 | bf16 | auto
-  bool cpu_pinning = false;       // OpenVINO CPU: ENABLE_CPU_PINNING
+  std::string precision = kDefaultPrecision;  // kPrecisionValues
+  bool cpu_pinning = kDefaultCpuPinning;  // OpenVINO CPU: ENABLE_CPU_PINNING
   int instances = kDefaultWorkers;  // workers, one execution context each
   int threads_per_instance = kDefaultThreadsPerWorker;  // 0: runtime decides
   int64_t max_batch_size = kDefaultMaxBatchSize;

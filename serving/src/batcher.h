@@ -91,7 +91,7 @@ struct BatcherOptions {
   int64_t max_batch_size = kDefaultMaxBatchSize;
   // Longest time a free worker waits for a forming batch (see above).
   int64_t max_queue_delay_us = kDefaultMaxQueueDelayUs;
-  bool dynamic_batching = true;  // false: every request runs alone
+  bool dynamic_batching = kDefaultDynamicBatching;  // false: each runs alone
   // Requests waiting at most (0: no bound); more are refused (Unavailable).
   int64_t max_queue_size = kDefaultMaxQueueSize;
 };

@@ -6,6 +6,7 @@
 #include <cctype>
 #include <charconv>
 #include <fstream>
+#include <iterator>
 #include <limits>
 #include <optional>
 #include <sstream>
@@ -194,7 +195,8 @@ const std::vector<Flag>& Flags() {
       StringFlag("precision",
                  "OpenVINO CPU inference precision hint (f32 matches Paddle; "
                  "auto lets AMX CPUs run bf16)",
-                 &ServerConfig::precision, {"f32", "bf16", "auto"}),
+                 &ServerConfig::precision,
+                 {std::begin(kPrecisionValues), std::end(kPrecisionValues)}),
       BoolFlag("cpu-pinning",
                "OpenVINO CPU: pin inference threads to cores (costs two "
                "sched_setaffinity calls per inference; off suits a server "
@@ -208,19 +210,19 @@ const std::vector<Flag>& Flags() {
       IntFlag("workers",
               "inference workers, each with its own infer request / "
               "predictor clone",
-              &ServerConfig::workers, 1),
+              &ServerConfig::workers, kMinWorkers),
       IntFlag("threads-per-worker",
               "CPU threads per worker (0: runtime default)",
-              &ServerConfig::threads_per_worker, 0),
+              &ServerConfig::threads_per_worker, kMinThreadsPerWorker),
       IntFlag("max-batch-size",
               "largest batch (samples, dim 0) run at once; larger requests "
               "get 400",
-              &ServerConfig::max_batch_size, 1),
+              &ServerConfig::max_batch_size, kMinMaxBatchSize),
       IntFlag("max-queue-delay-us",
               "the longest a free worker waits for clients it just answered "
               "to send their next request (0: never; a lone request never "
               "waits)",
-              &ServerConfig::max_queue_delay_us, 0),
+              &ServerConfig::max_queue_delay_us, kMinMaxQueueDelayUs),
       BoolFlag("dynamic-batching",
                "merge concurrent requests into batches (false: each request "
                "runs alone)",
@@ -228,10 +230,10 @@ const std::vector<Flag>& Flags() {
       IntFlag("max-queue-size",
               "requests waiting for a worker at most; more get 503 (0: no "
               "bound)",
-              &ServerConfig::max_queue_size, 0),
+              &ServerConfig::max_queue_size, kMinMaxQueueSize),
       IntFlag("request-timeout-ms",
               "time from enqueue to completion before a 504",
-              &ServerConfig::request_timeout_ms, 1),
+              &ServerConfig::request_timeout_ms, kMinRequestTimeoutMs),
       BoolFlag("model-control",
                "allow POST v2/repository/models/{name}/load and /unload "
                "(a load builds the new version while the current one "

@@ -29,8 +29,8 @@ struct ServerConfig {
   std::string params_file;       // paddle backend weights override
   std::string backend = "openvino";
   std::string device = "CPU";
-  std::string precision = "f32";  // f32 | bf16 | auto
-  bool cpu_pinning = false;       // OpenVINO CPU: pin inference threads
+  std::string precision = kDefaultPrecision;  // kPrecisionValues
+  bool cpu_pinning = kDefaultCpuPinning;  // OpenVINO CPU: pin inference threads
   bool paddle_tensorrt = false;
   int gpu_memory_mb = 512;
   // Execution.
@@ -38,9 +38,9 @@ struct ServerConfig {
   int threads_per_worker = kDefaultThreadsPerWorker;
   int64_t max_batch_size = kDefaultMaxBatchSize;
   int64_t max_queue_delay_us = kDefaultMaxQueueDelayUs;
-  bool dynamic_batching = true;
+  bool dynamic_batching = kDefaultDynamicBatching;
   int64_t max_queue_size = kDefaultMaxQueueSize;
-  int64_t request_timeout_ms = 10000;
+  int64_t request_timeout_ms = kDefaultRequestTimeoutMs;
   bool model_control = false;  // repository load/unload allowed
   // HTTP (and gRPC).
   std::string host = "0.0.0.0";

@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 
+#include "defaults.h"
 #include "status.h"
 
 namespace serving {
@@ -19,7 +20,7 @@ struct GrpcOptions {
   std::string host = "0.0.0.0";
   int port = 8081;  // 0: any free port (see port())
   int64_t max_message_bytes = 64ll << 20;  // receive limit (= --max-body-bytes)
-  int64_t request_timeout_ms = 10000;
+  int64_t request_timeout_ms = kDefaultRequestTimeoutMs;
 };
 
 class GrpcServer {

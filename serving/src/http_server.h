@@ -24,6 +24,7 @@
 #include <memory>
 #include <string>
 
+#include "defaults.h"
 #include "status.h"
 
 namespace serving {
@@ -45,7 +46,7 @@ struct HttpOptions {
   // A refused (413) body is drained, up to these bounds, after the answer.
   int64_t lingering_close_bytes = 128ll << 20;
   int64_t lingering_close_ms = 30000;
-  int64_t request_timeout_ms = 10000;
+  int64_t request_timeout_ms = kDefaultRequestTimeoutMs;
   int keep_alive_max_count = 1000;
   int keep_alive_timeout_s = 30;
   bool access_log = true;

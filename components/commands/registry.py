@@ -1,6 +1,6 @@
 """``paddle-mlops registry status|promote|rollback``: the champion by hand.
 
-The tracking store and its retries: ``components.tracking.connection`` (a command run by hand
+The tracking store and its retries: ``components.commands.connection`` (a command run by hand
 gives up on a dead server in seconds; ``params.yaml``'s ``registry.retry`` is the policy of
 the pipeline's steps, which ride out a server restart). The registry itself:
 ``components.tracking.registry``.
@@ -14,11 +14,11 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from components.commands.connection import add_tracking_flags, open_tracking
 from components.core.artifacts import StepError
 from components.core.config import load_params, section
 from components.kernel.cli import ArgumentParser, run_cli
 from components.tasks import task_from_params
-from components.tracking.connection import add_tracking_flags, open_tracking
 from components.tracking.registry import (
     CHALLENGER,
     CHAMPION,

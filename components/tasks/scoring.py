@@ -4,7 +4,9 @@ The split is read as a stream (:meth:`Task.eval_batches`): every batch is run th
 model and handed to the task's judge (:meth:`Task.scorer`), which keeps only per-sample
 outcomes. Neither the split nor all of the model's outputs are ever in memory at once.
 
-Library layer: imported by steps (evaluate, qat, register), imports no step.
+It lives with the tasks (it asks a :class:`Task` for the batches and the judge), above
+``components.ml`` (the runtime it drives), so ``ml`` never imports a task. Imported by steps
+(evaluate, register), imports no step.
 """
 
 from __future__ import annotations
@@ -18,8 +20,7 @@ from tqdm import tqdm
 from components.core.artifacts import StepError
 from components.ml import dataset, snapshot
 from components.ml.runtime import BatchedPredictor, ModelFiles, PaddlePredictor
-from components.tasks import Task
-from components.tasks.base import Scores
+from components.tasks.base import Scores, Task
 
 
 def _limited(
