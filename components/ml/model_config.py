@@ -15,50 +15,40 @@ Library layer: imported by steps, imports no step.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+import typing
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import Field, ValidationError
 
 from components.core.artifacts import StepError, read_json, write_json
+from components.core.config import params_model, rule_of
 
 MODEL_CONFIG_FILE = "model_config.json"  # kModelConfigFile in serving/src/config.h
 
 # The smallest value the server accepts for each integer setting (serving/src/config.cc):
 # 0 threads per worker is the runtime's default, a 0 queue delay runs what is queued at once,
 # a 0 queue size is unbounded.
-MINIMUMS = {
-    "workers": 1,
-    "threads_per_worker": 0,
-    "max_batch_size": 1,
-    "max_queue_delay_us": 0,
-    "max_queue_size": 0,
-    "request_timeout_ms": 1,
-}
+AtLeast0 = Annotated[int, Field(ge=0)]
+AtLeast1 = Annotated[int, Field(ge=1)]
 
 
-@dataclass(frozen=True)
+@params_model
 class ModelConfig:
     """Every field is required: ``params.yaml`` is the one place their values are written
     (the C++ defaults in ``serving/src/defaults.h`` only serve a bundle without the file)."""
 
-    workers: int
-    threads_per_worker: int
-    max_batch_size: int
-    max_queue_delay_us: int
+    workers: AtLeast1
+    threads_per_worker: AtLeast0
+    max_batch_size: AtLeast1
+    max_queue_delay_us: AtLeast0
     dynamic_batching: bool
-    max_queue_size: int
-    request_timeout_ms: int
+    max_queue_size: AtLeast0
+    request_timeout_ms: AtLeast1
     # the share of requests whose inputs the prediction log keeps (outputs: always), when
     # the server runs with a log directory (serving/src/prediction_log.h)
-    log_input_rate: float
-
-    def check(self) -> None:
-        for name, minimum in MINIMUMS.items():
-            value = getattr(self, name)
-            if value < minimum:
-                raise ValueError(f"{name}: must be >= {minimum}, got {value}")
-        if not 0.0 <= self.log_input_rate <= 1.0:
-            raise ValueError(f"log_input_rate: must be in [0, 1], got {self.log_input_rate}")
+    log_input_rate: Annotated[float, Field(ge=0, le=1)]
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -80,11 +70,11 @@ def read(bundle_dir: str | Path) -> ModelConfig:
     doc = read_json(path)
     if not isinstance(doc, dict):
         raise StepError(f"{path}: top level must be an object of settings")
-    known = {f.name: f for f in fields(ModelConfig)}
+    known = typing.get_type_hints(ModelConfig)  # name -> type (its bounds stripped)
     for key, value in doc.items():
         if key not in known:
             raise StepError(f"{path}: field '{key}': not a per-model setting ({sorted(known)})")
-        kind = known[key].type
+        kind = known[key]
         want: tuple[type, ...] = (int,)
         if kind in ("bool", bool):
             want = (bool,)
@@ -95,10 +85,8 @@ def read(bundle_dir: str | Path) -> ModelConfig:
     missing = sorted(set(known) - set(doc))
     if missing:
         raise StepError(f"{path}: missing field(s) {missing}")
-    config = ModelConfig(**{**doc, "log_input_rate": float(doc["log_input_rate"])})
     try:
-        config.check()
-    except ValueError as exc:
-        name, _, rule = str(exc).partition(": ")
-        raise StepError(f"{path}: field '{name}': {rule}") from exc
-    return config
+        return ModelConfig(**{**doc, "log_input_rate": float(doc["log_input_rate"])})
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        raise StepError(f"{path}: field '{error['loc'][0]}': {rule_of(error)}") from None

@@ -24,12 +24,14 @@ from __future__ import annotations
 import logging
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 import paddle
+from pydantic import Field
 
 from components.core.artifacts import StepError, atomic_path, write_json, write_manifest
+from components.core.config import params_model
 from components.faults import failpoints
 from components.kernel.step import DATA, In, Out, Step
 from components.ml import dataset, gates, warmup
@@ -46,22 +48,18 @@ log = logging.getLogger(__name__)
 FAILPOINT_DRIFT = 1e-2
 
 
-@dataclass(frozen=True)
+@params_model
 class ParityParams:
     samples: int = 64
     atol: float = 1e-4
     rtol: float = 1e-3
 
 
-@dataclass(frozen=True)
+@params_model
 class ExportParams:
     parity: ParityParams = field(default_factory=ParityParams)
     # validation samples the bundle carries for the server's warm-up (components.ml.warmup)
-    warmup_samples: int = 8
-
-    def check(self) -> None:
-        if self.warmup_samples < 0:
-            raise ValueError(f"warmup_samples: must be >= 0, got {self.warmup_samples}")
+    warmup_samples: Annotated[int, Field(ge=0)] = 8
 
 
 @dataclass(frozen=True)

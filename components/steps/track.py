@@ -36,7 +36,9 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import Field
 
 from components.core.artifacts import (
     StepError,
@@ -46,7 +48,7 @@ from components.core.artifacts import (
     read_json,
     write_json,
 )
-from components.core.config import params_sha256, params_source
+from components.core.config import params_model, params_sha256, params_source
 from components.core.uris import redact_uri
 from components.faults import failpoints
 from components.kernel.step import In, Out, Step, Value
@@ -80,18 +82,14 @@ from components.tracking.registry import (
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
+@params_model
 class TrackParams:
     experiment: str = "digits"
     run_name_prefix: str = "pipeline"
     # a RUNNING run of this pipeline from another host older than this died with its node;
     # one from this host whose process is gone is closed at once
-    stale_run_s: float = 3600.0
+    stale_run_s: Annotated[float, Field(gt=0)] = 3600.0
     retry: TrackingRetry = field(default_factory=TrackingRetry)
-
-    def check(self) -> None:
-        if self.stale_run_s <= 0:
-            raise ValueError("stale_run_s must be > 0")
 
 
 @dataclass(frozen=True)
