@@ -241,7 +241,10 @@ def _model_at(cls: Any, loc: tuple[Any, ...]) -> Any:
 
 def rule_of(error: Any) -> str:
     """The rule a pydantic error broke, in the words of the params errors."""
-    kind, value, ctx = error["type"], error["input"], error.get("ctx") or {}
+    kind, value, ctx = error["type"], error["input"], dict(error.get("ctx") or {})
+    # a bound of a float field: 0 rather than 0.0
+    ctx = {k: int(v) if isinstance(v, float) and v.is_integer() else v for k, v in ctx.items()}
+
     if kind == "string_type":
         hint = " (quote it in YAML)" if isinstance(value, int | float) else ""
         return f"expected a string, got {value!r}{hint}"
