@@ -225,6 +225,7 @@ def step_main(
 COMMANDS = {
     "registry": ("components.tracking.registry_cli", "the champion: status, promote, rollback"),
     "dvc-yaml": ("components.kernel.dvc", "write dvc.yaml from the step declarations"),
+    "params": ("components.kernel.params_schema", "params schema: the params files' JSON Schema"),
     "plots": ("components.kernel.plots", "this pipeline's plots as one offline HTML page"),
     "fetch-model": ("components.tracking.fetch_model", "a version's verified bundle into a dir"),
     "mlflow-users": ("components.tracking.auth", "users of the basic-auth tracking server"),
