@@ -103,7 +103,8 @@ def sha256_is_null(tmp: Path) -> Run:
 
 def sha256_is_not_hex(tmp: Path) -> Run:
     _idx_params(tmp, str(_idx_dir(tmp / "raw")), sha256={IMAGES: "abc"})
-    return _ingest(tmp, [f"{PARAMS}: ingest.sha256.{IMAGES}: must match ^[0-9a-fA-F]{{64}}$, got 'abc'"])
+    expect = f"{PARAMS}: ingest.sha256.{IMAGES}: must match ^[0-9a-fA-F]{{64}}$, got 'abc'"
+    return _ingest(tmp, [expect])
 
 
 def sha256_names_no_input(tmp: Path) -> Run:
@@ -120,9 +121,7 @@ def image_size_zero(tmp: Path) -> Run:
 def image_size_negative(tmp: Path) -> Run:
     ingest = {"source": str(_folder(tmp / "img")), "kind": "image_folder", "image_size": [-4, 8]}
     _params(tmp, ingest=ingest)
-    return _ingest(
-        tmp, [f"{PARAMS}: ingest.image_size[0]: must be >= 1, got -4"]
-    )
+    return _ingest(tmp, [f"{PARAMS}: ingest.image_size[0]: must be >= 1, got -4"])
 
 
 def folder_subdirectory_named_png(tmp: Path) -> Run:

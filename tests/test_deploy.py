@@ -205,7 +205,6 @@ def test_bad_deploy_params_name_the_field():
         section({"deploy": {"target": "helm"}}, "deploy", DeployParams)
 
 
-
 # --------------------------------------------------------------------------- on this machine
 
 NAME = "deploy-test-classifier"

@@ -234,9 +234,7 @@ def test_a_bundle_with_a_bad_or_no_model_config_is_refused_naming_file_and_field
 )
 def test_nonsense_model_config_params_are_rejected_naming_the_field(values, field):
     config = {**dataclasses.asdict(package_params().model_config), **values}
-    with pytest.raises(
-        StepError, match=rf"params.yaml: package.model_config.{field}: must be >= "
-    ):
+    with pytest.raises(StepError, match=rf"params.yaml: package.model_config.{field}: must be >= "):
         section({"package": {"model_config": config}}, "package", PackageParams)
 
 

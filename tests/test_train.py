@@ -222,7 +222,6 @@ def test_bad_params_give_a_readable_error(tmp_path):
         ("epoch", 3, "p.yaml: train: unknown field(s) ['epoch']; did you mean 'epochs'?"),
         ("epochs", True, "p.yaml: train.epochs: expected an integer, got True"),
         ("epochs", 3.5, "p.yaml: train.epochs: expected an integer, got 3.5"),
-
     ],
 )
 def test_params_checks(field, value, message):
