@@ -24,10 +24,12 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from components.core.artifacts import StepError
-from components.core.config import load_params
+from components.core.config import load_params, section
 from components.core.uris import redact_uri
+from components.kernel.step import load
 
 log = logging.getLogger(__name__)
 
@@ -286,8 +288,12 @@ def check_signing(push: bool, target: str) -> Check:
 def run_checks(params_file: str | Path, server_binary: Path) -> list[Check]:
     """Every check, in the order the pipeline needs them."""
     params = load_params(params_file)
-    amp = str((params.get("train") or {}).get("amp", "auto"))
-    tune_budget = float(((params.get("package") or {}).get("tune") or {}).get("budget_s", 0) or 0)
+
+    def typed(step: str) -> Any:
+        """The step's own section, typed by its params model (imports the step: train's
+        needs paddle, so it is read only after the paddle check passed)."""
+        return section(params, step, load(step).params)
+
     probes: list[Callable[[], Check | list[Check]]] = [
         lambda: Check(
             "python",
@@ -296,17 +302,14 @@ def run_checks(params_file: str | Path, server_binary: Path) -> list[Check]:
             "" if sys.version_info[:2] == (3, 11) else "the pinned wheels need Python 3.11",
         ),  # fmt: skip
         check_paddle,
-        lambda: check_gpu_and_amp(amp),
+        lambda: check_gpu_and_amp(typed("train").amp),
         check_openvino,
         check_builder,
         lambda: check_tracking(os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI),
         check_dvc,
         lambda: check_server(server_binary),
-        lambda: check_wrk(tune_budget),
-        lambda: check_signing(
-            bool((params.get("promote") or {}).get("push")),
-            str((params.get("deploy") or {}).get("target", "none")),
-        ),
+        lambda: check_wrk(typed("package").tune.budget_s),
+        lambda: check_signing(typed("promote").push, typed("deploy").target),
     ]
     checks: list[Check] = []
     for probe in probes:

@@ -25,9 +25,10 @@ from typing import Any
 import numpy as np
 
 from components.core.artifacts import StepError, read_json, write_text
-from components.core.config import load_params
+from components.core.config import load_params, section
 from components.kernel.cli import run_cli
 from components.kernel.dvc import pipeline_path
+from components.kernel.step import load
 from components.ml.kserve_client import KServeClient, encode_request
 from components.tasks import task_from_params
 
@@ -67,7 +68,7 @@ def served(params_file: str) -> Served:
             f"{': ' + why[0] if why else ''}); deploy.target local serves the champion"
         )
     params = load_params(params_file)
-    state = Path(str((params.get("deploy") or {}).get("local_state_dir", ".deploy")))
+    state = Path(section(params, "deploy", load("deploy").params).local_state_dir)
     return Served(
         params_file,
         str(record["model"]),

@@ -103,7 +103,8 @@ def sha256_is_null(tmp: Path) -> Run:
 
 def sha256_is_not_hex(tmp: Path) -> Run:
     _idx_params(tmp, str(_idx_dir(tmp / "raw")), sha256={IMAGES: "abc"})
-    return _ingest(tmp, [f"{PARAMS}: ingest: sha256.{IMAGES} must be 64 hex digits, got 'abc'"])
+    expect = f"{PARAMS}: ingest.sha256.{IMAGES}: must match ^[0-9a-fA-F]{{64}}$, got 'abc'"
+    return _ingest(tmp, [expect])
 
 
 def sha256_names_no_input(tmp: Path) -> Run:
@@ -114,15 +115,13 @@ def sha256_names_no_input(tmp: Path) -> Run:
 def image_size_zero(tmp: Path) -> Run:
     ingest = {"source": str(_folder(tmp / "img")), "kind": "image_folder", "image_size": [0, 0]}
     _params(tmp, ingest=ingest)
-    return _ingest(tmp, [f"{PARAMS}: ingest: image_size must be [H, W] with H, W >= 1, got [0, 0]"])
+    return _ingest(tmp, [f"{PARAMS}: ingest.image_size[0]: must be >= 1, got 0"])
 
 
 def image_size_negative(tmp: Path) -> Run:
     ingest = {"source": str(_folder(tmp / "img")), "kind": "image_folder", "image_size": [-4, 8]}
     _params(tmp, ingest=ingest)
-    return _ingest(
-        tmp, [f"{PARAMS}: ingest: image_size must be [H, W] with H, W >= 1, got [-4, 8]"]
-    )
+    return _ingest(tmp, [f"{PARAMS}: ingest.image_size[0]: must be >= 1, got -4"])
 
 
 def folder_subdirectory_named_png(tmp: Path) -> Run:
@@ -290,7 +289,7 @@ def validate_bad_duplicate_bound(tmp: Path) -> Run:
     _params(tmp, validate={"max_duplicate_fraction": -0.1})
     out = tmp / "outputs" / "validate"
     args = ["--params", PARAMS, "--data", str(tmp), "--report", str(out)]
-    expect = [f"{PARAMS}: validate: max_duplicate_fraction must be within [0, 1], got -0.1"]
+    expect = [f"{PARAMS}: validate.max_duplicate_fraction: must be >= 0, got -0.1"]
     return Run("components.steps.validate", args, expect, out=out)
 
 
@@ -299,7 +298,7 @@ def validate_workers_zero(tmp: Path) -> Run:
     out = tmp / "outputs" / "validate"
     args = ["--params", PARAMS, "--data", str(tmp), "--report", str(out)]
     return Run(
-        "components.steps.validate", args, [f"{PARAMS}: validate: workers must be >= 1, got 0"]
+        "components.steps.validate", args, [f"{PARAMS}: validate.workers: must be >= 1, got 0"]
     )
 
 
@@ -362,7 +361,7 @@ def task_image_size_zero(tmp: Path) -> Run:
     return _train(
         tmp,
         {"image_size": [0, 0]},
-        [f"{PARAMS}: task.options: image_size must be [H, W] with H, W >= 12, got [0, 0]"],
+        [f"{PARAMS}: task.options.image_size[0]: must be >= 12, got 0"],
     )
 
 

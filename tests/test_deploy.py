@@ -150,7 +150,6 @@ def test_a_cluster_challenger_runs_in_the_champions_pods_with_flags_the_server_t
         target="kubernetes", manifests=["deployment"], challenger="canary",
         challenger_fraction=0.25, alias="challenger",
     )  # fmt: skip
-    params.check()
     v8 = dataclasses.replace(
         REL, version=8, model_uri="models:/digits-classifier/8", bundle_sha256="12" * 32
     )
@@ -184,7 +183,7 @@ def test_a_cluster_challenger_runs_in_the_champions_pods_with_flags_the_server_t
     for flag in server["args"]:
         assert f"  {flag.split('=')[0]}" in usage, flag  # every rendered flag is the server's
     with pytest.raises(ValueError, match="manifests \\[deployment\\] only"):
-        dataclasses.replace(params, manifests=["deployment", "kserve"]).check()
+        dataclasses.replace(params, manifests=["deployment", "kserve"])
 
 
 def test_templates_with_a_tag_instead_of_a_digest_are_refused_for_a_cluster():
@@ -195,10 +194,10 @@ def test_templates_with_a_tag_instead_of_a_digest_are_refused_for_a_cluster():
 
 
 def test_bad_deploy_params_name_the_field():
-    from components.steps.deploy import run
+    from components.core.config import section
 
-    with pytest.raises(StepError, match="deploy: target must be one of"):
-        run(DeployParams(target="helm"), REPO, REPO / "nowhere")
+    with pytest.raises(StepError, match=r"deploy\.target: 'helm' is not one of \['none', "):
+        section({"deploy": {"target": "helm"}}, "deploy", DeployParams)
 
 
 # --------------------------------------------------------------------------- on this machine

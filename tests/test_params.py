@@ -13,7 +13,7 @@ import yaml
 from components.core.artifacts import StepError
 from components.core.config import EXTENDS, REPLACE, load_params, section
 from components.kernel.dvc import task_pipelines
-from components.kernel.step import all_steps
+from components.kernel.step import all_steps, load
 from tests.conftest import REPO
 
 # sha256 of the typed params every step of each pipeline receives, taken when the task files
@@ -113,3 +113,91 @@ def test_overlay_errors_name_the_file(tmp_path):
     (tmp_path / "c.yaml").write_text("task: {}\n")
     with pytest.raises(StepError, match=r"d.yaml: replace: expected a list of dotted keys"):
         load_params(tmp_path / "d.yaml")
+
+
+# --------------------------------------------------------------------------- the schema
+
+
+def test_the_committed_schema_is_the_generated_one():
+    """``params.schema.json`` is what ``paddle-mlops params schema`` writes from the params
+    models: a model changed without regenerating it fails here."""
+    from components.kernel.params_schema import SCHEMA_FILE, schema_text
+
+    assert (REPO / SCHEMA_FILE).read_text() == schema_text(), (
+        f"{SCHEMA_FILE} is stale: run `paddle-mlops params schema` and commit it"
+    )
+
+
+@pytest.mark.parametrize("params_file", ["params.yaml", *task_pipelines()])
+def test_every_params_file_names_the_schema_and_is_valid_under_it(params_file):
+    import os
+
+    import jsonschema
+
+    from components.kernel.params_schema import SCHEMA_FILE
+
+    path = REPO / params_file
+    first = path.read_text().splitlines()[0]
+    relative = os.path.relpath(REPO / SCHEMA_FILE, path.parent)
+    assert first == f"# yaml-language-server: $schema={relative}"
+    schema = json.loads((REPO / SCHEMA_FILE).read_text())
+    errors = list(
+        jsonschema.Draft202012Validator(schema).iter_errors(yaml.safe_load(path.read_text()))
+    )
+    assert not errors, [e.message for e in errors]
+
+
+def test_the_schema_refuses_what_the_loader_refuses():
+    import jsonschema
+
+    from components.kernel.params_schema import schema
+
+    validator = jsonschema.Draft202012Validator(schema())
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    assert not list(validator.iter_errors(params))
+    for dotted, value in [
+        ("train.lerning_rate", 0.1),  # unknown
+        ("train.epochs", 0),  # below its range
+        ("train.amp", "O3"),  # not one of the choices
+        ("deploy.local_port", "8501"),  # a string for a number
+    ]:
+        section, key = dotted.split(".")
+        bad = {**params, section: {**params[section], key: value}}
+        assert list(validator.iter_errors(bad)), dotted
+
+
+def test_a_typo_is_one_line_naming_the_file_the_field_and_the_closest_name(tmp_path):
+    path = tmp_path / "params.yaml"
+    text = (REPO / "params.yaml").read_text().replace("  learning_rate:", "  lerning_rate:", 1)
+    path.write_text(text)
+    with pytest.raises(StepError) as info:
+        section(load_params(path), "train", load("train").params)
+    message = str(info.value)
+    assert "\n" not in message
+    assert message == (
+        f"{path}: train: unknown field(s) ['lerning_rate']; did you mean 'learning_rate'?"
+    )
+
+
+def test_a_bad_value_is_one_line_naming_the_dotted_field_and_the_rule(tmp_path):
+    path = tmp_path / "params.yaml"
+    path.write_text("train:\n  distributed: {nproc: 0}\n  epochs: 3\n")
+    with pytest.raises(StepError) as info:
+        section(load_params(path), "train", load("train").params)
+    assert str(info.value) == f"{path}: train.distributed.nproc: must be >= 1, got 0"
+    path.write_text("train:\n  distributed: {nproc: '2'}\n")
+    with pytest.raises(StepError) as info:
+        section(load_params(path), "train", load("train").params)
+    assert str(info.value) == f"{path}: train.distributed.nproc: expected an integer, got '2'"
+    # KFP's protobuf Struct makes every number a float: a whole one is an integer
+    params = section({"train": {"epochs": 3.0}}, "train", load("train").params)
+    assert params.epochs == 3 and isinstance(params.epochs, int)
+
+
+def test_params_command_writes_the_schema(tmp_path):
+    from components.kernel.cli import main
+    from components.kernel.params_schema import schema_text
+
+    out = tmp_path / "schema.json"
+    assert main(["params", "schema", "--out", str(out)]) == 0
+    assert out.read_text() == schema_text()

@@ -234,9 +234,7 @@ def test_a_bundle_with_a_bad_or_no_model_config_is_refused_naming_file_and_field
 )
 def test_nonsense_model_config_params_are_rejected_naming_the_field(values, field):
     config = {**dataclasses.asdict(package_params().model_config), **values}
-    with pytest.raises(
-        StepError, match=rf"params.yaml: package.model_config: {field}: must be >= "
-    ):
+    with pytest.raises(StepError, match=rf"params.yaml: package.model_config.{field}: must be >= "):
         section({"package": {"model_config": config}}, "package", PackageParams)
 
 
@@ -261,5 +259,5 @@ def test_zero_threads_queue_delay_and_queue_size_are_the_servers_own_meanings_no
 
 
 def test_golden_samples_must_be_positive():
-    with pytest.raises(StepError, match=r"params.yaml: serving_image: golden_samples: must be >= "):
+    with pytest.raises(StepError, match=r"params.yaml: serving_image.golden_samples: must be >= "):
         section({"serving_image": {"golden_samples": 0}}, "serving_image", ServingImageParams)

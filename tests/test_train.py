@@ -214,12 +214,14 @@ def test_bad_params_give_a_readable_error(tmp_path):
 @pytest.mark.parametrize(
     "field,value,message",
     [
-        ("epochs", 0, "p.yaml: train: epochs, batch_size and eval_batch_size must be >= 1"),
-        ("batch_size", 0, "p.yaml: train: epochs, batch_size and eval_batch_size must be >= 1"),
-        ("learning_rate", -1.0, "p.yaml: train: learning_rate must be > 0"),
+        ("epochs", 0, "p.yaml: train.epochs: must be >= 1, got 0"),
+        ("batch_size", 0, "p.yaml: train.batch_size: must be >= 1, got 0"),
+        ("learning_rate", -1.0, "p.yaml: train.learning_rate: must be > 0, got -1.0"),
         ("learning_rate", "fast", "p.yaml: train.learning_rate: expected a number, got 'fast'"),
         ("amp", "O3", "p.yaml: train.amp: 'O3' is not one of ['auto', 'off', 'O1', 'O2']"),
-        ("epoch", 3, "p.yaml: train: unknown field(s) ['epoch']"),
+        ("epoch", 3, "p.yaml: train: unknown field(s) ['epoch']; did you mean 'epochs'?"),
+        ("epochs", True, "p.yaml: train.epochs: expected an integer, got True"),
+        ("epochs", 3.5, "p.yaml: train.epochs: expected an integer, got 3.5"),
     ],
 )
 def test_params_checks(field, value, message):

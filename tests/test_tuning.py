@@ -144,8 +144,8 @@ def test_a_bundle_without_warmup_samples_is_one_clear_error(server_binary, expor
 @pytest.mark.parametrize(
     ("space", "message"),
     [
-        ({"layouts": ["2by1"]}, r"package\.tune\.space: layout '2by1': expected WORKERSxTHREADS"),
-        ({"max_batch_size": [0]}, r"package\.tune\.space: max_batch_size: each must be >= 1"),
+        ({"layouts": ["2by1"]}, r"tune\.space\.layouts: layout '2by1': expected WORKERSxTHREADS"),
+        ({"max_batch_size": [0]}, r"tune\.space\.max_batch_size\[0\]: must be >= 1, got 0"),
     ],
 )
 def test_a_bad_search_space_is_refused_naming_the_field(space, message):

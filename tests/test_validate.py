@@ -488,13 +488,11 @@ def test_params_from_yaml(tmp_path: Path) -> None:
     path.write_text("validate:\n  max_duplicate_fraction: 1.5\n")
     with pytest.raises(StepError) as info:
         section(load_params(path), "validate", ValidateParams)
-    assert str(info.value) == (
-        f"{path}: validate: max_duplicate_fraction must be within [0, 1], got 1.5"
-    )
+    assert str(info.value) == (f"{path}: validate.max_duplicate_fraction: must be <= 1, got 1.5")
     path.write_text("validate:\n  workers: 0\n")
     with pytest.raises(StepError) as info:
         section(load_params(path), "validate", ValidateParams)
-    assert str(info.value) == f"{path}: validate: workers must be >= 1, got 0"
+    assert str(info.value) == f"{path}: validate.workers: must be >= 1, got 0"
 
 
 def test_every_params_file_sets_validate_workers() -> None:

@@ -20,10 +20,11 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from components.core.artifacts import StepError
+from components.core.config import from_dict
 from components.core.uris import local_store_path, redact_uri
 from components.kernel.cli import name_tracking_uri
 from components.tracking.registry import DEFAULT_TRACKING_URI, TrackingRetry, client, tracking_uri
@@ -97,12 +98,7 @@ def retry_from(args: argparse.Namespace) -> TrackingRetry:
             values[name] = int(given)  # MLflow reads all three as integers
         except ValueError:
             raise StepError(f"{source}={given!r}: not a whole number") from None
-    retry = TrackingRetry(**{**vars(CLI_RETRY), **values})
-    try:
-        retry.check()
-    except ValueError as exc:
-        raise StepError(f"tracking retry settings: {exc}") from None
-    return retry
+    return from_dict(TrackingRetry, {**asdict(CLI_RETRY), **values}, where="tracking retry")
 
 
 def give_up_after_s(retry: TrackingRetry) -> float:

@@ -1,12 +1,14 @@
 """Reading ``params.yaml`` into typed, validated step parameters.
 
-Every tunable number lives in ``params.yaml`` keyed by step. Steps receive frozen dataclasses,
-never the raw dict, and an unknown or mistyped key is reported with the file and dotted field.
+Every tunable number lives in ``params.yaml`` keyed by step. Steps receive params models
+(frozen pydantic dataclasses, :func:`params_model`), never the raw dict; an unknown or
+mistyped key, or a value out of range, is one error line naming the file and dotted field.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import hashlib
 import json
 import os
@@ -16,6 +18,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
+from pydantic import ConfigDict, GetCoreSchemaHandler, ValidationError
+from pydantic.dataclasses import dataclass as pydantic_dataclass
+from pydantic_core import CoreSchema, core_schema
 
 from components.core.artifacts import StepError
 
@@ -126,7 +131,7 @@ def params_sha256(params: dict[str, Any]) -> str:
 
 
 def section(params: dict[str, Any], name: str, cls: type[T], *, source: str | None = None) -> T:
-    """Build dataclass ``cls`` from ``params[name]``, with readable errors naming ``source``
+    """Build params model ``cls`` from ``params[name]``, with readable errors naming ``source``
     (default: the file ``params`` was loaded from)."""
     source = source or params_source(params)
     if name not in params:
@@ -135,92 +140,143 @@ def section(params: dict[str, Any], name: str, cls: type[T], *, source: str | No
 
 
 def from_dict(cls: type[T], data: Any, *, where: str) -> T:
+    """Validate ``data`` as the params model ``cls`` (a :func:`params_model`); a bad value
+    is one :class:`StepError` line naming ``where`` and the dotted field."""
     if not isinstance(data, dict):
         raise StepError(f"{where}: expected a mapping, got {type(data).__name__}")
-    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    unknown = sorted(set(data) - set(fields))
-    if unknown:
-        raise StepError(f"{where}: unknown field(s) {unknown}; allowed: {sorted(fields)}")
-    hints = typing.get_type_hints(cls)
-    kwargs: dict[str, Any] = {}
-    for key, value in data.items():
-        kwargs[key] = _coerce(hints[key], value, where=f"{where}.{key}")
-    missing = [
-        n
-        for n, f in fields.items()
-        if n not in kwargs
-        and f.default is dataclasses.MISSING
-        and f.default_factory is dataclasses.MISSING
-    ]
-    if missing:
-        raise StepError(f"{where}: missing required field(s) {missing}")
-    obj = cls(**kwargs)
-    check = getattr(obj, "check", None)
-    if callable(check):
-        try:
-            check()
-        except ValueError as exc:
-            raise StepError(f"{where}: {exc}") from exc
-    return obj
+    try:
+        return cls.__pydantic_validator__.validate_python(data)  # type: ignore[attr-defined]
+    except ValidationError as exc:
+        raise StepError(describe(exc, cls, where)) from None
 
 
-def _coerce(tp: Any, value: Any, *, where: str) -> Any:
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
+# --------------------------------------------------------------------------- the models
+
+PARAMS_CONFIG = ConfigDict(extra="forbid", strict=True)
+
+
+def _int_from_float(value: Any) -> Any:
+    # KFP passes dict parameters through protobuf Struct, where every number is a float
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def _lenient_ints(schema: Any, root: bool = True) -> Any:
+    """``schema`` with every strict int accepting a whole float (3.0 -> 3); nested models
+    are left to their own hook."""
+    if isinstance(schema, list):
+        return [_lenient_ints(s, root=False) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    if schema.get("type") == "dataclass" and not root:
+        return schema
+    if schema.get("type") == "int":
+        return core_schema.no_info_before_validator_function(_int_from_float, schema)
+    return {k: _lenient_ints(v, root=False) for k, v in schema.items()}
+
+
+def _core_schema(cls: type, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
+    schema = handler(source)
+    node: Any = schema  # the dataclass itself, below its model validators
+    while node.get("type", "").startswith("function-") and "schema" in node:
+        node = node["schema"]
+    if node.get("type") == "dataclass":
+        # strict fields (no "3" for 3, no 1 for true), yet the model itself from a mapping
+        node["strict"] = False
+        node["schema"] = _lenient_ints(node["schema"], root=False)
+    return schema
+
+
+def params_model(cls: type[T]) -> type[T]:
+    """A params section (or part of one) as a frozen pydantic dataclass: strict types,
+    unknown fields refused, ranges as ``Annotated[..., Field(ge=...)]`` constraints and
+    cross-field rules as ``@model_validator(mode="after")``. Still a dataclass:
+    ``dataclasses.fields/asdict/replace`` work (``replace`` validates again)."""
+    cls.__get_pydantic_core_schema__ = classmethod(_core_schema)  # type: ignore[attr-defined]
+    return pydantic_dataclass(frozen=True, config=PARAMS_CONFIG)(cls)  # type: ignore[return-value]
+
+
+# --------------------------------------------------------------------------- errors
+
+_TYPE_RULES = {
+    "float_type": "expected a number, got {input!r}",
+    "float_parsing": "expected a number, got {input!r}",
+    "int_type": "expected an integer, got {input!r}",
+    "int_parsing": "expected an integer, got {input!r}",
+    "int_from_float": "expected an integer, got {input!r}",
+    "bool_type": "expected true/false, got {input!r}",
+    "bool_parsing": "expected true/false, got {input!r}",
+    "list_type": "expected a list, got {input!r}",
+    "tuple_type": "expected a list, got {input!r}",
+    "dict_type": "expected a mapping, got {input!r}",
+    "greater_than": "must be > {gt}, got {input!r}",
+    "greater_than_equal": "must be >= {ge}, got {input!r}",
+    "less_than": "must be < {lt}, got {input!r}",
+    "less_than_equal": "must be <= {le}, got {input!r}",
+    "too_short": "must have at least {min_length} item(s), got {input!r}",
+    "too_long": "must have at most {max_length} item(s), got {input!r}",
+    "string_too_short": "must have at least {min_length} character(s), got {input!r}",
+    "string_pattern_mismatch": "must match {pattern}, got {input!r}",
+    "multiple_of": "must be a multiple of {multiple_of}, got {input!r}",
+}
+_UNKNOWN = ("unexpected_keyword_argument", "extra_forbidden")
+_MISSING = ("missing", "missing_argument")
+
+
+def _dotted(loc: tuple[Any, ...]) -> str:
+    return "".join(f"[{k}]" if isinstance(k, int) else f".{k}" for k in loc if k != "[key]")
+
+
+def _model_at(cls: Any, loc: tuple[Any, ...]) -> Any:
+    """The params model at ``loc`` below ``cls`` (None: not a model)."""
+    tp = cls
+    for key in loc:
+        if not dataclasses.is_dataclass(tp) or not isinstance(key, str):
             return None
-        errors = []
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _coerce(arg, value, where=where)
-            except StepError as exc:
-                errors.append(str(exc))
-        raise StepError(errors[0] if errors else f"{where}: invalid value {value!r}")
-    if origin is typing.Literal:
-        if value not in args:
-            raise StepError(f"{where}: {value!r} is not one of {list(args)}")
-        return value
-    if dataclasses.is_dataclass(tp):
-        return from_dict(tp, value, where=where)  # type: ignore[arg-type]
-    if origin in (list, tuple):
-        if not isinstance(value, list | tuple):
-            raise StepError(f"{where}: expected a list, got {value!r}")
-        inner = args[0] if args else Any
-        items = [_coerce(inner, v, where=f"{where}[{i}]") for i, v in enumerate(value)]
-        return tuple(items) if origin is tuple else items
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise StepError(f"{where}: expected a mapping, got {value!r}")
-        key_tp, value_tp = args if len(args) == 2 else (Any, Any)
-        return {
-            _coerce(key_tp, k, where=f"{where} key {k!r}"): _coerce(
-                value_tp, v, where=f"{where}.{k}"
-            )
-            for k, v in value.items()
-        }
-    if tp is Any:
-        return value
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise StepError(f"{where}: expected a number, got {value!r}")
-        return float(value)
-    if tp is int:
-        # KFP passes dict parameters through protobuf Struct, where every number is a float
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise StepError(f"{where}: expected an integer, got {value!r}")
-        return value
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise StepError(f"{where}: expected true/false, got {value!r}")
-        return value
-    if tp is str:
-        if not isinstance(value, str):
-            hint = " (quote it in YAML)" if isinstance(value, int | float) else ""
-            raise StepError(f"{where}: expected a string, got {value!r}{hint}")
-        return value
-    return value
+        tp = typing.get_type_hints(tp)[key]
+        while typing.get_origin(tp) in (list, dict, typing.Union, types.UnionType):
+            args = [a for a in typing.get_args(tp) if a is not type(None)]
+            tp = args[-1] if args else None
+    return tp if dataclasses.is_dataclass(tp) else None
+
+
+def rule_of(error: Any) -> str:
+    """The rule a pydantic error broke, in the words of the params errors."""
+    kind, value, ctx = error["type"], error["input"], dict(error.get("ctx") or {})
+    # a bound of a float field: 0 rather than 0.0
+    ctx = {k: int(v) if isinstance(v, float) and v.is_integer() else v for k, v in ctx.items()}
+
+    if kind == "string_type":
+        hint = " (quote it in YAML)" if isinstance(value, int | float) else ""
+        return f"expected a string, got {value!r}{hint}"
+    if kind == "literal_error":
+        expected = str(ctx.get("expected", "")).replace(" or ", ", ")
+        return f"{value!r} is not one of [{expected}]"
+    if kind in ("dataclass_type", "model_type"):
+        return f"expected a mapping, got {type(value).__name__}"
+    if kind in ("value_error", "assertion_error"):
+        return str(ctx.get("error", error["msg"]))
+    if kind in _TYPE_RULES:
+        return _TYPE_RULES[kind].format(input=value, **ctx)
+    return str(error["msg"])
+
+
+def describe(exc: ValidationError, cls: Any, where: str) -> str:
+    """One line for a failed validation of ``cls`` at ``where`` (``file: section``): unknown
+    fields first (with the closest allowed name), then the first bad value, then missing
+    fields. Never pydantic's multi-line report."""
+    errors = exc.errors(include_url=False)
+    unknown = [e for e in errors if e["type"] in _UNKNOWN]
+    if unknown:
+        parent = unknown[0]["loc"][:-1]
+        names = sorted(str(e["loc"][-1]) for e in unknown if e["loc"][:-1] == parent)
+        model = _model_at(cls, parent)
+        allowed = sorted(f.name for f in dataclasses.fields(model)) if model else []
+        close = difflib.get_close_matches(names[0], allowed, n=1, cutoff=0.6)
+        hint = f"did you mean '{close[0]}'?" if close else f"allowed: {allowed}"
+        return f"{where}{_dotted(parent)}: unknown field(s) {names}; {hint}"
+    bad = [e for e in errors if e["type"] not in _MISSING]
+    if bad:
+        return f"{where}{_dotted(bad[0]['loc'])}: {rule_of(bad[0])}"
+    parent = errors[0]["loc"][:-1]
+    names = [str(e["loc"][-1]) for e in errors if e["loc"][:-1] == parent]
+    return f"{where}{_dotted(parent)}: missing required field(s) {names}"

@@ -193,6 +193,7 @@ def step_main(
 COMMANDS = {
     "registry": ("components.commands.registry", "the champion: status, promote, rollback"),
     "dvc-yaml": ("components.kernel.dvc", "write dvc.yaml from the step declarations"),
+    "params": ("components.kernel.params_schema", "params schema: the params files' JSON Schema"),
     "plots": ("components.kernel.plots", "this pipeline's plots as one offline HTML page"),
     "fetch-model": ("components.commands.fetch_model", "a version's verified bundle into a dir"),
     "mlflow-users": ("components.commands.mlflow_users", "users of the basic-auth tracking server"),

@@ -36,11 +36,13 @@ import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import numpy as np
+from pydantic import Field, model_validator
 
 from components.core.artifacts import StepError
+from components.core.config import params_model
 
 log = logging.getLogger(__name__)
 
@@ -75,12 +77,13 @@ _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 _MASTER = re.compile(r"^\[?[A-Za-z0-9_.:-]+?\]?:(\d{1,5})$")
 
 
-@dataclass(frozen=True)
+@params_model
 class DistributedParams:
     """``train.distributed``: how many ranks, where they meet, how the batch is split."""
 
-    nproc: int = 1  # ranks on each node (GPU: one per device)
-    nnodes: int = 1  # nodes; a PaddleJob's PADDLE_NNODES wins
+    nproc: Annotated[int, Field(ge=1)] = 1  # ranks on each node (GPU: one per device)
+    nnodes: Annotated[int, Field(ge=1)] = 1  # nodes; a PaddleJob's PADDLE_NNODES wins
+
     # gloo (CPU) | nccl (GPU) | auto: by device | paddlejob: Kubeflow starts the nodes
     # (the train step in a PaddleJob pod runs like auto)
     backend: Literal["auto", "gloo", "nccl", "paddlejob"] = "auto"
@@ -92,16 +95,14 @@ class DistributedParams:
     # learning rate actually used = train.learning_rate x (global batch / lr_base_batch)^k,
     # k = 1 (linear, Goyal et al. 2017), 1/2 (sqrt) or 0 (none)
     lr_scaling: Literal["none", "linear", "sqrt"] = "none"
-    lr_base_batch: int = 32
+    lr_base_batch: Annotated[int, Field(ge=1)] = 32
     log_dir: str | None = None  # the ranks' logs (workerlog.N); default: a temporary dir
 
-    def check(self) -> None:
-        if self.nproc < 1 or self.nnodes < 1:
-            raise ValueError("nproc and nnodes must be >= 1")
-        if self.lr_base_batch < 1:
-            raise ValueError("lr_base_batch must be >= 1")
+    @model_validator(mode="after")
+    def _master_is_host_port(self) -> DistributedParams:
         if self.master is not None and not is_master(self.master):
             raise ValueError(f"master: {self.master!r} is not host:port (e.g. 10.0.0.5:36543)")
+        return self
 
 
 def is_master(value: str) -> bool:

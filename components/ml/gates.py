@@ -31,27 +31,27 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
+from pydantic import Field
+
+from components.core.config import params_model
+
+# the params-model field types of the paired gates' limits (register, qat, judge)
+Alpha = Annotated[float, Field(gt=0, lt=1)]  # a one-sided level within (0, 1)
+Points = Annotated[float, Field(ge=0)]  # a drop in points (percent)
+Flips = Annotated[int, Field(ge=1)]  # samples lost (net) before a class limit counts
 
 
-@dataclass(frozen=True)
+@params_model
 class PairedLimits:
     """What counts as "worse". Drops are in points (percent); ``alpha`` is one-sided."""
 
-    alpha: float
-    max_drop: float
-    max_class_drop: float
-    min_class_flips: int
-
-    def check(self, where: str) -> None:
-        if not 0.0 < self.alpha < 1.0:
-            raise ValueError(f"{where}alpha must be within (0, 1), got {self.alpha}")
-        if self.max_drop < 0 or self.max_class_drop < 0:
-            raise ValueError(f"{where}drop limits must be >= 0 points")
-        if self.min_class_flips < 1:
-            raise ValueError(f"{where}min_class_flips must be >= 1, got {self.min_class_flips}")
+    alpha: Alpha
+    max_drop: Points
+    max_class_drop: Points
+    min_class_flips: Flips
 
 
 def mcnemar_one_sided(worse: int, better: int) -> float:

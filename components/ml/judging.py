@@ -20,29 +20,23 @@ Library layer: imported by steps, imports no step.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
+from pydantic import Field
 
+from components.core.config import params_model
 from components.ml.gates import PairedLimits, compare, decide
 
 
-@dataclass(frozen=True)
+@params_model
 class JudgeLimits:
-    min_pairs: int
-    min_labelled: int
-    min_agreement: float
-    max_error_rate: float
-    max_p99_latency_ms: float
-    slo_min_requests: int
-
-    def check(self) -> None:
-        if min(self.min_pairs, self.min_labelled, self.slo_min_requests) < 1:
-            raise ValueError("min_pairs, min_labelled and slo_min_requests must be >= 1")
-        if not 0.0 <= self.min_agreement <= 1.0 or not 0.0 <= self.max_error_rate <= 1.0:
-            raise ValueError("min_agreement and max_error_rate must be in [0, 1]")
-        if self.max_p99_latency_ms <= 0:
-            raise ValueError("max_p99_latency_ms must be > 0")
+    min_pairs: Annotated[int, Field(ge=1)]
+    min_labelled: Annotated[int, Field(ge=1)]
+    min_agreement: Annotated[float, Field(ge=0, le=1)]
+    max_error_rate: Annotated[float, Field(ge=0, le=1)]
+    max_p99_latency_ms: Annotated[float, Field(gt=0)]
+    slo_min_requests: Annotated[int, Field(ge=1)]
 
 
 @dataclass

@@ -22,13 +22,15 @@ from __future__ import annotations
 
 import functools
 import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, fields
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import jsonschema
+from pydantic import Field, model_validator
 
 from components.core.artifacts import StepError, read_json, write_json
+from components.core.config import params_model
 
 MODEL_CONFIG_FILE = "model_config.json"  # kModelConfigFile in serving/src/config.h
 SCHEMA_FILE = Path(__file__).with_suffix("") / "model_config.schema.json"
@@ -87,27 +89,47 @@ def violation(doc: dict[str, Any]) -> tuple[str, str] | None:
     return (found[0][1], found[0][2]) if found else None
 
 
-@dataclass(frozen=True)
+def _bounded(key: str) -> Any:
+    """The type of setting ``key`` with the schema's bounds as pydantic constraints, so the
+    params JSON Schema (``paddle-mlops params schema``) shows editors the same bounds."""
+    spec = SETTINGS[key]
+    kind = {"integer": int, "number": float}[spec["type"]]
+    bounds = {"ge": spec.get("minimum"), "le": spec.get("maximum")}
+    return Annotated[kind, Field(**{k: v for k, v in bounds.items() if v is not None})]
+
+
+Workers = _bounded("workers")
+ThreadsPerWorker = _bounded("threads_per_worker")
+MaxBatchSize = _bounded("max_batch_size")
+MaxQueueDelayUs = _bounded("max_queue_delay_us")
+MaxQueueSize = _bounded("max_queue_size")
+RequestTimeoutMs = _bounded("request_timeout_ms")
+LogInputRate = _bounded("log_input_rate")
+
+
+@params_model
 class ModelConfig:
     """Every field is required (the schema's ``required``): ``params.yaml`` is the one place
     their values are written (the schema's defaults, the C++ server's, only serve a bundle
     without the file or a key)."""
 
-    workers: int
-    threads_per_worker: int
-    max_batch_size: int
-    max_queue_delay_us: int
+    workers: Workers
+    threads_per_worker: ThreadsPerWorker
+    max_batch_size: MaxBatchSize
+    max_queue_delay_us: MaxQueueDelayUs
     dynamic_batching: bool
-    max_queue_size: int
-    request_timeout_ms: int
+    max_queue_size: MaxQueueSize
+    request_timeout_ms: RequestTimeoutMs
     # the share of requests whose inputs the prediction log keeps (outputs: always), when
     # the server runs with a log directory (serving/src/prediction_log.h)
-    log_input_rate: float
+    log_input_rate: LogInputRate
 
-    def check(self) -> None:
-        broken = violation(self.to_json())  # the bounds of SCHEMA
+    @model_validator(mode="after")
+    def _within_the_schema(self) -> ModelConfig:
+        broken = violation(self.to_json())  # the bounds of SCHEMA, the server's too
         if broken is not None:
             raise ValueError(f"{broken[0]}: {broken[1]}")
+        return self
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

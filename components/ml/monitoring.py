@@ -25,10 +25,12 @@ Library layer: imported by steps, imports no step.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
+from pydantic import Field
 
+from components.core.config import params_model
 from components.ml.features import image_features, softmax_top1
 
 __all__ = [
@@ -50,19 +52,14 @@ __all__ = [
 RETRAIN_REASON_ENV = "PADDLE_MLOPS_RETRAIN_REASON"
 
 
-@dataclass(frozen=True)
+@params_model
 class MonitorLimits:
-    alpha: float  # family-wise false-alarm rate per window
-    min_samples: int  # a check runs when the window side has at least this many samples
-    max_accuracy_drop: float  # a live-accuracy alarm needs at least this observed drop
-
-    def check(self) -> None:
-        if not 0.0 < self.alpha < 1.0:
-            raise ValueError(f"alpha: must be in (0, 1), got {self.alpha}")
-        if self.min_samples < 2:
-            raise ValueError(f"min_samples: must be >= 2, got {self.min_samples}")
-        if not 0.0 <= self.max_accuracy_drop <= 1.0:
-            raise ValueError(f"max_accuracy_drop: must be in [0, 1], got {self.max_accuracy_drop}")
+    # family-wise false-alarm rate per window
+    alpha: Annotated[float, Field(gt=0, lt=1)]
+    # a check runs when the window side has at least this many samples
+    min_samples: Annotated[int, Field(ge=2)]
+    # a live-accuracy alarm needs at least this observed drop
+    max_accuracy_drop: Annotated[float, Field(ge=0, le=1)]
 
 
 @dataclass

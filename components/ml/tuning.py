@@ -47,11 +47,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
+from pydantic import Field, field_validator
 from tqdm import tqdm
 
 from components.core.artifacts import StepError, read_json
+from components.core.config import params_model
 from components.ml import warmup
 from components.ml.kserve_client import encode_request
 from components.ml.loadgen import LoadResult, Wrk
@@ -63,53 +65,44 @@ log = logging.getLogger(__name__)
 TUNE_FILE = "tune.json"
 
 
-@dataclass(frozen=True)
+Counts = Annotated[list[Annotated[int, Field(ge=1)]], Field(min_length=1)]  # each >= 1
+
+
+@params_model
 class TuneSpace:
     # "WxT": W workers with T threads each; null: every layout with W*T <= the CPUs here
     # (affinity, capped by a cgroup CPU limit)
     layouts: list[str] | None = None
     # also the largest request accepted: values below the written one are skipped
-    max_batch_size: list[int] = field(default_factory=lambda: [64])
-    max_queue_delay_us: list[int] = field(default_factory=lambda: [0, 500])
+    max_batch_size: Counts = field(default_factory=lambda: [64])
+    max_queue_delay_us: Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)] = field(
+        default_factory=lambda: [0, 500]
+    )
 
-    def check(self) -> None:
-        for text in self.layouts or []:
+    @field_validator("layouts")
+    @classmethod
+    def _layouts_parse(cls, layouts: list[str] | None) -> list[str] | None:
+        for text in layouts or []:
             parse_layout(text)
-        if not self.max_batch_size or min(self.max_batch_size) < 1:
-            raise ValueError(f"max_batch_size: each must be >= 1, got {self.max_batch_size}")
-        if not self.max_queue_delay_us or min(self.max_queue_delay_us) < 0:
-            raise ValueError(
-                f"max_queue_delay_us: each must be >= 0, got {self.max_queue_delay_us}"
-            )
+        return layouts
 
 
-@dataclass(frozen=True)
+@params_model
 class TuneParams:
-    budget_s: float = 60.0  # wall seconds of the whole search; 0: no search
-    max_trials: int = 0  # at most this many trials (server runs); 0: only budget_s bounds it
+    # wall seconds of the whole search; 0: no search
+    budget_s: Annotated[float, Field(ge=0)] = 60.0
+    # at most this many trials (server runs); 0: only budget_s bounds it
+    max_trials: Annotated[int, Field(ge=0)] = 0
     objective: Literal["throughput", "latency"] = "throughput"
-    p99_budget_ms: float = 50.0  # throughput: a config over it at any concurrency is out
-    concurrencies: list[int] = field(default_factory=lambda: [1, 16])
-    trial_s: int = 1  # wrk seconds per concurrency per trial
-    finalists: int = 3
-    repeats: int = 2  # more rounds of the finalists
+    # throughput: a config over it at any concurrency is out
+    p99_budget_ms: Annotated[float, Field(gt=0)] = 50.0
+    concurrencies: Counts = field(default_factory=lambda: [1, 16])
+    # wrk seconds per concurrency per trial (wrk runs whole seconds)
+    trial_s: Annotated[int, Field(ge=1)] = 1
+    finalists: Annotated[int, Field(ge=1)] = 3
+    repeats: Annotated[int, Field(ge=0)] = 2  # more rounds of the finalists
     variant: Literal["int8", "fp32"] = "int8"  # fp32 when the bundle has no int8
     space: TuneSpace = field(default_factory=TuneSpace)
-
-    def check(self) -> None:
-        if self.budget_s < 0:
-            raise ValueError(f"budget_s: must be >= 0, got {self.budget_s}")
-        if self.max_trials < 0:
-            raise ValueError(f"max_trials: must be >= 0 (0: no limit), got {self.max_trials}")
-        if not self.concurrencies or min(self.concurrencies) < 1:
-            raise ValueError(f"concurrencies: each must be >= 1, got {self.concurrencies}")
-        if self.trial_s < 1:
-            raise ValueError(f"trial_s: must be >= 1 (wrk runs whole seconds), got {self.trial_s}")
-        if self.finalists < 1 or self.repeats < 0:
-            raise ValueError("finalists must be >= 1 and repeats >= 0")
-        if self.p99_budget_ms <= 0:
-            raise ValueError(f"p99_budget_ms: must be > 0, got {self.p99_budget_ms}")
-        self.space.check()
 
 
 def available_cpus() -> int:

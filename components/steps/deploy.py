@@ -50,14 +50,15 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import yaml
+from pydantic import Field, model_validator
 
 from components.core.artifacts import StepError, atomic_path, read_json, write_json, write_text
-from components.core.config import load_params, section
+from components.core.config import load_params, params_model, section
 from components.core.deploy_target import Release, Rollout, Target, local_state_dir
 from components.core.uris import redact_uri
 from components.kernel.cli import run_cli, step_main
@@ -77,8 +78,6 @@ from components.tracking.registry import client as mlflow_client
 
 log = logging.getLogger(__name__)
 
-TARGETS = ("none", "local", "podman", "kubernetes")
-SWAPS = ("load", "restart")
 VARIANTS = ("deployment", "kserve")
 # each target but none, behind one interface (components.core.deploy_target)
 DEPLOY: dict[str, Target] = {
@@ -89,57 +88,47 @@ DEPLOY: dict[str, Target] = {
 ON_THIS_MACHINE = ("local", "podman")  # the targets that serve a fetched, verified bundle
 
 
-@dataclass(frozen=True)
+Port = Annotated[int, Field(gt=0, lt=65536)]  # a TCP port
+
+
+@params_model
 class DeployParams:
-    target: str = "local"  # none | local | podman | kubernetes
+    target: Literal["none", "local", "podman", "kubernetes"] = "local"
     alias: str = CHAMPION  # the alias deployed (resolved once, to an immutable version)
-    manifests: list[str] = field(default_factory=lambda: list(VARIANTS))
+    # a non-empty subset of VARIANTS
+    manifests: Annotated[list[Literal["deployment", "kserve"]], Field(min_length=1)] = field(
+        default_factory=lambda: list(VARIANTS)
+    )
     templates: str = "k8s"  # below it: serving/ and kserve/ (kustomization.yaml lists files)
     namespace: str = "paddle-mlops"
     dry_run: bool = False  # kubernetes: server-side dry run, nothing changes
     kube_context: str | None = None  # kubeconfig context (outside a cluster)
     components_image: str | None = None  # ref@sha256 of fetch-model; default $PADDLE_MLOPS_IMAGE
-    server_variant: str = "int8"  # the bundle variant the server runs (fp32 | int8)
-    rollout_timeout_s: float = 300.0
-    local_port: int = 8501  # podman: the server on 127.0.0.1:local_port
-    local_grpc_port: int = 8601  # local: its KServe v2 gRPC port on 127.0.0.1 (-1: none)
+    server_variant: Literal["fp32", "int8"] = "int8"  # the bundle variant the server runs
+    rollout_timeout_s: Annotated[float, Field(gt=0)] = 300.0
+    local_port: Port = 8501  # podman: the server on 127.0.0.1:local_port
+    # local: its KServe v2 gRPC port on 127.0.0.1 (-1: none)
+    local_grpc_port: Annotated[int, Field(ge=-1, lt=65536)] = 8601
     local_name: str = "paddle-mlops-server"  # podman container name
     local_state_dir: str = ".deploy"  # podman: verified model copies, by version
-    swap: str = "load"  # podman: load (in place, no restart, when possible) | restart
+    # podman: load (in place, no restart, when possible) | restart
+    swap: Literal["load", "restart"] = "load"
     # the server logs every answer (serving/src/prediction_log.h) under PREDICTION_LOG_DIR:
     # podman mounts local_state_dir/predictions there, the k8s templates a volume
     prediction_log: bool = True
-    prediction_log_max_bytes: int = 1 << 30
+    prediction_log_max_bytes: Annotated[int, Field(ge=1 << 20)] = 1 << 30  # at least 1 MiB
     # none replaces the served version; shadow | canary runs the alias's version beside the
     # champion as a challenger for `paddle-mlops judge` (challenger_fraction of the traffic):
     # podman loads it into the running server, a cluster's pods start with both versions
-    challenger: str = "none"
-    challenger_fraction: float = 0.1
+    challenger: Literal["none", "shadow", "canary"] = "none"
+    challenger_fraction: Annotated[float, Field(gt=0, le=1)] = 0.1
 
-    def check(self) -> None:
-        if self.target not in TARGETS:
-            raise ValueError(f"target must be one of {', '.join(TARGETS)}")
-        unknown = sorted(set(self.manifests) - set(VARIANTS))
-        if unknown or not self.manifests:
-            raise ValueError(f"manifests must be a non-empty subset of {list(VARIANTS)}")
-        if self.server_variant not in ("fp32", "int8"):
-            raise ValueError("server_variant must be fp32 or int8")
-        if not 0 < self.local_port < 65536:
-            raise ValueError("local_port must be a TCP port")
-        if not (self.local_grpc_port == -1 or 0 < self.local_grpc_port < 65536):
+    @model_validator(mode="after")
+    def _rules(self) -> DeployParams:
+        if self.local_grpc_port == 0:
             raise ValueError("local_grpc_port must be a TCP port, or -1 (no gRPC)")
         if self.local_grpc_port == self.local_port:
             raise ValueError("local_grpc_port must differ from local_port")
-        if self.rollout_timeout_s <= 0:
-            raise ValueError("rollout_timeout_s must be > 0")
-        if self.swap not in SWAPS:
-            raise ValueError(f"swap must be one of {', '.join(SWAPS)}")
-        if self.prediction_log_max_bytes < 1 << 20:
-            raise ValueError("prediction_log_max_bytes must be >= 1 MiB")
-        if self.challenger not in ("none", "shadow", "canary"):
-            raise ValueError("challenger must be none, shadow or canary")
-        if not 0.0 < self.challenger_fraction <= 1.0:
-            raise ValueError("challenger_fraction must be in (0, 1]")
         on_this_machine = self.target in ("local", "podman")
         if self.challenger != "none" and not on_this_machine and "kserve" in self.manifests:
             raise ValueError(
@@ -147,17 +136,15 @@ class DeployParams:
                 "versions and log both answers per request; KServe's canaryTrafficPercent would "
                 "split requests without pairing them, which the judge needs)"
             )
+        return self
 
 
 # --------------------------------------------------------------------------- step
 
 
 def _checked(params: DeployParams) -> DeployParams:
-    """``params`` checked; ``target: local`` in a Kubernetes pod renders only."""
-    try:  # params.yaml was checked when read; params built in Python were not
-        params.check()
-    except ValueError as exc:
-        raise StepError(f"deploy: {exc}") from exc
+    """``target: local`` in a Kubernetes pod renders only (the params were validated when
+    built)."""
     if params.target == "local" and os.environ.get("KUBERNETES_SERVICE_HOST"):
         # a KFP task's pod: a process started here ends with the pod. Rendered as with none
         log.warning(

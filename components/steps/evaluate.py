@@ -20,9 +20,12 @@ from __future__ import annotations
 import logging
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from components.core.artifacts import StepError, atomic_path, write_json, write_manifest, write_text
+from pydantic import Field
+
+from components.core.artifacts import atomic_path, write_json, write_manifest, write_text
+from components.core.config import params_model
 from components.kernel.step import BUNDLE, DATA, Out, Step
 from components.ml import dataset, evaluation
 from components.tasks import Task, baseline
@@ -32,7 +35,7 @@ from components.tasks.scoring import score_model
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
+@params_model
 class LatencyParams:
     batch_sizes: list[int] = field(default_factory=lambda: [1, 64])
     warmup: int = 5
@@ -40,23 +43,17 @@ class LatencyParams:
     threads: int = 1
 
 
-@dataclass(frozen=True)
+@params_model
 class EvaluateParams:
     split: str = "test"
-    batch_size: int = 256
+    batch_size: Annotated[int, Field(ge=1)] = 256
     latency: LatencyParams = field(default_factory=LatencyParams)
     # the task baseline (Task.baseline) is fitted on at most this many training samples: a
     # seeded uniform sample (reservoir) of the training split when it is larger
-    baseline_max_samples: int = 50000
+    baseline_max_samples: Annotated[int, Field(ge=1)] = 50000
     # > 0: score only the split's first max_samples samples (a smoke run or a memory
     # benchmark on a huge split; the metrics are then of those, "samples" says how many)
-    max_samples: int = 0
-
-    def check(self) -> None:
-        if self.batch_size < 1 or self.baseline_max_samples < 1:
-            raise ValueError("batch_size and baseline_max_samples must be >= 1")
-        if self.max_samples < 0:
-            raise ValueError(f"max_samples must be >= 0 (0: all), got {self.max_samples}")
+    max_samples: Annotated[int, Field(ge=0)] = 0
 
 
 @dataclass(frozen=True)
@@ -79,10 +76,6 @@ def run(
     model_dir, data_dir, out_dir = Path(model_dir), Path(data_dir), Path(out_dir)
     metrics_file = Path(metrics_file) if metrics_file else out_dir / "metrics.json"
     plots_file = Path(plots_file) if plots_file else out_dir / "confusion.csv"
-    try:  # params.yaml was checked when read; params built in Python were not
-        params.check()
-    except ValueError as exc:
-        raise StepError(f"evaluate: {exc}") from exc
     scores, predictor, inputs = score_model(  # inputs: the split's first batch
         model_dir,
         task,

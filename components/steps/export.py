@@ -24,11 +24,13 @@ from __future__ import annotations
 import logging
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import paddle
+from pydantic import Field
 
 from components.core.artifacts import atomic_path, write_json, write_manifest
+from components.core.config import params_model
 from components.kernel.step import DATA, In, Out, Step
 from components.ml import dataset, exporting, warmup
 from components.tasks import Task
@@ -38,22 +40,18 @@ from components.tasks.trained import load_trained
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
+@params_model
 class ParityParams:
     samples: int = 64
     atol: float = 1e-4
     rtol: float = 1e-3
 
 
-@dataclass(frozen=True)
+@params_model
 class ExportParams:
     parity: ParityParams = field(default_factory=ParityParams)
     # validation samples the bundle carries for the server's warm-up (components.ml.warmup)
-    warmup_samples: int = 8
-
-    def check(self) -> None:
-        if self.warmup_samples < 0:
-            raise ValueError(f"warmup_samples: must be >= 0, got {self.warmup_samples}")
+    warmup_samples: Annotated[int, Field(ge=0)] = 8
 
 
 @dataclass(frozen=True)

@@ -24,11 +24,11 @@ import os
 import urllib.error
 import urllib.request
 from collections import OrderedDict, deque
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from components.core.artifacts import StepError, atomic_path, write_json
+from components.core.config import from_dict, params_model, params_source
 from components.kernel.step import In, Out, Step, Value
 from components.ml.gates import PairedLimits
 from components.ml.judging import Evidence, JudgeLimits, Judgement, judge
@@ -39,7 +39,7 @@ from components.tracking.registry import Registry, RegistryParams, client, regis
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
+@params_model
 class JudgeParams(JudgeLimits):
     """``judge`` in params.yaml: the verdict's limits, and how much of the log is read."""
 
@@ -49,17 +49,13 @@ class JudgeParams(JudgeLimits):
 def blessing_limits(all_params: Any) -> PairedLimits:
     """The ``register`` section's paired-gate limits: the rules blessing applies."""
     r = dict(all_params.get("register") or {})
+    names = {"alpha": "alpha", "max_drop": "max_regression"}
+    names |= {"max_class_drop": "max_class_regression", "min_class_flips": "min_class_flips"}
     try:
-        limits = PairedLimits(
-            float(r["alpha"]),
-            float(r["max_regression"]),
-            float(r["max_class_regression"]),
-            int(r["min_class_flips"]),
-        )
-    except (KeyError, TypeError, ValueError) as exc:
+        given = {field: r[key] for field, key in names.items()}
+    except KeyError as exc:
         raise StepError(f"judge: params register.{exc} is needed for the paired gates") from None
-    limits.check("register.")
-    return limits
+    return from_dict(PairedLimits, given, where=f"{params_source(all_params)}: register")
 
 
 def evidence(log_dir: Path, window: int, labels_file: str) -> tuple[Evidence, str, str]:
@@ -164,10 +160,6 @@ def run(
     tracking_uri: str = "",
 ) -> Judgement:
     log_dir, out_dir = Path(log_dir), Path(out_dir)
-    try:
-        params.check()
-    except ValueError as exc:
-        raise StepError(f"judge: {exc}") from exc
     paired = blessing_limits(all_params)
     ev, champion, challenger = evidence(log_dir, params.window, labels_file)
     names = [str(i) for i in range(max([*ev.champion, *ev.challenger, 1]) + 1)]

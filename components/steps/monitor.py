@@ -43,13 +43,14 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
+from pydantic import model_validator
 
 from components.core.artifacts import StepError, read_json, write_json
+from components.core.config import params_model
 from components.kernel.cli import step_main
 from components.kernel.step import In, Out, Step, Value
 from components.ml.monitor_report import monitor_doc, retrain, write_outputs
@@ -74,24 +75,23 @@ log = logging.getLogger(__name__)
 EXIT_NOT_ENOUGH_DATA = 3
 
 
-@dataclass(frozen=True)
-class MonitorParams:
-    alpha: float  # family-wise false-alarm rate per window (Bonferroni over the checks)
-    min_samples: int  # a check runs when the window has at least this many samples for it
-    max_accuracy_drop: float  # a live-accuracy alarm needs at least this observed drop
+@params_model
+class MonitorParams(MonitorLimits):
+    """``monitor``: the limits (alpha: Bonferroni over the checks; min_samples: for each
+    check) and the window and reference they judge."""
+
     window: int  # the newest answered items judged
     reference_samples: int  # at most, from reference_splits
     reference_splits: list[str]
-    on_alarm: str  # none | dvc
+    on_alarm: Literal["none", "dvc"]
 
-    def check(self) -> None:
-        self.limits().check()
+    @model_validator(mode="after")
+    def _enough_samples(self) -> MonitorParams:
         if self.window < self.min_samples:
             raise ValueError(f"window: must be >= min_samples, got {self.window}")
         if self.reference_samples < self.min_samples:
             raise ValueError("reference_samples: must be >= min_samples")
-        if self.on_alarm not in ("none", "dvc"):
-            raise ValueError(f"on_alarm: one of none, dvc; got {self.on_alarm!r}")
+        return self
 
     def limits(self) -> MonitorLimits:
         return MonitorLimits(self.alpha, self.min_samples, self.max_accuracy_drop)
@@ -230,10 +230,6 @@ def run(
     """Judge the window; the document written as monitor.json (``status``: alarm, ok or
     insufficient). ``clock``: the time of the check (``monitor_checked_at``)."""
     model_dir, data_dir, log_dir, out_dir = map(Path, (model_dir, data_dir, log_dir, out_dir))
-    try:
-        params.check()
-    except ValueError as exc:
-        raise StepError(f"monitor: {exc}") from exc
     if reference not in ("snapshot", "registry"):
         raise StepError(f"monitor --reference: snapshot or registry, got {reference!r}")
     registry_params = registry_params or RegistryParams()

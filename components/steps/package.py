@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import logging
 import shutil
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from components.core.artifacts import StepError, atomic_path, read_json, write_json, write_manifest
+from components.core.config import params_model
 from components.kernel.step import In, Out, Step
 from components.ml import model_config, tuning
 from components.ml.model_config import ModelConfig
@@ -33,7 +34,7 @@ from components.ml.tuning import TuneParams
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
+@params_model
 class PackageParams:
     # the server's per-model settings, written into the bundle as model_config.json
     model_config: ModelConfig

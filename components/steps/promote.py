@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from components.core.artifacts import StepError, read_json, write_json
+from components.core.config import params_model
 from components.kernel.step import In, Out, Step, Value
 from components.kube.publish import publish_image, sign_release
 from components.tracking.provenance import SBOM
@@ -48,7 +49,7 @@ from components.tracking.registry import client as mlflow_client
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
+@params_model
 class PromoteParams:
     auto_promote: bool = True  # a blessed challenger becomes champion
     push: bool = False  # push the locally built serving image before promoting

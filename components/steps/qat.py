@@ -41,9 +41,12 @@ import logging
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+
+from pydantic import Field
 
 from components.core.artifacts import StepError, atomic_path, read_json, write_json, write_manifest
+from components.core.config import params_model
 from components.kernel.step import DATA, In, Out, Step
 from components.ml import dataset, gates, quantization
 from components.ml.quantization import GateDecision
@@ -52,7 +55,7 @@ from components.tasks import Task, quantize
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
+@params_model
 class QatLatency:
     batch_sizes: list[int] = field(default_factory=lambda: [1, 64])
     warmup: int = 5
@@ -60,41 +63,33 @@ class QatLatency:
     threads: int = 1
 
 
-@dataclass(frozen=True)
+@params_model
 class QatParams:
-    epochs: int = 3
+    epochs: Annotated[int, Field(ge=0)] = 3
     learning_rate: float = 5e-5
-    batch_size: int = 32
+    batch_size: Annotated[int, Field(ge=1)] = 32
     seed: int = 42
-    distill_weight: float = 0.9  # 0 = labels only, 1 = parent's soft labels only
+    # 0 = labels only, 1 = parent's soft labels only
+    distill_weight: Annotated[float, Field(ge=0, le=1)] = 0.9
     distill_temperature: float = 2.0
     weight_quantize: Literal["channel_wise_abs_max", "abs_max"] = "channel_wise_abs_max"
     activation_quantize: Literal["moving_average_abs_max", "abs_max"] = "moving_average_abs_max"
     moving_rate: float = 0.9
-    weight_bits: int = 7  # 7 avoids int16 overflow in int8 kernels of CPUs without VNNI
+    weight_bits: Literal[7, 8] = 7  # 7 avoids int16 overflow in int8 kernels of CPUs without VNNI
     split: str = "val"  # where the gate decides (test stays unseen by decisions)
     report_split: str = "test"  # where the reported int8 vs fp32 numbers are measured
-    max_accuracy_drop: float = 0.5  # points (percent) of accuracy
-    max_class_drop: float = 2.0  # points of recall, any class
-    alpha: float = 0.1  # one-sided exact McNemar level ("significantly worse")
-    min_class_flips: int = 3  # a class limit counts only with this many samples lost net
+    max_accuracy_drop: gates.Points = 0.5  # points (percent) of accuracy
+    max_class_drop: gates.Points = 2.0  # points of recall, any class
+    alpha: gates.Alpha = 0.1  # one-sided exact McNemar level ("significantly worse")
+    min_class_flips: gates.Flips = 3  # a class limit counts only with this many samples lost net
     latency: QatLatency = field(default_factory=QatLatency)
-    shuffle_buffer: int = 2048  # training samples the shuffled stream draws batches from
-    max_steps_per_epoch: int = 0  # 0: a whole pass over the training split per epoch
+    # training samples the shuffled stream draws batches from
+    shuffle_buffer: Annotated[int, Field(ge=1)] = 2048
+    # 0: a whole pass over the training split per epoch
+    max_steps_per_epoch: Annotated[int, Field(ge=0)] = 0
     # When no int8 model can be had (the task's model cannot be quantized, or the gate
     # fails): false stops the pipeline here; true records why and the bundle is fp32 only.
     allow_fp32_only: bool = False
-
-    def check(self) -> None:
-        if self.epochs < 0 or self.batch_size < 1:
-            raise ValueError("epochs must be >= 0 and batch_size >= 1")
-        if self.shuffle_buffer < 1 or self.max_steps_per_epoch < 0:
-            raise ValueError("shuffle_buffer must be >= 1 and max_steps_per_epoch >= 0")
-        if not 0.0 <= self.distill_weight <= 1.0:
-            raise ValueError("distill_weight must be within [0, 1]")
-        if self.weight_bits not in (7, 8):
-            raise ValueError(f"weight_bits must be 7 or 8, got {self.weight_bits}")
-        self.limits().check("")
 
     def limits(self) -> gates.PairedLimits:
         return gates.PairedLimits(

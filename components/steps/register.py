@@ -36,9 +36,12 @@ import logging
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import Field
 
 from components.core.artifacts import StepError, read_json, write_json
+from components.core.config import params_model
 from components.core.uris import redact_uri
 from components.faults import failpoints
 from components.kernel.step import DATA, In, Out, Step
@@ -69,28 +72,21 @@ from components.tracking.registry import client as mlflow_client
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
+@params_model
 class RegisterParams:
-    min_accuracy: float = 0.95  # absolute floor on the test split
-    max_regression: float = 0.0  # points of accuracy the challenger may trail the champion
-    max_class_regression: float = 2.0  # points of recall, any class
-    alpha: float = 0.1  # one-sided exact McNemar level
-    min_class_flips: int = 3  # a class limit counts from this many samples lost (net)
+    # absolute floor on the test split
+    min_accuracy: Annotated[float, Field(ge=0, le=1)] = 0.95
+    # points of accuracy the challenger may trail the champion
+    max_regression: gates.Points = 0.0
+    max_class_regression: gates.Points = 2.0  # points of recall, any class
+    alpha: gates.Alpha = 0.1  # one-sided exact McNemar level
+    min_class_flips: gates.Flips = 3  # a class limit counts from this many samples lost (net)
     split: str = "test"
     # the task's baseline (evaluate's baseline_accuracy, same split) must be beaten to bless
     require_beats_baseline: bool = False
     # the champion is scored only on samples outside its own training snapshot; fewer left
     # than this (of the split or of the pinned holdout) and the blessing is refused
-    min_clean_samples: int = 100
-
-    def check(self) -> None:
-        if not 0.0 <= self.min_accuracy <= 1.0:
-            raise ValueError("min_accuracy must be within [0, 1]")
-        if self.min_clean_samples < 1:
-            raise ValueError("min_clean_samples must be >= 1")
-        if self.max_regression < 0:
-            raise ValueError("max_regression must be >= 0 (points of accuracy)")
-        self.limits().check("")
+    min_clean_samples: Annotated[int, Field(ge=1)] = 100
 
     def limits(self) -> gates.PairedLimits:
         return gates.PairedLimits(

@@ -30,9 +30,17 @@ from __future__ import annotations
 import logging
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from components.core.artifacts import StepError, atomic_path, write_json, write_manifest
+from pydantic import Field
+
+from components.core.artifacts import (
+    StepError,
+    atomic_path,
+    write_json,
+    write_manifest,
+)
+from components.core.config import params_model
 from components.kernel.step import BUNDLE, DATA, Out, Step
 from components.kube.serving_context import (
     assemble_context,
@@ -48,16 +56,16 @@ from components.tasks import Task
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
+@params_model
 class ServingImageParams:
     image_repository: str = "localhost/paddle-mlops/digits-server"
     image_tag: str | None = None  # default: the first 12 hex digits of the context hash
     builder: Literal["auto", "docker", "podman", "buildah", "none"] = "auto"
-    variants: list[str] = field(default_factory=lambda: ["fp32", "int8"])
+    variants: list[Literal["fp32", "int8"]] = field(default_factory=lambda: ["fp32", "int8"])
     # what the image is built FROM: the server image without a model (`make images`, or a
     # registry ref in a cluster); null = the one `make images` built here (build/images.json)
     server_image: str | None = None
-    golden_samples: int = 64
+    golden_samples: Annotated[int, Field(ge=1)] = 64
     fp32_atol: float = 1e-4
     fp32_rtol: float = 1e-3
     int8_atol: float = 1e-3  # |server - OpenVINO in-process| on the same int8 IR
@@ -65,13 +73,6 @@ class ServingImageParams:
     latency_requests: int = 50
     latency_budget_ms_p50: float = 20.0
     startup_timeout_s: float = 60.0
-
-    def check(self) -> None:
-        unknown = set(self.variants) - {"fp32", "int8"}
-        if unknown:
-            raise ValueError(f"variants: unknown {sorted(unknown)} (fp32, int8)")
-        if self.golden_samples < 1:
-            raise ValueError(f"golden_samples: must be >= 1, got {self.golden_samples}")
 
 
 @dataclass(frozen=True)
@@ -119,10 +120,6 @@ def run(
     ``build_dir``, default ``$SERVING_BUILD_DIR`` or ``build/serving``), check every variant's
     answers and latency, and build the image when a builder is here (``promote`` pushes it)."""
     build_dir = build_dir or default_build_dir()
-    try:  # params.yaml was checked when read; params built in Python were not
-        params.check()
-    except ValueError as exc:
-        raise StepError(f"serving_image: {exc}") from exc
     model_dir, data_dir, out_dir = Path(model_dir), Path(data_dir), Path(out_dir)
     bundled = model_config.read(model_dir)  # what every variant must be served with
     binary = server_binary(Path(serving_src), Path(build_dir))

@@ -31,9 +31,15 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from components.core.artifacts import read_json, write_json
+from pydantic import Field
+
+from components.core.artifacts import (
+    read_json,
+    write_json,
+)
+from components.core.config import params_model
 from components.core.uris import redact_uri
 from components.kernel.step import In, Out, Step, Value
 from components.ml.monitoring import RETRAIN_REASON_ENV
@@ -58,18 +64,14 @@ from components.tracking.step_outputs import StepOutputs, lineage_tags, step_met
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
+@params_model
 class TrackParams:
     experiment: str = "digits"
     run_name_prefix: str = "pipeline"
     # a RUNNING run of this pipeline from another host older than this died with its node;
     # one from this host whose process is gone is closed at once
-    stale_run_s: float = 3600.0
+    stale_run_s: Annotated[float, Field(gt=0)] = 3600.0
     retry: TrackingRetry = field(default_factory=TrackingRetry)
-
-    def check(self) -> None:
-        if self.stale_run_s <= 0:
-            raise ValueError("stale_run_s must be > 0")
 
 
 @dataclass(frozen=True)

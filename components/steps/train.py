@@ -35,13 +35,17 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import paddle
+from pydantic import Field
 
-from components.core.artifacts import StepError
+from components.core.artifacts import (
+    StepError,
+)
+from components.core.config import params_model
 from components.kernel.step import DATA, In, Out, Step
 from components.ml import dataset, distributed, training
 from components.ml.distributed import DistributedParams, World
@@ -52,21 +56,21 @@ from components.tasks.stream import StreamSettings
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
+AtLeast1 = Annotated[int, Field(ge=1)]
+AtLeast0 = Annotated[int, Field(ge=0)]
+
+
+@params_model
 class EarlyStopping:
-    patience: int = 10
+    patience: AtLeast1 = 10
     min_delta: float = 0.0
 
-    def check(self) -> None:
-        if self.patience < 1:
-            raise ValueError("early_stopping.patience must be >= 1")
 
-
-@dataclass(frozen=True)
+@params_model
 class TrainParams:
-    epochs: int = 40
-    batch_size: int = 32
-    learning_rate: float = 1e-3
+    epochs: AtLeast1 = 40
+    batch_size: AtLeast1 = 32
+    learning_rate: Annotated[float, Field(gt=0)] = 1e-3
     lr_step_size: int = 15
     lr_gamma: float = 0.5
     weight_decay: float = 0.0
@@ -74,24 +78,14 @@ class TrainParams:
     amp: Literal["auto", "off", "O1", "O2"] = "auto"
     amp_dtype: Literal["float16", "bfloat16"] = "float16"
     device: Literal["auto", "cpu", "gpu"] = "auto"
-    eval_batch_size: int = 256
+    eval_batch_size: AtLeast1 = 256
     early_stopping: EarlyStopping = field(default_factory=EarlyStopping)
     distributed: DistributedParams = field(default_factory=DistributedParams)
     # the input pipeline (components.tasks.stream; docs/distributed.md)
-    shuffle_buffer: int = 2048  # preprocessed samples held for shuffling
-    piece_rows: int = 256  # rows of a shard read at once (a piece)
-    loader_workers: int = 1  # paddle.io.DataLoader processes reading pieces; 0: this process
-    reader_probe_samples: int = 2048  # timed before training: the reader alone (0: off)
-
-    def check(self) -> None:
-        if self.epochs < 1 or self.batch_size < 1 or self.eval_batch_size < 1:
-            raise ValueError("epochs, batch_size and eval_batch_size must be >= 1")
-        if not self.learning_rate > 0:
-            raise ValueError("learning_rate must be > 0")
-        if self.shuffle_buffer < 1 or self.piece_rows < 1:
-            raise ValueError("shuffle_buffer and piece_rows must be >= 1")
-        if self.loader_workers < 0 or self.reader_probe_samples < 0:
-            raise ValueError("loader_workers and reader_probe_samples must be >= 0")
+    shuffle_buffer: AtLeast1 = 2048  # preprocessed samples held for shuffling
+    piece_rows: AtLeast1 = 256  # rows of a shard read at once (a piece)
+    loader_workers: AtLeast0 = 1  # paddle.io.DataLoader processes reading pieces; 0: this process
+    reader_probe_samples: AtLeast0 = 2048  # timed before training: the reader alone (0: off)
 
     def stream(self) -> StreamSettings:
         return StreamSettings(self.shuffle_buffer, self.piece_rows, self.loader_workers)

@@ -12,66 +12,60 @@ Library layer: imported by tasks and steps, imports no step.
 from __future__ import annotations
 
 import abc
-import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar, Literal
 
 import numpy as np
+from pydantic import Field, model_validator
 
 from components.core.artifacts import StepError
+from components.core.config import params_model
 from components.ml import dataset, snapshot
 from components.ml.harvest import Harvested
 
+Fraction = Annotated[float, Field(gt=0, lt=1)]  # in (0, 1)
+Sha256 = Annotated[str, Field(pattern=r"^[0-9a-fA-F]{64}$")]  # 64 hex digits
 
-@dataclass(frozen=True)
+
+@params_model
 class SplitParams:
     """``ingest.split``: the split rule (``components.ml.snapshot.SplitRule``)."""
 
-    method: str = "hash"  # hash (stable under growth) | permutation (the old, unstable one)
-    val_fraction: float = 0.15
-    test_fraction: float = 0.15
+    # hash (stable under growth) | permutation (the old, unstable one)
+    method: Literal["hash", "permutation"] = "hash"
+    val_fraction: Fraction = 0.15
+    test_fraction: Fraction = 0.15
     seed: int = 42  # permutation only
     # files (glob patterns relative to the source) whose samples all go to one split, e.g.
     # {"holdout/*": test}: a per-file split the user declares, which the rule respects
-    files: dict[str, str] = field(default_factory=dict)
+    # (the splits: components.ml.dataset.SPLITS)
+    files: dict[str, Literal["train", "val", "test"]] = field(default_factory=dict)
 
-    def check(self) -> None:
-        if self.method not in ("hash", "permutation"):
-            raise ValueError(f"split.method must be hash or permutation, got {self.method!r}")
-        if not (0 < self.val_fraction < 1 and 0 < self.test_fraction < 1):
-            raise ValueError("split.val_fraction and split.test_fraction must be in (0, 1)")
+    @model_validator(mode="after")
+    def _leaves_train(self) -> SplitParams:
         if self.val_fraction + self.test_fraction >= 0.9:
-            raise ValueError("split: val_fraction + test_fraction must leave >= 10% for train")
-        for pattern, split in self.files.items():
-            if split not in dataset.SPLITS:
-                raise ValueError(
-                    f"split.files.{pattern} must be one of {list(dataset.SPLITS)}, got {split!r}"
-                )
+            raise ValueError("val_fraction + test_fraction must leave >= 10% for train")
+        return self
 
     def rule(self) -> snapshot.SplitRule:
         return snapshot.SplitRule(self.method, self.val_fraction, self.test_fraction, self.seed)
 
 
-@dataclass(frozen=True)
+@params_model
 class ShardParams:
     """``ingest.shards``: how big a Parquet shard and a row group get (docs/data-format.md)."""
 
     max_mb: float = 64.0
-    row_group_mb: float = 4.0
-    compression: str = "zstd"
+    row_group_mb: Annotated[float, Field(gt=0)] = 4.0
+    compression: Literal["none", "snappy", "zstd", "gzip"] = "zstd"
 
-    def check(self) -> None:
-        if not 0 < self.row_group_mb <= self.max_mb:
-            raise ValueError(
-                f"need 0 < shards.row_group_mb <= shards.max_mb, got {self.row_group_mb}, "
-                f"{self.max_mb}"
-            )
-        if self.compression not in ("none", "snappy", "zstd", "gzip"):
-            raise ValueError(
-                f"shards.compression must be none|snappy|zstd|gzip, got {self.compression!r}"
-            )
+    @model_validator(mode="after")
+    def _row_group_fits(self) -> ShardParams:
+        if self.row_group_mb > self.max_mb:
+            raise ValueError(f"need row_group_mb <= max_mb, got {self.row_group_mb}, {self.max_mb}")
+        return self
 
     def limits(self) -> snapshot.ShardLimits:
         return snapshot.ShardLimits(self.max_mb, self.row_group_mb, self.compression)
@@ -111,44 +105,29 @@ class UnitBatch:
         return len(self.keys)
 
 
-@dataclass(frozen=True)
+@params_model
 class CommonValidateParams:
     """The rules every format's ``validate`` section has (a format's params extend these)."""
 
-    min_rows: int = 10  # per split
+    min_rows: Annotated[int, Field(ge=0)] = 10  # per split
     max_rows: int = 10_000_000  # per split
-    class_fraction_min: float = 0.02  # of the split, for every class
-    class_fraction_max: float = 0.5
+    class_fraction_min: Annotated[float, Field(ge=0)] = 0.02  # of the split, for every class
+    class_fraction_max: Annotated[float, Field(le=1)] = 0.5
     # rows repeating another row of their split (same sample and label), per split
-    max_duplicate_fraction: float = 0.05
-    workers: int = 1  # processes computing shard statistics at once (1: in this process)
+    max_duplicate_fraction: Annotated[float, Field(ge=0, le=1)] = 0.05
+    # processes computing shard statistics at once (1: in this process)
+    workers: Annotated[int, Field(ge=1)] = 1
 
-    def check(self) -> None:
-        if self.workers < 1:
-            raise ValueError(f"workers must be >= 1, got {self.workers}")
-        if not 0 <= self.min_rows <= self.max_rows:
+    @model_validator(mode="after")
+    def _common_rules(self) -> CommonValidateParams:
+        if self.min_rows > self.max_rows:
+            raise ValueError(f"need min_rows <= max_rows, got {self.min_rows}, {self.max_rows}")
+        if self.class_fraction_min > self.class_fraction_max:
             raise ValueError(
-                f"need 0 <= min_rows <= max_rows, got {self.min_rows}, {self.max_rows}"
-            )
-        if not 0 <= self.max_duplicate_fraction <= 1:
-            raise ValueError(
-                f"max_duplicate_fraction must be within [0, 1], got {self.max_duplicate_fraction}"
-            )
-        if not 0 <= self.class_fraction_min <= self.class_fraction_max <= 1:
-            raise ValueError(
-                "need 0 <= class_fraction_min <= class_fraction_max <= 1, got "
+                "need class_fraction_min <= class_fraction_max, got "
                 f"{self.class_fraction_min}, {self.class_fraction_max}"
             )
-
-
-_SHA256 = re.compile(r"[0-9a-fA-F]{64}")
-
-
-def check_sha256(declared: dict[str, str]) -> None:
-    """``ingest.sha256``: every declared digest must be 64 hex digits."""
-    for name, digest in declared.items():
-        if not _SHA256.fullmatch(digest):
-            raise ValueError(f"sha256.{name} must be 64 hex digits, got {digest!r}")
+        return self
 
 
 class DataFormat(abc.ABC):

@@ -2,36 +2,47 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import field
+from typing import Annotated, Any
 
 import paddle
 from paddle import nn
+from pydantic import Field, model_validator
 
-from components.core.config import from_dict
-from components.tasks.vision import ImageClassificationTask, check_image_options
+from components.core.config import from_dict, params_model
+from components.tasks.vision import (
+    ImageClassificationTask,
+    Mean,
+    Shift,
+    Std,
+    check_channels,
+)
 
 # conv3(pad 1) -> pool2 -> conv5 -> pool2 leaves (H // 2 - 4) // 2 rows: at least 1 needs H >= 12
 MIN_IMAGE_SIZE = 12
+# [H, W]
+ImageSize = Annotated[
+    list[Annotated[int, Field(ge=MIN_IMAGE_SIZE)]], Field(min_length=2, max_length=2)
+]
+Width = Annotated[int, Field(ge=1)]
 
 
-@dataclass(frozen=True)
+@params_model
 class DigitsOptions:
-    image_size: list[int] = field(default_factory=lambda: [28, 28])
-    mean: list[float] = field(default_factory=lambda: [0.5])
-    std: list[float] = field(default_factory=lambda: [0.5])
-    conv_channels: list[int] = field(default_factory=lambda: [6, 16])
-    hidden: list[int] = field(default_factory=lambda: [120, 84])
-    augment_shift: int = 0  # training-time random shift in pixels (after resize)
+    image_size: ImageSize = field(default_factory=lambda: [28, 28])
+    mean: Mean = field(default_factory=lambda: [0.5])
+    std: Std = field(default_factory=lambda: [0.5])
+    # two widths
+    conv_channels: Annotated[list[Width], Field(min_length=2, max_length=2)] = field(
+        default_factory=lambda: [6, 16]
+    )
+    hidden: list[Width] = field(default_factory=lambda: [120, 84])
+    augment_shift: Shift = 0  # training-time random shift in pixels (after resize)
 
-    def check(self) -> None:
-        check_image_options(
-            self.image_size, self.mean, self.std, self.augment_shift, min_size=MIN_IMAGE_SIZE
-        )
-        if len(self.conv_channels) != 2 or min(self.conv_channels) < 1:
-            raise ValueError(f"conv_channels must list two widths >= 1, got {self.conv_channels}")
-        if any(h < 1 for h in self.hidden):
-            raise ValueError(f"hidden layer widths must be >= 1, got {self.hidden}")
+    @model_validator(mode="after")
+    def _channels(self) -> DigitsOptions:
+        check_channels(self.mean, self.std)
+        return self
 
 
 class LeNet(nn.Layer):

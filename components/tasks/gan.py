@@ -32,16 +32,17 @@ import logging
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 import numpy as np
 import paddle
 import paddle.nn.functional as F
 from paddle import nn
+from pydantic import Field
 from tqdm import tqdm
 
 from components.core.artifacts import StepError
-from components.core.config import from_dict
+from components.core.config import from_dict, params_model
 from components.ml import snapshot
 from components.tasks.base import (
     ASSETS_DIR,
@@ -64,73 +65,57 @@ JUDGE_FILE = "judge.pdparams"
 JUDGE_META = "judge.json"
 
 
-@dataclass(frozen=True)
+@params_model
 class JudgeOptions:
     """The classifier whose features and answers score the generator."""
 
     conv_channels: list[int] = field(default_factory=lambda: [16, 32])
-    hidden: list[int] = field(default_factory=lambda: [120, 84])
-    epochs: int = 8
-    batch_size: int = 32
-    learning_rate: float = 0.001
+    # at least one layer (its features)
+    hidden: Annotated[list[int], Field(min_length=1)] = field(default_factory=lambda: [120, 84])
+    epochs: Annotated[int, Field(ge=1)] = 8
+    batch_size: Annotated[int, Field(ge=1)] = 32
+    learning_rate: Annotated[float, Field(gt=0)] = 0.001
     seed: int = 7
 
-    def check(self) -> None:
-        if self.epochs < 1 or self.batch_size < 1 or not self.learning_rate > 0:
-            raise ValueError("judge: epochs and batch_size must be >= 1, learning_rate > 0")
-        if len(self.hidden) < 1:
-            raise ValueError("judge.hidden must list at least one layer (its features)")
 
-
-@dataclass(frozen=True)
+@params_model
 class EvalOptions:
     seed: int = 1234  # the fixed latents a split is generated from
     grid_columns: int = 8  # samples per class in the sample grid
 
 
-@dataclass(frozen=True)
+@params_model
 class QualityOptions:
     """The blessing rule on the distance: a challenger fails when, with evidence (the lower
     ``alpha`` quantile of a paired bootstrap of the difference), its distance exceeds the
     champion's by more than ``max_fid_increase`` times the larger of the champion's distance
     and the floor (two halves of the real split: below it, differences are noise)."""
 
-    max_fid_increase: float = 0.1
-    bootstrap: int = 200
-    alpha: float = 0.1
+    max_fid_increase: Annotated[float, Field(ge=0)] = 0.1
+    bootstrap: Annotated[int, Field(ge=20)] = 200
+    alpha: Annotated[float, Field(gt=0, lt=0.5)] = 0.1
     seed: int = 0
 
-    def check(self) -> None:
-        if self.max_fid_increase < 0 or self.bootstrap < 20 or not 0 < self.alpha < 0.5:
-            raise ValueError(
-                "quality: max_fid_increase >= 0, bootstrap >= 20 and 0 < alpha < 0.5 required"
-            )
+
+# [H, W], multiples of 4 and >= 12
+GanSide = Annotated[int, Field(ge=12, multiple_of=4)]
 
 
-@dataclass(frozen=True)
+@params_model
 class GanOptions:
-    image_size: list[int] = field(default_factory=lambda: [28, 28])
-    latent_dim: int = 32
-    embed_dim: int = 16  # the requested class's embedding
-    width: int = 64  # channels of the generator's first map and the discriminator's last
-    beta1: float = 0.5  # Adam's, for both networks (the DCGAN recipe)
-    class_loss_weight: float = 1.0  # the auxiliary classifier's share of both losses
+    image_size: Annotated[list[GanSide], Field(min_length=2, max_length=2)] = field(
+        default_factory=lambda: [28, 28]
+    )
+    latent_dim: Annotated[int, Field(ge=1)] = 32
+    embed_dim: Annotated[int, Field(ge=1)] = 16  # the requested class's embedding
+    # channels of the generator's first map and the discriminator's last (even)
+    width: Annotated[int, Field(ge=4, multiple_of=2)] = 64
+    beta1: Annotated[float, Field(ge=0, lt=1)] = 0.5  # Adam's, for both networks (DCGAN's)
+    # the auxiliary classifier's share of both losses
+    class_loss_weight: Annotated[float, Field(ge=0)] = 1.0
     judge: JudgeOptions = field(default_factory=JudgeOptions)
     eval: EvalOptions = field(default_factory=EvalOptions)
     quality: QualityOptions = field(default_factory=QualityOptions)
-
-    def check(self) -> None:
-        h, w = self.image_size if len(self.image_size) == 2 else (0, 0)
-        if h < 12 or w < 12 or h % 4 or w % 4:
-            raise ValueError(
-                f"image_size must be [H, W], multiples of 4 and >= 12, got {self.image_size}"
-            )
-        if self.latent_dim < 1 or self.embed_dim < 1 or self.width < 4 or self.width % 2:
-            raise ValueError("latent_dim, embed_dim >= 1 and an even width >= 4 required")
-        if not 0 <= self.beta1 < 1 or self.class_loss_weight < 0:
-            raise ValueError("beta1 must be in [0, 1) and class_loss_weight >= 0")
-        self.judge.check()
-        self.quality.check()
 
 
 # --------------------------------------------------------------------------- networks

@@ -28,25 +28,27 @@ import tempfile
 import zlib
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import numpy as np
+from pydantic import Field, field_validator, model_validator
 
 from components.core.artifacts import StepError, atomic_path, sha256_bytes, sha256_file
+from components.core.config import params_model
 from components.ml.harvest import Harvested, local_source, png_bytes
 from components.ml.sources import join_uri, read_bytes
 from components.tasks.data import (
     CommonValidateParams,
     DataFormat,
     Examples,
+    Sha256,
     ShardParams,
     ShardStats,
     SplitParams,
     Unit,
     UnitBatch,
-    check_sha256,
     show,
     sum_facts,
 )
@@ -57,57 +59,56 @@ IDX_IMAGES_NDIM, IDX_LABELS_NDIM = 3, 1  # [N, H, W] images, [N] labels
 LABEL_DTYPE = "int64"  # the documented on-disk label dtype (components.ml.dataset)
 
 
-@dataclass(frozen=True)
+Dim = Annotated[int, Field(ge=1)]
+
+
+@params_model
 class IngestParams:
     source: str
     kind: Literal["builtin", "mnist_idx", "image_folder"]
-    idx_files: list[list[str]] = field(default_factory=list)
-    sha256: dict[str, str] = field(default_factory=dict)
-    label_names: list[str] | None = None
-    image_size: list[int] | None = None
+    # mnist_idx: [[images, labels], ...]
+    idx_files: list[Annotated[list[str], Field(min_length=2, max_length=2)]] = field(
+        default_factory=list
+    )
+    sha256: dict[str, Sha256] = field(default_factory=dict)
+    label_names: Annotated[list[str], Field(min_length=1)] | None = None  # or left out
+    image_size: Annotated[list[Dim], Field(min_length=2, max_length=2)] | None = None  # [H, W]
     image_mode: Literal["L", "RGB"] = "L"
     split: SplitParams = field(default_factory=SplitParams)
     shards: ShardParams = field(default_factory=ShardParams)
-    unit_files: int = 256  # image folders: about this many files per unit (shards reuse)
-    workers: int = 1  # processes reading units at once (1: in this process)
+    # image folders: about this many files per unit (shards reuse)
+    unit_files: Annotated[int, Field(ge=1)] = 256
+    workers: Annotated[int, Field(ge=1)] = 1  # processes reading units at once (1: here)
 
-    def check(self) -> None:
-        if self.kind == "mnist_idx":
-            if not self.idx_files:
-                raise ValueError("kind mnist_idx needs idx_files: [[images, labels], ...]")
-            for pair in self.idx_files:
-                if len(pair) != 2:
-                    raise ValueError(f"idx_files entries must be [images, labels], got {pair}")
-        if self.image_size is not None and (len(self.image_size) != 2 or min(self.image_size) < 1):
-            raise ValueError(f"image_size must be [H, W] with H, W >= 1, got {self.image_size}")
-        check_sha256(self.sha256)
-        self.split.check()
-        self.shards.check()
-        if self.unit_files < 1 or self.workers < 1:
-            raise ValueError("unit_files and workers must be >= 1")
-        if self.label_names is not None and not self.label_names:
-            raise ValueError("label_names must list at least one name (or be left out)")
+    @model_validator(mode="after")
+    def _idx_files_of_mnist_idx(self) -> IngestParams:
+        if self.kind == "mnist_idx" and not self.idx_files:
+            raise ValueError("kind mnist_idx needs idx_files: [[images, labels], ...]")
+        return self
 
 
-@dataclass(frozen=True)
+@params_model
 class ValidateParams(CommonValidateParams):
-    image_shape: list[int] | None = None  # [H, W, C]; None = every split must match train
+    # [H, W, C]; None = every split must match train
+    image_shape: Annotated[list[Dim], Field(min_length=3, max_length=3)] | None = None
     pixel_min: float = 0
     pixel_max: float = 255
     expected_dtype: str = "uint8"
 
-    def check(self) -> None:
-        super().check()
-        if self.image_shape is not None and (
-            len(self.image_shape) != 3 or any(d <= 0 for d in self.image_shape)
-        ):
-            raise ValueError(f"image_shape must be [H, W, C] > 0, got {self.image_shape}")
+    @field_validator("expected_dtype")
+    @classmethod
+    def _a_dtype(cls, name: str) -> str:
+        try:
+            np.dtype(name)
+        except TypeError as exc:
+            raise ValueError(f"{name!r} is not a dtype") from exc
+        return name
+
+    @model_validator(mode="after")
+    def _image_rules(self) -> ValidateParams:
         if self.pixel_min > self.pixel_max:
             raise ValueError(f"pixel_min {self.pixel_min} > pixel_max {self.pixel_max}")
-        try:
-            np.dtype(self.expected_dtype)
-        except TypeError as exc:
-            raise ValueError(f"expected_dtype {self.expected_dtype!r} is not a dtype") from exc
+        return self
 
 
 # --------------------------------------------------------------------------- readers

@@ -3,16 +3,23 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import paddle
 from paddle import nn
+from pydantic import Field, model_validator
 
 from components.core.artifacts import StepError
-from components.core.config import from_dict
-from components.tasks.vision import ImageClassificationTask, check_image_options
+from components.core.config import from_dict, params_model
+from components.tasks.vision import (
+    ImageClassificationTask,
+    Mean,
+    Shift,
+    Std,
+    check_channels,
+)
 
 log = logging.getLogger(__name__)
 
@@ -20,20 +27,26 @@ IMAGENET_MEAN = [0.485, 0.456, 0.406]
 IMAGENET_STD = [0.229, 0.224, 0.225]
 
 
-@dataclass(frozen=True)
+# [H, W]
+ImageSize = Annotated[list[Annotated[int, Field(ge=32)]], Field(min_length=2, max_length=2)]
+
+
+@params_model
 class ImageFolderOptions:
     arch: Literal["resnet18", "resnet34", "resnet50"] = "resnet50"
-    image_size: list[int] = field(default_factory=lambda: [224, 224])
-    mean: list[float] = field(default_factory=lambda: list(IMAGENET_MEAN))
-    std: list[float] = field(default_factory=lambda: list(IMAGENET_STD))
+    image_size: ImageSize = field(default_factory=lambda: [224, 224])
+    mean: Mean = field(default_factory=lambda: list(IMAGENET_MEAN))
+    std: Std = field(default_factory=lambda: list(IMAGENET_STD))
     # ImageNet weights: true downloads them through paddle.vision (needs network access);
     # pretrained_weights names a local .pdparams file instead. Never used in tests.
     pretrained: bool = False
     pretrained_weights: str | None = None
-    augment_shift: int = 0
+    augment_shift: Shift = 0
 
-    def check(self) -> None:
-        check_image_options(self.image_size, self.mean, self.std, self.augment_shift, min_size=32)
+    @model_validator(mode="after")
+    def _channels(self) -> ImageFolderOptions:
+        check_channels(self.mean, self.std)
+        return self
 
 
 class ImageFolderTask(ImageClassificationTask):

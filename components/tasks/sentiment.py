@@ -23,18 +23,19 @@ import time
 import unicodedata
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import numpy as np
 import paddle
 import paddle.nn.functional as F
 from paddle import nn
+from pydantic import Field, model_validator
 from tqdm import tqdm
 
 from components.core.artifacts import StepError, read_json, write_json
-from components.core.config import from_dict
+from components.core.config import from_dict, params_model
 from components.ml.features import token_features
 from components.tasks.base import (
     ASSETS_DIR,
@@ -68,104 +69,89 @@ def paddlenlp() -> Any:
     return paddlenlp.transformers
 
 
-@dataclass(frozen=True)
+Positive = Annotated[int, Field(ge=1)]
+Dropout = Annotated[float, Field(ge=0, lt=1)]  # within [0, 1)
+
+
+@params_model
 class ModelShape:
     """The ``ErnieConfig`` of the offline model (ignored with ``pretrained``)."""
 
-    hidden_size: int = 128
-    num_hidden_layers: int = 2
-    num_attention_heads: int = 2
-    intermediate_size: int = 512
-    hidden_dropout_prob: float = 0.1
-    attention_probs_dropout_prob: float = 0.1
-    type_vocab_size: int = 4
+    hidden_size: Positive = 128
+    num_hidden_layers: Positive = 2
+    num_attention_heads: Positive = 2
+    intermediate_size: Positive = 512
+    hidden_dropout_prob: Dropout = 0.1
+    attention_probs_dropout_prob: Dropout = 0.1
+    type_vocab_size: Positive = 4
 
-    def check(self) -> None:
-        if min(self.hidden_size, self.num_hidden_layers, self.num_attention_heads) < 1:
-            raise ValueError("hidden_size, num_hidden_layers, num_attention_heads must be >= 1")
+    @model_validator(mode="after")
+    def _heads_divide_hidden(self) -> ModelShape:
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(
                 f"hidden_size {self.hidden_size} must be a multiple of num_attention_heads "
                 f"{self.num_attention_heads}"
             )
-        if self.intermediate_size < 1 or self.type_vocab_size < 1:
-            raise ValueError("intermediate_size and type_vocab_size must be >= 1")
-        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
-            if not 0 <= getattr(self, name) < 1:
-                raise ValueError(f"{name} must be within [0, 1)")
+        return self
 
 
-@dataclass(frozen=True)
+@params_model
 class MlmOptions:
     """Masked-language pretraining on the training texts before fine-tuning (0 epochs: off)."""
 
-    epochs: int = 0
-    mask_rate: float = 0.15  # of the real tokens; of those 80 % [MASK], 10 % random, 10 % kept
-    learning_rate: float = 0.0005
-    batch_size: int = 64
-    warmup_fraction: float = 0.1
+    epochs: Annotated[int, Field(ge=0)] = 0
+    # of the real tokens; of those 80 % [MASK], 10 % random, 10 % kept
+    mask_rate: Annotated[float, Field(gt=0, lt=1)] = 0.15
+    learning_rate: Annotated[float, Field(gt=0)] = 0.0005
+    batch_size: Positive = 64
+    warmup_fraction: Dropout = 0.1
     seed: int = 42
 
-    def check(self) -> None:
-        if self.epochs < 0 or self.batch_size < 1:
-            raise ValueError("mlm.epochs must be >= 0 and mlm.batch_size >= 1")
-        if not 0 < self.mask_rate < 1:
-            raise ValueError(f"mlm.mask_rate must be within (0, 1), got {self.mask_rate}")
-        if not self.learning_rate > 0 or not 0 <= self.warmup_fraction < 1:
-            raise ValueError("mlm.learning_rate must be > 0 and mlm.warmup_fraction in [0, 1)")
 
-
-@dataclass(frozen=True)
+@params_model
 class DistillOptions:
     """Distil from the linear baseline while fine-tuning: its out-of-fold probabilities on
     the training texts (each text scored by a baseline that never saw it) are soft labels
     (weight 0: labels only)."""
 
-    weight: float = 0.0
-    temperature: float = 1.0
-    folds: int = 5
+    weight: Annotated[float, Field(ge=0, le=1)] = 0.0
+    temperature: Annotated[float, Field(gt=0)] = 1.0
+    folds: Annotated[int, Field(ge=2)] = 5
     seed: int = 42
 
-    def check(self) -> None:
-        if not 0 <= self.weight <= 1 or not self.temperature > 0 or self.folds < 2:
-            raise ValueError("distill: weight in [0, 1], temperature > 0, folds >= 2")
 
-
-@dataclass(frozen=True)
+@params_model
 class SentimentOptions:
     pretrained: str | None = None  # paddlenlp name or save_pretrained directory
-    max_seq_len: int = 64  # tokens including [CLS] and [SEP]; longer texts are truncated
+    # tokens including [CLS] and [SEP]; longer texts are truncated
+    max_seq_len: Annotated[int, Field(ge=4)] = 64
     # what a long text keeps: its first tokens (head), or half its first and half its last
     # (head_tail: reviews often conclude at the end)
     truncation: Literal["head", "head_tail"] = "head"
     lowercase: bool = True  # ErnieTokenizer's do_lower_case
-    vocab_min_count: int = 2  # offline vocabulary: characters seen at least this often ...
-    vocab_max_size: int = 3000  # ... keeping the most frequent (special tokens included)
+    vocab_min_count: Positive = 2  # offline vocabulary: characters seen at least this often ...
+    # ... keeping the most frequent (special tokens included)
+    vocab_max_size: Annotated[int, Field(gt=len(SPECIAL_TOKENS))] = 3000
     model: ModelShape = field(default_factory=ModelShape)
     mlm: MlmOptions = field(default_factory=MlmOptions)
-    warmup_fraction: float = 0.1  # of the fine-tuning steps: linear warmup, then linear decay
-    grad_clip: float = 1.0  # global norm (0: off)
+    # of the fine-tuning steps: linear warmup, then linear decay
+    warmup_fraction: Dropout = 0.1
+    grad_clip: Annotated[float, Field(ge=0)] = 1.0  # global norm (0: off)
     # the linear baseline evaluate scores beside the model: character n-gram TF-IDF +
-    # logistic regression
-    baseline_ngrams: list[int] = field(default_factory=lambda: [1, 2])
-    baseline_c: float = 1.0  # inverse regularisation strength of the logistic regression
+    # logistic regression; [min, max] with 1 <= min <= max
+    baseline_ngrams: Annotated[list[Positive], Field(min_length=2, max_length=2)] = field(
+        default_factory=lambda: [1, 2]
+    )
+    # inverse regularisation strength of the logistic regression
+    baseline_c: Annotated[float, Field(gt=0)] = 1.0
     distill: DistillOptions = field(default_factory=DistillOptions)
 
-    def check(self) -> None:
-        if self.max_seq_len < 4:
-            raise ValueError(f"max_seq_len must be >= 4, got {self.max_seq_len}")
-        if self.vocab_min_count < 1 or self.vocab_max_size <= len(SPECIAL_TOKENS):
-            raise ValueError(
-                f"vocab_min_count must be >= 1 and vocab_max_size > {len(SPECIAL_TOKENS)}"
-            )
-        if not 0 <= self.warmup_fraction < 1 or self.grad_clip < 0:
-            raise ValueError("warmup_fraction must be in [0, 1) and grad_clip >= 0")
-        lo_hi = self.baseline_ngrams
-        if len(lo_hi) != 2 or not 1 <= lo_hi[0] <= lo_hi[1] or not self.baseline_c > 0:
-            raise ValueError(
-                f"baseline_ngrams must be [min, max] with 1 <= min <= max, baseline_c > 0; got "
-                f"{lo_hi}, {self.baseline_c}"
-            )
+    @model_validator(mode="after")
+    def _ngrams_ordered(self) -> SentimentOptions:
+        lo, hi = self.baseline_ngrams
+        if lo > hi:
+            raise ValueError(f"baseline_ngrams must be [min, max] with min <= max, got {[lo, hi]}")
+        return self
 
 
 class ErnieClassifier(nn.Layer):

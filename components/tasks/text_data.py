@@ -33,14 +33,16 @@ import io
 import json
 from collections import Counter
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import numpy as np
 import pandas as pd
+from pydantic import Field, field_validator, model_validator
 
 from components.core.artifacts import StepError, atomic_path, sha256_bytes
+from components.core.config import params_model
 from components.ml import dataset
 from components.ml.harvest import Harvested, local_source
 from components.ml.sources import join_uri, read_bytes
@@ -48,12 +50,12 @@ from components.tasks.data import (
     CommonValidateParams,
     DataFormat,
     Examples,
+    Sha256,
     ShardParams,
     ShardStats,
     SplitParams,
     Unit,
     UnitBatch,
-    check_sha256,
     sum_facts,
 )
 
@@ -67,51 +69,46 @@ DROP_DUPLICATE = "duplicate text (same text and label; the first is kept)"
 DROP_CONFLICT = "text under more than one label (every copy)"
 
 
-@dataclass(frozen=True)
+@params_model
 class TextIngestParams:
     source: str
     kind: Literal["builtin", "table"]
     files: list[str] = field(default_factory=list)  # under source; empty: source is the file
     table_format: Literal["auto", "csv", "tsv", "jsonl"] = "auto"  # auto: by suffix
-    text_field: str = "text"
-    label_field: str = "label"
+    text_field: Annotated[str, Field(min_length=1)] = "text"  # the columns
+    label_field: Annotated[str, Field(min_length=1)] = "label"
     encoding: str = "utf-8"
-    sha256: dict[str, str] = field(default_factory=dict)
-    label_names: list[str] | None = None
+    sha256: dict[str, Sha256] = field(default_factory=dict)
+    # at least two (or left out)
+    label_names: Annotated[list[str], Field(min_length=2)] | None = None
     split: SplitParams = field(default_factory=SplitParams)
     shards: ShardParams = field(default_factory=ShardParams)
-    workers: int = 1  # processes reading units (table files) at once
+    # processes reading units (table files) at once
+    workers: Annotated[int, Field(ge=1)] = 1
     # a field of each record that is the sample's identity (its split follows it); empty:
     # the text's own hash
     id_field: str = ""
 
-    def check(self) -> None:
-        check_sha256(self.sha256)
-        self.split.check()
-        self.shards.check()
-        if self.workers < 1:
-            raise ValueError("workers must be >= 1")
-        if self.label_names is not None and len(self.label_names) < 2:
-            raise ValueError("label_names must list at least two names (or be left out)")
-        if not self.text_field or not self.label_field:
-            raise ValueError("text_field and label_field must name columns")
+    @field_validator("encoding")
+    @classmethod
+    def _known_encoding(cls, encoding: str) -> str:
         try:
-            "".encode(self.encoding)
+            "".encode(encoding)
         except LookupError as exc:
-            raise ValueError(f"encoding {self.encoding!r} is not a known text encoding") from exc
+            raise ValueError(f"{encoding!r} is not a known text encoding") from exc
+        return encoding
 
 
-@dataclass(frozen=True)
+@params_model
 class TextValidateParams(CommonValidateParams):
-    min_chars: int = 1  # length bounds of a text, in characters
+    min_chars: Annotated[int, Field(ge=1)] = 1  # length bounds of a text, in characters
     max_chars: int = 5000
 
-    def check(self) -> None:
-        super().check()
-        if not 1 <= self.min_chars <= self.max_chars:
-            raise ValueError(
-                f"need 1 <= min_chars <= max_chars, got {self.min_chars}, {self.max_chars}"
-            )
+    @model_validator(mode="after")
+    def _text_rules(self) -> TextValidateParams:
+        if self.min_chars > self.max_chars:
+            raise ValueError(f"need min_chars <= max_chars, got {self.min_chars}, {self.max_chars}")
+        return self
 
 
 # --------------------------------------------------------------------------- readers

@@ -2,39 +2,32 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 import paddle
 from paddle.vision import transforms as T
+from pydantic import Field
 from tqdm import tqdm
 
 from components.ml.harvest import AffineImageInverse
 from components.tasks.base import Task, TensorSpec
 from components.tasks.image_data import ImageData
 
+# the options every image classification task has, as params-model field types
+Mean = Annotated[list[float], Field(min_length=1)]  # one value per image channel
+Std = Annotated[list[Annotated[float, Field(gt=0)]], Field(min_length=1)]
+Shift = Annotated[int, Field(ge=0)]  # training-time random shift in pixels (after resize)
 
-def check_image_options(
-    image_size: list[int],
-    mean: list[float],
-    std: list[float],
-    augment_shift: int,
-    *,
-    min_size: int,
-) -> None:
-    """Raise ``ValueError`` (reported with the params file and field) for options no image
-    classification task can run with."""
-    if len(image_size) != 2 or min(image_size) < min_size:
-        raise ValueError(f"image_size must be [H, W] with H, W >= {min_size}, got {image_size}")
-    if not mean or len(mean) != len(std):
+
+def check_channels(mean: list[float], std: list[float]) -> None:
+    """Raise ``ValueError`` (reported with the params file and field) unless ``mean`` and
+    ``std`` give one value per image channel each (a model validator's rule)."""
+    if len(mean) != len(std):
         raise ValueError(
             f"mean {mean} and std {std} must be non-empty and of the same length "
             "(one value per image channel)"
         )
-    if any(not s > 0 for s in std):
-        raise ValueError(f"std values must be > 0, got {std}")
-    if augment_shift < 0:
-        raise ValueError(f"augment_shift must be >= 0, got {augment_shift}")
 
 
 class ImageClassificationTask(Task):

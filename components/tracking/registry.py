@@ -19,14 +19,16 @@ import socket
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
+from pydantic import Field
 
 from components.core.artifacts import StepError, sha256_file
+from components.core.config import params_model
 from components.core.retry import SYSTEM_CLOCK, Backoff, Clock, poll, retry_call
 from components.faults import failpoints
 from components.ml import snapshot
@@ -117,19 +119,16 @@ class ChampionChanged(StepError):
     challenger was judged; nothing was changed."""
 
 
-@dataclass(frozen=True)
+@params_model
 class TrackingRetry:
     """How long a step keeps trying a tracking server that does not answer: MLflow's own
     HTTP retries (connection errors, 429 and 5xx) with exponential backoff, then one
     readable error line (``components.kernel.cli``)."""
 
-    retries: int = 6  # attempts after the first
-    backoff_s: int = 1  # waits backoff_s * 1, 2, 4, ... between attempts (at most 120 s each)
-    timeout_s: int = 60  # per request
-
-    def check(self) -> None:
-        if self.retries < 0 or self.backoff_s < 0 or self.timeout_s <= 0:
-            raise ValueError("retries and backoff_s must be >= 0, timeout_s > 0")
+    retries: Annotated[int, Field(ge=0)] = 6  # attempts after the first
+    # waits backoff_s * 1, 2, 4, ... between attempts (at most 120 s each)
+    backoff_s: Annotated[int, Field(ge=0)] = 1
+    timeout_s: Annotated[int, Field(gt=0)] = 60  # per request
 
     def window_s(self) -> float:
         """The longest a server may be down and a request still get through."""
@@ -142,22 +141,18 @@ class TrackingRetry:
         os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] = str(self.timeout_s)
 
 
-@dataclass(frozen=True)
+@params_model
 class RegistryParams:
     """``params.yaml: registry``: the registered model and how changes of its champion
     are serialised (read by register, promote and ``paddle-mlops registry``)."""
 
     model_name: str | None = None  # default: "<task>-<Task.model_kind>" (digits-classifier)
-    lock_timeout_s: float = 120.0  # how long a promotion waits for another to finish
-    lock_stale_s: float = 600.0  # a lock from another host older than this is abandoned
-    history_length: int = 25
+    # how long a promotion waits for another to finish
+    lock_timeout_s: Annotated[float, Field(gt=0)] = 120.0
+    # a lock from another host older than this is abandoned
+    lock_stale_s: Annotated[float, Field(gt=0)] = 600.0
+    history_length: Annotated[int, Field(gt=0)] = 25
     retry: TrackingRetry = field(default_factory=TrackingRetry)
-
-    def check(self) -> None:
-        for name in ("lock_timeout_s", "lock_stale_s", "history_length"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be > 0")
-        self.retry.check()
 
 
 BUILTIN_MODEL_KIND = "classifier"  # the model_kind of every built-in task

@@ -9,10 +9,12 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, model_validator
 
 from components.core.artifacts import StepError, sha256_bytes
-from components.core.config import section
+from components.core.config import params_model, section
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -44,7 +46,10 @@ _PREFIX = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 MAX_PREFIX = 63 - len("-") - 12 - len("-worker-") - 4
 
 
-@dataclass(frozen=True)
+Seconds = Annotated[float, Field(gt=0)]
+
+
+@params_model
 class PaddleJobParams:
     """``params.yaml: paddlejob``: where and how the launcher runs training as a PaddleJob."""
 
@@ -53,30 +58,35 @@ class PaddleJobParams:
     mount_path: str = "/mnt/shared"  # where the launcher and every worker mount it
     runs_dir: str = "paddlejob-runs"  # below mount_path: one directory per job
     image: str | None = None  # worker image ref@sha256; default $PADDLE_MLOPS_(GPU_)IMAGE
-    gpus_per_worker: int = 0  # accelerators per pod, shared by its nproc ranks
+    gpus_per_worker: Annotated[int, Field(ge=0)] = 0  # accelerators per pod, for its ranks
     accelerator: str = "nvidia.com/gpu"  # the extended resource name of one accelerator
-    master_port: int = 36543  # the container port named master: the rendezvous on worker 0
+    # the container port named master: the rendezvous on worker 0
+    master_port: Annotated[int, Field(gt=0, lt=65536)] = 36543
     shm_size: str = "1Gi"  # /dev/shm (memory-backed emptyDir): DataLoader workers, NCCL
     # Never with nnodes > 1 (launch refuses the others: a restarted pod hangs the job)
     restart_policy: Literal["Never", "OnFailure", "ExitCode"] = "Never"
-    backoff_limit: int = 0  # runPolicy.backoffLimit (restarts with OnFailure/ExitCode)
+    # runPolicy.backoffLimit (restarts with OnFailure/ExitCode)
+    backoff_limit: Annotated[int, Field(ge=0)] = 0
     clean_pod_policy: Literal["None", "Running", "All"] = "None"
-    ttl_seconds_after_finished: int = 86400  # runPolicy: cleanup of a job left behind
-    timeout_s: float = 86400.0  # the launcher's wait, and runPolicy.activeDeadlineSeconds
-    poll_interval_s: float = 10.0  # status and logs
-    delete_timeout_s: float = 120.0  # wait for a replaced job to be gone
-    api_timeout_s: float = 30.0  # one API request
-    api_outage_s: float = 300.0  # failed status reads tolerated for this long; then the
+    # runPolicy: cleanup of a job left behind
+    ttl_seconds_after_finished: Annotated[int, Field(ge=0)] = 86400
+    timeout_s: Seconds = 86400.0  # the launcher's wait, and runPolicy.activeDeadlineSeconds
+    poll_interval_s: Seconds = 10.0  # status and logs
+    delete_timeout_s: Seconds = 120.0  # wait for a replaced job to be gone
+    api_timeout_s: Seconds = 30.0  # one API request
+    api_outage_s: Seconds = 300.0  # failed status reads tolerated for this long; then the
     # launcher stops and leaves the job running (a retry of the task reattaches to it)
-    unschedulable_timeout_s: float = 600.0  # a pod the scheduler cannot place fails the launch
-    log_tail_lines: int = 20  # of each pod's log, quoted in the error of a failed job
+    unschedulable_timeout_s: Seconds = 600.0  # a pod the scheduler cannot place fails it
+    # of each pod's log, quoted in the error of a failed job
+    log_tail_lines: Annotated[int, Field(ge=1)] = 20
     keep_job: bool = False  # leave the finished PaddleJob (and its pods) for inspection
     keep_run_dir: bool = False  # leave the job's directory on the volume after a success
     job_name_prefix: str = "paddle-mlops-train"
     kube_context: str | None = None  # kubeconfig context (outside a cluster)
     template: str = "k8s/paddlejob/paddlejob.yaml"
 
-    def check(self) -> None:
+    @model_validator(mode="after")
+    def _names_and_paths(self) -> "PaddleJobParams":
         if not _PREFIX.fullmatch(self.job_name_prefix) or len(self.job_name_prefix) > MAX_PREFIX:
             raise ValueError(
                 f"job_name_prefix: {self.job_name_prefix!r} must be a DNS-1035 label of at most "
@@ -92,25 +102,7 @@ class PaddleJobParams:
             raise ValueError(
                 f"runs_dir: {self.runs_dir!r} must be a relative path below mount_path"
             )
-        if self.gpus_per_worker < 0:
-            raise ValueError("gpus_per_worker must be >= 0")
-        if not 0 < self.master_port < 65536:
-            raise ValueError("master_port must be a TCP port")
-        for name in (
-            "timeout_s",
-            "poll_interval_s",
-            "delete_timeout_s",
-            "api_timeout_s",
-            "api_outage_s",
-            "unschedulable_timeout_s",
-        ):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be > 0")
-        for name in ("backoff_limit", "ttl_seconds_after_finished"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0")
-        if self.log_tail_lines < 1:
-            raise ValueError("log_tail_lines must be >= 1")
+        return self
 
 
 @dataclass(frozen=True)

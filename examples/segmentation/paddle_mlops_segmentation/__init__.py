@@ -20,16 +20,17 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import field
+from typing import Annotated, Any
 
 import numpy as np
 import paddle
 import paddle.nn.functional as F
 from paddle import nn
+from pydantic import Field, model_validator
 
 from components.core.artifacts import StepError
-from components.core.config import from_dict
+from components.core.config import from_dict, params_model
 from components.tasks.base import Scorer, Scores, TensorSpec
 from components.tasks.data import Examples, Unit, UnitBatch
 from components.tasks.image_data import (
@@ -42,7 +43,7 @@ from components.tasks.image_data import (
 from components.tasks.objective import Objective, StepContext
 from components.tasks.report import classification_report
 from components.tasks.stream import InputBatch
-from components.tasks.vision import ImageClassificationTask, check_image_options
+from components.tasks.vision import ImageClassificationTask, Mean, Std, check_channels
 
 log = logging.getLogger(__name__)
 
@@ -52,41 +53,28 @@ BACKGROUND = 0  # mask value of a background pixel; class c is c + 1
 # --------------------------------------------------------------------------- data
 
 
-@dataclass(frozen=True)
+@params_model
 class SegmentationIngestParams(IngestParams):
     """``ingest``: the image source (any kind the image format reads) and how masks are made."""
 
     # source builtin:shapes: generated images of circles, squares and triangles
-    shapes_count: int = 2000  # images generated (sample i is the same for any count)
-    shapes_size: int = 24  # H = W of a generated image
+    # images generated (sample i is the same for any count)
+    shapes_count: Annotated[int, Field(ge=1)] = 2000
+    shapes_size: Annotated[int, Field(ge=12, le=256)] = 24  # H = W of a generated image
     shapes_seed: int = 0
     # other sources (digits): masks from the strokes
-    mask_threshold: int = 64  # a pixel above this (0-255) is stroke, the rest background
-    upscale: int = 1  # each pixel repeated upscale x upscale times (images and masks)
-
-    def check(self) -> None:
-        super().check()
-        if self.shapes_count < 1 or not 12 <= self.shapes_size <= 256:
-            raise ValueError(
-                f"need shapes_count >= 1 and 12 <= shapes_size <= 256, got "
-                f"{self.shapes_count}, {self.shapes_size}"
-            )
-        if not 0 <= self.mask_threshold < 255:
-            raise ValueError(f"mask_threshold must be within [0, 255), got {self.mask_threshold}")
-        if not 1 <= self.upscale <= 8:
-            raise ValueError(f"upscale must be within [1, 8], got {self.upscale}")
+    # a pixel above this (0-255) is stroke, the rest background
+    mask_threshold: Annotated[int, Field(ge=0, lt=255)] = 64
+    # each pixel repeated upscale x upscale times (images and masks)
+    upscale: Annotated[int, Field(ge=1, le=8)] = 1
 
 
-@dataclass(frozen=True)
+@params_model
 class SegmentationValidateParams(ValidateParams):
     """``validate``: the image rules and the masks' class count."""
 
-    mask_classes: int = 3  # mask values run 0..mask_classes (0: background)
-
-    def check(self) -> None:
-        super().check()
-        if not 1 <= self.mask_classes <= 254:
-            raise ValueError(f"mask_classes must be within [1, 254], got {self.mask_classes}")
+    # mask values run 0..mask_classes (0: background)
+    mask_classes: Annotated[int, Field(ge=1, le=254)] = 3
 
 
 class SegmentedImages(ImageData):
@@ -487,21 +475,21 @@ class SegmentationScorer(Scorer):
 # --------------------------------------------------------------------------- the task
 
 
-@dataclass(frozen=True)
+@params_model
 class SegmentationOptions:
-    image_size: list[int] = field(default_factory=lambda: [24, 24])  # = stored size (even)
-    mean: list[float] = field(default_factory=lambda: [0.5])
-    std: list[float] = field(default_factory=lambda: [0.5])
-    width: int = 16  # channels of the U-Net's first level (the second has twice as many)
+    # = stored size; even (the U-Net halves it)
+    image_size: Annotated[
+        list[Annotated[int, Field(ge=4, multiple_of=2)]], Field(min_length=2, max_length=2)
+    ] = field(default_factory=lambda: [24, 24])
+    mean: Mean = field(default_factory=lambda: [0.5])
+    std: Std = field(default_factory=lambda: [0.5])
+    # channels of the U-Net's first level (the second has twice as many)
+    width: Annotated[int, Field(ge=1)] = 16
 
-    def check(self) -> None:
-        check_image_options(self.image_size, self.mean, self.std, 0, min_size=4)
-        if any(d % 2 for d in self.image_size):
-            raise ValueError(
-                f"image_size must be even (the U-Net halves it), got {self.image_size}"
-            )
-        if self.width < 1:
-            raise ValueError(f"width must be >= 1, got {self.width}")
+    @model_validator(mode="after")
+    def _channels(self) -> SegmentationOptions:
+        check_channels(self.mean, self.std)
+        return self
 
 
 class ShapesSegmentationTask(ImageClassificationTask):
