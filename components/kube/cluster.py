@@ -5,15 +5,16 @@ the rollout (library layer; the interface: ``components.core.deploy_target``).""
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 
 from components.core.artifacts import StepError
 from components.core.deploy_target import DeploySettings, Rollout
+from components.core.retry import SYSTEM_CLOCK, Backoff, Clock, poll
 
 log = logging.getLogger(__name__)
 
 FIELD_MANAGER = "paddle-mlops-deploy"
+ROLLOUT_POLL_S = 2.0  # how often wait_rollout reads each object
 
 
 def deploy(rollout: Rollout) -> dict[str, Any]:
@@ -62,28 +63,41 @@ def apply_kubernetes(docs: list[dict[str, Any]], params: DeploySettings) -> list
     return applied
 
 
-def wait_rollout(docs: list[dict[str, Any]], params: DeploySettings) -> None:
-    """Wait until each Deployment runs its new pods and each InferenceService is Ready."""
+def wait_rollout(
+    docs: list[dict[str, Any]], params: DeploySettings, clock: Clock = SYSTEM_CLOCK
+) -> None:
+    """Wait until each Deployment runs its new pods and each InferenceService is Ready: each
+    read every :data:`ROLLOUT_POLL_S`, all within one ``deploy.rollout_timeout_s``."""
     from kubernetes import client, dynamic
 
     dyn = dynamic.DynamicClient(client.ApiClient())
-    deadline = time.monotonic() + params.rollout_timeout_s
+    end = clock.monotonic() + params.rollout_timeout_s
     for doc in docs:
-        if doc["kind"] not in ("Deployment", "InferenceService"):
-            continue
-        api = dyn.resources.get(api_version=doc["apiVersion"], kind=doc["kind"])
-        name, ns = doc["metadata"]["name"], doc["metadata"]["namespace"]
-        while True:
-            obj = dyn.get(api, name=name, namespace=ns).to_dict()
-            if _rolled_out(obj):
-                break
-            if time.monotonic() > deadline:
-                raise StepError(
-                    f"{doc['kind']}/{name} did not become ready within "
-                    f"{params.rollout_timeout_s:.0f} s (deploy.rollout_timeout_s); status: "
-                    f"{str(obj.get('status'))[:400]}"
-                )
-            time.sleep(2)
+        if doc["kind"] in ("Deployment", "InferenceService"):
+            _wait_one(dyn, doc, end, params, clock)
+
+
+def _wait_one(
+    dyn: Any, doc: dict[str, Any], end: float, params: DeploySettings, clock: Clock
+) -> None:
+    """Read ``doc``'s object until it has rolled out, at most until ``end`` (clock time)."""
+    api = dyn.resources.get(api_version=doc["apiVersion"], kind=doc["kind"])
+    name, ns = doc["metadata"]["name"], doc["metadata"]["namespace"]
+    last: dict[str, Any] = {}
+
+    def _ready() -> bool:
+        last.clear()  # the last object read, for the error
+        last.update(dyn.get(api, name=name, namespace=ns).to_dict())
+        return _rolled_out(last)
+
+    left_s = max(0.0, end - clock.monotonic())
+    backoff = Backoff(ROLLOUT_POLL_S, ROLLOUT_POLL_S, factor=1, deadline_s=left_s)
+    if not poll(_ready, backoff, clock=clock):
+        raise StepError(
+            f"{doc['kind']}/{name} did not become ready within "
+            f"{params.rollout_timeout_s:.0f} s (deploy.rollout_timeout_s); status: "
+            f"{str(last.get('status'))[:400]}"
+        )
 
 
 def _rolled_out(obj: dict[str, Any]) -> bool:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import subprocess
-import time
 from typing import Any
 
 import yaml
@@ -30,11 +29,13 @@ from components.core.deploy_target import (
     prediction_log_dir,
     server_args,
 )
+from components.core.retry import SYSTEM_CLOCK, Backoff, Clock, poll
 from components.kube.images import _run
 
 log = logging.getLogger(__name__)
 
 SERVER_IMAGE_LABEL = "paddle-mlops.server-image"  # set by the serving image's model layer
+READY_POLL_S = 0.5  # how often _wait_ready asks the new container
 MODELS_ROOT = "/mnt/models-root"  # podman: local_state_dir/models/MODEL, read-only
 
 
@@ -50,17 +51,20 @@ def _exists(name: str) -> bool:
     return _podman("container", "exists", name, check=False).returncode == 0
 
 
-def _wait_ready(control: ServerControl, url: str, timeout_s: float, name: str) -> bool:
+def _wait_ready(
+    control: ServerControl, url: str, timeout_s: float, name: str, clock: Clock = SYSTEM_CLOCK
+) -> bool:
+    """Whether the container ``name`` answers ready at ``url`` within ``timeout_s`` (asked
+    every :data:`READY_POLL_S`); False at once when it has exited."""
 
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    def _state() -> str | None:
         if control.ready(url, 5):
-            return True
+            return "ready"
         state = _podman("inspect", "--format", "{{.State.Status}}", name, check=False)
-        if state.stdout.strip() in ("exited", "stopped"):
-            return False
-        time.sleep(0.5)
-    return False
+        return "exited" if state.stdout.strip() in ("exited", "stopped") else None
+
+    backoff = Backoff(READY_POLL_S, READY_POLL_S, factor=1, deadline_s=timeout_s)
+    return poll(_state, backoff, clock=clock) == "ready"
 
 
 def _image_config(ref: str) -> tuple[str, list[str]]:

@@ -19,7 +19,6 @@ import os
 import signal
 import socket
 import subprocess
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ from components.core.deploy_target import (
     prediction_log_dir,
     server_args,
 )
+from components.core.retry import SYSTEM_CLOCK, Backoff, Clock, poll
 from components.ml import model_control
 from components.ml.kserve_client import KServeClient
 from components.ml.server import REPO, default_build_dir, server_binary, server_process_env
@@ -40,6 +40,8 @@ log = logging.getLogger(__name__)
 
 STATE_FILE = "server.json"
 LOG_FILE = "server.log"
+READY_POLL_S = 0.2  # how often start asks the new server whether it is ready
+STOP_POLL_S = 0.1  # how often stop looks whether the server is gone
 
 
 @dataclass(frozen=True)
@@ -129,8 +131,10 @@ def start(
     model_dir: str,
     model_control: bool,
     timeout_s: float,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> LocalServer:
-    """Start ``binary args`` detached on 127.0.0.1:``port`` and wait until it is ready."""
+    """Start ``binary args`` detached on 127.0.0.1:``port`` and wait until it is ready (asked
+    every :data:`READY_POLL_S`, at most ``timeout_s``)."""
     grpc_ports = [int(a.split("=", 1)[1]) for a in args if a.startswith("--grpc-port=")]
     for taken, key in [(port, "local_port"), *((p, "local_grpc_port") for p in grpc_ports)]:
         if taken != -1 and _port_taken(taken):
@@ -157,12 +161,16 @@ def start(
     )  # fmt: skip
     write_json(state_dir / STATE_FILE, asdict(server))
     client = KServeClient(server.url, timeout=5)
-    deadline = time.monotonic() + timeout_s
-    while proc.poll() is None and time.monotonic() < deadline:
-        if client.ready():
-            log.info("%s v%d: serving at %s (pid %d)", model, version, server.url, proc.pid)
-            return server
-        time.sleep(0.2)
+
+    def _state() -> str | None:
+        if proc.poll() is not None:
+            return "exited"
+        return "ready" if client.ready() else None
+
+    backoff = Backoff(READY_POLL_S, READY_POLL_S, factor=1, deadline_s=timeout_s)
+    if poll(_state, backoff, clock=clock) == "ready":
+        log.info("%s v%d: serving at %s (pid %d)", model, version, server.url, proc.pid)
+        return server
     code = proc.poll()
     if code is None:
         proc.kill()
@@ -173,21 +181,32 @@ def start(
     raise StepError(f"the server for {model} v{version} {what} (log {log_path}):\n{tail}")
 
 
-def stop(state_dir: Path, timeout_s: float = 30.0) -> LocalServer | None:
-    """SIGTERM the server the pid file names and wait until it is gone (SIGKILL after
-    ``timeout_s``); the pid file is removed. None when nothing ran."""
+def stop(
+    state_dir: Path, timeout_s: float = 30.0, clock: Clock = SYSTEM_CLOCK
+) -> LocalServer | None:
+    """SIGTERM the server the pid file names and wait until it is gone (asked every
+    :data:`STOP_POLL_S`; SIGKILL after ``timeout_s``, then at most ``timeout_s`` more); the pid
+    file is removed. None when nothing ran."""
     server = read_state(state_dir)
     if server is None:
         return None
-    os.kill(server.pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
-    while _alive(server.pid, server.binary):
+
+    def _gone() -> bool:
+        if not _alive(server.pid, server.binary):
+            return True
         _reap(server.pid)
-        if time.monotonic() > deadline:
-            log.warning("pid %d did not stop within %.0f s: killed", server.pid, timeout_s)
-            os.kill(server.pid, signal.SIGKILL)
-            deadline = float("inf")
-        time.sleep(0.1)
+        return False
+
+    backoff = Backoff(STOP_POLL_S, STOP_POLL_S, factor=1, deadline_s=timeout_s)
+    os.kill(server.pid, signal.SIGTERM)
+    if not poll(_gone, backoff, clock=clock):
+        log.warning("pid %d did not stop within %.0f s: killed", server.pid, timeout_s)
+        os.kill(server.pid, signal.SIGKILL)
+        if not poll(_gone, backoff, clock=clock):
+            raise StepError(
+                f"pid {server.pid} ({server.binary}) still runs {timeout_s:.0f} s after its "
+                f"SIGKILL; its pid file {state_dir / STATE_FILE} stays"
+            )
     _reap(server.pid)
     (state_dir / STATE_FILE).unlink(missing_ok=True)
     log.info("stopped %s v%d (pid %d, %s)", server.model, server.version, server.pid, server.url)

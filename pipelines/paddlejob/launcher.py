@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from components.core.artifacts import StepError
+from components.core.retry import SYSTEM_CLOCK, Backoff, Clock, poll
 from pipelines.paddlejob.api import Kube, api_client, owner
 from pipelines.paddlejob.spec import (
     KIND,
@@ -34,8 +35,6 @@ from pipelines.paddlejob.spec import (
 )
 from pipelines.paddlejob.volume import collect, job_key, missing_outputs, stage
 from pipelines.paddlejob.watch import (
-    SYSTEM_CLOCK,
-    Clock,
     JobLeftRunning,
     PodLogs,
     PodStates,
@@ -156,15 +155,14 @@ def ensure_job(
             why = "it succeeded but its outputs are gone"
         log.info("replacing %s %s/%s: %s", KIND, kube.ns, name, why)
         kube.delete(name, _uid(existing))
-        deadline = clock.monotonic() + params.delete_timeout_s
-        while kube.get(name) is not None:
-            if clock.monotonic() >= deadline:
-                raise StepError(
-                    f"{KIND} {kube.ns}/{name} was not gone {params.delete_timeout_s:.0f} s after "
-                    "its deletion (paddlejob.delete_timeout_s): a finalizer, or the operator "
-                    "is not running"
-                )
-            clock.sleep(min(params.poll_interval_s, 1.0))
+        every = min(params.poll_interval_s, 1.0)
+        backoff = Backoff(every, every, factor=1, deadline_s=params.delete_timeout_s)
+        if not poll(lambda: kube.get(name) is None, backoff, clock=clock):
+            raise StepError(
+                f"{KIND} {kube.ns}/{name} was not gone {params.delete_timeout_s:.0f} s after "
+                "its deletion (paddlejob.delete_timeout_s): a finalizer, or the operator "
+                "is not running"
+            )
     raise StepError(f"{KIND} {kube.ns}/{name}: created and deleted by someone else meanwhile")
 
 

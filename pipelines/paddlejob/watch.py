@@ -1,16 +1,22 @@
 """Watching a running job: its status conditions, its pods' logs and the pods that will
-not run, until it ends or the launcher's deadlines pass (see the package's docstring, 6.)."""
+not run, until it ends or the launcher's deadlines pass (see the package's docstring, 6.).
+
+The launcher's time is a :class:`components.core.retry.Clock` (re-exported here as
+``Clock``/``SYSTEM_CLOCK``): every deadline (``timeout_s``, ``api_outage_s``,
+``unschedulable_timeout_s``, ``delete_timeout_s``, the log budgets) is read from its
+``monotonic`` and every wait between polls is its ``sleep``. (A request's own timeout,
+``api_timeout_s``, is the socket's.)"""
 
 import calendar
 import logging
 import math
 import re
-import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import Any
 
 from components.core.artifacts import StepError
+from components.core.retry import SYSTEM_CLOCK, Backoff, Clock, poll
 from pipelines.paddlejob.api import ApiError, Kube, api_message, request_errors
 from pipelines.paddlejob.spec import KIND, PaddleJobParams
 
@@ -30,30 +36,6 @@ NOT_STARTING = frozenset(
 
 class JobLeftRunning(StepError):
     """The launcher stops without deleting its job (its status could not be read)."""
-
-
-class Clock(Protocol):
-    """The launcher's time: every deadline (``timeout_s``, ``api_outage_s``,
-    ``unschedulable_timeout_s``, ``delete_timeout_s``, the log budgets) is read from
-    ``monotonic`` and every wait between polls is a ``sleep``. (A request's own timeout,
-    ``api_timeout_s``, is the socket's.)"""
-
-    def monotonic(self) -> float: ...
-
-    def sleep(self, seconds: float) -> None: ...
-
-
-class SystemClock:
-    """:func:`time.monotonic` and :func:`time.sleep`: the launcher's clock in its pod."""
-
-    def monotonic(self) -> float:
-        return time.monotonic()
-
-    def sleep(self, seconds: float) -> None:
-        time.sleep(seconds)
-
-
-SYSTEM_CLOCK = SystemClock()
 
 
 # --------------------------------------------------------------------------- watching
@@ -279,6 +261,54 @@ class PodStates:
             del self.unschedulable[key]
 
 
+class _Outage:
+    """The failed status reads in a row: retried for ``paddlejob.api_outage_s``, then
+    :class:`JobLeftRunning`."""
+
+    def __init__(self, kube: Kube, name: str, limit_s: float, clock: Clock) -> None:
+        self.kube, self.name, self.limit_s, self.clock = kube, name, limit_s, clock
+        self.since: float | None = None  # the clock's time of the first failed read in a row
+
+    def failed(self, exc: ApiError) -> None:
+        """A read failed: raise ``exc`` unless it is retryable and the outage still short."""
+        if not exc.retryable:
+            raise exc
+        now = self.clock.monotonic()
+        if self.since is None:
+            self.since = now
+        if now - self.since >= self.limit_s:
+            raise JobLeftRunning(
+                f"{KIND} {self.kube.ns}/{self.name}: its status could not be read for "
+                f"{now - self.since:.0f} s (paddlejob.api_outage_s "
+                f"{self.limit_s:g}): {exc}. The job was left running: a retry of "
+                "this task reattaches to it (or: kubectl delete paddlejob -n "
+                f"{self.kube.ns} {self.name})"
+            ) from exc
+        log.warning("%s; retrying", exc)
+
+
+def _log_new_conditions(
+    name: str, obj: Mapping[str, Any], seen: set[tuple[Any, ...]]
+) -> dict[str, Any] | None:
+    """Log each condition of ``obj`` not in ``seen`` (then added); the last of them."""
+    last = None
+    for cond in conditions(obj):
+        key = tuple(cond.get(k) for k in ("type", "status", "reason", "message"))
+        if key not in seen:
+            seen.add(key)
+            last = cond
+            log.info(
+                "%s %s: %s=%s %s: %s",
+                KIND,
+                name,
+                cond.get("type"),
+                cond.get("status"),
+                cond.get("reason", ""),
+                cond.get("message", ""),
+            )
+    return last
+
+
 def wait(
     kube: Kube,
     name: str,
@@ -287,67 +317,49 @@ def wait(
     pods: PodStates,
     clock: Clock = SYSTEM_CLOCK,
 ) -> dict[str, Any]:
-    """Poll the job until it succeeds (returned), fails, cannot run or times out (raised).
-    Failed status reads are retried for ``paddlejob.api_outage_s``; then
-    :class:`JobLeftRunning`."""
-    deadline = clock.monotonic() + params.timeout_s
+    """Poll the job every ``paddlejob.poll_interval_s`` until it succeeds (returned), fails,
+    cannot run or ``paddlejob.timeout_s`` has passed (raised). Failed status reads are
+    retried for ``paddlejob.api_outage_s``; then :class:`JobLeftRunning`."""
     seen: set[tuple[Any, ...]] = set()
-    last: dict[str, Any] = {}
-    outage_since: float | None = None
-    while True:
+    last: dict[str, Any] = {}  # the last new condition
+    outage = _Outage(kube, name, params.api_outage_s, clock)
+
+    def _step() -> dict[str, Any] | None:
+        """One status read: the job when it succeeded, None while it runs; raises else."""
         try:
             obj = kube.get(name)
         except ApiError as exc:
-            if not exc.retryable:
-                raise
-            now = clock.monotonic()
-            if outage_since is None:
-                outage_since = now
-            if now - outage_since >= params.api_outage_s:
-                raise JobLeftRunning(
-                    f"{KIND} {kube.ns}/{name}: its status could not be read for "
-                    f"{now - outage_since:.0f} s (paddlejob.api_outage_s "
-                    f"{params.api_outage_s:g}): {exc}. The job was left running: a retry of "
-                    "this task reattaches to it (or: kubectl delete paddlejob -n "
-                    f"{kube.ns} {name})"
-                ) from exc
-            log.warning("%s; retrying", exc)
-        else:
-            outage_since = None
-            if obj is None:
-                raise StepError(
-                    f"{KIND} {kube.ns}/{name} disappeared while the launcher waited for it "
-                    "(deleted by someone else, or by its TTL)"
-                )
-            for cond in conditions(obj):
-                key = tuple(cond.get(k) for k in ("type", "status", "reason", "message"))
-                if key not in seen:
-                    seen.add(key)
-                    last = cond
-                    log.info(
-                        "%s %s: %s=%s %s: %s",
-                        KIND,
-                        name,
-                        cond.get("type"),
-                        cond.get("status"),
-                        cond.get("reason", ""),
-                        cond.get("message", ""),
-                    )
-            listed = logs.poll()
-            end = terminal(obj)
-            if end is not None and end.get("type") == "Succeeded":
-                return obj
-            if end is not None:
-                raise StepError(
-                    f"{KIND} {kube.ns}/{name} failed: {end.get('reason', '')}: "
-                    f"{end.get('message', '(no message)')}{logs.excerpt()}"
-                )
-            pods.check(listed)
-        now = clock.monotonic()
-        if now >= deadline:
-            state = f"{last.get('type')}: {last.get('message', '')}" if last else "none yet"
+            outage.failed(exc)
+            return None
+        outage.since = None
+        if obj is None:
             raise StepError(
-                f"{KIND} {kube.ns}/{name} did not finish within {params.timeout_s:g} s "
-                f"(paddlejob.timeout_s); last condition: {state}{logs.excerpt()}"
+                f"{KIND} {kube.ns}/{name} disappeared while the launcher waited for it "
+                "(deleted by someone else, or by its TTL)"
             )
-        clock.sleep(min(params.poll_interval_s, deadline - now))
+        newest = _log_new_conditions(name, obj, seen)
+        if newest is not None:
+            last.clear()
+            last.update(newest)
+        listed = logs.poll()
+        end = terminal(obj)
+        if end is not None and end.get("type") == "Succeeded":
+            return obj
+        if end is not None:
+            raise StepError(
+                f"{KIND} {kube.ns}/{name} failed: {end.get('reason', '')}: "
+                f"{end.get('message', '(no message)')}{logs.excerpt()}"
+            )
+        pods.check(listed)
+        return None
+
+    every = params.poll_interval_s
+    backoff = Backoff(first_s=every, max_s=every, factor=1, deadline_s=params.timeout_s)
+    done = poll(_step, backoff, clock=clock)
+    if done:
+        return done
+    state = f"{last.get('type')}: {last.get('message', '')}" if last else "none yet"
+    raise StepError(
+        f"{KIND} {kube.ns}/{name} did not finish within {params.timeout_s:g} s "
+        f"(paddlejob.timeout_s); last condition: {state}{logs.excerpt()}"
+    )
