@@ -4,6 +4,7 @@ task files were full copies."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 
@@ -201,3 +202,44 @@ def test_params_command_writes_the_schema(tmp_path):
     out = tmp_path / "schema.json"
     assert main(["params", "schema", "--out", str(out)]) == 0
     assert out.read_text() == schema_text()
+
+
+@dataclasses.dataclass(frozen=True)
+class PlugInInner:
+    k: float = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class PlugInOptions:
+    """A task plug-in's options as written before the params models."""
+
+    width: int = 3
+    inner: PlugInInner = dataclasses.field(default_factory=PlugInInner)
+
+    def check(self) -> None:
+        if self.width > 10:
+            raise ValueError("width must be <= 10")
+
+
+def test_a_plug_ins_plain_dataclass_still_loads_with_the_same_rules():
+    """A task plug-in written before the params models (a plain frozen dataclass, its own
+    ``check()``) loads; unknown fields, wrong types and its own rule are one line each."""
+    from components.core.artifacts import StepError
+    from components.core.config import section
+
+    built = section({"opts": {"width": 5, "inner": {"k": 2}}}, "opts", PlugInOptions)
+    assert (
+        built == PlugInOptions(width=5, inner=PlugInInner(k=2.0)) and type(built) is PlugInOptions
+    )
+    for bad, said in (
+        ({"widht": 5}, "params.yaml: opts: unknown field(s) ['widht']; did you mean 'width'?"),
+        ({"width": "5"}, "params.yaml: opts.width: expected an integer, got '5'"),
+        ({"width": 50}, "params.yaml: opts: width must be <= 10"),
+        (
+            {"inner": {"kk": 1}},
+            "params.yaml: opts.inner: unknown field(s) ['kk']; did you mean 'k'?",
+        ),
+    ):
+        with pytest.raises(StepError) as caught:
+            section({"opts": bad}, "opts", PlugInOptions)
+        assert str(caught.value) == said

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import hashlib
 import json
 import os
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
-from pydantic import ConfigDict, GetCoreSchemaHandler, ValidationError
+from pydantic import ConfigDict, GetCoreSchemaHandler, TypeAdapter, ValidationError
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 from pydantic_core import CoreSchema, core_schema
 
@@ -145,9 +146,51 @@ def from_dict(cls: type[T], data: Any, *, where: str) -> T:
     if not isinstance(data, dict):
         raise StepError(f"{where}: expected a mapping, got {type(data).__name__}")
     try:
-        return cls.__pydantic_validator__.validate_python(data)  # type: ignore[attr-defined]
+        built = _validator(cls).validate_python(data)
     except ValidationError as exc:
         raise StepError(describe(exc, cls, where)) from None
+    check = getattr(built, "check", None)  # a plug-in's plain dataclass: its own rules
+    if callable(check) and not hasattr(cls, "__pydantic_validator__"):
+        try:
+            check()
+        except ValueError as exc:
+            raise StepError(f"{where}: {exc}") from None
+    return built
+
+
+def _validator(cls: type) -> Any:
+    """The pydantic validator of ``cls``: a :func:`params_model`'s own, or, for a task
+    plug-in's plain frozen dataclass, one with the same rules (strict, unknown fields
+    refused) around it, so plug-ins written before the params models still load."""
+    own = getattr(cls, "__pydantic_validator__", None)
+    if own is not None:
+        return own
+    if not dataclasses.is_dataclass(cls):
+        raise StepError(f"{cls.__qualname__}: a params class must be a dataclass (@params_model)")
+    return _plain_adapter(cls)
+
+
+@functools.cache
+def _plain_adapter(cls: type) -> TypeAdapter:
+    _adopt(cls)
+    return TypeAdapter(cls)
+
+
+def _adopt(cls: type) -> None:
+    """What :func:`params_model` sets, set on a plain dataclass and the plain dataclasses
+    of its fields (pydantic reads both attributes on a stdlib dataclass)."""
+    if hasattr(cls, "__pydantic_validator__") or "__pydantic_config__" in vars(cls):
+        return
+    cls.__pydantic_config__ = PARAMS_CONFIG  # type: ignore[attr-defined]
+    cls.__get_pydantic_core_schema__ = classmethod(_core_schema)  # type: ignore[attr-defined]
+    try:
+        hints = typing.get_type_hints(cls)
+    except (NameError, TypeError):  # unresolvable names: pydantic says which, in one line
+        hints = {}
+    for hint in hints.values():
+        for kind in (hint, *typing.get_args(hint)):
+            if isinstance(kind, type) and dataclasses.is_dataclass(kind):
+                _adopt(kind)
 
 
 # --------------------------------------------------------------------------- the models
