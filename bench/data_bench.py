@@ -514,7 +514,7 @@ def loader_rate(task: Any, data: Path, train: dict[str, Any], batch: int) -> dic
     DataLoader processes, a shuffle buffer, batches): one pass over the train split. None
     where the module is not there; its error where its API differs."""
     try:
-        from components.ml import snapshot
+        from components.ml.data import snapshot
         from components.tasks.stream import SnapshotData, StreamSettings
     except ImportError:
         return None
@@ -590,7 +590,7 @@ def ingest_vs_decode(
 
 
 def _split_keys(data: Path) -> dict[str, set[bytes]]:
-    from components.ml import snapshot
+    from components.ml.data import snapshot
 
     return {s: set(snapshot.split_keys(data, [s]).tolist()) for s in snapshot.SPLITS}
 

@@ -10,7 +10,7 @@ Implements the KServe v2 (Open Inference Protocol) REST subset that the C++ serv
   raw bytes when the request asks for them (``parameters.binary_data_output`` or an output's
   ``parameters.binary_data``).
 
-Runtime: ``components.ml.ov_runtime.OVPredictor`` on the file the C++ server loads for the
+Runtime: ``components.ml.serving.ov_runtime.OVPredictor`` on the file the C++ server loads for the
 variant (``formats.legacy.program`` for fp32, ``formats.int8_openvino.program`` for int8),
 f32 precision hint, CPU pinning off like the C++ server's default (``--cpu-pinning``).
 ``--workers W --threads T`` mirrors the C++ server's ``--workers --threads-per-worker``: W
@@ -41,7 +41,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from components.ml.ov_runtime import OVPredictor, read_model  # noqa: E402
+from components.ml.serving.ov_runtime import OVPredictor, read_model  # noqa: E402
 
 try:
     import orjson

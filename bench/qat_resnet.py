@@ -24,8 +24,8 @@ import paddle
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from components.ml.modelio import save_legacy  # noqa: E402
-from components.ml.ov_runtime import OVPredictor  # noqa: E402
+from components.ml.serving.ov_runtime import OVPredictor  # noqa: E402
+from components.ml.training.modelio import save_legacy  # noqa: E402
 from components.steps.qat import QatParams, _freeze_batch_norm, quantizer, write_bundle  # noqa: E402
 
 log = logging.getLogger("bench")

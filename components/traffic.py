@@ -29,7 +29,7 @@ from components.core.config import load_params, section
 from components.kernel.cli import run_cli
 from components.kernel.dvc import pipeline_path
 from components.kernel.step import load
-from components.ml.kserve_client import KServeClient, encode_request
+from components.ml.serving.kserve_client import KServeClient, encode_request
 from components.tasks import task_from_params
 
 log = logging.getLogger(__name__)

@@ -135,7 +135,7 @@ def qat_out(
 
 
 def _no_tuning():
-    from components.ml.tuning import TuneParams
+    from components.ml.serving.tuning import TuneParams
 
     return TuneParams(budget_s=0)
 
@@ -171,7 +171,7 @@ def fp32_bundle(export_dir: Path, out: Path, **model_config: object) -> Path:
 def with_model_config(bundle: Path, out: Path, **model_config: object) -> Path:
     """A copy of ``bundle`` whose model_config.json is ``params.yaml``'s with ``model_config``
     replaced (what ``package`` writes for such params)."""
-    from components.ml import model_config as mc
+    from components.ml.serving import model_config as mc
 
     shutil.copytree(bundle, out)
     mc.write(out, package_params(**model_config).model_config)
@@ -286,8 +286,8 @@ def step_outputs(
 
 
 SERVER_BIN = REPO / "build" / "serving" / "paddle-mlops-server"
-# the binary every step runs (components/ml/server.py: server_binary), in this process and in
-# the pipelines the tests start (dvc repro in clones, kfp.local's subprocess runner): this
+# the binary every step runs (components/ml/serving/server.py: server_binary), in this process and
+# in the pipelines the tests start (dvc repro in clones, kfp.local's subprocess runner): this
 # checkout's, built once, never a clone's own build
 os.environ.setdefault("PADDLE_MLOPS_SERVER_BINARY", str(SERVER_BIN))
 
@@ -300,7 +300,7 @@ def server_binary() -> Path:
     SERVER_BIN.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(SERVER_BIN.parent / ".build.lock")):  # one build, whichever worker
         if not SERVER_BIN.exists():
-            from components.ml.server import build_server
+            from components.ml.serving.server import build_server
 
             build_server(REPO / "serving", SERVER_BIN.parent)
     return SERVER_BIN

@@ -21,7 +21,7 @@ STEP_MODULES = {f"components.steps.{s}" for s in (*STAGES, *AFTER_DEPLOY)}
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("faults",),
     ("core",),
-    ("ml",),  # data, training, serving and decisions, none of them about one task
+    ("ml",),  # data, decisions, serving, training (ML_PARTS), none of them about one task
     ("tasks",),  # the task plug-ins, and what needs a task: scoring, the trained model
     ("kernel",),  # Step declarations and their adapters (CLI, DVC, KFP)
     ("tracking",),
@@ -29,6 +29,10 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("steps", "commands"),  # a step declaration; a command line of the libraries
 )
 LAYER = {room: level for level, rooms in enumerate(LAYERS) for room in rooms}
+# ml's parts by what they are about, lowest first: a part imports only itself and the parts below
+# (decisions read the prediction log and snapshots; serving's infra validation and training's
+# export and qat use the paired gates; export and qat run the serving runtimes)
+ML_PARTS = ("data", "decisions", "serving", "training")
 # each room and what it may import (besides itself): some of the layers below, never above
 ROOMS = {
     "faults": set(),
@@ -166,6 +170,27 @@ def test_no_module_imports_from_a_layer_above_its_own(name):
         and LAYER.get(m.split(".")[1], -1) >= LAYER[own]
     }
     assert not above, f"{name} (layer {own}) imports from its layer or above: {sorted(above)}"
+
+
+def test_every_ml_module_is_in_one_part():
+    loose = [n for n in MODULES if n.startswith("components.ml.") and n.count(".") == 2]
+    assert set(loose) == {f"components.ml.{p}" for p in ML_PARTS}, (
+        f"modules of components/ml/ outside its parts {ML_PARTS}: "
+        f"{sorted(set(loose) - {f'components.ml.{p}' for p in ML_PARTS})}"
+    )
+
+
+@pytest.mark.parametrize("name", sorted(n for n in MODULES if n.startswith("components.ml.")))
+def test_ml_parts_import_only_their_own_part_and_the_parts_below(name):
+    own = name.split(".")[2]
+    above = {
+        m
+        for m in imports_of(name)
+        if m.startswith("components.ml.")
+        and m.split(".")[2] != own
+        and ML_PARTS.index(m.split(".")[2]) > ML_PARTS.index(own)
+    }
+    assert not above, f"{name} (ml part {own}) imports a part above it: {sorted(above)}"
 
 
 @pytest.mark.parametrize(

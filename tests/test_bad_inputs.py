@@ -313,7 +313,7 @@ def validate_not_a_snapshot(tmp: Path) -> Run:
 
 def _ingested_shard(tmp: Path) -> tuple[Path, Any]:
     """A real snapshot of the tiny IDX files (ingested in this process) and its first shard."""
-    from components.ml import snapshot
+    from components.ml.data import snapshot
     from components.steps.ingest import IngestParams
     from components.steps.ingest import run as ingest_run
     from components.tasks import get_task

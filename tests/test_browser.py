@@ -170,7 +170,7 @@ def test_monitor_report_shows_its_checks(
 ) -> None:
     """The real C++ server logs 100 real test digits; the monitor CLI judges them and writes
     report.html; the page shows the verdict and one row per check."""
-    from components.ml.server import RunningServer
+    from components.ml.serving.server import RunningServer
 
     bundle = with_model_config(exported_int8, tmp_path / "bundle", log_input_rate=1.0)
     log_dir, labels = tmp_path / "log", tmp_path / "labels.jsonl"

@@ -34,8 +34,8 @@ import numpy as np
 import pytest
 
 from components.core.artifacts import read_json
-from components.ml.kserve_client import KServeClient
-from components.ml.prediction_log import LogReader
+from components.ml.data.prediction_log import LogReader
+from components.ml.serving.kserve_client import KServeClient
 from components.steps.deploy import DeployParams
 from components.steps.deploy import run as deploy_run
 from components.tracking.registry import Registry, RegistryParams

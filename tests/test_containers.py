@@ -326,7 +326,7 @@ def _predict(model_dir, task, data) -> tuple[np.ndarray, np.ndarray, list[str]]:
     """Test-split predictions of trained weights (dygraph, the train step's model)."""
     import paddle
 
-    from components.ml import dataset
+    from components.ml.data import dataset
 
     model = task.build_model(len(dataset.read_label_names(data)))
     model.set_state_dict(paddle.load(str(model_dir / "model.pdparams")))
@@ -351,7 +351,7 @@ def test_two_containers_train_as_the_nodes_of_a_paddlejob(images, digits_data, t
     import yaml
 
     from components.core.config import from_dict
-    from components.ml.gates import compare, decide
+    from components.ml.decisions.gates import compare, decide
     from components.steps.register import RegisterParams
     from components.steps.train import TrainParams, run
     from components.tasks import get_task

@@ -33,10 +33,10 @@ from components.kernel.step import REPO
 from components.kube.check import check_manifests
 from components.kube.images import image_repository
 from components.kube.render import FETCH_CONTAINERS, SERVER_CONTAINERS, render
-from components.ml.kserve_client import KServeClient
-from components.ml.monitoring import RETRAIN_REASON_ENV
-from components.ml.prediction_log import LogReader
-from components.ml.runtime import ModelFiles, PaddlePredictor
+from components.ml.data.prediction_log import LogReader
+from components.ml.decisions.monitoring import RETRAIN_REASON_ENV
+from components.ml.serving.kserve_client import KServeClient
+from components.ml.serving.runtime import ModelFiles, PaddlePredictor
 from components.steps.deploy import DeployParams
 from components.steps.deploy import run as deploy_run
 from components.steps.promote import PromoteParams
@@ -689,7 +689,7 @@ def test_local_deploy_loads_a_newly_promoted_version_into_the_running_server(
         answered = {r.id: r.version for r in reader if r.id in ("to-v1", "to-v2")}
         assert answered == {"to-v1": str(v1), "to-v2": str(v2)} and reader.torn == 0, answered
     finally:
-        from components.ml import local_server
+        from components.ml.serving import local_server
 
         local_server.stop(state_dir)  # a no-op when the test got to its stop
 

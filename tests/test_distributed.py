@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from components.core.artifacts import StepError, read_json
-from components.ml.distributed import (
+from components.ml.training.distributed import (
     Batching,
     DistributedParams,
     EpochShare,
@@ -150,7 +150,7 @@ def test_ranks_read_disjoint_samples_of_each_epoch(digits_data, digits_task, siz
     """What each rank's training batches hold in an epoch, read by the train step's own
     pipeline (pieces, loader, shuffle buffer): no sample on two ranks, and together the
     whole split but the at most ``size - 1`` samples the remainder rule leaves unread."""
-    from components.ml import snapshot
+    from components.ml.data import snapshot
     from tests.test_train import _keys_read
 
     train = snapshot.split_keys(digits_data, ["train"]).tolist()
@@ -367,7 +367,7 @@ def test_a_failing_rank_fails_the_step_with_its_error(tmp_path, digits_data):
     the rank's own message, which names the shard and its pinned sha256."""
     import shutil
 
-    from components.ml import snapshot
+    from components.ml.data import snapshot
 
     data = tmp_path / "data"
     shutil.copytree(digits_data, data)

@@ -10,8 +10,8 @@ import paddle
 import pytest
 
 from components.core.artifacts import read_json
-from components.ml import snapshot
-from components.ml.evaluation import reservoir_sample
+from components.ml.data import snapshot
+from components.ml.decisions.evaluation import reservoir_sample
 from components.steps.evaluate import EvaluateParams, LatencyParams, run
 from components.tasks.data import iter_split
 from components.tasks.trained import load_trained
@@ -125,7 +125,7 @@ def test_confusion_figure_has_room_for_its_title_and_labels(classes, tmp_path):
     drawn figure is now blank margin (nothing reaches the edge), at least 300 px a side."""
     from PIL import Image
 
-    from components.ml.evaluation import confusion_png
+    from components.ml.decisions.evaluation import confusion_png
 
     names = [f"class name {i}" for i in range(classes)]
     matrix = [[(i == j) * 50 + 1 for j in range(classes)] for i in range(classes)]

@@ -7,8 +7,8 @@ import paddle
 import pytest
 
 from components.core.artifacts import StepError, read_json
-from components.ml.exporting import check_parity
-from components.ml.runtime import ModelFiles, PaddlePredictor
+from components.ml.serving.runtime import ModelFiles, PaddlePredictor
+from components.ml.training.exporting import check_parity
 from components.steps.export import ExportParams, ParityParams
 from components.steps.export import run as export_run
 from components.tasks.trained import load_trained
@@ -38,8 +38,8 @@ def test_export_writes_both_formats_and_signature(exported, digits_task):
 def test_export_ships_the_first_validation_samples_for_the_servers_warm_up(
     exported, digits_task, digits_data
 ):
-    """components/ml/warmup.py: the model inputs of the first export.warmup_samples validation
-    samples, raw little-endian in signature order (what serving/src/model.cc reads)."""
+    """components/ml/serving/warmup.py: the model inputs of the first export.warmup_samples
+    validation samples, raw little-endian in signature order (what serving/src/model.cc reads)."""
     doc = read_json(exported / "warmup.json")
     n = ExportParams().warmup_samples
     assert doc == {"samples": n, "inputs": [{"name": "image", "file": "warmup/0.bin"}]}

@@ -247,8 +247,8 @@ def test_the_server_answers_like_the_exported_generator(pipeline, tmp_path):
     import tritonclient.grpc as grpcclient
     import tritonclient.http as httpclient
 
-    from components.ml.runtime import ModelFiles, PaddlePredictor
-    from components.ml.server import RunningServer
+    from components.ml.serving.runtime import ModelFiles, PaddlePredictor
+    from components.ml.serving.server import RunningServer
 
     bundle = pipeline / "outputs" / "digits_gan" / "package"
     rng = np.random.default_rng(11)

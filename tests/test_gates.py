@@ -1,8 +1,8 @@
 """The paired gates (QAT gate and blessing): exact test, rules, and measured error rates.
 
 No Paddle here: the calibration simulates paired predictions the size of the digits splits
-(10 classes x 27 samples) and runs them through the same ``components.ml.gates`` code with the
-limits that ``params.yaml`` ships, so a change of defaults that breaks either error rate
+(10 classes x 27 samples) and runs them through the same ``components.ml.decisions.gates`` code with
+the limits that ``params.yaml`` ships, so a change of defaults that breaks either error rate
 fails this test.
 """
 
@@ -15,7 +15,7 @@ import pytest
 import yaml
 from scipy.stats import binomtest
 
-from components.ml.gates import PairedLimits, compare, decide, mcnemar_one_sided
+from components.ml.decisions.gates import PairedLimits, compare, decide, mcnemar_one_sided
 from tests.conftest import REPO
 
 NAMES = [str(i) for i in range(10)]
@@ -184,7 +184,7 @@ def test_shipped_defaults_have_the_promised_error_rates(gate, record_property):
 
 
 def test_top1_mismatches_ignore_near_ties_only():
-    from components.ml.gates import top1_mismatches
+    from components.ml.decisions.gates import top1_mismatches
 
     reference = np.array([[1.0, 0.99995, 0.0], [2.0, 0.0, 0.0], [0.0, 1.0, 0.5]])
     near_tie = np.array([[0.99995, 1.0, 0.0], [2.0, 0.0, 0.0], [0.0, 1.0, 0.5]])

@@ -18,9 +18,9 @@ import pytest
 import yaml
 
 from components.core.artifacts import read_json
-from components.ml import snapshot
-from components.ml.harvest import AffineImageInverse
-from components.ml.server import RunningServer
+from components.ml.data import snapshot
+from components.ml.data.harvest import AffineImageInverse
+from components.ml.serving.server import RunningServer
 from components.tasks import get_task
 from components.tasks.data import SplitParams
 from components.tasks.image_data import builtin_digits, materialize_builtin_digits
@@ -210,7 +210,7 @@ def test_refusals_are_one_line_and_leave_nothing(project):
 def _text_event(rid: str, texts: list[str]) -> str:
     import base64
 
-    from components.ml.prediction_log import EVENT_TYPE
+    from components.ml.data.prediction_log import EVENT_TYPE
 
     blob = b"".join(len(t.encode()).to_bytes(4, "little") + t.encode() for t in texts)
     return json.dumps({
@@ -277,7 +277,7 @@ def test_images_of_a_folder_source_come_back_as_pngs_of_their_class(tmp_path):
     sub-folder of the unit's name that ingest sends to train."""
     from PIL import Image
 
-    from components.ml.harvest import update_params
+    from components.ml.data.harvest import update_params
     from components.steps.ingest import run as ingest
     from components.tasks.image_data import IngestParams
 

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from components.core.artifacts import StepError, read_json, write_json
-from components.ml import snapshot
+from components.ml.data import snapshot
 from components.steps.register import RegisterParams
 from components.tracking.registry import CHAMPION, HOLDOUT_TAGS, fetch_holdout
 from tests.test_registry import register, registry

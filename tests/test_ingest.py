@@ -21,7 +21,7 @@ from PIL import Image
 
 from components.core.artifacts import StepError, sha256_file
 from components.core.config import load_params
-from components.ml import dataset, snapshot
+from components.ml.data import dataset, snapshot
 from components.steps.ingest import IngestParams, IngestResult, SplitParams, write_idx
 from components.steps.ingest import run as ingest_run
 from components.tasks import get_task

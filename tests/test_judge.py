@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 import yaml
 
-from components.ml.gates import PairedLimits
-from components.ml.judging import Evidence, JudgeLimits, judge
-from components.ml.server import RunningServer
+from components.ml.decisions.gates import PairedLimits
+from components.ml.decisions.judging import Evidence, JudgeLimits, judge
+from components.ml.serving.server import RunningServer
 from tests.conftest import REPO, fp32_bundle, run_module, untrained_export
 from tests.test_prediction_log import _infer, _post
 

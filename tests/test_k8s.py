@@ -25,7 +25,7 @@ from components.kube.check import (
     manifest_files,
     manifest_problems,
 )
-from components.ml.model_config import SETTINGS
+from components.ml.serving.model_config import SETTINGS
 from tests.conftest import REPO
 
 K8S = REPO / "k8s"
@@ -177,7 +177,7 @@ def test_pipeline_runs_get_only_namespaced_named_permissions():
 
 # The server's per-model settings: model_config.json keys, and the flags/variables that would
 # override the bundle's file (its JSON Schema; the server: tests/test_model_config_schema.py).
-PER_MODEL = set(SETTINGS)  # components/ml/model_config/model_config.schema.json
+PER_MODEL = set(SETTINGS)  # components/ml/serving/model_config/model_config.schema.json
 
 
 def _workloads(directory: Path) -> list[dict]:

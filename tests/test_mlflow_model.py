@@ -83,7 +83,7 @@ def reference(exported_int8: Path, digits_task, digits_data: Path):
 
 
 def assert_same_predictions(out: dict, ref: SimpleNamespace, n: int | None = None) -> None:
-    from components.ml.gates import top1_mismatches
+    from components.ml.decisions.gates import top1_mismatches
 
     logits = np.asarray(out["logits"], dtype=np.float32)
     expected = ref.logits[: n or len(ref.logits)]

@@ -1,13 +1,13 @@
-"""One model-config schema for Python and C++: ``model_config.schema.json`` (components/ml/
-model_config/).
+"""One model-config schema for Python and C++: ``model_config.schema.json``
+(components/ml/serving/model_config/).
 
-Python validates a bundle's ``model_config.json`` against it (``components.ml.model_config``);
-the C++ server's defaults and minimums are generated from it at build time. Here the real
-built server is driven with configs made from the schema: its per-model settings (``--help``
-marks them ``(model)``) and their defaults are the schema's, and every value the schema
-accepts or refuses (each key's default and bounds, one past each bound, a wrong type, a
-choice not offered, a key not in the schema) the server accepts or refuses too. A key added
-on one side and not the other fails here.
+Python validates a bundle's ``model_config.json`` against it
+(``components.ml.serving.model_config``); the C++ server's defaults and minimums are generated from
+it at build time. Here the real built server is driven with configs made from the schema: its
+per-model settings (``--help`` marks them ``(model)``) and their defaults are the schema's, and
+every value the schema accepts or refuses (each key's default and bounds, one past each bound, a
+wrong type, a choice not offered, a key not in the schema) the server accepts or refuses too. A key
+added on one side and not the other fails here.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import pytest
 
 from components.core.artifacts import StepError
 from components.core.config import load_params
-from components.ml import model_config as mc
+from components.ml.serving import model_config as mc
 from tests.conftest import REPO
 
 # a value of another JSON type than the setting's, for each type

@@ -4,7 +4,7 @@ Calibration, like the gates' (tests/test_gates.py): the real digits model on the
 held-out digits (val + test) gives per-sample predictions and input features; simulated
 windows draw reference and window i.i.d. from them (with replacement: under no shift both
 sides come from one distribution, the pool's), at the sizes ``params.yaml`` ships, and run
-through the same ``components.ml.monitoring.compare`` with the shipped limits. Shifted
+through the same ``components.ml.decisions.monitoring.compare`` with the shipped limits. Shifted
 windows take 30 % of their images inverted or rotated (through the task's own preprocessing
 and the model), or triple one class's share; the 10 % shifts measure every check's power
 where it falls short (docs/monitoring.md) and the window that sees them.
@@ -23,9 +23,9 @@ import pytest
 import yaml
 
 from components.core.config import load_params, section
-from components.ml.monitoring import RETRAIN_REASON_ENV, Sample, compare
-from components.ml.runtime import ModelFiles, PaddlePredictor
-from components.ml.server import RunningServer
+from components.ml.decisions.monitoring import RETRAIN_REASON_ENV, Sample, compare
+from components.ml.serving.runtime import ModelFiles, PaddlePredictor
+from components.ml.serving.server import RunningServer
 from components.steps.monitor import MonitorParams, reference_sample
 from tests.conftest import REPO, run_module, with_model_config
 
@@ -58,7 +58,7 @@ def pool(digits_task, digits_data, exported):
         (x,) = digits_task.preprocess(images)
         logits = predictor.predict([x])
         logits = logits[0] if isinstance(logits, list) else logits
-        from components.ml.features import softmax_top1
+        from components.ml.data.features import softmax_top1
 
         t, c = softmax_top1(logits)
         return Sample(t, c, digits_task.monitor_features([x]), t == y)
@@ -284,7 +284,7 @@ def test_the_window_is_the_newest_items_of_the_newest_version_across_segments(
 ):
     """Segment by segment from the newest, one streaming pass each: the newest ``size`` items
     of the version the newest record names, in log order, shadow answers and errors left out."""
-    from components.ml.prediction_log import EVENT_TYPE
+    from components.ml.data.prediction_log import EVENT_TYPE
     from components.steps.monitor import read_window
 
     def line(n: int, version: str, batch: int, **data: object) -> str:
@@ -321,7 +321,7 @@ def test_the_window_is_the_newest_items_of_the_newest_version_across_segments(
 def write_log(log_dir: Path, requests: int, batch: int = 4, version: str = "1") -> None:
     """A prediction log of ``requests`` answered requests (``batch`` items each) of
     ``version``, as the server writes it, logged on 2026-12-04 from 10:00:00."""
-    from components.ml.prediction_log import EVENT_TYPE
+    from components.ml.data.prediction_log import EVENT_TYPE
 
     rng = np.random.default_rng(0)
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -511,7 +511,7 @@ def test_raw_texts_in_the_log_give_the_features_of_their_tokens(text_pool, tmp_p
     ``input_ids``: the window tokenizes it as the server did, to the reference's features."""
     import base64
 
-    from components.ml.prediction_log import EVENT_TYPE
+    from components.ml.data.prediction_log import EVENT_TYPE
     from components.steps.monitor import read_window
 
     task, texts = text_pool["task"], [str(t) for t in text_pool["texts"][:3]]

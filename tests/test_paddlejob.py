@@ -55,7 +55,7 @@ from components.kube.check import (
     manifest_files,
     manifest_problems,
 )
-from components.ml import snapshot
+from components.ml.data import snapshot
 from pipelines import paddlejob as pj
 from tests.conftest import REPO
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from components.core.artifacts import sha256_file, sha256_tree
-from components.ml import snapshot
-from components.ml.kserve_client import KServeClient
+from components.ml.data import snapshot
+from components.ml.serving.kserve_client import KServeClient
 from components.tracking.registry import LINEAGE_TAGS
 from pipelines.containers import free_port
 from tests.conftest import STAGES, TINY_DIGITS, clone_repo, ran, set_params, sh

@@ -444,7 +444,7 @@ def test_ingest_fans_out_over_unit_groups_under_kfp_local(tmp_path):
     from PIL import Image
 
     from components.core.config import section
-    from components.ml import snapshot
+    from components.ml.data import snapshot
     from components.steps.ingest import run as ingest
     from components.tasks import task_from_params
     from pipelines.training import IMAGE, ops

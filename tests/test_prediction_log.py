@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from components.ml.prediction_log import LogReader, parse_line, read_log
-from components.ml.server import RunningServer
+from components.ml.data.prediction_log import LogReader, parse_line, read_log
+from components.ml.serving.server import RunningServer
 from tests.conftest import fp32_bundle, untrained_export, with_model_config
 
 NAME = "digits"
@@ -396,7 +396,7 @@ def labels_file(tmp_path: Path, *lines: dict) -> Path:
 def label_error(path: Path, log_dir: Path, num_classes: int | None = 10) -> list[str]:
     """The lines of the one error a bad label file raises."""
     from components.core.artifacts import StepError
-    from components.ml.prediction_log import read_labels
+    from components.ml.data.prediction_log import read_labels
 
     with pytest.raises(StepError) as caught:
         read_labels(path, log_dir, {"r-4", "r-1", "r-2"}, num_classes)
@@ -404,7 +404,7 @@ def label_error(path: Path, log_dir: Path, num_classes: int | None = 10) -> list
 
 
 def test_labels_of_logged_requests_are_read_and_a_resend_is_accepted(answered_log, tmp_path):
-    from components.ml.prediction_log import read_labels
+    from components.ml.data.prediction_log import read_labels
 
     path = labels_file(
         tmp_path,
@@ -420,7 +420,7 @@ def test_labels_of_logged_requests_are_read_and_a_resend_is_accepted(answered_lo
 
 def test_unknown_label_ids_are_counted_and_named_in_a_warning(answered_log, tmp_path, caplog):
     """Ids no logged request has are never counted as labelled, and never silently."""
-    from components.ml.prediction_log import read_labels
+    from components.ml.data.prediction_log import read_labels
 
     path = labels_file(
         tmp_path,
@@ -428,7 +428,7 @@ def test_unknown_label_ids_are_counted_and_named_in_a_warning(answered_log, tmp_
         {"id": "ghost-a", "label": 3},
         {"id": "ghost-b", "labels": [1, 2]},
     )
-    with caplog.at_level("WARNING", logger="components.ml.prediction_log"):
+    with caplog.at_level("WARNING", logger="components.ml.data.prediction_log"):
         got = read_labels(path, answered_log, {"r-4", "r-1", "r-2"}, 10)
     assert dict(got) == {"r-1": [3]} and got.unknown == ["ghost-a", "ghost-b"]
     assert got.summary() == {

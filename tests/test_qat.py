@@ -9,8 +9,8 @@ import paddle
 import pytest
 
 from components.core.artifacts import StepError, read_json
-from components.ml.quantization import fp32_bundle as make_fp32_bundle
-from components.ml.quantization import quantizer, write_bundle
+from components.ml.training.quantization import fp32_bundle as make_fp32_bundle
+from components.ml.training.quantization import quantizer, write_bundle
 from components.steps.package import bundle_int8
 from components.steps.package import run as package_run
 from components.steps.qat import QatLatency, QatParams

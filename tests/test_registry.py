@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 
 from components.core.artifacts import StepError, read_json, write_json
-from components.ml import snapshot
+from components.ml.data import snapshot
 from components.steps.promote import PromoteParams
 from components.steps.promote import run as promote_run
 from components.steps.register import RegisterParams
@@ -447,7 +447,7 @@ def test_a_holdout_changed_after_pinning_is_refused(
 def test_the_judges_rollback_of_a_challenger_is_recorded_with_its_evidence(server):
     """A challenger rolled back on live traffic never was champion: the aliases stay, the
     history and the version say why."""
-    from components.ml.judging import Judgement
+    from components.ml.decisions.judging import Judgement
     from components.steps.judge import record
     from components.tracking.registry import RegistryParams
 

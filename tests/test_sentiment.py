@@ -24,7 +24,7 @@ import yaml
 
 from components.core.artifacts import StepError
 from components.core.config import from_dict, load_params
-from components.ml import snapshot
+from components.ml.data import snapshot
 from components.steps.ingest import run as ingest_run
 from components.steps.validate import run as validate_run
 from components.tasks import get_task
@@ -464,7 +464,7 @@ def test_quantized_ernie_still_cannot_be_saved(text_data, tmp_path):
     save a quantized ERNIE, this test fails and the blocker must go."""
     import paddle
 
-    from components.ml.quantization import quantizer
+    from components.ml.training.quantization import quantizer
     from components.steps.qat import QatParams
 
     task = _sentiment()
@@ -569,7 +569,7 @@ def _pipeline_task(repo: Path):
 
 def _exported_logits(repo: Path, texts: list[str]) -> np.ndarray:
     """The exported model's logits in Paddle Inference after the Python preprocessing."""
-    from components.ml.runtime import ModelFiles, PaddlePredictor
+    from components.ml.serving.runtime import ModelFiles, PaddlePredictor
 
     bundle = repo / "outputs" / "sentiment" / "package"
     task = _pipeline_task(repo)
@@ -581,14 +581,14 @@ def _exported_logits(repo: Path, texts: list[str]) -> np.ndarray:
 def _assert_same_labels(served: np.ndarray, exported: np.ndarray) -> None:
     """Every text gets the exported model's label, except where the exported model's two
     logits are closer than the fp32 tolerance (a near-tie another CPU may break otherwise)."""
-    from components.ml.gates import top1_mismatches
+    from components.ml.decisions.gates import top1_mismatches
 
     assert served.shape == exported.shape
     assert top1_mismatches(served, exported, 1e-4, 1e-3) == 0
 
 
 def test_tritonclient_sends_raw_text_to_the_server_process(pipeline):
-    from components.ml.server import RunningServer
+    from components.ml.serving.server import RunningServer
 
     bundle = pipeline / "outputs" / "sentiment" / "package"
     task = _pipeline_task(pipeline)

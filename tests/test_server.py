@@ -23,9 +23,9 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from components.ml.kserve_client import KServeClient
-from components.ml.ov_runtime import OVPredictor
-from components.ml.server import RunningServer, ServerProcess
+from components.ml.serving.kserve_client import KServeClient
+from components.ml.serving.ov_runtime import OVPredictor
+from components.ml.serving.server import RunningServer, ServerProcess
 from tests.conftest import CONTAINERS_CONF, HAVE_PODMAN, NO_PODMAN, with_model_config
 
 NAME = "digits"

@@ -20,8 +20,8 @@ import tritonclient.http as httpclient
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from components.ml.ov_runtime import OVPredictor
-from components.ml.server import RunningServer
+from components.ml.serving.ov_runtime import OVPredictor
+from components.ml.serving.server import RunningServer
 from tests import test_server
 from tests.test_server import infer, start
 

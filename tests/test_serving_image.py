@@ -13,7 +13,7 @@ import pytest
 from components.core.artifacts import StepError, read_json, write_json
 from components.core.config import section
 from components.kube.images import detect_builder
-from components.ml.modelio import save_legacy
+from components.ml.training.modelio import save_legacy
 from components.steps.package import PackageParams
 from components.steps.serving_image import ServingImageParams
 from components.steps.serving_image import run as serving_run

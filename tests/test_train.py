@@ -241,7 +241,7 @@ def test_the_task_owns_its_optimizer_and_schedule(tmp_path, digits_data, digits_
     """The default recipe (image tasks): Adam, step decay per epoch. A task that brings its
     own (warmup then linear decay, advanced every batch, clipped gradients) is trained with
     it: train knows no optimizer."""
-    from components.ml import snapshot
+    from components.ml.data import snapshot
     from components.tasks.base import Optimization
 
     run(
@@ -293,7 +293,7 @@ def test_the_task_owns_its_optimizer_and_schedule(tmp_path, digits_data, digits_
 def test_pieces_cover_the_split_once_in_an_order_drawn_per_epoch(digits_data):
     """Even a one-shard split is read in bounded pieces; each epoch reads every piece once,
     in an order drawn from (seed, epoch)."""
-    from components.ml import snapshot
+    from components.ml.data import snapshot
     from components.tasks import stream
 
     snap = snapshot.load(digits_data)
@@ -337,8 +337,8 @@ def test_the_shuffle_buffer_hands_out_every_sample_once_in_a_seeded_order():
 
 def _keys_read(data_dir: Path, task, workers: int, rank: int = 0, size: int = 1) -> list:
     """The keys of the samples one rank's training batches hold in epoch 1."""
-    from components.ml import snapshot
-    from components.ml.distributed import EpochShare, World
+    from components.ml.data import snapshot
+    from components.ml.training.distributed import EpochShare, World
     from components.steps.train import TrainParams
     from components.tasks import stream
     from components.tasks.trainer import Inputs
@@ -359,7 +359,7 @@ def _keys_read(data_dir: Path, task, workers: int, rank: int = 0, size: int = 1)
 def test_the_sample_order_does_not_depend_on_the_loader_workers(digits_data, digits_task):
     """Pieces are dealt to the workers in turn and handed on in plan order: in-process, one
     worker or three give the same batches; every training sample is read once."""
-    from components.ml import snapshot
+    from components.ml.data import snapshot
 
     in_process = _keys_read(digits_data, digits_task, 0)
     assert _keys_read(digits_data, digits_task, 1) == in_process

@@ -1,4 +1,4 @@
-"""The serving-config search (components/ml/tuning.py) with the real server and wrk, and
+"""The serving-config search (components/ml/serving/tuning.py) with the real server and wrk, and
 what package ships from it."""
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ import pytest
 
 from components.core.artifacts import StepError, read_json
 from components.core.config import load_params, section
-from components.ml import model_config as mc
-from components.ml.loadgen import LoadResult
-from components.ml.model_config import ModelConfig
-from components.ml.server import RunningServer
-from components.ml.tuning import (
+from components.ml.serving import model_config as mc
+from components.ml.serving.loadgen import LoadResult
+from components.ml.serving.model_config import ModelConfig
+from components.ml.serving.server import RunningServer
+from components.ml.serving.tuning import (
     Trial,
     TuneParams,
     TuneSpace,
@@ -25,7 +25,7 @@ from components.ml.tuning import (
     decide,
     tune,
 )
-from components.ml.tuning import grid as configs_grid
+from components.ml.serving.tuning import grid as configs_grid
 from components.steps.package import PackageParams
 from components.steps.package import run as package_run
 from tests.conftest import REPO, package_params
@@ -93,7 +93,7 @@ def test_a_written_layout_the_cpus_cannot_run_is_only_a_reference(
     and tune.json and one warning say so. Holds for any number of trials a host runs."""
     bundle = shutil.copytree(exported_int8, tmp_path / "bundle")
     written = dataclasses.replace(mc.read(bundle), workers=2, threads_per_worker=1)
-    caplog.set_level(logging.INFO, logger="components.ml.tuning")
+    caplog.set_level(logging.INFO, logger="components.ml.serving.tuning")
     params = dataclasses.replace(SHORT, max_trials=6, finalists=3)
     chosen, table = tune(params, server_binary, bundle, written, cpus=1)
 
@@ -219,7 +219,7 @@ def test_latency_picks_the_lowest_worst_p99():
 
 
 def test_space_defaults_cover_every_layout_of_the_cpus():
-    from components.ml.tuning import layouts_for
+    from components.ml.serving.tuning import layouts_for
 
     assert layouts_for(2) == [(1, 1), (1, 2), (2, 1)]
     assert (4, 1) in layouts_for(4) and (2, 2) in layouts_for(4) and (3, 2) not in layouts_for(4)

@@ -23,7 +23,7 @@ import pytest
 from components.core.artifacts import StepError, read_json, sha256_file, write_json
 from components.core.config import load_params, section
 from components.core.data_docs import remote_references
-from components.ml import snapshot
+from components.ml.data import snapshot
 from components.steps.ingest import IngestParams
 from components.steps.ingest import run as ingest_run
 from components.steps.validate import ValidateResult, plan_groups, run_map

@@ -46,8 +46,8 @@ from bench.serving.slow import run_slow_clients
 from bench.serving.stats import layouts, ratios, summarize
 from bench.serving.tune import run_tune
 from bench.serving.warm import run_warmup
-from components.ml.ov_runtime import OVPredictor
-from components.ml.server import RunningServer
+from components.ml.serving.ov_runtime import OVPredictor
+from components.ml.serving.server import RunningServer
 
 
 def build_parser() -> argparse.ArgumentParser:

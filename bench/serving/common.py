@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from components.ml.tuning import cpu_model
+from components.ml.serving.tuning import cpu_model
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -129,8 +129,8 @@ def export_resnet(arch: str, dest: Path) -> Path:
     import paddle
     from paddle.vision import models
 
-    from components.ml.modelio import save_legacy
-    from components.ml.ov_runtime import read_model
+    from components.ml.serving.ov_runtime import read_model
+    from components.ml.training.modelio import save_legacy
 
     paddle.seed(0)
     model = getattr(models, arch)(pretrained=False)

@@ -12,8 +12,8 @@ from bench.serving.loads import Wrk, measure
 from bench.serving.runtime_best import RuntimeCell
 from bench.serving.servers import check_answers, measure_inprocess, start_cpp
 from bench.serving.stats import best_inprocess, cell_label, layouts
-from components.ml.ov_runtime import OVPredictor
-from components.ml.server import RunningServer
+from components.ml.serving.ov_runtime import OVPredictor
+from components.ml.serving.server import RunningServer
 
 
 def run_compute(

@@ -24,8 +24,8 @@ from bench.serving.common import (
     request_input,
 )
 from bench.serving.servers import model_stats, scrape_batching
-from components.ml import loadgen
-from components.ml.loadgen import run_generator
+from components.ml.serving import loadgen
+from components.ml.serving.loadgen import run_generator
 
 
 def binary_request(shape: list[int]) -> tuple[bytes, int]:
@@ -50,7 +50,7 @@ def binary_request(shape: list[int]) -> tuple[bytes, int]:
 
 
 class Wrk:
-    """The library's wrk driver (``components.ml.loadgen``) posting a random input of a
+    """The library's wrk driver (``components.ml.serving.loadgen``) posting a random input of a
     shape (``binary_request``)."""
 
     def __init__(self, binary: str, work: Path):

@@ -13,8 +13,8 @@ from bench.serving.common import Cell, Report, input_shape, log, model_file, noi
 from bench.serving.loads import Wrk, measure
 from bench.serving.servers import check_answers, start_cpp
 from bench.serving.stats import layouts, summarize
-from components.ml.ov_runtime import OVPredictor
-from components.ml.prediction_log import read_log
+from components.ml.data.prediction_log import read_log
+from components.ml.serving.ov_runtime import OVPredictor
 
 REGIME = "predlog"
 

@@ -52,7 +52,7 @@ def measure_async(
     number of requests kept in flight for ``seconds`` (after one warm round per request)."""
     import openvino as ov
 
-    from components.ml.ov_runtime import _core, read_model
+    from components.ml.serving.ov_runtime import _core, read_model
 
     config: dict[str, Any] = {
         "PERFORMANCE_HINT": "THROUGHPUT",

@@ -21,8 +21,8 @@ from bench.serving.common import (
     busy_cpu_seconds,
     log,
 )
-from components.ml.ov_runtime import OVPredictor
-from components.ml.server import RunningServer, ServerProcess
+from components.ml.serving.ov_runtime import OVPredictor
+from components.ml.serving.server import RunningServer, ServerProcess
 
 
 def measure_inprocess(

@@ -14,7 +14,7 @@ from typing import Any
 from bench.serving.common import SLOW_CLIENTS, Cell, Report, log, noise_of
 from bench.serving.loads import Wrk, measure
 from bench.serving.servers import established, listening_record, rss_bytes
-from components.ml.server import RunningServer
+from components.ml.serving.server import RunningServer
 
 
 class SlowClientsProcess:

@@ -1,6 +1,6 @@
 """The serving-config search against an exhaustive grid, in one run (``--only tune``).
 
-1. ``components.ml.tuning.tune`` searches the digits bundle with ``params.yaml``'s
+1. ``components.ml.serving.tuning.tune`` searches the digits bundle with ``params.yaml``'s
    ``package.tune`` and ``package.model_config`` (what ``package`` does), timed.
 2. Every config of the same space (``Search.grid``: each layout x batching off / each max
    batch x queue delay) is measured ``--tune-rounds`` times, interleaved, with the search's own
@@ -20,7 +20,7 @@ from pathlib import Path
 
 from bench.serving.common import REPO, Report, log
 from components.core.config import load_params, section
-from components.ml.tuning import Search, config_key, tune
+from components.ml.serving.tuning import Search, config_key, tune
 from components.steps.package import PackageParams
 
 

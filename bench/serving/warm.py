@@ -27,7 +27,7 @@ from bench.serving.common import Report, input_shape, log
 from bench.serving.loads import binary_request
 from bench.serving.servers import start_cpp
 from bench.serving.stats import layouts
-from components.ml.warmup import WARMUP_FILE
+from components.ml.serving.warmup import WARMUP_FILE
 
 NAME = "digits"
 

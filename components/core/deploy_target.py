@@ -6,7 +6,7 @@ to the target's :data:`Target` function, which returns what it adds to ``deploym
 
 - ``kubernetes`` (``components.kube.cluster``): server-side apply, then the rollout wait;
 - ``podman`` (``components.kube.podman``): the server image as a container on 127.0.0.1;
-- ``local`` (``components.ml.local_server``): the built server binary as a detached process.
+- ``local`` (``components.ml.serving.local_server``): the built server binary as a detached process.
 
 The targets live in different rooms (the cluster and podman next to the manifests and images,
 the local server next to the server binary), so what they share is here: the release, the
@@ -76,7 +76,7 @@ Target = Callable[[Rollout], dict[str, Any]]
 
 
 class ServerControl(Protocol):
-    """Talks to a running server (``components.ml.model_control``): is it ready, swap a
+    """Talks to a running server (``components.ml.serving.model_control``): is it ready, swap a
     version in, load a challenger beside the serving version."""
 
     def ready(self, url: str, timeout_s: float) -> bool: ...

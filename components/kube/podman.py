@@ -5,8 +5,8 @@ The version's bundle was fetched and verified as the init container does (into
 ``local_state_dir/models/MODEL/vN``); it is mounted read-only and served by the version's
 image on ``127.0.0.1:deploy.local_port`` (read-only root, no capabilities). With ``swap: load``
 and a running server of the same server image and environment, the version is swapped in
-without a restart (``components.ml.model_control``); otherwise the container is replaced, and
-the previous one restarted if the new one never becomes ready.
+without a restart (``components.ml.serving.model_control``); otherwise the container is
+replaced, and the previous one restarted if the new one never becomes ready.
 """
 
 from __future__ import annotations
@@ -185,7 +185,7 @@ def _replace(
 
 def deploy(rollout: Rollout, *, control: ServerControl) -> dict[str, Any]:
     """Run the rollout's version on this machine as the init container + server pod would
-    (module doc); ``control`` talks to the server (``components.ml.model_control``)."""
+    (module doc); ``control`` talks to the server (``components.ml.serving.model_control``)."""
     rel, params = rollout.rel, rollout.params
     assert rollout.model_dir is not None  # the step fetched the verified bundle
     model_dir, models_root = rollout.model_dir, str(rollout.model_dir.parent)

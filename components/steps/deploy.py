@@ -67,7 +67,7 @@ from components.kube import cluster, podman
 from components.kube.check import check_manifests
 from components.kube.release import Choice, choose, fetch_verified, release, verify_release
 from components.kube.render import render
-from components.ml import local_server, model_control
+from components.ml.serving import local_server, model_control
 from components.tracking.registry import (
     CHAMPION,
     Registry,

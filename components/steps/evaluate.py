@@ -27,7 +27,8 @@ from pydantic import Field
 from components.core.artifacts import atomic_path, write_json, write_manifest, write_text
 from components.core.config import params_model
 from components.kernel.step import BUNDLE, DATA, Out, Step
-from components.ml import dataset, evaluation
+from components.ml.data import dataset
+from components.ml.decisions import evaluation
 from components.tasks import Task, baseline
 from components.tasks.base import Scores
 from components.tasks.scoring import score_model

@@ -32,7 +32,9 @@ from pydantic import Field
 from components.core.artifacts import atomic_path, write_json, write_manifest
 from components.core.config import params_model
 from components.kernel.step import DATA, In, Out, Step
-from components.ml import dataset, exporting, warmup
+from components.ml.data import dataset
+from components.ml.serving import warmup
+from components.ml.training import exporting
 from components.tasks import Task
 from components.tasks.base import ASSETS_DIR
 from components.tasks.trained import load_trained
@@ -50,7 +52,7 @@ class ParityParams:
 @params_model
 class ExportParams:
     parity: ParityParams = field(default_factory=ParityParams)
-    # validation samples the bundle carries for the server's warm-up (components.ml.warmup)
+    # validation samples the bundle carries for the server's warm-up (components.ml.serving.warmup)
     warmup_samples: Annotated[int, Field(ge=0)] = 8
 
 

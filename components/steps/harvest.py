@@ -34,8 +34,8 @@ from typing import Any
 from components.core.artifacts import StepError, write_json
 from components.core.config import params_source, section
 from components.kernel.step import In, Out, Step, Value
-from components.ml.dataset import SPLITS
-from components.ml.harvest import (
+from components.ml.data.dataset import SPLITS
+from components.ml.data.harvest import (
     HARVEST_DIR,
     harvested_ids,
     local_source,
@@ -43,14 +43,14 @@ from components.ml.harvest import (
     update_params,
     write_ids,
 )
-from components.ml.harvest_rows import (
+from components.ml.data.harvest_rows import (
     Selection,
     candidates,
     inputs_digest,
     recovered,
     wanted_digests,
 )
-from components.ml.prediction_log import read_labels
+from components.ml.data.prediction_log import read_labels
 from components.tasks.base import Task
 from components.tasks.data import iter_split
 

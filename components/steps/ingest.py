@@ -7,7 +7,7 @@ read (and clean) through the format, check every input file's sha256 against
 ``ingest.sha256`` when declared, split stratified by class and deterministically for a seed
 with identical samples always in the same split (so no sample leaks between train, val and
 test), and write the splits, ``labels.json`` and a manifest atomically. See
-``components.ml.dataset`` for the layout.
+``components.ml.data.dataset`` for the layout.
 
 ``python -m components.steps.ingest materialize`` writes the built-in digits as IDX files under
 ``data/raw/digits`` byte-identically on every machine, which is what ``data.dvc`` tracks.
@@ -26,7 +26,7 @@ from typing import Any
 from components.core.artifacts import StepError, atomic_path, combined_sha256, write_manifest
 from components.kernel.cli import output_dir, run_cli, step_main
 from components.kernel.step import Out, Step, Value
-from components.ml import dataset, snapshot
+from components.ml.data import dataset, snapshot
 from components.tasks import Task
 from components.tasks import ingest_reduce as reduce
 from components.tasks import ingest_units as units

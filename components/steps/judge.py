@@ -3,7 +3,7 @@
 Reads the prediction log (``--log``) of a server running a challenger beside the champion
 (``load`` with ``role: challenger``, ``policy: shadow | canary``: docs/monitoring.md), pairs
 the two versions' answers by request id, joins the labels fed back (``--labels``), and
-decides with ``components.ml.judging``: a service-level breach rolls back at once; with
+decides with ``components.ml.decisions.judging``: a service-level breach rolls back at once; with
 labels the blessing's paired rules decide, without them the agreement with the champion;
 too little evidence waits.
 
@@ -30,9 +30,9 @@ from typing import Any
 from components.core.artifacts import StepError, atomic_path, write_json
 from components.core.config import from_dict, params_model, params_source
 from components.kernel.step import In, Out, Step, Value
-from components.ml.gates import PairedLimits
-from components.ml.judging import Evidence, JudgeLimits, Judgement, judge
-from components.ml.prediction_log import LogReader, read_labels
+from components.ml.data.prediction_log import LogReader, read_labels
+from components.ml.decisions.gates import PairedLimits
+from components.ml.decisions.judging import Evidence, JudgeLimits, Judgement, judge
 from components.tasks.base import Task
 from components.tracking.registry import Registry, RegistryParams, client, registered_name
 

@@ -1,7 +1,7 @@
 """monitor: drift and live accuracy of the served model, from its prediction log.
 
 Reads the newest ``monitor.window`` answered items of the server's prediction log (``--log``,
-the directory ``--prediction-log-dir`` writes; ``components.ml.prediction_log``), joins the
+the directory ``--prediction-log-dir`` writes; ``components.ml.data.prediction_log``), joins the
 labels fed back so far (``--labels``: JSON Lines ``{"id": ..., "label": ...}``, or
 ``"labels": [...]`` for a batch request; the whole file is validated: a label out of the
 bundle's classes, a label count other than the request's item count, or one id labelled twice
@@ -9,7 +9,7 @@ differently is an error line naming file:line and the rule; ids the log does not
 counted and named in a warning), and compares them with the reference: the bundle's
 model on the held-out splits of its training snapshot (``monitor.reference_splits``, at most
 ``monitor.reference_samples``). The checks and their calibration are those of
-``components.ml.monitoring``.
+``components.ml.decisions.monitoring``.
 
 Writes ``monitor.json`` (every statistic, p-value, threshold and decision), ``report.html``,
 ``monitor.prom`` (Prometheus gauges, node-exporter textfile format), logs one readable line,
@@ -53,9 +53,10 @@ from components.core.artifacts import StepError, read_json, write_json
 from components.core.config import params_model
 from components.kernel.cli import step_main
 from components.kernel.step import In, Out, Step, Value
-from components.ml.monitor_report import monitor_doc, retrain, write_outputs
-from components.ml.monitor_window import Window, read_window
-from components.ml.monitoring import (
+from components.ml.data.prediction_log import read_labels
+from components.ml.decisions.monitor_report import monitor_doc, retrain, write_outputs
+from components.ml.decisions.monitor_window import Window, read_window
+from components.ml.decisions.monitoring import (
     INSUFFICIENT,
     MonitorLimits,
     Sample,
@@ -63,8 +64,7 @@ from components.ml.monitoring import (
     compare,
     softmax_top1,
 )
-from components.ml.prediction_log import read_labels
-from components.ml.runtime import ModelFiles, PaddlePredictor
+from components.ml.serving.runtime import ModelFiles, PaddlePredictor
 from components.tasks.base import Task
 from components.tracking.monitor_registry import record, registry_reference
 from components.tracking.registry import RegistryParams, registered_name

@@ -6,13 +6,13 @@ lists every format. When qat shipped no int8 model (``qat.allow_fp32_only``), th
 fp32 only and ``signature.json`` says why (``int8_unavailable``). Writes the bundle's model
 config (``model_config.json``, from ``package.model_config``): the per-model settings the C++
 server runs it with, wherever it is served. With ``package.tune.budget_s`` > 0 those settings
-are first searched on this machine (``components/ml/tuning.py``: the real server, a closed-loop
-``wrk`` load): the winner is what ``model_config.json`` says, and ``tune.json`` beside it is the
-search table. Here, before infra validation, because the bundle is immutable once packaged:
-infra validation then checks the tuned settings, and evaluate, the image, the registry and
-``deploy`` all get the one bundle. Nothing is exported or converted again: this
-bundle is what ``evaluate`` scores, what infra validation serves, what the server image bakes
-in, what the registry versions and what ``deploy`` serves.
+are first searched on this machine (``components/ml/serving/tuning.py``: the real server, a
+closed-loop ``wrk`` load): the winner is what ``model_config.json`` says, and ``tune.json``
+beside it is the search table. Here, before infra validation, because the bundle is immutable once
+packaged: infra validation then checks the tuned settings, and evaluate, the image, the registry and
+``deploy`` all get the one bundle. Nothing is exported or converted again: this bundle is what
+``evaluate`` scores, what infra validation serves, what the server image bakes in, what the registry
+versions and what ``deploy`` serves.
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ from typing import Any
 from components.core.artifacts import StepError, atomic_path, read_json, write_json, write_manifest
 from components.core.config import params_model
 from components.kernel.step import In, Out, Step
-from components.ml import model_config, tuning
-from components.ml.model_config import ModelConfig
-from components.ml.server import REPO, default_build_dir, server_binary
-from components.ml.tuning import TuneParams
+from components.ml.serving import model_config, tuning
+from components.ml.serving.model_config import ModelConfig
+from components.ml.serving.server import REPO, default_build_dir, server_binary
+from components.ml.serving.tuning import TuneParams
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 class PackageParams:
     # the server's per-model settings, written into the bundle as model_config.json
     model_config: ModelConfig
-    # the search for the settings that serve this bundle best here (components/ml/tuning.py)
+    # the search for the settings that serve this bundle best here (components/ml/serving/tuning.py)
     tune: TuneParams
 
 

@@ -29,10 +29,10 @@ only the per-sample outcomes.
 The gate compares int8 with its fp32 parent sample by sample on the validation split
 (``qat.split``), in both OpenVINO and Paddle Inference: a paired test (counts of samples that
 got worse/better, one-sided exact McNemar) together with the accuracy and per-class recall
-limits, see :mod:`components.ml.gates`. The reported numbers (``accuracy``, ``accuracy_drop``...)
-are measured on ``qat.report_split`` (test), which no decision looks at. Outputs and
-``metrics/qat.json`` are written either way; a failed gate then stops the stage with one line
-per broken rule, naming the counts, the p-value and the setting that decided.
+limits, see :mod:`components.ml.decisions.gates`. The reported numbers (``accuracy``,
+``accuracy_drop``...) are measured on ``qat.report_split`` (test), which no decision looks
+at. Outputs and ``metrics/qat.json`` are written either way; a failed gate then stops the stage with
+one line per broken rule, naming the counts, the p-value and the setting that decided.
 """
 
 from __future__ import annotations
@@ -48,8 +48,10 @@ from pydantic import Field
 from components.core.artifacts import StepError, atomic_path, read_json, write_json, write_manifest
 from components.core.config import params_model
 from components.kernel.step import DATA, In, Out, Step
-from components.ml import dataset, gates, quantization
-from components.ml.quantization import GateDecision
+from components.ml.data import dataset
+from components.ml.decisions import gates
+from components.ml.training import quantization
+from components.ml.training.quantization import GateDecision
 from components.tasks import Task, quantize
 
 log = logging.getLogger(__name__)

@@ -45,8 +45,8 @@ from components.core.config import params_model
 from components.core.uris import redact_uri
 from components.faults import failpoints
 from components.kernel.step import DATA, In, Out, Step
-from components.ml import gates
-from components.ml.blessing import Blessing, bless
+from components.ml.decisions import gates
+from components.ml.decisions.blessing import Blessing, bless
 from components.tasks import Task
 from components.tracking.champion import compare_with_champion, record_blessing
 from components.tracking.model import BUNDLE_TAG

@@ -48,9 +48,9 @@ from components.kube.serving_context import (
     choose_builder,
     local_server_image,
 )
-from components.ml import model_config
-from components.ml.infra_validation import validate_variant
-from components.ml.server import REPO, default_build_dir, server_binary
+from components.ml.serving import model_config
+from components.ml.serving.infra_validation import validate_variant
+from components.ml.serving.server import REPO, default_build_dir, server_binary
 from components.tasks import Task
 
 log = logging.getLogger(__name__)

@@ -42,7 +42,7 @@ from components.core.artifacts import (
 from components.core.config import params_model
 from components.core.uris import redact_uri
 from components.kernel.step import In, Out, Step, Value
-from components.ml.monitoring import RETRAIN_REASON_ENV
+from components.ml.decisions.monitoring import RETRAIN_REASON_ENV
 from components.tracking.model import BUNDLE_TAG
 from components.tracking.pipeline_run import (
     close_dead_runs,

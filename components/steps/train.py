@@ -20,8 +20,8 @@
   every epoch's piece order, shuffle, batches, augmentations and dropout reseed from
   ``(seed, epoch)`` (and the rank), whatever the number of loader workers. A checkpoint from
   other params or data is ignored.
-- Data parallel (``train.distributed``, :mod:`components.ml.distributed`): with ``nproc`` > 1, or
-  in a Kubeflow PaddleJob's pods (``PADDLE_MASTER``/``PADDLE_NNODES``), the step launches
+- Data parallel (``train.distributed``, :mod:`components.ml.training.distributed`): with ``nproc``
+  > 1, or in a Kubeflow PaddleJob's pods (``PADDLE_MASTER``/``PADDLE_NNODES``), the step launches
   itself as ranks with ``paddle.distributed.launch``. Each epoch's samples, in its piece
   order, are cut into one contiguous run per rank (``EpochShare``): the ranks read disjoint
   samples and run the same number of steps; the at most ``world_size - 1`` samples that would
@@ -47,9 +47,10 @@ from components.core.artifacts import (
 )
 from components.core.config import params_model
 from components.kernel.step import DATA, In, Out, Step
-from components.ml import dataset, distributed, training
-from components.ml.distributed import DistributedParams, World
-from components.ml.training import TrainResult, resolve_amp, resolve_device
+from components.ml.data import dataset
+from components.ml.training import distributed, training
+from components.ml.training.distributed import DistributedParams, World
+from components.ml.training.training import TrainResult, resolve_amp, resolve_device
 from components.tasks import Task, epochs
 from components.tasks.stream import StreamSettings
 

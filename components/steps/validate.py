@@ -1,6 +1,6 @@
 """validate: check an ingested data set with a Great Expectations suite before training.
 
-Streams the snapshot (``components.ml.snapshot``) shard by shard and never holds a split: each
+Streams the snapshot (``components.ml.data.snapshot``) shard by shard and never holds a split: each
 shard's sha256 is checked against ``snapshot.json`` as it is read (a corrupt or missing shard
 is one line naming it and the sha256 the manifest pins), then its Arrow record batches are
 added up into one row of statistics. That is a map over the shards (a process pool of
@@ -50,7 +50,7 @@ from pathlib import Path
 
 from components.core.artifacts import StepError, atomic_path
 from components.kernel.step import DATA, Out, Step
-from components.ml import dataset, snapshot
+from components.ml.data import dataset, snapshot
 from components.tasks import Task, expectations
 from components.tasks import validation_report as report
 from components.tasks.data import CommonValidateParams, check_format

@@ -12,7 +12,7 @@ import numpy as np
 import paddle
 
 from components.core.artifacts import StepError
-from components.ml.features import image_features
+from components.ml.data.features import image_features
 from components.tasks.data import DataFormat, check_format, iter_split, read_split
 from components.tasks.objective import Classification, Objective
 from components.tasks.report import classification_report
@@ -299,8 +299,8 @@ class Task(abc.ABC):
     def monitor_features(self, inputs: list[np.ndarray]) -> dict[str, np.ndarray]:
         """Per-sample scalar features of model inputs (as the server logs them) that the
         monitor compares between reference and live traffic, one two-sample test each
-        (``components.ml.monitoring``). Default: an image input's intensity and shape
-        statistics (:func:`~components.ml.monitoring.image_features`); none for other
+        (``components.ml.decisions.monitoring``). Default: an image input's intensity and shape
+        statistics (:func:`~components.ml.decisions.monitoring.image_features`); none for other
         inputs (the monitor then judges predictions and accuracy only)."""
         x = inputs[0] if inputs else None
         if x is not None and x.dtype.kind == "f" and x.ndim == 4:

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from components.core.artifacts import StepError
-from components.ml.evaluation import reservoir_sample
+from components.ml.decisions.evaluation import reservoir_sample
 from components.tasks.base import Task
 from components.tasks.data import check_format, iter_split
 from components.tasks.report import classification_report

@@ -3,8 +3,8 @@
 A :class:`DataFormat` (a modality: images, texts) is owned by the tasks that read it
 (``Task.data``). The ``ingest`` and ``validate`` steps ask the task for it and never look at
 samples themselves, so a task with a new kind of data brings its format along and no step
-changes. An ingested data set names its format in ``labels.json`` (see ``components.ml.dataset``)
-so every later step can check it holds the data its task reads.
+changes. An ingested data set names its format in ``labels.json`` (see
+``components.ml.data.dataset``) so every later step can check it holds the data its task reads.
 
 Library layer: imported by tasks and steps, imports no step.
 """
@@ -22,8 +22,8 @@ from pydantic import Field, model_validator
 
 from components.core.artifacts import StepError
 from components.core.config import params_model
-from components.ml import dataset, snapshot
-from components.ml.harvest import Harvested
+from components.ml.data import dataset, snapshot
+from components.ml.data.harvest import Harvested
 
 Fraction = Annotated[float, Field(gt=0, lt=1)]  # in (0, 1)
 Sha256 = Annotated[str, Field(pattern=r"^[0-9a-fA-F]{64}$")]  # 64 hex digits
@@ -31,7 +31,7 @@ Sha256 = Annotated[str, Field(pattern=r"^[0-9a-fA-F]{64}$")]  # 64 hex digits
 
 @params_model
 class SplitParams:
-    """``ingest.split``: the split rule (``components.ml.snapshot.SplitRule``)."""
+    """``ingest.split``: the split rule (``components.ml.data.snapshot.SplitRule``)."""
 
     # hash (stable under growth) | permutation (the old, unstable one)
     method: Literal["hash", "permutation"] = "hash"
@@ -40,7 +40,7 @@ class SplitParams:
     seed: int = 42  # permutation only
     # files (glob patterns relative to the source) whose samples all go to one split, e.g.
     # {"holdout/*": test}: a per-file split the user declares, which the rule respects
-    # (the splits: components.ml.dataset.SPLITS)
+    # (the splits: components.ml.data.dataset.SPLITS)
     files: dict[str, Literal["train", "val", "test"]] = field(default_factory=dict)
 
     @model_validator(mode="after")
@@ -213,7 +213,7 @@ class DataFormat(abc.ABC):
     ) -> Harvested:
         """Write ``rows`` (request id, stored sample, label) as a new unit ``name`` of the
         source, atomically, and say how ``ingest`` params must change to read it into the
-        train split (``components.ml.harvest``). Default: the format cannot (an error)."""
+        train split (``components.ml.data.harvest``). Default: the format cannot (an error)."""
         raise StepError(f"{self.name} data: harvested traffic cannot be written as a source unit")
 
     # ---------------------------------------------------------------- serving (MLflow pyfunc)

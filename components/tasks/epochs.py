@@ -22,9 +22,10 @@ import paddle
 from tqdm import tqdm
 
 from components.core.artifacts import StepError, atomic_path, write_json, write_manifest, write_text
-from components.ml import dataset, snapshot, training
-from components.ml.distributed import Batching, EpochShare, World
-from components.ml.training import AmpMode, TrainResult
+from components.ml.data import dataset, snapshot
+from components.ml.training import training
+from components.ml.training.distributed import Batching, EpochShare, World
+from components.ml.training.training import AmpMode, TrainResult
 from components.tasks import stream
 from components.tasks.base import ASSETS_DIR, Task
 from components.tasks.data import check_format

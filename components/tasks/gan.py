@@ -43,7 +43,7 @@ from tqdm import tqdm
 
 from components.core.artifacts import StepError
 from components.core.config import from_dict, params_model
-from components.ml import snapshot
+from components.ml.data import snapshot
 from components.tasks.base import (
     ASSETS_DIR,
     Optimization,

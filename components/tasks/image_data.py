@@ -8,10 +8,10 @@ Ingest sources (``params.yaml: ingest.source`` + ``ingest.kind``):
   ``s3://`` prefix (read through fsspec). ``ingest.idx_files`` lists ``[images, labels]`` pairs.
 - ``image_folder``: a directory with one sub-directory per class holding PNG/JPEG files.
 
-Stored in Parquet shards (``components.ml.snapshot``: ``image`` raw uint8 bytes with ``height``,
-``width``, ``channels``; ``label`` int64). Validation (:class:`ImageShardStats`, streamed per
-shard): the pixels' dtype and the shapes as stored, that every image holds H x W x C values,
-the pixel range and NaNs, with rules on the shape (``validate.image_shape`` or the train
+Stored in Parquet shards (``components.ml.data.snapshot``: ``image`` raw uint8 bytes with
+``height``, ``width``, ``channels``; ``label`` int64). Validation (:class:`ImageShardStats`,
+streamed per shard): the pixels' dtype and the shapes as stored, that every image holds H x W x C
+values, the pixel range and NaNs, with rules on the shape (``validate.image_shape`` or the train
 split's), the dtype and the pixel range.
 """
 
@@ -37,8 +37,8 @@ from pydantic import Field, field_validator, model_validator
 
 from components.core.artifacts import StepError, atomic_path, sha256_bytes, sha256_file
 from components.core.config import params_model
-from components.ml.harvest import Harvested, local_source, png_bytes
-from components.ml.sources import join_uri, read_bytes
+from components.ml.data.harvest import Harvested, local_source, png_bytes
+from components.ml.data.sources import join_uri, read_bytes
 from components.tasks.data import (
     CommonValidateParams,
     DataFormat,
@@ -56,7 +56,7 @@ from components.tasks.data import (
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp"}
 _IDX_DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
 IDX_IMAGES_NDIM, IDX_LABELS_NDIM = 3, 1  # [N, H, W] images, [N] labels
-LABEL_DTYPE = "int64"  # the documented on-disk label dtype (components.ml.dataset)
+LABEL_DTYPE = "int64"  # the documented on-disk label dtype (components.ml.data.dataset)
 
 
 Dim = Annotated[int, Field(ge=1)]

@@ -21,8 +21,8 @@ import numpy as np
 
 from components.core.artifacts import StepError, combined_sha256
 from components.core.config import DEFAULT_PARAMS
-from components.ml import snapshot
-from components.ml.sources import join_uri
+from components.ml.data import snapshot
+from components.ml.data.sources import join_uri
 from components.tasks.data import DataFormat
 from components.tasks.ingest_units import UnitResult
 from components.tasks.splitting import split_deviation

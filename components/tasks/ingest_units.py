@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from components.core.artifacts import StepError, read_json, write_json
-from components.ml import snapshot
+from components.ml.data import snapshot
 from components.tasks import Task
 from components.tasks.data import Unit, sum_facts
 from components.tasks.splitting import file_split, permutation

@@ -110,7 +110,7 @@ class Objective(abc.ABC):
         model: paddle.nn.Layer,
         batches: Iterable[InputBatch],
         rows: int,
-        world: Any,  # components.ml.distributed.World
+        world: Any,  # components.ml.training.distributed.World
     ) -> dict[str, float]:
         """Validation metrics of ``model`` (means over the split's ``rows`` samples, the same
         on every rank); must contain :attr:`score`. ``batches``: this rank's preprocessed
@@ -155,7 +155,7 @@ class Classification(Objective):
         model: paddle.nn.Layer,
         batches: Iterable[InputBatch],
         rows: int,
-        world: Any,  # components.ml.distributed.World
+        world: Any,  # components.ml.training.distributed.World
     ) -> dict[str, float]:
         """Mean loss and accuracy; each rank scores its batches, the sums are shared."""
         model.eval()

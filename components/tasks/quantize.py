@@ -5,7 +5,7 @@ step, ``components/steps/qat.py``).
 streamed as the train step streams it; :func:`compare` runs both bundles in OpenVINO and Paddle
 Inference on each split batch by batch, keeping only the per-sample outcomes, and times and
 sizes them; :func:`check_bundle` re-runs the gate on existing bundles. The quantizer, the
-bundles and the gate are :mod:`components.ml.quantization`.
+bundles and the gate are :mod:`components.ml.training.quantization`.
 """
 
 from __future__ import annotations
@@ -21,9 +21,11 @@ from tqdm import tqdm
 
 from components.core.artifacts import StepError
 from components.faults import failpoints
-from components.ml import dataset, gates, snapshot
-from components.ml.ov_runtime import OVPredictor
-from components.ml.quantization import (
+from components.ml.data import dataset, snapshot
+from components.ml.decisions import gates
+from components.ml.serving.ov_runtime import OVPredictor
+from components.ml.serving.runtime import ModelFiles, PaddlePredictor
+from components.ml.training.quantization import (
     FAILPOINT_SCALE,
     GateDecision,
     QatParamsLike,
@@ -35,7 +37,6 @@ from components.ml.quantization import (
     shrink_activation_scales,
     summarize,
 )
-from components.ml.runtime import ModelFiles, PaddlePredictor
 from components.tasks.base import Task
 from components.tasks.data import check_format
 from components.tasks.stream import SnapshotData, StreamSettings

@@ -18,8 +18,8 @@ import numpy as np
 from tqdm import tqdm
 
 from components.core.artifacts import StepError
-from components.ml import dataset, snapshot
-from components.ml.runtime import BatchedPredictor, ModelFiles, PaddlePredictor
+from components.ml.data import dataset, snapshot
+from components.ml.serving.runtime import BatchedPredictor, ModelFiles, PaddlePredictor
 from components.tasks.base import Scores, Task
 
 

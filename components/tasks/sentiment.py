@@ -36,7 +36,7 @@ from tqdm import tqdm
 
 from components.core.artifacts import StepError, read_json, write_json
 from components.core.config import from_dict, params_model
-from components.ml.features import token_features
+from components.ml.data.features import token_features
 from components.tasks.base import (
     ASSETS_DIR,
     Optimization,

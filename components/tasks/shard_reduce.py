@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from components.ml import dataset, snapshot
+from components.ml.data import dataset, snapshot
 from components.tasks.data import EXAMPLES, DataFormat, sample_where, sum_facts
 from components.tasks.expectations import Table, set_text
 from components.tasks.shard_statistics import PAIR_BYTES, ShardResult

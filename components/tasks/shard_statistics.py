@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from components.core.artifacts import StepError, read_json, write_json
-from components.ml import snapshot
+from components.ml.data import snapshot
 from components.tasks.data import CommonValidateParams, DataFormat, Examples
 
 BATCH_ROWS = 256  # rows per record batch read (256 RGB 224x224 images: 38 MB)

@@ -1,6 +1,6 @@
 """How ingest splits: every sample's split, and how far the result is from the fractions.
 
-The rule (``ingest.split``, ``components.ml.snapshot.SplitRule``) is ``hash`` (a sample's
+The rule (``ingest.split``, ``components.ml.data.snapshot.SplitRule``) is ``hash`` (a sample's
 split is a function of its identity alone, stable as the data grows) or ``permutation`` (the
 old seeded permutation per class over all samples, :func:`stratified_split`, kept so a
 pipeline can reproduce a split made before snapshots). Files the user names in
@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from components.core.artifacts import StepError
-from components.ml import dataset, snapshot
+from components.ml.data import dataset, snapshot
 from components.tasks.data import SplitParams, Unit
 
 SPLITS = snapshot.SPLITS

@@ -8,8 +8,9 @@ What the train step and the tasks' fitting hooks read instead of whole splits
   pieces. Only the shards' footers are read to plan them.
 - **Epoch order.** Each epoch reads the split's pieces in an order drawn from ``(seed,
   epoch)`` (:func:`epoch_order`), the same on every rank. Data parallel: the samples in that
-  order are cut into one contiguous run per rank (:class:`components.ml.distributed.EpochShare`),
-  pieces at a cut are split, so the ranks read disjoint samples and the same number of steps.
+  order are cut into one contiguous run per rank
+  (:class:`components.ml.training.distributed.EpochShare`), pieces at a cut are split, so
+  the ranks read disjoint samples and the same number of steps.
 - **The loader.** :class:`PieceStream` (a ``paddle.io.IterableDataset``) reads pieces (Parquet
   row group, slice, ``DataFormat.to_samples``, ``Task.preprocess``) in ``workers`` processes of
   a ``paddle.io.DataLoader`` (0: in this process). Item ``g`` of the run's sequence (every
@@ -45,7 +46,7 @@ import paddle
 import paddle.io
 
 from components.core.artifacts import StepError
-from components.ml import snapshot
+from components.ml.data import snapshot
 from components.tasks.data import DataFormat
 
 log = logging.getLogger(__name__)

@@ -43,9 +43,9 @@ from pydantic import Field, field_validator, model_validator
 
 from components.core.artifacts import StepError, atomic_path, sha256_bytes
 from components.core.config import params_model
-from components.ml import dataset
-from components.ml.harvest import Harvested, local_source
-from components.ml.sources import join_uri, read_bytes
+from components.ml.data import dataset
+from components.ml.data.harvest import Harvested, local_source
+from components.ml.data.sources import join_uri, read_bytes
 from components.tasks.data import (
     CommonValidateParams,
     DataFormat,

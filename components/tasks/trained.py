@@ -2,7 +2,7 @@
 
 It lives with the tasks (it asks a :class:`Task` to build the model and load its assets),
 above ``components.ml``, so ``ml`` never imports a task. Imported by steps (export, qat),
-imports no step. Saving a Paddle program (no task involved): :mod:`components.ml.modelio`.
+imports no step. Saving a Paddle program (no task involved): :mod:`components.ml.training.modelio`.
 """
 
 from __future__ import annotations

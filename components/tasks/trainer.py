@@ -5,7 +5,7 @@ module runs them: :class:`Trainer` (the model, optimizers, schedules and AMP of 
 epoch's training pass) and :class:`Inputs` (what a rank reads each epoch, streamed by
 :mod:`components.tasks.stream`). The run around them (resume, the epochs, early stopping,
 outputs) is :mod:`components.tasks.epochs`; the task-independent parts (AMP, checkpoints,
-rank agreement) are :mod:`components.ml.training`.
+rank agreement) are :mod:`components.ml.training.training`.
 """
 
 from __future__ import annotations
@@ -21,9 +21,10 @@ import paddle
 
 from components.core.artifacts import StepError
 from components.faults import failpoints
-from components.ml import snapshot, training
-from components.ml.distributed import Batching, EpochShare, World
-from components.ml.training import AmpMode
+from components.ml.data import snapshot
+from components.ml.training import training
+from components.ml.training.distributed import Batching, EpochShare, World
+from components.ml.training.training import AmpMode
 from components.tasks import stream
 from components.tasks.base import SoftTargets, Task, TrainSettings
 from components.tasks.objective import Objective, StepContext

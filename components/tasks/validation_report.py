@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from components.core.artifacts import write_json, write_manifest
-from components.ml import snapshot
+from components.ml.data import snapshot
 from components.tasks import expectation_failures as failures
 from components.tasks.expectations import Table
 from components.tasks.shard_reduce import Reduced

@@ -10,7 +10,7 @@ from paddle.vision import transforms as T
 from pydantic import Field
 from tqdm import tqdm
 
-from components.ml.harvest import AffineImageInverse
+from components.ml.data.harvest import AffineImageInverse
 from components.tasks.base import Task, TensorSpec
 from components.tasks.image_data import ImageData
 
@@ -80,7 +80,7 @@ class ImageClassificationTask(Task):
 
     def raw_samples(self, inputs: list[np.ndarray], like: Any) -> tuple[list[Any], np.ndarray]:
         """Stored images shaped like ``like`` back from logged model inputs, by the measured
-        least-squares inverse of :meth:`preprocess` (``components.ml.harvest``); an input no
+        least-squares inverse of :meth:`preprocess` (``components.ml.data.harvest``); an input no
         stored image of that shape reproduces within one grey level is not recovered."""
         shape = tuple(np.asarray(like).shape)
         inverses = self.__dict__.setdefault("_inverses", {})

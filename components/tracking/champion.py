@@ -5,8 +5,8 @@ Both versions are downloaded as registered (each bundle re-hashed against its
 same code as ``evaluate``, sample by sample (:func:`score_registered`), on the current split and
 on the pinned holdout (:func:`check_holdout`: downloaded, then leak-checked). The champion is
 scored only on samples outside its own training snapshot (its recorded training keys:
-:func:`components.ml.blessing.clean_split`). The decision itself is
-:func:`components.ml.blessing.bless`; :func:`record_blessing` writes it to the registry.
+:func:`components.ml.decisions.blessing.clean_split`). The decision itself is
+:func:`components.ml.decisions.blessing.bless`; :func:`record_blessing` writes it to the registry.
 
 Library layer: imported by the register step, imports no step.
 """
@@ -24,8 +24,16 @@ from typing import Any
 import numpy as np
 
 from components.core.artifacts import read_json
-from components.ml import dataset, gates, snapshot
-from components.ml.blessing import Blessing, Integrity, Rules, check_leak, clean_split, too_few
+from components.ml.data import dataset, snapshot
+from components.ml.decisions import gates
+from components.ml.decisions.blessing import (
+    Blessing,
+    Integrity,
+    Rules,
+    check_leak,
+    clean_split,
+    too_few,
+)
 from components.tasks import Task
 from components.tasks.base import Scores
 from components.tasks.scoring import score_model

@@ -20,7 +20,7 @@ downloaded bundle against it.
 
 Inference (:class:`PaddleBundleModel`) is the same code as ``evaluate``: the task's own
 preprocessing (``components.tasks``, built from ``model_config``) then the bundle's fp32
-program in :class:`components.ml.runtime.PaddlePredictor` (``ModelFiles.in_dir``: the PIR
+program in :class:`components.ml.serving.runtime.PaddlePredictor` (``ModelFiles.in_dir``: the PIR
 ``model.json``), as :func:`components.tasks.scoring.score_model` does.
 
 Input (signature: one unnamed tensor ``uint8 [-1, H, W, C]``, the stored layout of
@@ -192,7 +192,7 @@ class PaddleBundleModel(mlflow.pyfunc.PythonModel):
         """Load the bundle (what ``load_context`` does, without an MLflow context)."""
         # paddle (runtime) and the task load only when a model is loaded: track and register
         # import this module for its tags and logging, and must not pay for them
-        from components.ml.runtime import ModelFiles, PaddlePredictor
+        from components.ml.serving.runtime import ModelFiles, PaddlePredictor
         from components.tasks import get_task
 
         missing = [k for k in ("task", "input_shape") if k not in config]

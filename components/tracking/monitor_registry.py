@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from components.core.artifacts import StepError
-from components.ml.monitoring import INSUFFICIENT
+from components.ml.decisions.monitoring import INSUFFICIENT
 from components.tracking.registry import (
     CHAMPION,
     Registry,

@@ -21,7 +21,7 @@ from typing import Any
 from components.core.artifacts import StepError, read_json
 from components.core.config import params_source
 from components.faults import failpoints
-from components.ml.monitoring import RETRAIN_REASON_ENV
+from components.ml.decisions.monitoring import RETRAIN_REASON_ENV
 from components.tracking.liveness import (
     FAILURE_TAG,
     HOST_TAG,

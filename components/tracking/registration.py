@@ -21,7 +21,7 @@ import numpy as np
 
 from components.core.artifacts import StepError
 from components.core.config import params_sha256
-from components.ml import snapshot
+from components.ml.data import snapshot
 from components.tracking.liveness import (
     FAILURE_TAG,
     HOST_TAG,

@@ -31,7 +31,7 @@ from components.core.artifacts import StepError, sha256_file
 from components.core.config import params_model
 from components.core.retry import SYSTEM_CLOCK, Backoff, Clock, poll, retry_call
 from components.faults import failpoints
-from components.ml import snapshot
+from components.ml.data import snapshot
 from components.tracking.liveness import (
     FAILURE_TAG,
     PIPELINE_RUN_TAG,
@@ -670,8 +670,8 @@ TRAINING_SPLITS = ("train", "val")  # what a model saw while it was made (val: e
 
 def log_test_split(client: Any, run_id: str, data_dir: Path, split: str) -> str:
     """Store the split a version is blessed on with its run (``holdout/``: a mini snapshot of
-    that split, :func:`components.ml.snapshot.subset`); returns its combined sha256
-    (:meth:`components.ml.snapshot.Snapshot.split_sha256`), what a pin records."""
+    that split, :func:`components.ml.data.snapshot.subset`); returns its combined sha256
+    (:meth:`components.ml.data.snapshot.Snapshot.split_sha256`), what a pin records."""
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:

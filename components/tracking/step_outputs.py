@@ -22,7 +22,7 @@ from typing import Any
 
 from components.core.artifacts import combined_sha256, git_sha, machine_tags, read_json
 from components.core.config import params_sha256
-from components.ml import snapshot
+from components.ml.data import snapshot
 from components.tracking.model import BUNDLE_TAG, SERVED_TAG, bundle_sha256, served_sha256
 from components.tracking.registry import CURVE_PREFIX
 

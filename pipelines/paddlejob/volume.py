@@ -18,7 +18,7 @@ from components.core.artifacts import (
     write_text,
 )
 from components.faults import failpoints
-from components.ml import snapshot
+from components.ml.data import snapshot
 from pipelines.paddlejob.spec import Outputs
 
 log = logging.getLogger(__package__)  # "pipelines.paddlejob": one logger, as before the split

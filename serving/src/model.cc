@@ -176,7 +176,7 @@ Model::~Model() {
   Stop();
 }
 
-// The bundle's warm-up description (components/ml/warmup.py: WARMUP_FILE).
+// The bundle's warm-up description (components/ml/serving/warmup.py: WARMUP_FILE).
 constexpr const char* kWarmupFile = "warmup.json";
 
 Status Model::ReadWarmup() {

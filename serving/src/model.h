@@ -93,8 +93,8 @@ class Model {
   BatcherOptions batcher_options_;
   std::unique_ptr<Tokenizer> tokenizer_;  // text models (assets/tokenizer.json)
 
-  // The bundle's warm-up samples (<model_dir>/warmup.json, components/ml/
-  // warmup.py), one tensor per model input, dim 0 the samples; empty: none.
+  // The bundle's warm-up samples (<model_dir>/warmup.json,
+  // components/ml/serving/warmup.py), one tensor per model input, dim 0 the samples; empty: none.
   std::vector<Tensor> warmup_;
   // Reads warmup.json and its files, checked against the signature.
   Status ReadWarmup();

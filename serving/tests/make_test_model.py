@@ -4,7 +4,7 @@ The digits task's network (``components.tasks``, the LeNet the pipeline serves) 
 random weights, saved the way the export step saves it:
 
 - ``legacy/model.pdmodel`` + ``.pdiparams``: the legacy Paddle program
-  (``components.ml.modelio.save_legacy``), read by the OpenVINO backend's Paddle frontend;
+  (``components.ml.training.modelio.save_legacy``), read by the OpenVINO backend's Paddle frontend;
 - ``ir/model.xml`` + ``.bin``: the same model converted to OpenVINO IR (the IR reader path the
   int8 variant uses);
 - ``signature.json`` in the export step's format (formats ``legacy`` and ``ir``);
@@ -40,7 +40,7 @@ def build(out: Path) -> None:
     import openvino as ov
     import paddle
 
-    from components.ml.modelio import save_legacy
+    from components.ml.training.modelio import save_legacy
     from components.tasks import get_task
 
     task = get_task("digits", {})

@@ -1,7 +1,7 @@
 """The C++ server as a detached service on this machine (``deploy.target: local``).
 
-``deploy`` starts the built binary (``components.ml.server``) in its own session, with no file
-descriptor of its caller (``dvc repro`` returns while it serves), bound to 127.0.0.1. What
+``deploy`` starts the built binary (``components.ml.serving.server``) in its own session, with no
+file descriptor of its caller (``dvc repro`` returns while it serves), bound to 127.0.0.1. What
 runs is recorded in ``STATE_DIR/server.json`` (the pid file: pid, port, model, version, argv,
 the binary's sha256), its output goes to ``STATE_DIR/server.log``. ``paddle-mlops deploy stop``
 (``make stop``) ends it with SIGTERM. A pid file whose process is gone, or is another program
@@ -32,9 +32,9 @@ from components.core.deploy_target import (
     server_args,
 )
 from components.core.retry import SYSTEM_CLOCK, Backoff, Clock, poll
-from components.ml import model_control
-from components.ml.kserve_client import KServeClient
-from components.ml.server import REPO, default_build_dir, server_binary, server_process_env
+from components.ml.serving import model_control
+from components.ml.serving.kserve_client import KServeClient
+from components.ml.serving.server import REPO, default_build_dir, server_binary, server_process_env
 
 log = logging.getLogger(__name__)
 

@@ -19,10 +19,10 @@ import paddle
 
 from components.core.artifacts import StepError
 from components.faults import failpoints
-from components.ml import gates
-from components.ml.modelio import save_legacy
-from components.ml.ov_runtime import OVPredictor
-from components.ml.runtime import ModelFiles, PaddlePredictor
+from components.ml.decisions import gates
+from components.ml.serving.ov_runtime import OVPredictor
+from components.ml.serving.runtime import ModelFiles, PaddlePredictor
+from components.ml.training.modelio import save_legacy
 
 log = logging.getLogger(__name__)
 # the export step's parity params (components.steps.export.ParityParams): samples, atol, rtol

@@ -1,5 +1,5 @@
 """The window ``monitor`` judges: the newest answered items of one model version in the
-server's prediction log (``components.ml.prediction_log``), as columns (library layer)."""
+server's prediction log (``components.ml.data.prediction_log``), as columns (library layer)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from components.core.artifacts import StepError
-from components.ml.prediction_log import SEGMENT_GLOB, LogReader, Prediction
+from components.ml.data.prediction_log import SEGMENT_GLOB, LogReader, Prediction
 
 log = logging.getLogger(__name__)
 

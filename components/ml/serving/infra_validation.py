@@ -11,12 +11,13 @@ from typing import Any, Protocol
 import numpy as np
 
 from components.core.artifacts import read_json
-from components.ml import gates, model_config
-from components.ml.kserve_client import KServeError
-from components.ml.model_config import ModelConfig
-from components.ml.ov_runtime import OVPredictor
-from components.ml.runtime import BatchedPredictor, ModelFiles, PaddlePredictor
-from components.ml.server import RunningServer
+from components.ml.decisions import gates
+from components.ml.serving import model_config
+from components.ml.serving.kserve_client import KServeError
+from components.ml.serving.model_config import ModelConfig
+from components.ml.serving.ov_runtime import OVPredictor
+from components.ml.serving.runtime import BatchedPredictor, ModelFiles, PaddlePredictor
+from components.ml.serving.server import RunningServer
 
 
 class ValidationSettings(Protocol):

@@ -13,7 +13,7 @@ from typing import Any
 
 from components.core.artifacts import StepError
 from components.core.deploy_target import DeploySettings, Release
-from components.ml.kserve_client import KServeClient, KServeError
+from components.ml.serving.kserve_client import KServeClient, KServeError
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from components.core.artifacts import StepError, atomic_path
-from components.ml.runtime import BatchedPredictor
+from components.ml.serving.runtime import BatchedPredictor
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from components.ml.harvest import sample_digest
-from components.ml.prediction_log import LogReader, Prediction
+from components.ml.data.harvest import sample_digest
+from components.ml.data.prediction_log import LogReader, Prediction
 
 # (request id, stored sample or None, label, recovered, digest of the model input or None)
 Item = tuple[str, Any, int, bool, bytes | None]

@@ -1,6 +1,6 @@
 """The task-independent parts of quantization-aware training (the qat step,
 ``components/steps/qat.py``): the quantizer, the int8 and fp32 bundles, the paired gate of int8
-against its fp32 parent (:mod:`components.ml.gates`) and the flat ``metrics/qat.json``.
+against its fp32 parent (:mod:`components.ml.decisions.gates`) and the flat ``metrics/qat.json``.
 
 The fine-tuning and the comparison on a task's data are :mod:`components.tasks.quantize`.
 """
@@ -17,9 +17,9 @@ from typing import Any
 import paddle
 
 from components.core.artifacts import StepError
-from components.ml import gates
-from components.ml.ov_runtime import read_model, save_ir
-from components.ml.runtime import ModelFiles
+from components.ml.decisions import gates
+from components.ml.serving.ov_runtime import read_model, save_ir
+from components.ml.serving.runtime import ModelFiles
 
 log = logging.getLogger(__name__)
 # the qat step's params (components.steps.qat.QatParams): the quantizer's settings, the
@@ -100,7 +100,7 @@ def outcomes(paired: dict[str, Any]) -> dict[str, Any]:
 
 
 def gate(comparisons: dict[str, dict[str, Any]], params: QatParamsLike) -> GateDecision:
-    """Paired int8-vs-fp32 decision for each runtime (see :mod:`components.ml.gates`)."""
+    """Paired int8-vs-fp32 decision for each runtime (see :mod:`components.ml.decisions.gates`)."""
     reasons: list[str] = []
     rules: dict[str, list[dict[str, Any]]] = {}
     for runtime, c in comparisons.items():

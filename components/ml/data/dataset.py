@@ -1,6 +1,6 @@
 """The on-disk layout written by ``ingest`` and read by every later step.
 
-An ingested data set is a snapshot directory (``components.ml.snapshot``, documented in
+An ingested data set is a snapshot directory (``components.ml.data.snapshot``, documented in
 ``docs/data-format.md``):
 
 - ``snapshot.json``: the shards with their sha256, counts per split and class, the input units

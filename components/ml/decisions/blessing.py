@@ -4,7 +4,8 @@ Pure decision statistics over what :mod:`components.tracking.champion` measured:
 challenger's own floor (lineage, ``register.min_accuracy``, the task's baseline), what the data
 allow to compare (:class:`Integrity`: a holdout leak, a champion that cannot be scored on
 samples it did not train on) and the paired comparison with the champion
-(:func:`components.ml.gates.decide` on the split and on the pinned holdout, docs/gates.md).
+(:func:`components.ml.decisions.gates.decide` on the split and on the pinned holdout,
+docs/gates.md).
 All failures are reported, not just the first (:class:`Blessing`).
 
 The holdout statistics live here too: which samples of a split a model trained on
@@ -22,7 +23,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from components.ml import gates, snapshot
+from components.ml.data import snapshot
+from components.ml.decisions import gates
 
 
 class Rules(Protocol):

@@ -31,8 +31,8 @@ import yaml
 
 from components.core.artifacts import StepError, atomic_path, read_json, write_json
 from components.core.config import params_sha256
-from components.ml import distributed
-from components.ml.distributed import Batching, World
+from components.ml.training import distributed
+from components.ml.training.distributed import Batching, World
 
 log = logging.getLogger(__name__)
 # 2: named optimizers, the best epoch's "score"; 3: streamed epochs (older ones are ignored)

@@ -54,11 +54,11 @@ from tqdm import tqdm
 
 from components.core.artifacts import StepError, read_json
 from components.core.config import params_model
-from components.ml import warmup
-from components.ml.kserve_client import encode_request
-from components.ml.loadgen import LoadResult, Wrk
-from components.ml.model_config import ModelConfig
-from components.ml.server import RunningServer
+from components.ml.serving import warmup
+from components.ml.serving.kserve_client import encode_request
+from components.ml.serving.loadgen import LoadResult, Wrk
+from components.ml.serving.model_config import ModelConfig
+from components.ml.serving.server import RunningServer
 
 log = logging.getLogger(__name__)
 

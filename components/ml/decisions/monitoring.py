@@ -2,7 +2,7 @@
 
 The reference is the champion on its training snapshot's held-out split (samples the model
 did not train on, so under no shift they are exchangeable with live traffic); the window is
-the newest logged requests (``components.ml.prediction_log``). Every check is a standard
+the newest logged requests (``components.ml.data.prediction_log``). Every check is a standard
 two-sample test from scipy:
 
 - **input drift**, per input feature the task defines (:meth:`Task.monitor_features`: for
@@ -31,7 +31,7 @@ import numpy as np
 from pydantic import Field
 
 from components.core.config import params_model
-from components.ml.features import image_features, softmax_top1
+from components.ml.data.features import image_features, softmax_top1
 
 __all__ = [
     "ALARM",

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from components.core.artifacts import atomic_path, write_json
-from components.ml.monitor_window import Window
-from components.ml.monitoring import INSUFFICIENT, RETRAIN_REASON_ENV, Sample, Verdict
+from components.ml.decisions.monitor_window import Window
+from components.ml.decisions.monitoring import INSUFFICIENT, RETRAIN_REASON_ENV, Sample, Verdict
 
 log = logging.getLogger(__name__)
 

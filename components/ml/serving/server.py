@@ -18,7 +18,7 @@ from pathlib import Path
 from components.core.artifacts import StepError
 from components.core.ports import free_port
 from components.core.retry import SYSTEM_CLOCK, Backoff, Clock, poll
-from components.ml.kserve_client import KServeClient
+from components.ml.serving.kserve_client import KServeClient
 
 REPO = Path(__file__).resolve().parents[2]
 SERVER_NAME = "paddle-mlops-server"

@@ -8,7 +8,7 @@ prediction log: paired evidence. The verdict, in this order:
    and its server-error rate exceeds ``max_error_rate`` or its p99 latency exceeds
    ``max_p99_latency_ms``: roll back, without waiting for statistics.
 2. **With labels fed back** for ``min_labelled`` paired items: the blessing's own rules
-   (``components.ml.gates``: one-sided exact McNemar on the paired outcomes and per-class
+   (``components.ml.decisions.gates``: one-sided exact McNemar on the paired outcomes and per-class
    recall, with ``register``'s limits): fail -> roll back, pass -> promote.
 3. **Without labels**, with ``min_pairs`` paired items: top-1 agreement with the champion of
    at least ``min_agreement`` -> promote, else roll back.
@@ -26,7 +26,7 @@ import numpy as np
 from pydantic import Field
 
 from components.core.config import params_model
-from components.ml.gates import PairedLimits, compare, decide
+from components.ml.decisions.gates import PairedLimits, compare, decide
 
 
 @params_model
