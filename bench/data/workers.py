@@ -1,0 +1,204 @@
+"""The measurements that each run in a fresh process of the benchmark
+(``bench/data_bench.py --worker decode|ingest|reader ARGS``, :func:`call_worker`), timed inside
+it after the imports: the bare decode loop, the ingest step, the streaming reader and the
+train step."""
+
+from __future__ import annotations
+
+import io
+import json
+import multiprocessing
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from bench.data.common import CLASSES, REPO, env
+from bench.data.corpus import image_files
+
+ENTRY = REPO / "bench" / "data_bench.py"  # the script whose --worker mode call_worker runs
+
+
+def _decode_chunk(paths: list[str]) -> int:
+    from PIL import Image
+
+    for p in paths:
+        with open(p, "rb") as fh:
+            blob = fh.read()
+        np.asarray(Image.open(io.BytesIO(blob)).convert("RGB"), dtype=np.uint8)
+    return len(paths)
+
+
+def worker_decode(source: Path, workers: int, chunk: int) -> dict[str, Any]:
+    """The limit: decode every image of ``source`` on a pool of ``workers`` (timed here)."""
+    started = time.perf_counter()
+    files = [str(f) for f in image_files(source)]
+    chunks = [files[i : i + chunk] for i in range(0, len(files), chunk)]
+    if workers > 1:
+        with multiprocessing.get_context("spawn").Pool(workers) as pool:
+            n = sum(pool.imap(_decode_chunk, chunks))
+    else:
+        n = sum(_decode_chunk(c) for c in chunks)
+    return {"seconds": time.perf_counter() - started, "images": n}
+
+
+def worker_ingest(params_file: Path, out: Path) -> dict[str, Any]:
+    """``components.steps.ingest`` on ``params_file`` into ``out``, timed after the imports."""
+    from components.core.config import load_params
+    from components.kernel.step import load
+    from components.tasks import task_from_params
+
+    step = load("ingest")
+    params = load_params(params_file)
+    task_from_params(params)  # imports the task (paddle) before the clock starts
+    started = time.perf_counter()
+    step.call(params, {"data": out})
+    seconds = time.perf_counter() - started
+    doc = json.loads((out / "snapshot.json").read_text())
+    return {
+        "seconds": seconds,
+        "rows": sum(s["rows"] for s in doc["shards"]),
+        "units": len(doc["units"]),
+        "units_reused": sum(1 for u in doc["units"] if u.get("reused")),
+        "shards": len(doc["shards"]),
+    }
+
+
+def reader_pass(
+    task: Any, data: Path, batch: int
+) -> tuple[int, float, tuple[np.ndarray, np.ndarray]]:
+    """One pass of ``iter_split`` (+ ``task.preprocess``) over the train split of ``data``:
+    the samples read, the seconds, and the first full training batch."""
+    from components.tasks.data import iter_split
+
+    # a shard holds one unit's rows of one split, so iter_split's batches end at shard ends
+    # (often below batch_rows): the first full training batch is gathered across them
+    first: tuple[np.ndarray, np.ndarray] | None = None
+    gather: list[tuple[np.ndarray, np.ndarray]] = []
+    n = 0
+    started = time.perf_counter()
+    for samples, labels in iter_split(task.data, data, "train", batch_rows=batch):
+        (x,) = task.preprocess(samples)
+        n += len(labels)
+        if first is None:
+            gather.append((x, labels))
+            if sum(len(g[1]) for g in gather) >= batch:
+                first = (
+                    np.concatenate([g[0] for g in gather])[:batch],
+                    np.concatenate([g[1] for g in gather])[:batch],
+                )
+    reader_s = time.perf_counter() - started
+    if first is None:
+        raise RuntimeError(f"{data}: the train split has fewer than {batch} samples")
+    return n, reader_s, first
+
+
+def train_seconds(task: Any, first: tuple[np.ndarray, np.ndarray], steps: int) -> float:
+    """Seconds of ``steps`` resnet18 training steps (Adam, cross-entropy) on the batch
+    ``first``, after 3 warm-up steps."""
+    import paddle
+    import paddle.nn.functional as F
+
+    paddle.seed(0)
+    model = task.build_model(len(CLASSES))
+    model.train()
+    opt = paddle.optimizer.Adam(parameters=model.parameters(), learning_rate=1e-3)
+    x, y = paddle.to_tensor(first[0]), paddle.to_tensor(first[1])
+
+    def one_step() -> None:
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.clear_grad()
+        float(loss)  # wait for the step
+
+    for _ in range(3):
+        one_step()
+    started = time.perf_counter()
+    for _ in range(steps):
+        one_step()
+    return time.perf_counter() - started
+
+
+def worker_reader(params_file: Path, data: Path, batch: int, steps: int) -> dict[str, Any]:
+    """The streaming reader's samples/s against resnet18's training samples/s."""
+    import paddle  # noqa: F401  (imported first, as the train step does)
+
+    from components.tasks import get_task
+
+    params = yaml.safe_load(params_file.read_text())
+    task = get_task("image_folder", params["task"]["options"])
+    n, reader_s, first = reader_pass(task, data, batch)
+    loader = loader_rate(task, data, params["train"], batch)
+    train_s = train_seconds(task, first, steps)
+    return {
+        "reader_samples": n,
+        "reader_seconds": reader_s,
+        "reader_samples_per_s": n / reader_s,
+        "train_steps": steps,
+        "batch_size": batch,
+        "train_seconds": train_s,
+        "train_samples_per_s": steps * batch / train_s,
+        "loader": loader,
+    }
+
+
+def loader_rate(task: Any, data: Path, train: dict[str, Any], batch: int) -> dict[str, Any] | None:
+    """Samples/s of the train step's own input pipeline, where it has one
+    (``components.tasks.stream``: pieces read and preprocessed by ``train.loader_workers``
+    DataLoader processes, a shuffle buffer, batches): one pass over the train split. None
+    where the module is not there; its error where its API differs."""
+    try:
+        from components.ml.data import snapshot
+        from components.tasks.stream import SnapshotData, StreamSettings
+    except ImportError:
+        return None
+    given = {
+        "shuffle_buffer": train.get("shuffle_buffer"),
+        "piece_rows": train.get("piece_rows"),
+        "workers": train.get("loader_workers"),
+    }
+    try:
+        settings = StreamSettings(**{k: v for k, v in given.items() if v is not None})
+        stream = SnapshotData(snapshot.load(data), task, settings)
+        n = 0
+        started = time.perf_counter()
+        for item in stream.batches(batch, (int(train.get("seed", 0)),)):
+            n += len(item.labels)
+        seconds = time.perf_counter() - started
+    except Exception as exc:  # an API of another shape: reported, never fatal
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    return {
+        "samples": n,
+        "seconds": seconds,
+        "samples_per_s": n / seconds,
+        "settings": asdict(settings),
+    }
+
+
+def call_worker(kind: str, *args: str) -> dict[str, Any]:
+    """Run one of the worker modes of the benchmark (``bench/data_bench.py --worker KIND``) in
+    a fresh process; its JSON answer."""
+    proc = subprocess.run(
+        [sys.executable, str(ENTRY), "--worker", kind, *args],
+        cwd=REPO, env=env(), capture_output=True, text=True, timeout=6 * 3600,
+    )  # fmt: skip
+    if proc.returncode != 0:
+        tail = (proc.stdout + proc.stderr).splitlines()[-15:]
+        raise RuntimeError(f"worker {kind} failed (exit {proc.returncode}):\n" + "\n".join(tail))
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def run_worker(kind: str, a: Sequence[str]) -> dict[str, Any]:
+    """``--worker KIND ARGS``: one measurement in this process (see :func:`call_worker`)."""
+    if kind == "decode":
+        return worker_decode(Path(a[0]), int(a[1]), int(a[2]))
+    if kind == "ingest":
+        return worker_ingest(Path(a[0]), Path(a[1]))
+    return worker_reader(Path(a[0]), Path(a[1]), int(a[2]), int(a[3]))
