@@ -239,18 +239,9 @@ def run_all(args: argparse.Namespace, report: Report, work: Path, wrk_bin: str) 
     report.ratios = ratios(report, args.overhead_concurrency)
 
 
-def run_overhead(args: argparse.Namespace, report: Report, work: Path, wrk: Wrk) -> None:
-    """Digits: the C++ server with batching off, with batching on, and the Python baseline,
-    same layout, all three running at once. At each concurrency every server is measured in
-    turn, ``--repeats`` rounds (the order rotates each round), so the ratios between them are
-    ratios of runs seconds apart. Then gRPC vs REST and the slow clients on the batching-off
-    server."""
-    model_dir = args.digits_dir
-    shape = input_shape(model_dir)
-    ((workers, threads),) = layouts(args.digits_layout)
-    layout = f"{workers}x{threads}"
-    noise = noise_of(args)
-    reference = OVPredictor(model_file(model_dir), threads=threads)
+def overhead_plan(args: argparse.Namespace) -> dict[tuple[str, str], list[int]]:
+    """The digits servers the chosen parts need, as (target, batching), and the concurrencies
+    each is measured at (grpc and the slow clients reuse the batching-off C++ server)."""
     parts = set(args.parts)
     both = sorted(set(args.digits_concurrency))
     plan: dict[tuple[str, str], list[int]] = {}
@@ -270,32 +261,56 @@ def run_overhead(args: argparse.Namespace, report: Report, work: Path, wrk: Wrk)
             plan["cpp", "on"] = both
     if "python" in parts:
         plan["python", "n/a"] = sorted(set(both) | {args.overhead_concurrency})
+    return plan
+
+
+def start_digits(
+    args: argparse.Namespace, target: str, batching: str, workers: int, threads: int, log_file: Path
+) -> Any:
+    """One digits server of :func:`overhead_plan`: the C++ server (batching on or off) or the
+    Python baseline."""
+    if target == "cpp":
+        return start_cpp(
+            args,
+            args.digits_dir,
+            "digits",
+            workers,
+            threads,
+            batching == "on",
+            log_file,
+            args.digits_queue_delay_us,
+            args.max_batch_size,
+        )
+    return start_python(
+        args.digits_dir,
+        "digits",
+        workers,
+        threads,
+        log_file,
+        args.startup_timeout,
+        args.cpu_pinning,
+    )
+
+
+def run_overhead(args: argparse.Namespace, report: Report, work: Path, wrk: Wrk) -> None:
+    """Digits: the C++ server with batching off, with batching on, and the Python baseline,
+    same layout, all three running at once. At each concurrency every server is measured in
+    turn, ``--repeats`` rounds (the order rotates each round), so the ratios between them are
+    ratios of runs seconds apart. Then gRPC vs REST and the slow clients on the batching-off
+    server."""
+    model_dir = args.digits_dir
+    shape = input_shape(model_dir)
+    ((workers, threads),) = layouts(args.digits_layout)
+    layout = f"{workers}x{threads}"
+    noise = noise_of(args)
+    reference = OVPredictor(model_file(model_dir), threads=threads)
+    parts = set(args.parts)
+    plan = overhead_plan(args)
     servers: dict[tuple[str, str], Any] = {}
     try:
         for target, batching in plan:
             log_file = work / f"{target}-digits-batching-{batching.replace('/', '')}.log"
-            if target == "cpp":
-                server: Any = start_cpp(
-                    args,
-                    model_dir,
-                    "digits",
-                    workers,
-                    threads,
-                    batching == "on",
-                    log_file,
-                    args.digits_queue_delay_us,
-                    args.max_batch_size,
-                )
-            else:
-                server = start_python(
-                    model_dir,
-                    "digits",
-                    workers,
-                    threads,
-                    log_file,
-                    args.startup_timeout,
-                    args.cpu_pinning,
-                )
+            server = start_digits(args, target, batching, workers, threads, log_file)
             servers[target, batching] = server
             label = f"{target} digits batching {batching}"
             report.checks.append(check_answers(server, "digits", reference, shape, label))

@@ -73,6 +73,67 @@ def start_resnet(
     )
 
 
+def compute_round(
+    args: argparse.Namespace,
+    report: Report,
+    model_dir: Path,
+    shape: Any,
+    batch: int,
+    noise: Any,
+    servers: dict[tuple[str, str], RunningServer],
+    loads: list[tuple[Cell, Any]],
+    i: int,
+) -> dict[str, Any]:
+    """Round ``i`` of :func:`confirm_compute`: the in-process batch (and the runtime's best
+    layout, where measured) then each candidate cell; their ratios."""
+    (ip,) = measure_inprocess(
+        model_file(model_dir),
+        shape,
+        args.threads,
+        [batch],
+        args.compute_round_seconds,
+        max_iters=10_000,
+        noise=noise,
+        when=f"round{i + 1}",
+        cpu_pinning=args.cpu_pinning,
+    )
+    row: dict[str, Any] = {"inprocess": ip.images_per_s, "batch": batch, "cells": []}
+    limit = None
+    if report.runtime:
+        best = RuntimeCell(**{**report.runtime[0], "when": f"round{i + 1}"})
+        limit = runtime_best.again(
+            model_file(model_dir), shape, best, args.compute_round_seconds, best.when
+        ).images_per_s
+        row["runtime_best"] = limit
+    for cell, load in loads:
+        measured = measure(
+            load,
+            servers[(cell.layout, cell.batching)],
+            args.arch,
+            cell,
+            args.compute_round_seconds,
+            args.warmup,
+            noise,
+        )
+        row["cells"].append(
+            {
+                "cell": cell_label(cell),
+                "server": measured.throughput,
+                "ratio": measured.throughput / ip.images_per_s,
+                "ratio_runtime": measured.throughput / limit if limit else None,
+            }
+        )
+        log.info(
+            "round %d: %s %.1f images/s vs in-process %.1f = %.3f",
+            i + 1,
+            cell_label(cell),
+            measured.throughput,
+            ip.images_per_s,
+            row["cells"][-1]["ratio"],
+        )
+    return row
+
+
 def confirm_compute(
     args: argparse.Namespace, report: Report, work: Path, wrk: Wrk, model_dir: Path
 ) -> list[dict[str, Any]]:
@@ -107,52 +168,9 @@ def confirm_compute(
                 )  # fmt: skip
             loads.append((cell, wrk.load(servers[key], args.arch, shape, cell.concurrency)))
         for i in range(args.compute_rounds):
-            (ip,) = measure_inprocess(
-                model_file(model_dir),
-                shape,
-                args.threads,
-                [batch],
-                args.compute_round_seconds,
-                max_iters=10_000,
-                noise=noise,
-                when=f"round{i + 1}",
-                cpu_pinning=args.cpu_pinning,
+            rounds.append(
+                compute_round(args, report, model_dir, shape, batch, noise, servers, loads, i)
             )
-            row: dict[str, Any] = {"inprocess": ip.images_per_s, "batch": batch, "cells": []}
-            limit = None
-            if report.runtime:
-                best = RuntimeCell(**{**report.runtime[0], "when": f"round{i + 1}"})
-                limit = runtime_best.again(
-                    model_file(model_dir), shape, best, args.compute_round_seconds, best.when
-                ).images_per_s
-                row["runtime_best"] = limit
-            for cell, load in loads:
-                measured = measure(
-                    load,
-                    servers[(cell.layout, cell.batching)],
-                    args.arch,
-                    cell,
-                    args.compute_round_seconds,
-                    args.warmup,
-                    noise,
-                )
-                row["cells"].append(
-                    {
-                        "cell": cell_label(cell),
-                        "server": measured.throughput,
-                        "ratio": measured.throughput / ip.images_per_s,
-                        "ratio_runtime": measured.throughput / limit if limit else None,
-                    }
-                )
-                log.info(
-                    "round %d: %s %.1f images/s vs in-process %.1f = %.3f",
-                    i + 1,
-                    cell_label(cell),
-                    measured.throughput,
-                    ip.images_per_s,
-                    row["cells"][-1]["ratio"],
-                )
-            rounds.append(row)
     finally:
         for server in servers.values():
             server.stop()
