@@ -25,9 +25,9 @@ from tests.conftest import REPO
 # package.tune added (the serving-config search); serving_image.server_binary removed (the
 # binary is $PADDLE_MLOPS_SERVER_BINARY or the dev build, for every step that runs it).
 EFFECTIVE = {
-    "params.yaml": "ac2e0ed5",
-    "tasks/digits_gan/params.yaml": "8e1ab595",
-    "tasks/sentiment/params.yaml": "fcc66746",
+    "params.yaml": "1cabdddc",
+    "tasks/digits_gan/params.yaml": "349c5fc5",
+    "tasks/sentiment/params.yaml": "6c5d990a",
 }
 
 

@@ -15,10 +15,12 @@ import logging
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from components.core.artifacts import StepError
 from components.core.config import load_params, section
+from components.core.retry import BackoffParams
 from components.core.uris import redact_uri
 from components.kernel.cli import run_cli
 from components.tasks import is_builtin, task_class
@@ -116,6 +118,14 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _health_backoff(params_file: str) -> BackoffParams | None:
+    """``registry.health_backoff`` of ``params_file`` (None when there is no such file: the
+    default)."""
+    if not Path(params_file).is_file():
+        return None
+    return section(load_params(params_file), "registry", RegistryParams).health_backoff
+
+
 def _names(args: argparse.Namespace) -> tuple[str, str]:
     """The experiment and the registered model: the flags, else ``--params``'s."""
     if args.experiment and args.model_name:
@@ -199,7 +209,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             model,
             accounts.admin.username,
         )
-        wait_for_server(admin.tracking_uri, args.wait_s)
+        wait_for_server(admin.tracking_uri, args.wait_s, health=_health_backoff(args.params))
         users = _apply(uri, admin, accounts, experiment, model)
         summary = {"tracking_uri": redact_uri(uri), "users": users}
         sys.stdout.write(json.dumps(summary, sort_keys=True) + "\n")

@@ -48,6 +48,10 @@ class DeploySettings(Protocol):
     kube_context: str | None
     server_variant: str
     rollout_timeout_s: float
+    rollout_poll_s: float
+    podman_ready_poll_s: float
+    local_ready_poll_s: float
+    local_stop_poll_s: float
     local_port: int
     local_grpc_port: int
     local_name: str

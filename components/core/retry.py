@@ -9,8 +9,11 @@ between attempts and when to give up; :func:`retry_call` retries a call that rai
   attempt falls on the deadline, never after it.
 - **Time is injected.** Every loop measures and waits through a :class:`Clock` (default: the
   real one), so a test passes a fake clock and counts attempts and waits, never wall time.
+- **Bounds are params.** :class:`BackoffParams` is the ``params.yaml`` shape of a backoff
+  (``first_s``, ``max_s``, ``factor``, ``attempts``, ``deadline_s``); its :meth:`~BackoffParams.
+  backoff` gives the :class:`Backoff`.
 
-Library layer (imports nothing of the project).
+Core layer (imports only ``components.core.config``).
 """
 
 from __future__ import annotations
@@ -18,9 +21,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import tenacity
+from pydantic import Field, model_validator
+
+from components.core.config import params_model
 
 T = TypeVar("T")
 
@@ -123,3 +129,39 @@ def poll(
         retry_error_callback=lambda state: state.outcome.result() if state.outcome else None,
     )
     return retrying(check)
+
+
+@params_model
+class BackoffParams:
+    """A :class:`Backoff` as params (``params.yaml``): the same fields and rules, each a
+    range; a bound the caller owns elsewhere (a ``*_timeout_s`` key) is passed to
+    :meth:`backoff` instead."""
+
+    first_s: Annotated[float, Field(ge=0)]  # the first wait
+    max_s: Annotated[float, Field(ge=0)]  # no wait is longer (>= first_s)
+    factor: Annotated[float, Field(ge=1)] = 2.0  # each wait this times the previous (1: fixed)
+    attempts: Annotated[int, Field(ge=1)] | None = None  # give up after this many (null: none)
+    deadline_s: Annotated[float, Field(gt=0)] | None = None  # ... or this long after the first
+
+    @model_validator(mode="after")
+    def _rules(self) -> BackoffParams:
+        if self.max_s < self.first_s:
+            raise ValueError(f"max_s must be >= first_s ({self.first_s:g}), got {self.max_s:g}")
+        return self
+
+    def backoff(self, *, attempts: int | None = None, deadline_s: float | None = None) -> Backoff:
+        """The :class:`Backoff` of these bounds; ``attempts`` / ``deadline_s`` given here
+        replace the params' own (a step's ``*_timeout_s``, a call's attempt count)."""
+        return Backoff(
+            first_s=self.first_s,
+            max_s=self.max_s,
+            factor=self.factor,
+            attempts=self.attempts if attempts is None else attempts,
+            deadline_s=self.deadline_s if deadline_s is None else deadline_s,
+        )
+
+
+def every(interval_s: float, deadline_s: float) -> Backoff:
+    """A fixed interval ``interval_s`` until ``deadline_s``: how a ready/rollout wait polls
+    (its interval a ``*_poll_s`` key of the step's params)."""
+    return Backoff(first_s=interval_s, max_s=interval_s, factor=1, deadline_s=deadline_s)

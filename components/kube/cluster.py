@@ -9,12 +9,12 @@ from typing import Any
 
 from components.core.artifacts import StepError
 from components.core.deploy_target import DeploySettings, Rollout
-from components.core.retry import SYSTEM_CLOCK, Backoff, Clock, poll
+from components.core.retry import SYSTEM_CLOCK, Clock, every, poll
 
 log = logging.getLogger(__name__)
 
 FIELD_MANAGER = "paddle-mlops-deploy"
-ROLLOUT_POLL_S = 2.0  # how often wait_rollout reads each object
+ROLLOUT_POLL_S = 2.0  # how often wait_rollout reads each object: deploy.rollout_poll_s's default
 
 
 def deploy(rollout: Rollout) -> dict[str, Any]:
@@ -64,13 +64,19 @@ def apply_kubernetes(docs: list[dict[str, Any]], params: DeploySettings) -> list
 
 
 def wait_rollout(
-    docs: list[dict[str, Any]], params: DeploySettings, clock: Clock = SYSTEM_CLOCK
+    docs: list[dict[str, Any]],
+    params: DeploySettings,
+    clock: Clock = SYSTEM_CLOCK,
+    *,
+    dyn: Any = None,
 ) -> None:
     """Wait until each Deployment runs its new pods and each InferenceService is Ready: each
-    read every :data:`ROLLOUT_POLL_S`, all within one ``deploy.rollout_timeout_s``."""
-    from kubernetes import client, dynamic
+    read every ``deploy.rollout_poll_s``, all within one ``deploy.rollout_timeout_s``.
+    ``dyn``: the Kubernetes dynamic client (None: one on the loaded config)."""
+    if dyn is None:
+        from kubernetes import client, dynamic
 
-    dyn = dynamic.DynamicClient(client.ApiClient())
+        dyn = dynamic.DynamicClient(client.ApiClient())
     end = clock.monotonic() + params.rollout_timeout_s
     for doc in docs:
         if doc["kind"] in ("Deployment", "InferenceService"):
@@ -91,8 +97,7 @@ def _wait_one(
         return _rolled_out(last)
 
     left_s = max(0.0, end - clock.monotonic())
-    backoff = Backoff(ROLLOUT_POLL_S, ROLLOUT_POLL_S, factor=1, deadline_s=left_s)
-    if not poll(_ready, backoff, clock=clock):
+    if not poll(_ready, every(params.rollout_poll_s, left_s), clock=clock):
         raise StepError(
             f"{doc['kind']}/{name} did not become ready within "
             f"{params.rollout_timeout_s:.0f} s (deploy.rollout_timeout_s); status: "

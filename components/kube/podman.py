@@ -29,13 +29,13 @@ from components.core.deploy_target import (
     prediction_log_dir,
     server_args,
 )
-from components.core.retry import SYSTEM_CLOCK, Backoff, Clock, poll
+from components.core.retry import SYSTEM_CLOCK, Clock, every, poll
 from components.kube.images import _run
 
 log = logging.getLogger(__name__)
 
 SERVER_IMAGE_LABEL = "paddle-mlops.server-image"  # set by the serving image's model layer
-READY_POLL_S = 0.5  # how often _wait_ready asks the new container
+READY_POLL_S = 0.5  # how often _wait_ready asks the new container (deploy.podman_ready_poll_s)
 MODELS_ROOT = "/mnt/models-root"  # podman: local_state_dir/models/MODEL, read-only
 
 
@@ -52,10 +52,16 @@ def _exists(name: str) -> bool:
 
 
 def _wait_ready(
-    control: ServerControl, url: str, timeout_s: float, name: str, clock: Clock = SYSTEM_CLOCK
+    control: ServerControl,
+    url: str,
+    timeout_s: float,
+    name: str,
+    clock: Clock = SYSTEM_CLOCK,
+    *,
+    poll_s: float = READY_POLL_S,
 ) -> bool:
     """Whether the container ``name`` answers ready at ``url`` within ``timeout_s`` (asked
-    every :data:`READY_POLL_S`); False at once when it has exited."""
+    every ``poll_s``); False at once when it has exited."""
 
     def _state() -> str | None:
         if control.ready(url, 5):
@@ -63,8 +69,7 @@ def _wait_ready(
         state = _podman("inspect", "--format", "{{.State.Status}}", name, check=False)
         return "exited" if state.stdout.strip() in ("exited", "stopped") else None
 
-    backoff = Backoff(READY_POLL_S, READY_POLL_S, factor=1, deadline_s=timeout_s)
-    return poll(_state, backoff, clock=clock) == "ready"
+    return poll(_state, every(poll_s, timeout_s), clock=clock) == "ready"
 
 
 def _image_config(ref: str) -> tuple[str, list[str]]:
@@ -168,7 +173,9 @@ def _replace(
         _podman("rename", name, previous)
         _podman("stop", "--time", "10", previous)
     _start(rel, params, models_root)
-    if not _wait_ready(control, url, params.rollout_timeout_s, name):
+    if not _wait_ready(
+        control, url, params.rollout_timeout_s, name, poll_s=params.podman_ready_poll_s
+    ):
         logs = _podman("logs", "--tail", "30", name, check=False)
         _podman("rm", "--force", name, check=False)
         if had_previous:

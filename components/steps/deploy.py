@@ -106,6 +106,12 @@ class DeployParams:
     components_image: str | None = None  # ref@sha256 of fetch-model; default $PADDLE_MLOPS_IMAGE
     server_variant: Literal["fp32", "int8"] = "int8"  # the bundle variant the server runs
     rollout_timeout_s: Annotated[float, Field(gt=0)] = 300.0
+    # how often the rollout is looked at: kubernetes objects, the podman container's and the
+    # local server's readiness, the stopped local server
+    rollout_poll_s: Annotated[float, Field(gt=0)] = cluster.ROLLOUT_POLL_S
+    podman_ready_poll_s: Annotated[float, Field(gt=0)] = podman.READY_POLL_S
+    local_ready_poll_s: Annotated[float, Field(gt=0)] = local_server.READY_POLL_S
+    local_stop_poll_s: Annotated[float, Field(gt=0)] = local_server.STOP_POLL_S
     local_port: Port = 8501  # podman: the server on 127.0.0.1:local_port
     # local: its KServe v2 gRPC port on 127.0.0.1 (-1: none)
     local_grpc_port: Annotated[int, Field(ge=-1, lt=65536)] = 8601
@@ -304,7 +310,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         params = section(load_params(args.params), "deploy", DeployParams)
         state_dir = local_state_dir(params)
         if argv[0] == "stop":
-            server = local_server.stop(state_dir, params.rollout_timeout_s)
+            server = local_server.stop(
+                state_dir, params.rollout_timeout_s, poll_s=params.local_stop_poll_s
+            )
             if server is None:
                 log.info("no local server runs (%s)", state_dir / local_server.STATE_FILE)
             return

@@ -182,7 +182,7 @@ def _register(
     # the version's own run and model: another (dead) pipeline run's when it was adopted
     registered = client.get_model_version(name, str(version))
     failpoints.hit("register.after_version", f"{name} v{version}")
-    set_alias(client, name, CHALLENGER, version)
+    set_alias(client, name, CHALLENGER, version, backoff=registry.params.alias_backoff)
     log.info(
         "registered %s v%d (alias %s) from model %s, bundle sha256 %s",
         name,

@@ -50,7 +50,7 @@ from components.kube.serving_context import (
 )
 from components.ml.serving import model_config
 from components.ml.serving.infra_validation import validate_variant
-from components.ml.serving.server import REPO, default_build_dir, server_binary
+from components.ml.serving.server import READY_POLL_S, REPO, default_build_dir, server_binary
 from components.tasks import Task
 
 log = logging.getLogger(__name__)
@@ -73,6 +73,8 @@ class ServingImageParams:
     latency_requests: int = 50
     latency_budget_ms_p50: float = 20.0
     startup_timeout_s: float = 60.0
+    # how often a starting server is asked whether it is ready
+    startup_poll_s: Annotated[float, Field(gt=0)] = READY_POLL_S
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,6 @@ never logged.
 from __future__ import annotations
 
 import configparser
-import dataclasses
 import logging
 import os
 import urllib.error
@@ -34,8 +33,9 @@ from pathlib import Path
 from typing import Any
 
 from components.core.artifacts import StepError
-from components.core.retry import SYSTEM_CLOCK, Backoff, Clock, poll
+from components.core.retry import SYSTEM_CLOCK, BackoffParams, Clock, poll
 from components.core.uris import redact_uri
+from components.tracking.mlflow_client import health_default
 
 log = logging.getLogger(__name__)
 
@@ -45,9 +45,6 @@ MIN_PASSWORD_LENGTH = 12  # the auth store refuses shorter passwords
 # who gets what (paddle-mlops mlflow-users)
 PIPELINE_PERMISSION = "EDIT"  # experiment + registered model: log, register, move aliases
 DEPLOY_PERMISSION = "READ"  # registered model + experiment (a version's files are run artifacts)
-# asking a starting server for /health: 0.5 s, doubling, at most 5 s between tries (the
-# deadline: ``mlflow-users --wait-s``)
-HEALTH_BACKOFF = Backoff(first_s=0.5, max_s=5.0, deadline_s=120.0)
 
 
 @dataclass(frozen=True)
@@ -417,9 +414,16 @@ def admin_from_auth_config(path: str | Path) -> Credentials:
     return Credentials(section["admin_username"], section["admin_password"], source=str(path))
 
 
-def wait_for_server(tracking_uri: str, timeout_s: float, clock: Clock = SYSTEM_CLOCK) -> None:
+def wait_for_server(
+    tracking_uri: str,
+    timeout_s: float,
+    clock: Clock = SYSTEM_CLOCK,
+    *,
+    health: BackoffParams | None = None,
+) -> None:
     """Wait (bounded) until ``/health`` answers 200; a Job may start before the server.
-    Asks again after :data:`HEALTH_BACKOFF`'s waits, at most ``timeout_s`` in all."""
+    Asks again after ``health``'s waits (``registry.health_backoff``, default: its default),
+    at most ``timeout_s`` in all."""
     url = tracking_uri.rstrip("/") + "/health"
 
     def _healthy() -> bool:
@@ -429,7 +433,8 @@ def wait_for_server(tracking_uri: str, timeout_s: float, clock: Clock = SYSTEM_C
         except (urllib.error.URLError, OSError):
             return False
 
-    if not poll(_healthy, dataclasses.replace(HEALTH_BACKOFF, deadline_s=timeout_s), clock=clock):
+    backoff = (health or health_default()).backoff(deadline_s=timeout_s)
+    if not poll(_healthy, backoff, clock=clock):
         raise StepError(
             f"MLflow server {redact_uri(tracking_uri)} did not answer /health within "
             f"{timeout_s:.0f} s"

@@ -30,6 +30,7 @@ class ValidationSettings(Protocol):
     latency_requests: int
     latency_budget_ms_p50: float
     startup_timeout_s: float
+    startup_poll_s: float
 
 
 # --------------------------------------------------------------------------- validation
@@ -254,7 +255,7 @@ def validate_variant(
         else (params.int8_atol, params.int8_rtol)
     )
     try:
-        server.wait_ready(params.startup_timeout_s)
+        server.wait_ready(params.startup_timeout_s, poll_s=params.startup_poll_s)
         _check_settings(server, name, variant, bundled, report, failures)
         _check_answers(
             server, name, variant, model_dir, signature, golden, expected, tolerance,

@@ -31,7 +31,7 @@ from components.core.deploy_target import (
     prediction_log_dir,
     server_args,
 )
-from components.core.retry import SYSTEM_CLOCK, Backoff, Clock, poll
+from components.core.retry import SYSTEM_CLOCK, Clock, every, poll
 from components.ml.serving import model_control
 from components.ml.serving.kserve_client import KServeClient
 from components.ml.serving.server import REPO, default_build_dir, server_binary, server_process_env
@@ -40,8 +40,9 @@ log = logging.getLogger(__name__)
 
 STATE_FILE = "server.json"
 LOG_FILE = "server.log"
-READY_POLL_S = 0.2  # how often start asks the new server whether it is ready
-STOP_POLL_S = 0.1  # how often stop looks whether the server is gone
+# how often start asks the new server whether it is ready (deploy.local_ready_poll_s)
+READY_POLL_S = 0.2
+STOP_POLL_S = 0.1  # how often stop looks whether the server is gone (deploy.local_stop_poll_s)
 
 
 @dataclass(frozen=True)
@@ -132,9 +133,10 @@ def start(
     model_control: bool,
     timeout_s: float,
     clock: Clock = SYSTEM_CLOCK,
+    poll_s: float = READY_POLL_S,
 ) -> LocalServer:
     """Start ``binary args`` detached on 127.0.0.1:``port`` and wait until it is ready (asked
-    every :data:`READY_POLL_S`, at most ``timeout_s``)."""
+    every ``poll_s``, at most ``timeout_s``)."""
     grpc_ports = [int(a.split("=", 1)[1]) for a in args if a.startswith("--grpc-port=")]
     for taken, key in [(port, "local_port"), *((p, "local_grpc_port") for p in grpc_ports)]:
         if taken != -1 and _port_taken(taken):
@@ -167,8 +169,7 @@ def start(
             return "exited"
         return "ready" if client.ready() else None
 
-    backoff = Backoff(READY_POLL_S, READY_POLL_S, factor=1, deadline_s=timeout_s)
-    if poll(_state, backoff, clock=clock) == "ready":
+    if poll(_state, every(poll_s, timeout_s), clock=clock) == "ready":
         log.info("%s v%d: serving at %s (pid %d)", model, version, server.url, proc.pid)
         return server
     code = proc.poll()
@@ -182,10 +183,14 @@ def start(
 
 
 def stop(
-    state_dir: Path, timeout_s: float = 30.0, clock: Clock = SYSTEM_CLOCK
+    state_dir: Path,
+    timeout_s: float = 30.0,
+    clock: Clock = SYSTEM_CLOCK,
+    *,
+    poll_s: float = STOP_POLL_S,
 ) -> LocalServer | None:
     """SIGTERM the server the pid file names and wait until it is gone (asked every
-    :data:`STOP_POLL_S`; SIGKILL after ``timeout_s``, then at most ``timeout_s`` more); the pid
+    ``poll_s``; SIGKILL after ``timeout_s``, then at most ``timeout_s`` more); the pid
     file is removed. None when nothing ran."""
     server = read_state(state_dir)
     if server is None:
@@ -197,7 +202,7 @@ def stop(
         _reap(server.pid)
         return False
 
-    backoff = Backoff(STOP_POLL_S, STOP_POLL_S, factor=1, deadline_s=timeout_s)
+    backoff = every(poll_s, timeout_s)
     os.kill(server.pid, signal.SIGTERM)
     if not poll(_gone, backoff, clock=clock):
         log.warning("pid %d did not stop within %.0f s: killed", server.pid, timeout_s)
@@ -251,19 +256,23 @@ def _restart(
     state_dir = local_state_dir(params)
     if params.prediction_log:
         prediction_log_dir(params).mkdir(parents=True, exist_ok=True)
-    previous = stop(state_dir, params.rollout_timeout_s) if running else None
-    options = dict(state_dir=state_dir, port=params.local_port, model=rel.model)
+    timeout_s = params.rollout_timeout_s
+    previous = stop(state_dir, timeout_s, poll_s=params.local_stop_poll_s) if running else None
+    options = dict(
+        state_dir=state_dir, port=params.local_port, model=rel.model, timeout_s=timeout_s,
+        poll_s=params.local_ready_poll_s,
+    )  # fmt: skip
     try:
         return start(
             binary, args, **options, version=rel.version, model_dir=str(rollout.model_dir),
-            model_control=params.swap == "load", timeout_s=params.rollout_timeout_s,
+            model_control=params.swap == "load",
         )  # fmt: skip
     except StepError:
         if previous is not None:
             start(
                 Path(previous.binary), args_of(previous), **options,
                 version=previous.version, model_dir=previous.model_dir,
-                model_control=previous.model_control, timeout_s=params.rollout_timeout_s,
+                model_control=previous.model_control,
             )  # fmt: skip
             log.error("v%d never became ready: v%d serves again", rel.version, previous.version)
         raise

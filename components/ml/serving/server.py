@@ -17,12 +17,13 @@ from pathlib import Path
 
 from components.core.artifacts import StepError
 from components.core.ports import free_port
-from components.core.retry import SYSTEM_CLOCK, Backoff, Clock, poll
+from components.core.retry import SYSTEM_CLOCK, Clock, every, poll
 from components.ml.serving.kserve_client import KServeClient
 
 REPO = Path(__file__).resolve().parents[2]
 SERVER_NAME = "paddle-mlops-server"
-READY_POLL_S = 0.1  # how often a starting server is asked whether it is ready
+# how often a starting server is asked whether it is ready (serving_image.startup_poll_s)
+READY_POLL_S = 0.1
 
 
 # Read by the binary besides SERVING_* (KServe's names); never inherited by a validation run.
@@ -83,8 +84,10 @@ class ServerProcess:
 
     free_port = staticmethod(free_port)
 
-    def wait_ready(self, timeout_s: float, clock: Clock = SYSTEM_CLOCK) -> None:
-        """Until the server answers ready (every :data:`READY_POLL_S`), at most ``timeout_s``;
+    def wait_ready(
+        self, timeout_s: float, clock: Clock = SYSTEM_CLOCK, *, poll_s: float = READY_POLL_S
+    ) -> None:
+        """Until the server answers ready (asked every ``poll_s``), at most ``timeout_s``;
         a server that exits first fails at once."""
 
         def _ready() -> bool:
@@ -95,8 +98,7 @@ class ServerProcess:
                 )
             return self.client.ready()
 
-        backoff = Backoff(first_s=READY_POLL_S, max_s=READY_POLL_S, factor=1, deadline_s=timeout_s)
-        if not poll(_ready, backoff, clock=clock):
+        if not poll(_ready, every(poll_s, timeout_s), clock=clock):
             raise StepError(
                 f"the server was not ready within {timeout_s:.0f} s (log: {self._log.name})"
             )
