@@ -4,10 +4,11 @@ This is what a user does: clone, materialise data/raw (tracked by data.dvc), ``d
 read metrics and plots, change a param, push and pull data, and read the MLflow run back.
 
 The same repository then closes the loop of ``make run`` on a laptop with ``deploy.target:
-local`` (params.yaml's default): a repro reruns deploy alone and returns while the built C++
-server serves the verified champion; the summary's curl answers; ``traffic`` fills the
-prediction log ``monitor`` judges; nothing is left to reproduce; ``deploy stop`` leaves no
-process. Then the podman release's params come back for the tests after them.
+local`` (params.yaml's default): a repro reruns track to deploy (no model is made again) and
+returns while the built C++ server serves the verified champion; the summary's curl answers;
+``traffic`` fills the prediction log ``monitor`` judges; nothing is left to reproduce;
+``deploy stop`` leaves no process. Then the podman release's params come back for the tests
+after them.
 """
 
 from __future__ import annotations
@@ -179,16 +180,17 @@ def podman_params(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("podman-params") / "params.yaml"
 
 
-def test_local_target_reruns_deploy_alone_and_returns_while_it_serves(repo, podman_params):
-    """``deploy.target: local`` on free ports (the podman server keeps its own): only deploy
-    reruns; ``dvc repro`` returns while the champion is served."""
+def test_local_target_reruns_from_track_and_returns_while_it_serves(repo, podman_params):
+    """``deploy.target: local`` on free ports (the podman server keeps its own): no model is
+    made again (track records every params section, so track and the steps after it rerun);
+    ``dvc repro`` returns while the champion is served."""
     shutil.copy(repo / "params.yaml", podman_params)
     set_params(
         repo, deploy={"target": "local", "local_port": free_port(), "local_grpc_port": free_port()}
     )
     # sh() captures stdout/stderr: a server holding dvc's pipes would keep it waiting
     proc = sh(repo, "dvc", "repro")
-    assert ran(proc) == ["deploy"]
+    assert ran(proc) == list(STAGES[STAGES.index("track") :])
     record = json.loads((repo / "outputs" / "deploy" / "deployment.json").read_text())
     assert record["deployed"] is True and record["target"] == "local"
     assert record["verified"]["verified"] is True  # signed provenance, the session's keys
@@ -278,7 +280,9 @@ def test_mlflow_run_holds_params_metrics_curves_and_artifacts(repo, tmp_path):
         "tags.mlflow.parentRunId IS NULL",
         order_by=["attributes.start_time DESC"],
     )
-    assert len(runs) == 2  # one per pipeline execution that changed something
+    # one per pipeline execution that changed something: the first, deploy.target local
+    # (track records the params), train's learning rate
+    assert len(runs) == 3
     parent = runs[0]
     run_json = json.loads((repo / "outputs" / "track" / "run.json").read_text())
     assert parent.info.run_id == run_json["run_id"]
