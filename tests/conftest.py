@@ -15,11 +15,19 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from types import SimpleNamespace
+from typing import TYPE_CHECKING
 
 import pytest
 import yaml
 
 from tests.suite import shared
+
+if TYPE_CHECKING:
+    from components.steps.promote import PromoteParams
+    from components.steps.register import RegisterParams
+    from components.steps.track import StepOutputs
+    from components.tasks import Task
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -218,6 +226,56 @@ def mlflow_tracking(uri: str) -> Iterator[str]:
         yield uri
 
 
+def track_register_promote(
+    uri: str,
+    outputs: StepOutputs,
+    root: Path,
+    task: Task,
+    data: Path,
+    *,
+    all_params: dict,
+    experiment: str,
+    model_name: str,
+    register: RegisterParams,
+    promote: PromoteParams | None = None,
+    infra: Path | None = None,
+) -> SimpleNamespace:
+    """The pipeline's real track, register and (``promote`` params given) promote steps on
+    ``outputs`` (a :class:`~components.steps.track.StepOutputs`) against the MLflow server at
+    ``uri``, as ``model_name``: track's run under ``root/track``, register's decision under
+    ``root/register``, promote's under ``root/promote`` (its image: ``infra``, else
+    ``outputs.infra``). ``registered`` and ``promoted`` (None without ``promote``) are the
+    steps' results; ``version`` the registered version."""
+    from components.steps.promote import run as promote_run
+    from components.steps.register import run as register_run
+    from components.steps.track import TrackParams
+    from components.steps.track import run as track_run
+    from components.tracking.registry import RegistryParams
+
+    with mlflow_tracking(uri):
+        track_run(TrackParams(experiment=experiment), all_params, root / "track", outputs)
+    registered = register_run(
+        register,
+        task,
+        root / "track",
+        data,
+        root / "register",
+        registry_params=RegistryParams(model_name=model_name),
+        tracking_uri=uri,
+    )
+    promoted = None
+    if promote is not None:
+        with mlflow_tracking(uri):
+            promoted = promote_run(
+                promote,
+                root / "register",
+                outputs.infra if infra is None else infra,
+                root / "promote",
+                registry_params=RegistryParams(model_name=model_name),
+            )
+    return SimpleNamespace(version=registered.version, registered=registered, promoted=promoted)
+
+
 @pytest.fixture(scope="session")
 def step_outputs(
     tmp_path_factory: pytest.TempPathFactory,
@@ -394,7 +452,7 @@ TINY_DIGITS: dict[str, dict] = {
     "evaluate": {"latency": {"warmup": 1, "repeats": 3}},
     "register": {"min_accuracy": 0.5},
     # no server is left behind by a test's pipeline, nor two on one port: the local target
-    # (params.yaml's default) is tested with a free port in tests/test_serve_local.py
+    # (params.yaml's default) is tested with a free port in tests/test_pipeline_dvc.py
     "deploy": {"target": "none"},
 }
 
@@ -417,6 +475,10 @@ def _merge(base: dict, new: dict) -> dict:
 
 
 from components.kernel.step import STEPS as STAGES  # noqa: E402  (dvc.yaml order)
+
+# the steps whose MLflow runs nest under the pipeline run: every stage up to promote but track
+# (its run is the pipeline run); deploy runs after the pipeline run ended
+STEP_RUNS = tuple(s for s in STAGES[: STAGES.index("promote") + 1] if s != "track")
 
 
 def ran(proc: subprocess.CompletedProcess[str]) -> list[str]:
@@ -520,8 +582,6 @@ def server(tmp_path_factory: pytest.TempPathFactory):
     """A real ``mlflow server`` on 127.0.0.1 for the module (registry and artifacts), and the
     process's tracking URI pointed at it (modules with a server of another kind override
     this name)."""
-    from types import SimpleNamespace
-
     from pipelines.containers import mlflow_server
 
     root = tmp_path_factory.mktemp("mlflow")

@@ -53,7 +53,6 @@ PIPELINE_MODULES = {
     "test_pipeline_kfp",
     "test_segmentation",
     "test_sentiment",
-    "test_serve_local",
     "test_train",
 }
 # fixtures that train, export, quantize or package a model (conftest.py)

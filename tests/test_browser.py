@@ -30,7 +30,7 @@ import pytest
 import yaml
 
 from components.tracking.registry import CURVE_PREFIX, LINEAGE_TAGS, UI_WORKFLOW
-from tests.conftest import REPO, run_module, with_model_config
+from tests.conftest import REPO, run_module, track_register_promote, with_model_config
 from tests.test_registry import TASK_OPTIONS
 
 CHROMIUM = Path(os.environ.get("PADDLE_MLOPS_CHROMIUM", "/usr/bin/chromium"))
@@ -244,36 +244,25 @@ def pipeline(server, step_outputs, digits_task, digits_data, tmp_path_factory):
 
     from components.core.artifacts import read_json, write_json
     from components.steps.promote import PromoteParams
-    from components.steps.promote import run as promote_run
     from components.steps.register import RegisterParams
-    from components.steps.register import run as register_run
-    from components.steps.track import TrackParams
-    from components.steps.track import run as track_run
-    from components.tracking.registry import RegistryParams, global_tracking_uri
 
     root = tmp_path_factory.mktemp("browser-pipeline")
-    all_params = {"task": {"name": "digits", "options": TASK_OPTIONS}}
-    with global_tracking_uri(server.uri):
-        track_run(TrackParams(experiment=EXPERIMENT), all_params, root / "track", step_outputs)
-    registered = register_run(
-        RegisterParams(min_accuracy=0.5),
-        digits_task,
-        root / "track",
-        digits_data,
-        root / "register",
-        registry_params=RegistryParams(model_name=MODEL),
-        tracking_uri=server.uri,
-    )
     infra = read_json(step_outputs.infra / "infra.json")
     write_json(root / "infra" / "infra.json", infra)
-    with global_tracking_uri(server.uri):
-        promoted = promote_run(
-            PromoteParams(auto_promote=True),
-            root / "register",
-            root / "infra",
-            root / "promote",
-            registry_params=RegistryParams(model_name=MODEL),
-        )
+    done = track_register_promote(
+        server.uri,
+        step_outputs,
+        root,
+        digits_task,
+        digits_data,
+        all_params={"task": {"name": "digits", "options": TASK_OPTIONS}},
+        experiment=EXPERIMENT,
+        model_name=MODEL,
+        register=RegisterParams(min_accuracy=0.5),
+        promote=PromoteParams(auto_promote=True),
+        infra=root / "infra",
+    )
+    registered, promoted = done.registered, done.promoted
     assert registered.blessing.blessed and promoted.promoted
     run_info = read_json(root / "track" / "run.json")
     client = MlflowClient(tracking_uri=server.uri)

@@ -40,17 +40,13 @@ from components.ml.serving.runtime import ModelFiles, PaddlePredictor
 from components.steps.deploy import DeployParams
 from components.steps.deploy import run as deploy_run
 from components.steps.promote import PromoteParams
-from components.steps.promote import run as promote_run
 from components.steps.register import RegisterParams
-from components.steps.register import run as register_run
 from components.steps.serving_image import ServingImageParams
 from components.steps.serving_image import run as serving_image_run
-from components.steps.track import TrackParams
-from components.steps.track import run as track_run
 from components.tracking.registry import Registry, RegistryParams
 from components.tracking.registry import client as mlflow_client
 from pipelines.containers import free_port
-from tests.conftest import fp32_bundle, untrained_export
+from tests.conftest import fp32_bundle, track_register_promote, untrained_export
 from tests.test_registry import TASK_OPTIONS
 
 DIGEST = "sha256:" + "ab" * 32
@@ -216,19 +212,21 @@ def other_export(tmp_path_factory, digits_task, digits_data) -> Path:
 def track_and_register(server, outputs, root: Path, task, data: Path, note: str = "") -> int:
     """The real track and register steps on ``outputs`` (blessed by LENIENT): the version.
     Another ``note`` is another params.yaml, so the same files become a new version."""
+    return track_register_promote(server.uri, outputs, root, task, data, **_steps(note)).version
+
+
+def _steps(note: str = "", promote: PromoteParams | None = None) -> dict:
+    """This module's arguments of :func:`tests.conftest.track_register_promote`."""
     all_params = {"task": {"name": "digits", "options": TASK_OPTIONS}}
     if note:
         all_params["note"] = note
-    track_run(TrackParams(experiment="deploy-tests"), all_params, root / "track", outputs)
-    return register_run(
-        LENIENT,
-        task,
-        root / "track",
-        data,
-        root / "register",
-        registry_params=RegistryParams(model_name=NAME),
-        tracking_uri=server.uri,
-    ).version
+    return {
+        "all_params": all_params,
+        "experiment": "deploy-tests",
+        "model_name": NAME,
+        "register": LENIENT,
+        "promote": promote,
+    }
 
 
 def release_version(
@@ -251,16 +249,9 @@ def release_version(
         data,
         infra,
     )
-    track_and_register(
-        server, dataclasses.replace(step_outputs, bundle=bundle, infra=infra), root, task, data
-    )
-    promote_run(
-        PromoteParams(auto_promote=True, push=True),
-        root / "register",
-        infra,
-        root / "promote",
-        registry_params=RegistryParams(model_name=NAME),
-    )
+    outputs = dataclasses.replace(step_outputs, bundle=bundle, infra=infra)
+    promote = PromoteParams(auto_promote=True, push=True)
+    track_register_promote(server.uri, outputs, root, task, data, **_steps(promote=promote))
     return root / "promote"
 
 
@@ -592,14 +583,9 @@ def promote_signed(server, outputs, root: Path, task, data: Path, note: str) -> 
     """The real track, register and promote steps for ``outputs`` (no image pushed, as on a
     laptop): the version is blessed (LENIENT), signed with the session's key and made
     ``champion``; the promote step's output directory."""
-    version = track_and_register(server, outputs, root, task, data, note=note)
-    promote_run(
-        PromoteParams(auto_promote=True),
-        root / "register",
-        outputs.infra,
-        root / "promote",
-        registry_params=RegistryParams(model_name=NAME),
-    )
+    promote = PromoteParams(auto_promote=True)
+    steps = _steps(note, promote=promote)
+    version = track_register_promote(server.uri, outputs, root, task, data, **steps).version
     promotion = read_json(root / "promote" / "promotion.json")
     assert promotion["version"] == version and promotion["promoted"], promotion
     return root / "promote"

@@ -147,7 +147,7 @@ def _tiny(repo: Path, **train) -> None:
         train={**TINY_TRAIN, **train},
         evaluate={"latency": {"warmup": 1, "repeats": 2}},
         register={"min_accuracy": 0.0},  # a 3-epoch generator; the real floor is 0.9
-        deploy={"target": "none"},  # no server left behind (tests/test_serve_local.py)
+        deploy={"target": "none"},  # no server left behind (tests/test_pipeline_dvc.py)
         package={"tune": {"budget_s": 0}},  # the search is tested in test_tuning
         serving_image={
             "builder": "none",

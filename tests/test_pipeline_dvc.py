@@ -2,12 +2,20 @@
 
 This is what a user does: clone, materialise data/raw (tracked by data.dvc), ``dvc repro``,
 read metrics and plots, change a param, push and pull data, and read the MLflow run back.
+
+The same repository then closes the loop of ``make run`` on a laptop with ``deploy.target:
+local`` (params.yaml's default): a repro reruns track to deploy (no model is made again) and
+returns while the built C++ server serves the verified champion; the summary's curl answers;
+``traffic`` fills the prediction log ``monitor`` judges; nothing is left to reproduce;
+``deploy stop`` leaves no process. Then the podman release's params come back for the tests
+after them.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -21,9 +29,18 @@ from components.ml.data import snapshot
 from components.ml.serving.kserve_client import KServeClient
 from components.tracking.registry import LINEAGE_TAGS
 from pipelines.containers import free_port
-from tests.conftest import STAGES, TINY_DIGITS, clone_repo, ran, set_params, sh
+from tests.conftest import STAGES, STEP_RUNS, TINY_DIGITS, clone_repo, ran, set_params, sh
 
 LOCAL_NAME = f"paddle-mlops-dvc-test-{os.getpid()}"
+CLI = (sys.executable, "-m", "components")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +81,7 @@ def repo(
     try:
         yield repo
     finally:
+        sh(repo, *CLI, "deploy", "stop", check=False)  # the local target's server, if it runs
         for name in (LOCAL_NAME, f"{LOCAL_NAME}-previous"):
             subprocess.run(["podman", "rm", "--force", name], capture_output=True)
 
@@ -156,10 +174,93 @@ def test_repro_signs_pushes_and_serves_a_verified_champion(repo):
     assert "1" in answer["versions"]
 
 
-def test_second_repro_runs_nothing(repo):
+@pytest.fixture(scope="module")
+def podman_params(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the podman release's params.yaml waits while the local target is tested."""
+    return tmp_path_factory.mktemp("podman-params") / "params.yaml"
+
+
+def test_local_target_reruns_from_track_and_returns_while_it_serves(repo, podman_params):
+    """``deploy.target: local`` on free ports (the podman server keeps its own): no model is
+    made again (track records every params section, so track and the steps after it rerun);
+    ``dvc repro`` returns while the champion is served."""
+    shutil.copy(repo / "params.yaml", podman_params)
+    set_params(
+        repo, deploy={"target": "local", "local_port": free_port(), "local_grpc_port": free_port()}
+    )
+    # sh() captures stdout/stderr: a server holding dvc's pipes would keep it waiting
+    proc = sh(repo, "dvc", "repro")
+    assert ran(proc) == list(STAGES[STAGES.index("track") :])
+    record = json.loads((repo / "outputs" / "deploy" / "deployment.json").read_text())
+    assert record["deployed"] is True and record["target"] == "local"
+    assert record["verified"]["verified"] is True  # signed provenance, the session's keys
+    local = record["local"]
+    assert local["method"] == "restart" and _alive(local["pid"])
+    assert Path(local["pid_file"]).is_file() and Path(local["log_file"]).is_file()
+    status = sh(repo, *CLI, "deploy", "status")
+    assert f"v{record['version']} served at {local['url']}" in status.stderr
+
+
+def test_the_summary_fits_and_its_curl_answers(repo):
+    text = sh(repo, *CLI, "summary").stdout
+    lines = text.splitlines()
+    assert 5 <= len(lines) <= 25, text
+    assert max(map(len, lines)) <= 120, text
+    assert "missing" not in text, text
+    for expected in ("digits", "int8:", "gates:", "make mlflow-ui", "data_docs/index.html"):
+        assert expected in text, (expected, text)
+    curl = next(line.strip() for line in lines if line.strip().startswith("curl "))
+    answer = subprocess.run(shlex.split(curl), cwd=repo, capture_output=True, text=True)
+    assert answer.returncode == 0, answer.stderr
+    body = json.loads(answer.stdout)
+    assert body["model_name"] == "digits-classifier", body
+    (logits,) = body["outputs"]
+    assert logits["shape"] == [1, 10] and len(logits["data"]) == 10
+
+
+def test_traffic_feeds_the_monitor(repo):
+    sh(repo, *CLI, "traffic", "--samples", "120")
+    labels = (repo / ".deploy" / "labels.jsonl").read_text().splitlines()
+    assert len(labels) == 30  # 120 samples, 4 a request
+    command = sh(repo, *CLI, "summary", "--monitor-command").stdout.strip()
+    args = shlex.split(command)
+    log, labels = ".deploy/predictions", ".deploy/labels.jsonl"
+    assert args[1:] == ["monitor", "--log", log, "--labels", labels]
+    sh(repo, *CLI, *args[1:])
+    report = json.loads((repo / "outputs" / "monitor" / "monitor.json").read_text())
+    assert report["window"]["items"] >= 120 and report["window"]["labelled"] == 120, report
+
+
+def test_nothing_is_left_to_reproduce(repo):
+    """Served, traffic logged, monitored: the pipeline is still up to date."""
     proc = sh(repo, "dvc", "repro")
     assert ran(proc) == []
     assert "Data and pipelines are up to date" in proc.stdout
+    assert "up to date" in sh(repo, "dvc", "status", "dvc.yaml").stdout
+
+
+def test_stop_leaves_no_process_and_a_stale_pid_file_is_said(repo, podman_params):
+    record = json.loads((repo / "outputs" / "deploy" / "deployment.json").read_text())
+    pid, pid_file = record["local"]["pid"], Path(record["local"]["pid_file"])
+    sh(repo, *CLI, "deploy", "stop")
+    assert not _alive(pid) and not pid_file.exists()
+    # a pid file whose process is gone: removed, and said so
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    state = {**json.loads(json.dumps(record["local"])), "pid": gone.pid}
+    pid_file.write_text(
+        json.dumps(
+            {
+                "pid": state["pid"], "port": 1, "model": "m", "version": 1, "model_dir": "x",
+                "binary": state["binary"], "binary_sha256": "", "argv": [], "model_control": True,
+            }
+        )
+    )  # fmt: skip
+    status = sh(repo, *CLI, "deploy", "status", check=False)
+    assert status.returncode == 3 and "stale pid file" in status.stderr, status.stderr
+    assert not pid_file.exists()
+    assert os.environ.get("PADDLE_MLOPS_TRUSTED_KEYS")  # what the pipeline verified against
+    shutil.copy(podman_params, repo / "params.yaml")  # the podman release, for the tests below
 
 
 def test_changing_train_params_reruns_train_and_downstream_only(repo):
@@ -179,7 +280,9 @@ def test_mlflow_run_holds_params_metrics_curves_and_artifacts(repo, tmp_path):
         "tags.mlflow.parentRunId IS NULL",
         order_by=["attributes.start_time DESC"],
     )
-    assert len(runs) == 2  # one per pipeline execution that changed something
+    # one per pipeline execution that changed something: the first, deploy.target local
+    # (track records the params), train's learning rate
+    assert len(runs) == 3
     parent = runs[0]
     run_json = json.loads((repo / "outputs" / "track" / "run.json").read_text())
     assert parent.info.run_id == run_json["run_id"]
@@ -205,18 +308,7 @@ def test_mlflow_run_holds_params_metrics_curves_and_artifacts(repo, tmp_path):
     children = client.search_runs(
         [exp.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'"
     )
-    assert sorted(c.data.tags["step"] for c in children) == [
-        "evaluate",
-        "export",
-        "ingest",
-        "package",
-        "promote",
-        "qat",
-        "register",
-        "serving_image",
-        "train",
-        "validate",
-    ]
+    assert sorted(c.data.tags["step"] for c in children) == sorted(STEP_RUNS)
     by_step = {c.data.tags["step"]: c for c in children}
     # each step run carries its step's own times (dvc repro runs every stage via Step.call;
     # the stages the second repro skipped keep the first one's, as their manifests do)

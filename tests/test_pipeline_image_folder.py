@@ -66,7 +66,7 @@ def repo(tmp_path_factory: pytest.TempPathFactory, server_binary: Path) -> Path:
         # 32 images a class split by identity: a split's class shares are a binomial draw
         # (seen: one class at 59 % of a 29-image test split), not the stratified 1/3
         validate={"class_fraction_max": 0.75},
-        deploy={"target": "none"},  # no server left behind (tests/test_serve_local.py)
+        deploy={"target": "none"},  # no server left behind (tests/test_pipeline_dvc.py)
         train={"epochs": 8, "batch_size": 16, "early_stopping": {"patience": 8}},
         # an 8-epoch model on ~20 val images: the wiring is under test, the gate in test_qat.
         # 3 epochs (9 steps), not 1: after 3 steps the moving-average activation scales were

@@ -291,7 +291,7 @@ def tiny_params() -> dict:
     params["package"]["tune"]["budget_s"] = 0  # the search is tested in test_tuning
     params["serving_image"].update(golden_samples=32, latency_requests=10)
     params["track"]["experiment"] = "kfp-local"
-    params["deploy"]["target"] = "none"  # no server left behind (tests/test_serve_local.py)
+    params["deploy"]["target"] = "none"  # no server left behind (tests/test_pipeline_dvc.py)
     return params
 
 

@@ -174,7 +174,7 @@ def pipeline(tmp_path_factory, plugin, server_binary) -> Path:
         train={"epochs": 5},
         evaluate={"latency": {"warmup": 1, "repeats": 2}},
         register={"min_accuracy": 0.0},  # a 5-epoch model; the example's floor is 0.9
-        deploy={"target": "none"},  # no server left behind (tests/test_serve_local.py)
+        deploy={"target": "none"},  # no server left behind (tests/test_pipeline_dvc.py)
         qat={"allow_fp32_only": True},  # a 5-epoch model's int8 gate may go either way
         package={"tune": {"budget_s": 0}},  # the search is tested in test_tuning
         serving_image={

@@ -321,7 +321,7 @@ def pipeline(tmp_path_factory, server_binary) -> Path:
         evaluate={"latency": {"warmup": 1, "repeats": 2}},
         register={"min_accuracy": 0.5},
         package={"tune": {"budget_s": 0}},  # the search is tested in test_tuning
-        deploy={"target": "none"},  # no server left behind (tests/test_serve_local.py)
+        deploy={"target": "none"},  # no server left behind (tests/test_pipeline_dvc.py)
         serving_image={
             "builder": "none",
             "golden_samples": 16,

@@ -17,13 +17,8 @@ from types import SimpleNamespace
 import pytest
 
 from components.core.artifacts import read_json, step_clock, write_manifest
-from components.tracking.registry import (
-    CURVE_PREFIX,
-    EXPERIMENT_KIND,
-    EXPERIMENT_KIND_TAG,
-    RegistryParams,
-    global_tracking_uri,
-)
+from components.tracking.registry import CURVE_PREFIX, EXPERIMENT_KIND, EXPERIMENT_KIND_TAG
+from tests.conftest import STEP_RUNS, track_register_promote
 from tests.test_registry import TASK_OPTIONS, server  # noqa: F401  (the module's server)
 
 NAME = "tracking-ui-classifier"
@@ -43,11 +38,7 @@ def pipeline(server, step_outputs, tmp_path_factory, digits_task, digits_data): 
 
     from components.kernel.step import load
     from components.steps.promote import PromoteParams
-    from components.steps.promote import run as promote_run
     from components.steps.register import RegisterParams
-    from components.steps.register import run as register_run
-    from components.steps.track import TrackParams
-    from components.steps.track import run as track_run
 
     root = tmp_path_factory.mktemp("tracking-ui")
     task = {"name": "digits", "options": TASK_OPTIONS}
@@ -55,25 +46,19 @@ def pipeline(server, step_outputs, tmp_path_factory, digits_task, digits_data): 
         {"task": task, "validate": {}}, {"data": digits_data, "report": root / "validate"}
     )
     outputs = replace(step_outputs, report=root / "validate")
-    all_params = {"task": task, "validate": {}}
-    with global_tracking_uri(server):
-        track_run(TrackParams(experiment=EXPERIMENT), all_params, root / "track", outputs)
-    registered = register_run(
-        RegisterParams(min_accuracy=0.5),
+    done = track_register_promote(
+        server,
+        outputs,
+        root,
         digits_task,
-        root / "track",
         digits_data,
-        root / "register",
-        registry_params=RegistryParams(model_name=NAME),
-        tracking_uri=server,
+        all_params={"task": task, "validate": {}},
+        experiment=EXPERIMENT,
+        model_name=NAME,
+        register=RegisterParams(min_accuracy=0.5),
+        promote=PromoteParams(),
     )
-    promoted = promote_run(
-        PromoteParams(),
-        root / "register",
-        outputs.infra,
-        root / "promote",
-        registry_params=RegistryParams(model_name=NAME),
-    )
+    registered, promoted = done.registered, done.promoted
     client = MlflowClient(tracking_uri=server, registry_uri=server)
     run_id = read_json(root / "track" / "run.json")["run_id"]
     parent = client.get_run(run_id)
@@ -182,18 +167,7 @@ def test_the_training_curves_are_histories_in_their_own_section(pipeline):
 
 def test_register_and_promote_leave_runs_with_their_decision(pipeline):
     runs, client = pipeline.runs, pipeline.client
-    assert set(runs) == {
-        "ingest",
-        "validate",
-        "train",
-        "export",
-        "qat",
-        "package",
-        "evaluate",
-        "serving_image",
-        "register",
-        "promote",
-    }
+    assert set(runs) == set(STEP_RUNS)
     register, promote = runs["register"], runs["promote"]
     version = pipeline.registered.version
     for run in (register, promote):
