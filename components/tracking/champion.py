@@ -29,7 +29,7 @@ from components.ml.decisions import gates
 from components.ml.decisions.blessing import (
     Blessing,
     Integrity,
-    Rules,
+    RegisterParams,
     check_leak,
     clean_split,
     too_few,
@@ -127,7 +127,7 @@ class _Match:
     """The two downloaded versions and what their comparison has found so far."""
 
     task: Task
-    params: Rules
+    params: RegisterParams
     name: str
     challenger_dir: Path
     champion_dir: Path
@@ -143,7 +143,7 @@ def compare_with_champion(
     uri: str,
     registry: Registry,
     version: int,
-    params: Rules,
+    params: RegisterParams,
     task: Task,
     data_dir: Path,
     split_sha: str,
