@@ -24,10 +24,10 @@ from typing import Any
 import yaml
 
 from components.core.artifacts import StepError, read_json
-from components.core.config import load_params
+from components.core.config import load_params, section
 from components.kernel.cli import run_cli
 from components.kernel.dvc import dvc_yaml_path, pipeline_name, pipeline_path
-from components.kernel.step import REPO
+from components.kernel.step import REPO, load
 from components.traffic import LABELS_FILE, served, write_request
 
 MAX_LINES = 25
@@ -75,7 +75,9 @@ def _cli() -> str:
 
 def monitor_command(params_file: str) -> str:
     """``paddle-mlops monitor`` on the served model's log and the labels ``traffic`` fed back."""
-    state = Path(str((load_params(params_file).get("deploy") or {}).get("local_state_dir")))
+    # the deploy section typed by the step's params model (imported here: only this needs it)
+    deploy = section(load_params(params_file), "deploy", load("deploy").params)
+    state = Path(deploy.local_state_dir)
     args = [_cli(), "monitor"]
     if pipeline_name(params_file) is not None:
         args += ["--params", params_file]

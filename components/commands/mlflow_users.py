@@ -38,6 +38,7 @@ from components.tracking.auth import (
     grant_model,
     wait_for_server,
 )
+from components.tracking.pipeline_run import TrackParams
 from components.tracking.registry import (
     BUILTIN_MODEL_KIND,
     RegistryParams,
@@ -63,8 +64,9 @@ def _defaults_from_params(params_file: str) -> tuple[str, str]:
     importing the task, so no Paddle import)."""
 
     all_params = load_params(params_file)
-    track = all_params.get("track") or {}
-    experiment = str(track.get("experiment") or "")
+    experiment = ""  # no track section: the error below names it
+    if "track" in all_params:
+        experiment = section(all_params, "track", TrackParams, source=params_file).experiment
     registry = section(all_params, "registry", RegistryParams, source=params_file)
     task = (all_params.get("task") or {}).get("name")
     model = ""

@@ -28,10 +28,10 @@ from pathlib import Path
 from typing import Any
 
 from components.core.artifacts import StepError, atomic_path, write_json
-from components.core.config import from_dict, params_model, params_source
+from components.core.config import params_model
 from components.kernel.step import In, Out, Step, Value
 from components.ml.data.prediction_log import LogReader, read_labels
-from components.ml.decisions.gates import PairedLimits
+from components.ml.decisions.blessing import RegisterParams
 from components.ml.decisions.judging import Evidence, JudgeLimits, Judgement, judge
 from components.tasks.base import Task
 from components.tracking.registry import Registry, RegistryParams, client, registered_name
@@ -44,18 +44,6 @@ class JudgeParams(JudgeLimits):
     """``judge`` in params.yaml: the verdict's limits, and how much of the log is read."""
 
     window: int  # the newest paired requests (and challenger answers) judged
-
-
-def blessing_limits(all_params: Any) -> PairedLimits:
-    """The ``register`` section's paired-gate limits: the rules blessing applies."""
-    r = dict(all_params.get("register") or {})
-    names = {"alpha": "alpha", "max_drop": "max_regression"}
-    names |= {"max_class_drop": "max_class_regression", "min_class_flips": "min_class_flips"}
-    try:
-        given = {field: r[key] for field, key in names.items()}
-    except KeyError as exc:
-        raise StepError(f"judge: params register.{exc} is needed for the paired gates") from None
-    return from_dict(PairedLimits, given, where=f"{params_source(all_params)}: register")
 
 
 def evidence(log_dir: Path, window: int, labels_file: str) -> tuple[Evidence, str, str]:
@@ -149,7 +137,7 @@ def record(
 
 def run(
     params: JudgeParams,
-    all_params: Any,
+    register_params: RegisterParams,
     registry_params: RegistryParams,
     task: Task,
     log_dir: str | Path,
@@ -160,7 +148,7 @@ def run(
     tracking_uri: str = "",
 ) -> Judgement:
     log_dir, out_dir = Path(log_dir), Path(out_dir)
-    paired = blessing_limits(all_params)
+    paired = register_params.limits()
     ev, champion, challenger = evidence(log_dir, params.window, labels_file)
     names = [str(i) for i in range(max([*ev.champion, *ev.challenger, 1]) + 1)]
     judgement = judge(ev, params, paired, names)
@@ -191,7 +179,10 @@ STEP = Step(
     doc=__doc__,
     params=JudgeParams,
     sections=("task", "judge", "register", "registry"),
-    shared=(("registry", "registry_params", RegistryParams),),
+    shared=(
+        ("register", "register_params", RegisterParams),
+        ("registry", "registry_params", RegistryParams),
+    ),
     run=run,
     inputs=(In("log", ".deploy/predictions", "log_dir", help="the server's prediction log dir"),),
     outputs=(Out("judgement", "outputs/judge", "out_dir", help="judgement.json"),),

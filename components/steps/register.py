@@ -36,17 +36,13 @@ import logging
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Annotated, Any
-
-from pydantic import Field
+from typing import Any
 
 from components.core.artifacts import StepError, read_json, write_json
-from components.core.config import params_model
 from components.core.uris import redact_uri
 from components.faults import failpoints
 from components.kernel.step import DATA, In, Out, Step
-from components.ml.decisions import gates
-from components.ml.decisions.blessing import Blessing, bless
+from components.ml.decisions.blessing import Blessing, RegisterParams, bless
 from components.tasks import Task
 from components.tracking.champion import compare_with_champion, record_blessing
 from components.tracking.model import BUNDLE_TAG
@@ -70,31 +66,6 @@ from components.tracking.registry import (
 from components.tracking.registry import client as mlflow_client
 
 log = logging.getLogger(__name__)
-
-
-@params_model
-class RegisterParams:
-    # absolute floor on the test split
-    min_accuracy: Annotated[float, Field(ge=0, le=1)] = 0.95
-    # points of accuracy the challenger may trail the champion
-    max_regression: gates.Points = 0.0
-    max_class_regression: gates.Points = 2.0  # points of recall, any class
-    alpha: gates.Alpha = 0.1  # one-sided exact McNemar level
-    min_class_flips: gates.Flips = 3  # a class limit counts from this many samples lost (net)
-    split: str = "test"
-    # the task's baseline (evaluate's baseline_accuracy, same split) must be beaten to bless
-    require_beats_baseline: bool = False
-    # the champion is scored only on samples outside its own training snapshot; fewer left
-    # than this (of the split or of the pinned holdout) and the blessing is refused
-    min_clean_samples: Annotated[int, Field(ge=1)] = 100
-
-    def limits(self) -> gates.PairedLimits:
-        return gates.PairedLimits(
-            alpha=self.alpha,
-            max_drop=self.max_regression,
-            max_class_drop=self.max_class_regression,
-            min_class_flips=self.min_class_flips,
-        )
 
 
 @dataclass(frozen=True)

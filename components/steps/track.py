@@ -29,22 +29,20 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
-
-from pydantic import Field
+from typing import Any
 
 from components.core.artifacts import (
     read_json,
     write_json,
 )
-from components.core.config import params_model
 from components.core.uris import redact_uri
 from components.kernel.step import In, Out, Step, Value
 from components.ml.decisions.monitoring import RETRAIN_REASON_ENV
 from components.tracking.model import BUNDLE_TAG
 from components.tracking.pipeline_run import (
+    TrackParams,
     close_dead_runs,
     closed_on_failure,
     execution_tags,
@@ -54,7 +52,6 @@ from components.tracking.pipeline_run import (
     ui_path,
 )
 from components.tracking.registry import (
-    TrackingRetry,
     global_tracking_uri,
     set_experiment_kind,
     tracking_uri,
@@ -62,16 +59,6 @@ from components.tracking.registry import (
 from components.tracking.step_outputs import StepOutputs, lineage_tags, step_metrics
 
 log = logging.getLogger(__name__)
-
-
-@params_model
-class TrackParams:
-    experiment: str = "digits"
-    run_name_prefix: str = "pipeline"
-    # a RUNNING run of this pipeline from another host older than this died with its node;
-    # one from this host whose process is gone is closed at once
-    stale_run_s: Annotated[float, Field(gt=0)] = 3600.0
-    retry: TrackingRetry = field(default_factory=TrackingRetry)
 
 
 @dataclass(frozen=True)

@@ -51,7 +51,7 @@ from components.ml.data import dataset
 from components.ml.training import distributed, training
 from components.ml.training.distributed import DistributedParams, World
 from components.ml.training.training import TrainResult, resolve_amp, resolve_device
-from components.tasks import Task, epochs
+from components.tasks import Task, epochs, train_outputs
 from components.tasks.stream import StreamSettings
 
 log = logging.getLogger(__name__)
@@ -143,7 +143,7 @@ def run(
     if not world.main:
         log.info("rank %d done; rank 0 writes the outputs", world.rank)
         return None
-    return epochs.write_results(
+    return train_outputs.write_results(
         fitted,
         paths,
         params=params,

@@ -99,6 +99,14 @@ def between(column: str, description: str, meta: dict[str, Any], **bounds: Any) 
     )
 
 
+def within(column: str, description: str, rule: str, low: Any, high: Any, **meta: Any) -> Any:
+    """:func:`between` ``low`` and ``high`` (None: unbounded on that side), ``rule`` (its
+    ``{range}`` in :func:`range_text`'s words) and ``meta`` its meta."""
+    bounds = {"min_value": low, "max_value": high}
+    rule = rule.format(range=range_text(bounds))
+    return between(column, description, {"rule": rule, **meta}, **bounds)
+
+
 # --------------------------------------------------------------------------- suites
 
 
@@ -148,13 +156,14 @@ def shard_rules(fmt: DataFormat, num_classes: int) -> list[Any]:
 
 def split_rules(params: CommonValidateParams) -> list[Any]:
     """Rows per split, and every class in every split."""
-    bounds = {"min_value": params.min_rows, "max_value": params.max_rows}
     return [
-        between(
+        within(
             "rows",
             "row count per split",
-            {"rule": f"row count per split must be {range_text(bounds)}", "found": "rows_found"},
-            **bounds,
+            "row count per split must be {range}",
+            params.min_rows,
+            params.max_rows,
+            found="rows_found",
         ),
         between(
             "classes_missing",
@@ -167,13 +176,13 @@ def split_rules(params: CommonValidateParams) -> list[Any]:
 
 def class_count_rules(params: CommonValidateParams) -> list[Any]:
     """Each class's fraction of a split."""
-    bounds = {"min_value": params.class_fraction_min, "max_value": params.class_fraction_max}
     return [
-        between(
+        within(
             "fraction",
             "class balance",
-            {"rule": f"each class must make up a fraction {range_text(bounds)} of the split"},
-            **bounds,
+            "each class must make up a fraction {range} of the split",
+            params.class_fraction_min,
+            params.class_fraction_max,
         )
     ]
 

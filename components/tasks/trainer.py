@@ -3,9 +3,10 @@
 The task owns the model, its objective (loss, optimizers, schedules, score) and its data; this
 module runs them: :class:`Trainer` (the model, optimizers, schedules and AMP of a run, and one
 epoch's training pass) and :class:`Inputs` (what a rank reads each epoch, streamed by
-:mod:`components.tasks.stream`). The run around them (resume, the epochs, early stopping,
-outputs) is :mod:`components.tasks.epochs`; the task-independent parts (AMP, checkpoints,
-rank agreement) are :mod:`components.ml.training.training`.
+:mod:`components.tasks.stream`). The run around them (resume, the epochs, early stopping) is
+:mod:`components.tasks.epochs`, its outputs :mod:`components.tasks.train_outputs`; the
+task-independent parts (AMP, checkpoints, rank agreement) are
+:mod:`components.ml.training.training`.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ from components.ml.decisions import gates
 from components.ml.decisions.blessing import (
     Blessing,
     Integrity,
-    Rules,
+    RegisterParams,
     check_leak,
     clean_split,
     too_few,
@@ -127,7 +127,7 @@ class _Match:
     """The two downloaded versions and what their comparison has found so far."""
 
     task: Task
-    params: Rules
+    params: RegisterParams
     name: str
     challenger_dir: Path
     champion_dir: Path
@@ -143,7 +143,7 @@ def compare_with_champion(
     uri: str,
     registry: Registry,
     version: int,
-    params: Rules,
+    params: RegisterParams,
     task: Task,
     data_dir: Path,
     split_sha: str,
@@ -227,6 +227,25 @@ def _not_comparable(integrity: Integrity, champion_version: int, version: int) -
     )
 
 
+def _clean(m: _Match, data: str, source: Path, where: str) -> tuple[Path, int, int] | None:
+    """``source``'s split without the champion's training samples (in ``m.tmp/clean-<data>``),
+    its counts recorded as ``m.integrity.exclusions[data]`` (``data``: "test" or "holdout"):
+    (the clean directory, samples, excluded), or None when fewer than
+    ``register.min_clean_samples`` are left (the failure recorded, naming ``where``)."""
+    clean_dir, samples, excluded = clean_split(
+        source, m.params.split, m.seen, m.tmp / f"clean-{data}"
+    )
+    m.integrity.exclusions[data] = {
+        "samples": samples,
+        "excluded": excluded,
+        "scored": samples - excluded,
+    }
+    if samples - excluded < m.params.min_clean_samples:
+        m.integrity.failures.append(too_few(where, samples, excluded, m.champion_version, m.params))
+        return None
+    return clean_dir, samples, excluded
+
+
 def _compare_on_split(
     m: _Match, data_dir: Path, c_scores: Scores, champion: dict[str, Any]
 ) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -234,17 +253,10 @@ def _compare_on_split(
     summary, the task's own rules), the counts in ``m.paired["test"]``."""
     split = m.params.split
     names = dataset.read_label_names(data_dir)
-    t_dir, samples, excluded = clean_split(data_dir, split, m.seen, m.tmp / "clean-test")
-    m.integrity.exclusions["test"] = {
-        "samples": samples,
-        "excluded": excluded,
-        "scored": samples - excluded,
-    }
-    if samples - excluded < m.params.min_clean_samples:
-        m.integrity.failures.append(
-            too_few(f"the {split} split", samples, excluded, m.champion_version, m.params)
-        )
+    cleaned = _clean(m, "test", data_dir, f"the {split} split")
+    if cleaned is None:
         return champion, {}
+    t_dir, samples, excluded = cleaned
     if excluded:
         log.info(
             "%s: %d of %d %s samples are in champion v%d's training snapshot: both "
@@ -278,18 +290,10 @@ def _compare_on_holdout(m: _Match, h_dir: Path, data_dir: Path, pin: dict[str, A
             m.paired["holdout"] = {**m.paired["test"], **pin}
         return
     split = m.params.split
-    hc_dir, h_samples, h_excluded = clean_split(h_dir, split, m.seen, m.tmp / "clean-holdout")
-    m.integrity.exclusions["holdout"] = {
-        "samples": h_samples,
-        "excluded": h_excluded,
-        "scored": h_samples - h_excluded,
-    }
-    if h_samples - h_excluded < m.params.min_clean_samples:
-        where = f"the pinned holdout (v{pin['pinned_from_version']})"
-        m.integrity.failures.append(
-            too_few(where, h_samples, h_excluded, m.champion_version, m.params)
-        )
+    cleaned = _clean(m, "holdout", h_dir, f"the pinned holdout (v{pin['pinned_from_version']})")
+    if cleaned is None:
         return
+    hc_dir, _, h_excluded = cleaned
     h_names = dataset.read_label_names(hc_dir)
     _, h_champion = score_registered(m.champion_dir, m.task, hc_dir, split)
     _, h_challenger = score_registered(m.challenger_dir, m.task, hc_dir, split)

@@ -5,7 +5,8 @@ What is logged is read by :mod:`components.tracking.step_outputs`; the track ste
 parent run and calls :func:`log_pipeline_run` inside it.
 
 Library layer: imported by the track step and the KFP pipeline's exit handler, imports no
-step.
+step. The ``track`` section's params model (:class:`TrackParams`) lives here so the track step
+declares it and other readers (``mlflow-users``) read it typed.
 """
 
 from __future__ import annotations
@@ -15,11 +16,14 @@ import logging
 import os
 import time
 from collections.abc import Iterator, Mapping
+from dataclasses import field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import Field
 
 from components.core.artifacts import StepError, read_json
-from components.core.config import params_source
+from components.core.config import params_model, params_source
 from components.faults import failpoints
 from components.ml.decisions.monitoring import RETRAIN_REASON_ENV
 from components.tracking.liveness import (
@@ -31,7 +35,7 @@ from components.tracking.liveness import (
     owner_tags,
 )
 from components.tracking.model import BUNDLE_TAG, LoggedBundle, log_bundle_model
-from components.tracking.registry import UI_WORKFLOW, use_experiment
+from components.tracking.registry import UI_WORKFLOW, TrackingRetry, use_experiment
 from components.tracking.step_outputs import (
     HEADLINE_METRICS,
     StepOutputs,
@@ -44,6 +48,18 @@ from components.tracking.step_outputs import (
 )
 
 log = logging.getLogger(__name__)
+
+
+# ``track`` in params.yaml, declared by the track step and read typed by ``mlflow-users``
+# (no docstring: it would be the schema's description)
+@params_model
+class TrackParams:
+    experiment: str = "digits"
+    run_name_prefix: str = "pipeline"
+    # a RUNNING run of this pipeline from another host older than this died with its node;
+    # one from this host whose process is gone is closed at once
+    stale_run_s: Annotated[float, Field(gt=0)] = 3600.0
+    retry: TrackingRetry = field(default_factory=TrackingRetry)
 
 
 def close_dead_runs(client: Any, experiment_id: str, stale_after_s: float, closer: str) -> list:

@@ -11,6 +11,9 @@ All failures are reported, not just the first (:class:`Blessing`).
 The holdout statistics live here too: which samples of a split a model trained on
 (:func:`in_key_set`), the split without them (:func:`clean_split`) and the holdout leak check
 (:func:`check_leak`). No MLflow, no task: the caller downloads and scores.
+
+The rules themselves are the ``register`` section's params model (:class:`RegisterParams`),
+kept here so the register step declares it and judge reads it typed without importing a step.
 """
 
 from __future__ import annotations
@@ -19,25 +22,41 @@ import shutil
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Annotated, Any
 
 import numpy as np
+from pydantic import Field
 
+from components.core.config import params_model
 from components.ml.data import snapshot
 from components.ml.decisions import gates
 
 
-class Rules(Protocol):
-    """The ``register`` params the blessing reads (``components.steps.register``)."""
+# ``register`` in params.yaml: the rules the blessing applies, declared by the register step
+# and read by judge for its paired gates (no docstring: it would be the schema's description)
+@params_model
+class RegisterParams:
+    # absolute floor on the test split
+    min_accuracy: Annotated[float, Field(ge=0, le=1)] = 0.95
+    # points of accuracy the challenger may trail the champion
+    max_regression: gates.Points = 0.0
+    max_class_regression: gates.Points = 2.0  # points of recall, any class
+    alpha: gates.Alpha = 0.1  # one-sided exact McNemar level
+    min_class_flips: gates.Flips = 3  # a class limit counts from this many samples lost (net)
+    split: str = "test"
+    # the task's baseline (evaluate's baseline_accuracy, same split) must be beaten to bless
+    require_beats_baseline: bool = False
+    # the champion is scored only on samples outside its own training snapshot; fewer left
+    # than this (of the split or of the pinned holdout) and the blessing is refused
+    min_clean_samples: Annotated[int, Field(ge=1)] = 100
 
-    min_accuracy: float
-    max_regression: float
-    alpha: float
-    split: str
-    require_beats_baseline: bool
-    min_clean_samples: int
-
-    def limits(self) -> gates.PairedLimits: ...
+    def limits(self) -> gates.PairedLimits:
+        return gates.PairedLimits(
+            alpha=self.alpha,
+            max_drop=self.max_regression,
+            max_class_drop=self.max_class_regression,
+            min_class_flips=self.min_class_flips,
+        )
 
 
 @dataclass(frozen=True)
@@ -83,7 +102,7 @@ class Integrity:
 
 
 def bless(
-    params: Rules,
+    params: RegisterParams,
     lineage: dict[str, str],
     challenger: dict[str, Any],
     champion: dict[str, Any] | None,
@@ -129,7 +148,7 @@ def bless(
 
 
 def _own_rules(
-    params: Rules,
+    params: RegisterParams,
     lineage: dict[str, str],
     required: Sequence[str],
     challenger: dict[str, Any],
@@ -166,7 +185,7 @@ def _own_rules(
 
 
 def _vs_champion(
-    params: Rules,
+    params: RegisterParams,
     challenger: dict[str, Any],
     champion: dict[str, Any],
     paired: dict[str, dict[str, Any]],
@@ -325,7 +344,7 @@ def check_leak(
         )
 
 
-def too_few(where: str, samples: int, excluded: int, champion: int, params: Rules) -> str:
+def too_few(where: str, samples: int, excluded: int, champion: int, params: RegisterParams) -> str:
     """The failure when fewer than ``register.min_clean_samples`` of ``where`` are left."""
     return (
         f"only {samples - excluded} of {samples} samples of {where} are outside champion "

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import jsonschema
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from components.core.artifacts import StepError, read_json, write_json
 from components.core.config import params_model
@@ -113,6 +113,8 @@ class ModelConfig:
     their values are written (the schema's defaults, the C++ server's, only serve a bundle
     without the file or a key)."""
 
+    # the fields' types carry the schema's bounds (_bounded), so pydantic checks them; a
+    # bundle's file is checked against the schema itself (read)
     workers: Workers
     threads_per_worker: ThreadsPerWorker
     max_batch_size: MaxBatchSize
@@ -123,13 +125,6 @@ class ModelConfig:
     # the share of requests whose inputs the prediction log keeps (outputs: always), when
     # the server runs with a log directory (serving/src/prediction_log.h)
     log_input_rate: LogInputRate
-
-    @model_validator(mode="after")
-    def _within_the_schema(self) -> ModelConfig:
-        broken = violation(self.to_json())  # the bounds of SCHEMA, the server's too
-        if broken is not None:
-            raise ValueError(f"{broken[0]}: {broken[1]}")
-        return self
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
