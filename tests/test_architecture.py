@@ -518,3 +518,22 @@ def test_every_name_imported_from_the_project_exists():
                 except ModuleNotFoundError:
                     missing.append(f"{path.relative_to(REPO)}:{node.lineno}: {alias.name}")
     assert missing == []
+
+
+@pytest.mark.parametrize(
+    "name",
+    sorted(
+        n
+        for n, p in MODULES.items()
+        if any(
+            isinstance(s, ast.Assign) and any(getattr(t, "id", None) == "REPO" for t in s.targets)
+            for s in ast.parse(p.read_text(encoding="utf-8")).body
+        )
+    ),
+)
+def test_every_repo_constant_is_the_checkout(name):
+    """A module that finds the checkout from its own path (``Path(__file__).parents[n]``) still
+    finds it after a move: the server's sources and build dir hang off it."""
+    import importlib
+
+    assert importlib.import_module(name).REPO == REPO

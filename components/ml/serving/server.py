@@ -20,7 +20,7 @@ from components.core.ports import free_port
 from components.core.retry import SYSTEM_CLOCK, Clock, every, poll
 from components.ml.serving.kserve_client import KServeClient
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]  # components/ml/serving/server.py -> the checkout
 SERVER_NAME = "paddle-mlops-server"
 # how often a starting server is asked whether it is ready (serving_image.startup_poll_s)
 READY_POLL_S = 0.1
