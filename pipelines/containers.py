@@ -181,7 +181,8 @@ def run(params: dict[str, Any], pipeline_root: Path, tracking_uri: str | None = 
     from kfp import local
     from kfp.local import docker_task_handler
 
-    from pipelines.training import make_pipeline, pipeline_params, train_backend
+    from pipelines.training import make_pipeline, pipeline_params, shared_volume, train_backend
+    from pipelines.training_cluster import typed_resources
 
     docker_task_handler.run_docker_container = run_container  # see run_container
     ref, image_id = component_image()
@@ -210,9 +211,9 @@ def run(params: dict[str, Any], pipeline_root: Path, tracking_uri: str | None = 
             backend = train_backend(params)  # compiled like the run's arguments
             pipeline = make_pipeline(
                 image=ref,
-                resources=params.get("resources") or {},
+                resources=typed_resources(params),
                 backend=backend,
-                paddlejob=params.get("paddlejob") or {},
+                paddlejob=shared_volume(params, backend),
             )
             pipeline(**pipeline_params(params, backend))
             log.info("the DAG ran in %s in %.0f s", ref, time.monotonic() - t0)
@@ -223,6 +224,7 @@ def run(params: dict[str, Any], pipeline_root: Path, tracking_uri: str | None = 
 
 def main(argv: list[str] | None = None) -> int:
     from components.core.config import load_params
+    from pipelines.training import local_ingest_source
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     parser = argparse.ArgumentParser(
@@ -234,15 +236,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if shutil.which("podman") is None:
         raise SystemExit("make kfp-containers needs podman (apt-get install podman runc)")
-    params = json.loads(json.dumps(load_params(args.params)))
-    ingest = params.get("ingest", {})
-    if ingest.get("kind") != "builtin" and "://" not in ingest.get("source", ""):
+    loaded = load_params(args.params)
+    source = local_ingest_source(loaded)
+    params = json.loads(json.dumps(loaded))
+    if source is not None:
         # the source is read inside the container: put it under the (mounted) pipeline root
         root = Path(args.pipeline_root).resolve()
         dest = root / "source"
         shutil.rmtree(dest, ignore_errors=True)
-        shutil.copytree(Path(ingest["source"]).resolve(), dest)
-        ingest["source"] = str(dest)
+        shutil.copytree(source.resolve(), dest)
+        params["ingest"]["source"] = str(dest)
     run(params, Path(args.pipeline_root).resolve(), args.tracking_uri)
     return 0
 

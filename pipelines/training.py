@@ -41,7 +41,11 @@ from typing import Any
 
 from kfp import compiler, dsl
 
+from components.core.config import Params, params_source, section
+from components.kernel.params_schema import Resources
 from components.kernel.step import AFTER_DEPLOY, load
+from pipelines import paddlejob as pj
+from pipelines.training_cluster import typed_resources
 from pipelines.training_dag import GPU_IMAGE as GPU_IMAGE  # re-exported
 from pipelines.training_dag import IMAGE, STEPS, TrainingDag, ops
 
@@ -58,24 +62,47 @@ AFTER_DEPLOY_SECTIONS = frozenset(
 )
 
 
-def load_resources(params_file: str | Path = REPO / "params.yaml") -> dict[str, Any]:
-    return _load(params_file).get("resources") or {}
+def load_resources(params_file: str | Path = REPO / "params.yaml") -> Resources:
+    return typed_resources(_load(params_file))
 
 
-def _load(params_file: str | Path) -> dict[str, Any]:
+def _load(params_file: str | Path) -> Params:
     import yaml
 
-    return yaml.safe_load(Path(params_file).read_text()) or {}
+    params = Params(yaml.safe_load(Path(params_file).read_text()) or {})
+    params.source = str(params_file)
+    return params
 
 
 TRAIN_BACKENDS = ("step", "paddlejob")
 
 
-def train_backend(params: Mapping[str, Any]) -> str:
+def train_backend(params: dict[str, Any]) -> str:
     """Where the train task trains: ``paddlejob`` when ``train.distributed.backend`` says so
-    (a Kubeflow PaddleJob, started by the launcher task), else ``step`` (in the task's pod)."""
-    distributed = (params.get("train") or {}).get("distributed") or {}
-    return "paddlejob" if distributed.get("backend") == "paddlejob" else "step"
+    (a Kubeflow PaddleJob, started by the launcher task), else ``step`` (in the task's pod).
+    The ``train`` section is read typed, as the train step reads it."""
+    train = section(params, "train", load("train").params)
+    return "paddlejob" if train.distributed.backend == "paddlejob" else "step"
+
+
+def shared_volume(params: dict[str, Any], backend: str) -> pj.PaddleJobParams:
+    """The ``paddlejob`` section, typed (optional: its defaults when absent), for a pipeline
+    compiled for ``backend`` ``paddlejob``; another backend's pipeline does not read it."""
+    if backend != "paddlejob":
+        return pj.PaddleJobParams()
+    return pj.typed(params.get("paddlejob"), params_source(params))
+
+
+def local_ingest_source(params: dict[str, Any]) -> Path | None:
+    """``ingest.source`` when it is a path on this machine (None: a built-in source or a
+    URI), read typed by the task's ingest params: a pipeline's tasks do not run in this
+    directory, so the callers rewrite it."""
+    from components.tasks import task_from_params
+
+    ingest = section(params, "ingest", task_from_params(params).data.ingest_params)
+    if ingest.kind == "builtin" or "://" in ingest.source:
+        return None
+    return Path(ingest.source)
 
 
 def pipeline_sections(backend: str) -> tuple[str, ...]:
@@ -149,10 +176,10 @@ def _cheap_setter_checks() -> Iterator[None]:
 def make_pipeline(
     gpus: int = 0,
     accelerator_type: str = "nvidia.com/gpu",
-    resources: Mapping[str, Any] | None = None,
+    resources: Resources | None = None,
     image: str = IMAGE,
     backend: str | None = None,
-    paddlejob: Mapping[str, Any] | None = None,
+    paddlejob: pj.PaddleJobParams | None = None,
     params_file: str | Path = REPO / "params.yaml",
     retry: Mapping[str, Any] | None = None,
 ) -> Any:
@@ -163,14 +190,14 @@ def make_pipeline(
     PaddleJob launcher where the train task is, mounting the shared volume of ``paddlejob``
     (default: ``params_file``'s section) at its ``mount_path``."""
     retry = RETRY if retry is None else retry
-    compile_params = _load(params_file) if None in (resources, backend, paddlejob) else {}
+    compile_params = _load(params_file) if None in (resources, backend, paddlejob) else Params()
     if resources is None:
-        resources = compile_params.get("resources") or {}
+        resources = typed_resources(compile_params)
     backend = train_backend(compile_params) if backend is None else backend
     if backend not in TRAIN_BACKENDS:
         raise ValueError(f"train backend {backend!r}: one of {TRAIN_BACKENDS}")
     if paddlejob is None:
-        paddlejob = compile_params.get("paddlejob") or {}
+        paddlejob = shared_volume(compile_params, backend)
     dag = TrainingDag(
         gpus, accelerator_type, resources, image, backend, paddlejob, retry, ops(image)
     )
@@ -245,7 +272,7 @@ def run_local(
     backend = train_backend(params)
     pipeline = make_pipeline(
         backend=backend,
-        paddlejob=params.get("paddlejob") or {},
+        paddlejob=shared_volume(params, backend),
         retry=retry_policy(retry_backoff_s),
     )
     return pipeline(**pipeline_params(params, backend))
@@ -302,9 +329,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.info("compiled %s", out)
     else:
         params = load_params(args.params)
-        ingest = params.get("ingest", {})
-        if ingest.get("kind") != "builtin" and "://" not in ingest.get("source", ""):
-            ingest["source"] = str(Path(ingest["source"]).resolve())  # subprocess cwd differs
+        source = local_ingest_source(params)
+        if source is not None:
+            params["ingest"]["source"] = str(source.resolve())  # subprocess cwd differs
         run_local(
             json.loads(json.dumps(params)),
             Path(args.pipeline_root).resolve(),

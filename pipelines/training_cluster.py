@@ -7,14 +7,37 @@ from collections.abc import Mapping
 from typing import Any
 
 from kfp import dsl, kubernetes
+from pydantic import TypeAdapter, ValidationError
+
+from components.core.artifacts import StepError
+from components.core.config import params_source
+from components.kernel.params_schema import Resources
 
 
-def with_resources(task: dsl.PipelineTask, resources: Mapping[str, Any], name: str) -> Any:
+def typed_resources(params: dict[str, Any], source: str | None = None) -> Resources:
+    """``params.yaml: resources`` (optional; empty when absent or null) as its schema type
+    (:data:`components.kernel.params_schema.Resources`: task -> its settings); a bad value
+    is one :class:`StepError` line naming ``source: resources.<task>``."""
+    source = source or params_source(params)
+    try:
+        return TypeAdapter(Resources).validate_python(params.get("resources") or {})
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        where = ".".join(["resources", *(str(part) for part in first["loc"])])
+        raise StepError(f"{source}: {where}: {first['msg']}") from None
+
+
+def task_resources(resources: Resources, name: str) -> dict[str, Any]:
+    """Task ``name``'s settings: ``resources.default`` then ``resources.<name>`` over it."""
+    return {**resources.get("default", {}), **resources.get(name, {})}
+
+
+def with_resources(task: dsl.PipelineTask, resources: Resources, name: str) -> Any:
     """``resources.default`` then ``resources.<name>``: CPU and memory requests and limits, and
     ``node_selector`` ({label: value}) / ``tolerations`` ([{key, operator, value, effect}]) to
     put the step's pod on a node pool (``package`` on the serving pool: its serving-config
     search then measures the machine that will serve; docs/tuning.md)."""
-    spec = {**resources.get("default", {}), **resources.get(name, {})}
+    spec = task_resources(resources, name)
     setters = {
         "cpu_request": task.set_cpu_request,
         "cpu_limit": task.set_cpu_limit,

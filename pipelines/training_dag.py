@@ -11,11 +11,13 @@ from typing import Any
 from kfp import dsl, kubernetes
 
 from components.kernel.kfp import kfp_component
+from components.kernel.params_schema import Resources
 from components.kernel.step import Step, all_steps
 from pipelines import paddlejob as pj
 from pipelines.training_cluster import (
     KANIKO_DOCKER_CONFIG,
     REGISTRY_PUSH_SECRET,
+    task_resources,
     with_cluster_env,
     with_resources,
     with_signing_key,
@@ -81,10 +83,10 @@ class TrainingDag:
 
     gpus: int
     accelerator_type: str
-    resources: Mapping[str, Any]
+    resources: Resources
     image: str
     backend: str
-    paddlejob: Mapping[str, Any]
+    paddlejob: pj.PaddleJobParams  # typed at compile time (its volume is mounted)
     retry: Mapping[str, Any]
     cpu_ops: Mapping[str, Any]
 
@@ -200,7 +202,7 @@ class TrainingDag:
     def launcher_task(self, sections: Any, tasks: Any) -> dsl.PipelineTask:
         """The PaddleJob launcher in the train task's place: same inputs and outputs."""
         resources = self.resources
-        shared = pj.typed(self.paddlejob)  # compile time: the volume this pod mounts
+        shared = self.paddlejob  # compile time: the volume this pod mounts
         task = wire(
             self.cpu_ops["paddlejob_train_op"],
             STEPS["train"],
@@ -208,7 +210,7 @@ class TrainingDag:
             tasks,
             paddlejob=sections["paddlejob"],
             # the workers' cpu/memory: params.yaml resources.train, as for the train task
-            worker_resources={**resources.get("default", {}), **resources.get("train", {})},
+            worker_resources=task_resources(resources, "train"),
             # the run's id: in the job's name and owner annotation (a retry within the run
             # finds its job, another run gets its own; the task is never a cache hit)
             run=dsl.PIPELINE_JOB_ID_PLACEHOLDER,

@@ -513,3 +513,34 @@ def test_the_package_step_can_be_placed_on_the_serving_node_pool(tmp_path):
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     with pytest.raises(ValueError, match=r"resources\.package\.node_selector: expected"):
         _compile(tmp_path, params_file=tmp_path / "params.yaml")
+
+
+@pytest.mark.parametrize(
+    ("change", "error"),
+    [
+        (
+            lambda p: p["train"]["distributed"].update(backnd="paddlejob"),
+            r"train\.distributed: unknown field\(s\) \['backnd'\]; did you mean 'backend'\?",
+        ),
+        (lambda p: p["resources"].update(train=4), r"resources\.train: "),
+        (
+            lambda p: (
+                p["train"]["distributed"].update(backend="paddlejob")
+                or p.update(paddlejob={"pcv": "team"})
+            ),
+            r"paddlejob: unknown field\(s\) \['pcv'\]; did you mean 'pvc'\?",
+        ),
+    ],
+    ids=["train", "resources", "paddlejob"],
+)
+def test_the_sections_read_at_compile_time_are_typed(tmp_path, change, error):
+    """The compile reads train.distributed.backend, resources and paddlejob by their params
+    models: a typo is the loader's one line naming the file and the field, not a silent
+    default (a misspelt backend used to compile the in-pod train task)."""
+    from components.core.artifacts import StepError
+
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    change(params)
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    with pytest.raises(StepError, match=re.escape(str(tmp_path / "params.yaml")) + ": " + error):
+        _compile(tmp_path, params_file=tmp_path / "params.yaml")
