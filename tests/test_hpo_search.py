@@ -304,6 +304,28 @@ def test_wall_budget_on_an_injected_clock(tmp_path):
     assert len(result.finished()) == 3
 
 
+def test_trial_running_past_the_wall_budget_is_stopped(tmp_path):
+    record = tmp_path / "record.jsonl"
+
+    def now() -> float:  # time "passes" once the blocking trial has printed its epoch 1
+        lines = events(record) if record.exists() else []
+        return 1000.0 if any(e.get("epoch") == 1 for e in lines) else 0.0
+
+    base = {"train": {"x": 0.01, "epochs": 4}, "task": {}}
+    result, log = search(
+        tmp_path,
+        SPACE_X,
+        trials=3,
+        base=base,
+        clock=Clock(monotonic=now),
+        budget=BudgetParams(trials=3, wall_s=100),
+    )
+    assert [(t.state, t.error) for t in result.trials] == [
+        ("FAIL", "timeout: past the wall budget 100s")
+    ]
+    assert [e["event"] for e in log] == ["start", "epoch", "epoch"]  # stopped while blocked
+
+
 def test_parallel_trials_fill_the_budget(tmp_path):
     budget = BudgetParams(trials=5, parallel=2)
     result, log = search(

@@ -297,7 +297,7 @@ class Outcome:
     returncode: int
     curve: list[tuple[int, float]] = field(default_factory=list)
     pruned: bool = False
-    timed_out: bool = False
+    stopped: str | None = None  # why the driver stopped it (wall budget, search stopped)
     stderr: str = ""
 
 
@@ -321,11 +321,11 @@ def run_trial(
     env: Mapping[str, str],
     on_epoch: Callable[[int, float], bool],
     objective: str,
-    deadline: Callable[[], bool],
+    should_stop: Callable[[], str | None],
 ) -> Outcome:
     """Run one trial's process: each metric line's objective goes to ``on_epoch(epoch,
-    value)``, which answers whether to prune (then the group gets SIGTERM); ``deadline()``
-    answering true stops it too (checked every ``WATCH_S`` seconds)."""
+    value)``, which answers whether to prune (then the group gets SIGTERM); ``should_stop()``
+    answering a reason stops it too (checked every ``WATCH_S`` seconds)."""
     proc = subprocess.Popen(
         list(argv),
         stdout=subprocess.PIPE,
@@ -345,8 +345,9 @@ def run_trial(
 
     def watch() -> None:
         while not done.wait(WATCH_S):
-            if deadline():
-                outcome.timed_out = True
+            reason = should_stop()
+            if reason is not None:
+                outcome.stopped = reason
                 _signal_group(proc, signal.SIGTERM)
                 return
 
@@ -363,7 +364,7 @@ def run_trial(
                 outcome.pruned = True
                 break
     finally:
-        outcome.returncode = _stop(proc) if outcome.pruned or outcome.timed_out else proc.wait()
+        outcome.returncode = _stop(proc) if outcome.pruned or outcome.stopped else proc.wait()
         done.set()
         proc.stdout.close()
         drain.join()
@@ -408,6 +409,14 @@ class _Driver:
     def past_deadline(self) -> bool:
         return self.elapsed() >= self.budget.wall_s
 
+    def should_stop(self) -> str | None:
+        """Why a running trial must stop now (None: it may go on)."""
+        if self.past_deadline():
+            return f"timeout: past the wall budget {self.budget.wall_s:g}s"
+        if self.stopped.is_set():
+            return "stopped: the search stopped"
+        return None
+
     def claim(self) -> bool:
         """Whether this worker may start one more trial (and count it as running)."""
         with self.lock:
@@ -449,7 +458,7 @@ class _Driver:
 
         try:
             argv = self.argv(trial.number, sample)
-            outcome = run_trial(argv, self.env, on_epoch, self.objective, self.past_deadline)
+            outcome = run_trial(argv, self.env, on_epoch, self.objective, self.should_stop)
         except OSError as exc:
             outcome = Outcome(returncode=-1, stderr=f"cannot start the trial: {exc}")
         except BaseException:
@@ -476,8 +485,8 @@ class _Driver:
 
         if outcome.pruned:
             return TrialState.PRUNED, None, None
-        if outcome.timed_out:
-            return TrialState.FAIL, None, f"timeout: past the wall budget {self.budget.wall_s:g}s"
+        if outcome.stopped:
+            return TrialState.FAIL, None, outcome.stopped
         if outcome.returncode != 0:
             tail = outcome.stderr or "(no stderr)"
             return TrialState.FAIL, None, f"exit {outcome.returncode}: {tail}"
@@ -526,7 +535,10 @@ def run_search(
         study = open_study(study_dir, name, direction, sampler, pruner)
         recover_stale(study)
         if not study.get_trials(deepcopy=False):
-            first = search_space.in_space(space, search_space.current(space, params))
+            now = search_space.current(space, params)
+            first = search_space.in_space(space, now)
+            if outside := sorted(set(now) - set(first)):
+                log.warning("hpo: trial 0 samples %s: current value outside the space", outside)
             for sample in (first, *(search_space.in_space(space, s) for s in enqueue)):
                 if sample:
                     study.enqueue_trial(sample)
