@@ -177,6 +177,8 @@ def test_katib_parameters_and_args():
         assert set(p) == {"name", "parameterType", "feasibleSpace"}
         for value in p["feasibleSpace"].values():
             assert isinstance(value, str) or all(isinstance(v, str) for v in value)
+    assert ss.katib_keys(space)["train-learning_rate"] == "train.learning_rate"
+    assert list(ss.katib_keys(space).values()) == list(space)
     trial = ss.katib_trial_parameters(space)
     assert [t["name"] for t in trial] == [p["name"] for p in params]
     assert all(t["reference"] == t["name"] for t in trial)

@@ -375,6 +375,11 @@ def katib_name(key: str) -> str:
     return key.replace(".", "-")
 
 
+def katib_keys(space: Space) -> dict[str, str]:
+    """Each Katib parameter name -> the dotted key its value sets (a trial template's keys)."""
+    return {katib_name(k): k for k in space}
+
+
 def katib_parameters(space: Space) -> list[dict[str, Any]]:
     """Katib's ``spec.parameters``: every key (conditionals flattened: Katib has none), values as
     strings; an int on a log scale is a ``discrete`` list (Katib's hyperopt would sample floats)."""
