@@ -16,7 +16,12 @@ by the deploy step on what it is about to apply. ``check_manifests(docs)`` raise
    ObjectMeta. A PaddleJob also passes the rules of the operator's validating webhook
    (``pkg/webhooks/paddlepaddle``: a DNS-1035 name, replica types ``Master``/``Worker``,
    containers with an image, one named ``paddle`` in every replica; ``runPolicy.managedBy``).
-   Any other kind is an error.
+   A Katib ``Experiment`` (``kubeflow.org/v1beta1``; its CRD keeps unknown fields) is
+   validated against Katib's OpenAPI schema (vendored beside its CRD, made strict the same
+   way) and the rules of Katib's validating webhook (``components.kube.katib_rules``); its
+   trialSpec, each ``${trialParameters.x}`` replaced by a typed sample, is then checked as a
+   manifest of its own (a PaddleJob or a Job: schema, webhook, policy). Any other kind is an
+   error.
 2. **Policy**, on every container of a workload: Pod, PodTemplate, Deployment, StatefulSet,
    DaemonSet, ReplicaSet, ReplicationController, Job, CronJob (init containers included), the
    containers of a (Cluster)ServingRuntime, the containers of an InferenceService component,
@@ -61,7 +66,7 @@ from pathlib import Path
 from typing import Any
 
 from components.core.artifacts import StepError
-from components.kube import crds
+from components.kube import crds, katib_rules
 
 log = logging.getLogger(__name__)
 
@@ -150,6 +155,19 @@ def _paddlejob_problems(doc: Mapping[str, Any]) -> list[str]:
     return problems
 
 
+def _experiment_problems(doc: Mapping[str, Any], where: str, *, require_digest: bool) -> list[str]:
+    """A Katib Experiment: its webhook's rules (``components.kube.katib_rules``), then its
+    trialSpec as one trial gets it, checked as a manifest of its own."""
+    problems = [f"{where}: {p}" for p in katib_rules.experiment_problems(doc)]
+    sample = katib_rules.trial_sample(doc)
+    if sample is not None and sample.get("apiVersion") and sample.get("kind"):
+        problems += [
+            f"{where}: spec.trialTemplate.trialSpec: {p}"
+            for p in manifest_problems([sample], require_digest=require_digest)
+        ]
+    return problems
+
+
 # ----------------------------------------------------------------------------- schemas
 
 
@@ -205,10 +223,11 @@ def _crd_validator(group: str, kind: str, version: str) -> Any:
     the Kubernetes ``version`` ObjectMeta."""
     import jsonschema
 
+    own = crds.schema(group, kind)
     schema = {
-        **crds.schema(group, kind),
+        **own,
         "$schema": "https://json-schema.org/draft/2020-12/schema",
-        "$defs": _definitions(version)["$defs"],
+        "$defs": {**_definitions(version)["$defs"], **own.get("$defs", {})},
     }
     return jsonschema.Draft202012Validator(schema)
 
@@ -540,6 +559,8 @@ def manifest_problems(
                 problems += [f"{where}: {p}" for p in _kserve_problems(doc, runtimes)]
             elif kind == "PaddleJob":
                 problems += [f"{where}: {p}" for p in _paddlejob_problems(doc)]
+            elif kind == "Experiment":
+                problems += _experiment_problems(doc, where, require_digest=require_digest)
         else:
             validator = _builtin_validator(str(kind), str(api_version), version)
             if validator is None:
@@ -570,8 +591,8 @@ def check_manifests(
     if problems:
         raise StepError(
             f"{what}: {len(problems)} problem(s) (Kubernetes {kubernetes_version()} schemas, "
-            "vendored KServe 0.20, training-operator 1.9 and policy-controller 0.9 CRDs, "
-            "hardening policy):\n" + "\n".join(f"  - {p}" for p in problems)
+            "vendored KServe 0.20, training-operator 1.9, Katib 0.19 and policy-controller 0.9 "
+            "CRDs, hardening policy):\n" + "\n".join(f"  - {p}" for p in problems)
         )
     log.info(
         "%s: %d document(s) pass the Kubernetes %s schemas, the vendored CRDs and policy%s",

@@ -7,7 +7,9 @@ checked before a file is used (an edited copy is refused, not trusted):
 * KServe ``v0.20.0``, ``config/crd/full/``: InferenceService, ServingRuntime,
   ClusterServingRuntime, ClusterStorageContainer;
 * Kubeflow training-operator ``release-1.9``, ``manifests/base/crds/``: PaddleJob;
-* sigstore policy-controller ``v0.9.0``, ``config/``: ClusterImagePolicy (k8s/policy).
+* sigstore policy-controller ``v0.9.0``, ``config/``: ClusterImagePolicy (k8s/policy);
+* Katib ``v0.19.0``: ``manifests/v1beta1/components/crd/experiment.yaml`` (Experiment) and
+  ``api/openapi-spec/swagger.json``, the OpenAPI 3.0 schemas generated from Katib's Go types.
 
 To update one: copy the new upstream file over it, update its row in ``SOURCES.json`` (ref,
 commit, sha256) and run ``pytest tests/test_k8s.py tests/test_paddlejob.py``.
@@ -26,6 +28,14 @@ into the JSON Schema the API server effectively enforces with ``kubectl apply
 * descriptions, defaults and the list/map markers are dropped; CEL rules
   (``x-kubernetes-validations``) compare an update with the previous object (``self ==
   oldSelf``) and cannot apply to a manifest before it exists: they are dropped too.
+
+Katib's Experiment CRD keeps every field (``x-kubernetes-preserve-unknown-fields`` on the whole
+object): its strictness lives in Go. Its ``SOURCES.json`` row is joined by the row of Katib's
+OpenAPI document, marked ``"openapi_for": "kubeflow.org/v1beta1/Experiment"`` (not a CRD:
+:func:`kinds` skips it); :func:`schema` then builds that kind's schema from the document with
+:func:`openapi_schema`: the same rules (``$ref`` to ``#/$defs/katib.<name>``; an object with
+``properties`` and no ``additionalProperties`` accepts only them; an object without
+``properties`` stays open, e.g. the trial template's ``Unstructured`` trialSpec).
 """
 
 from __future__ import annotations
@@ -33,7 +43,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +59,9 @@ _BOUNDS = {
 }
 # structural-schema keys JSON Schema does not know, or that do not constrain a new object
 _DROPPED = frozenset({"description", "default", "example", "externalDocs"})
+OPENAPI_MARK = "openapi_for"  # SOURCES.json: the row of an OpenAPI document, "group/version/kind"
+OPENAPI_REF = "#/components/schemas/"
+OPENAPI_PREFIX = "katib."  # its definitions' names in $defs (apart from the Kubernetes ones)
 
 
 @functools.cache
@@ -57,10 +70,8 @@ def sources() -> tuple[dict[str, str], ...]:
     return tuple(json.loads(SOURCES_FILE.read_text()))
 
 
-@functools.cache
-def _crd(file: str) -> dict[str, Any]:
-    import yaml
-
+def _verified(file: str) -> bytes:
+    """The bytes of a vendored file whose sha256 is its ``SOURCES.json`` row's."""
     row = next((r for r in sources() if r["file"] == file), None)
     path = CRD_DIR / file
     if row is None:
@@ -72,8 +83,20 @@ def _crd(file: str) -> dict[str, Any]:
             f"{path}: sha256 {digest} is not the vendored {row['sha256']} "
             f"({row['repository']} {row['ref']} {row['path']}): restore the upstream file"
         )
+    return data
+
+
+@functools.cache
+def _crd(file: str) -> dict[str, Any]:
+    import yaml
+
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    return yaml.load(data, Loader=loader)
+    return yaml.load(_verified(file), Loader=loader)
+
+
+@functools.cache
+def _openapi(file: str) -> dict[str, Any]:
+    return json.loads(_verified(file))
 
 
 @functools.cache
@@ -81,6 +104,8 @@ def kinds() -> dict[tuple[str, str], tuple[str, str]]:
     """``(group, kind) -> (file, version)`` of every vendored CRD: its served storage version."""
     out = {}
     for row in sources():
+        if OPENAPI_MARK in row:  # a kind's strict schema, not a CRD
+            continue
         crd = _crd(row["file"])
         spec = crd["spec"]
         storage = next(v["name"] for v in spec["versions"] if v.get("storage") and v.get("served"))
@@ -128,10 +153,76 @@ def json_schema(node: Any, *, root: bool = False) -> Any:
     return out
 
 
+def _openapi_node(node: Any) -> Any:
+    """One node of an OpenAPI 3.0 schema as a structural-schema node for :func:`json_schema`:
+    ``$ref`` renamed, an object without ``properties`` kept open."""
+    if isinstance(node, list):
+        return [_openapi_node(n) for n in node]
+    if not isinstance(node, Mapping):
+        return node
+    out = {}
+    for key, value in node.items():
+        if key == "$ref" and isinstance(value, str) and value.startswith(OPENAPI_REF):
+            out[key] = "#/$defs/" + OPENAPI_PREFIX + value[len(OPENAPI_REF) :]
+        elif key == "properties":
+            out[key] = {name: _openapi_node(sub) for name, sub in value.items()}
+        else:
+            out[key] = _openapi_node(value)
+    if out.get("type") == "object" and "properties" not in out:
+        out.setdefault("additionalProperties", True)
+    return out
+
+
+def _refs(node: Any) -> Iterator[str]:
+    if isinstance(node, Mapping):
+        for key, value in node.items():
+            if key == "$ref" and isinstance(value, str) and value.startswith(OPENAPI_REF):
+                yield value[len(OPENAPI_REF) :]
+            else:
+                yield from _refs(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _refs(value)
+
+
+def _closure(defs: Mapping[str, Any], root: str) -> list[str]:
+    """``root`` and every definition it refers to, directly or not."""
+    seen: set[str] = set()
+    todo = [root]
+    while todo:
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            todo += _refs(defs[name])
+    return sorted(seen)
+
+
+def openapi_schema(file: str, definition: str) -> dict[str, Any]:
+    """The strict JSON Schema of ``definition`` in the vendored OpenAPI 3.0 document ``file``
+    (module docstring): its definitions under ``$defs`` (``katib.<name>``), its ``metadata``
+    the Kubernetes ObjectMeta ``#/$defs/<ObjectMeta>`` (the caller adds those ``$defs``)."""
+    defs = _openapi(file)["components"]["schemas"]
+    out = json_schema(_openapi_node(defs[definition]), root=True)
+    out["$defs"] = {
+        OPENAPI_PREFIX + name: json_schema(_openapi_node(defs[name]))
+        for name in _closure(defs, definition)
+    }
+    return out
+
+
+def _openapi_row(group: str, version: str, kind: str) -> dict[str, str] | None:
+    return next((r for r in sources() if r.get(OPENAPI_MARK) == f"{group}/{version}/{kind}"), None)
+
+
 @functools.cache
 def schema(group: str, kind: str) -> dict[str, Any]:
     """The strict JSON Schema of ``kind``'s vendored CRD (its served storage version); its
-    ``metadata`` refers to ``#/$defs/<ObjectMeta>``: the caller adds the Kubernetes ``$defs``."""
+    ``metadata`` refers to ``#/$defs/<ObjectMeta>``: the caller adds the Kubernetes ``$defs``.
+    A kind with an OpenAPI row (Katib's Experiment) has that document's schema, whose own
+    definitions are in its ``$defs``."""
     file, version = kinds()[(group, kind)]
+    row = _openapi_row(group, version, kind)
+    if row is not None:
+        return openapi_schema(row["file"], f"{version}.{kind}")
     crd_version = next(v for v in _crd(file)["spec"]["versions"] if v["name"] == version)
     return json_schema(crd_version["schema"]["openAPIV3Schema"], root=True)
