@@ -12,7 +12,7 @@ import sys
 import time
 from datetime import UTC, datetime
 
-from components.ml.training.search_space import parse_set
+from components.core.overrides import parse_set
 from components.ml.training.trial_metrics import metric_line
 
 values = dict(parse_set(a) for a in sys.argv[1:] if a.startswith("--set="))

@@ -360,7 +360,8 @@ def _params_classes() -> dict[str, type]:
 
 
 # describe the data at the required ingest.source, so their default is "none declared"
-SOURCE_DESCRIPTION = {"ingest.idx_files", "ingest.sha256"}
+# what describes the default task (its files, its search space), not a default of the step
+SOURCE_DESCRIPTION = {"ingest.idx_files", "ingest.sha256", "hpo.space"}
 
 
 def test_dataclass_defaults_are_the_shipped_params():

@@ -166,7 +166,7 @@ def test_an_unknown_command_suggests_the_closest_one(capsys):
     assert "(did you mean 'fetch-model'?)" in capsys.readouterr().err
     assert cli.main(["frobnicate"]) == 2  # nothing close: every choice
     err = capsys.readouterr().err
-    assert "invalid choice 'frobnicate' (choose from: ingest, validate, train" in err
+    assert "invalid choice 'frobnicate' (choose from: ingest, validate, hpo, train" in err
     assert "verify" in err and len(err.splitlines()) == 1
 
 

@@ -23,6 +23,7 @@ import optuna
 import pytest
 import yaml
 
+from components.core import overrides as ov
 from components.core.artifacts import StepError
 from components.core.config import load_params
 from components.core.retry import Clock
@@ -132,16 +133,16 @@ def test_set_args_round_trip():
         "train.amp": True,
         "task.options.name": "ernie-3.0-medium-zh",
     }
-    args = ss.set_args(sample)
+    args = ov.set_args(sample)
     assert (
         args[0] == "--set=train.learning_rate=1.0e-05"
         and args[2] == "--set=task.options.hidden=[256,128]"
     )
     assert not any(" " in a for a in args)
-    assert dict(ss.parse_set(a) for a in args) == sample
+    assert dict(ov.parse_set(a) for a in args) == sample
     # apply puts each value at its dotted key of a copy
     params = {"train": {"learning_rate": 0.1, "batch_size": 8}, "task": {"options": {}}}
-    merged = ss.apply(params, sample)
+    merged = ov.apply(params, sample)
     assert merged["train"]["learning_rate"] == 1e-05 and params["train"]["learning_rate"] == 0.1
 
 
@@ -221,7 +222,7 @@ SPACE_X = "train.x: {type: float, low: 0.0, high: 1.0}"
 
 
 def fake_argv(number: int, sample: dict) -> list[str]:
-    return [sys.executable, str(FAKE), *ss.set_args({"train.epochs": 4, **sample})]
+    return [sys.executable, str(FAKE), *ov.set_args({"train.epochs": 4, **sample})]
 
 
 def fake_env(record: Path, **extra: str) -> dict[str, str]:

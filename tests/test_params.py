@@ -25,9 +25,9 @@ from tests.conftest import REPO
 # package.tune added (the serving-config search); serving_image.server_binary removed (the
 # binary is $PADDLE_MLOPS_SERVER_BINARY or the dev build, for every step that runs it).
 EFFECTIVE = {
-    "params.yaml": "1cabdddc",
-    "tasks/digits_gan/params.yaml": "349c5fc5",
-    "tasks/sentiment/params.yaml": "6c5d990a",
+    "params.yaml": "b9c6ac5a",
+    "tasks/digits_gan/params.yaml": "65a0c227",
+    "tasks/sentiment/params.yaml": "18297a82",
 }
 
 

@@ -24,6 +24,9 @@ The points in the code:
 - ``artifacts.write``: every atomic write, before its rename;
 - ``paddlejob.stage``: the PaddleJob launcher writing the job's ``params.yaml`` into its
   directory on the shared volume, after the data (``enospc`` there is a full volume);
+- ``snapshot.open.<split>``: every open of a shard of that split (``snapshot.open.test=kill``
+  proves a search never reads test: its trials inherit the variable);
+- ``hpo.after_trial``: the search driver, after it recorded a finished trial;
 - ``export.parity`` (takes ``corrupt``): the exported program's outputs, as the parity check
   reads them, drift by ``1e-2``, as a broken inference kernel or pass would make them; the
   parity check must fail the export;

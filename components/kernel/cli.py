@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from components.core import overrides
 from components.core.artifacts import StepError, sweep_dead_temporaries
 from components.core.config import load_params
 from components.core.failures import readable_failure
@@ -158,6 +159,24 @@ def step_parser(step: Step) -> argparse.ArgumentParser:
         parser.add_argument(
             f"--{flag(value.name)}", dest=value.name, default=value.default, help=value.help
         )
+    parser.add_argument(
+        "--set",
+        dest="sets",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="set a params key (dotted, e.g. train.learning_rate=0.003; the value is YAML); "
+        "repeatable, wins over the params file and a search's overlay",
+    )
+    parser.add_argument(
+        "--set-if",
+        dest="set_ifs",
+        action="append",
+        default=[],
+        metavar="COND=VALUE:KEY=VALUE",
+        help="set KEY only when params key COND has VALUE after every --set (a conditional "
+        "search key on Katib); repeatable",
+    )
     return parser
 
 
@@ -182,7 +201,9 @@ def step_main(
             log.warning("removed %s, left by a writer that was killed", gone)
         paths = {p.name: getattr(args, p.name) for p in (*step.cli_inputs(), *step.cli_outputs())}
         values = {v.name: getattr(args, v.name) for v in step.values}
-        result = step.call(load_params(args.params), paths, values)
+        sets = dict(overrides.parse_set(a) for a in args.sets)
+        set_ifs = [overrides.parse_set_if(a) for a in args.set_ifs]
+        result = step.call(load_params(args.params), paths, values, sets, set_ifs)
         return exit_code(result) if exit_code is not None else 0
 
     return run_cli(_go)

@@ -19,11 +19,12 @@ from __future__ import annotations
 import importlib
 import inspect
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from components.core import overrides
 from components.core.artifacts import StepError, step_clock
 from components.core.config import params_source, section
 from components.tasks import task_from_params
@@ -35,6 +36,7 @@ log = logging.getLogger(__name__)
 STEPS = (
     "ingest",
     "validate",
+    "hpo",
     "train",
     "export",
     "qat",
@@ -65,7 +67,15 @@ class In:
     kfp: KfpType = "Artifact"
     files: tuple[str, ...] = ()  # dvc.yaml deps: only these files under ``path``
     order_only: bool = False  # a gate the step waits for but does not read: not passed to run
+    # a search's output directory: its overlay.yaml's adopted dotted keys are set in the
+    # params before they are typed (components.core.overrides); not passed to run
+    params_overlay: bool = False
     help: str = ""
+
+    @property
+    def passed(self) -> bool:
+        """Whether ``run`` gets this input as a keyword."""
+        return not (self.order_only or self.params_overlay)
 
 
 @dataclass(frozen=True)
@@ -128,8 +138,18 @@ class Step:
         sections: Mapping[str, Any],
         paths: Mapping[str, str | Path],
         values: Mapping[str, str] | None = None,
+        sets: Mapping[str, Any] | None = None,
+        set_ifs: Sequence[tuple[tuple[str, Any], tuple[str, Any]]] = (),
     ) -> Any:
-        """Run the step on ``sections`` (params mapping) with ``paths`` keyed by port name."""
+        """Run the step on ``sections`` (params mapping) with ``paths`` keyed by port name;
+        a params-overlay input's adopted keys are set first, then ``sets`` and ``set_ifs``
+        (``--set``/``--set-if``): the command line wins."""
+        for port in self.inputs:
+            if port.params_overlay and (found := overrides.read_overlay(paths.get(port.name))):
+                what = f"{Path(paths[port.name]) / overrides.OVERLAY}: params:"
+                sections = overrides.override(sections, found, what=what)
+        if sets or set_ifs:
+            sections = overrides.override(sections, sets or {}, set_ifs)
         accepted = inspect.signature(self.run).parameters
         kwargs: dict[str, Any] = {}
         source = params_source(sections)
@@ -152,7 +172,7 @@ class Step:
         }
         kwargs.update({k: make() for k, make in extras.items() if k in accepted})
         for port in (*self.inputs, *self.outputs):
-            if isinstance(port, In) and port.order_only or getattr(port, "derived_from", None):
+            if isinstance(port, In) and not port.passed or getattr(port, "derived_from", None):
                 continue
             kwargs[port.arg] = Path(paths[port.name])
         for value in self.values:

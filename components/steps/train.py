@@ -121,7 +121,8 @@ def run(
             raise StepError("data-parallel training needs task_params (params.yaml: task)")
         training.launch_ranks(
             launch_plan,
-            lambda params_file: STEP.argv(params_file, paths),
+            # the ranks get the params already overlaid: no overlay again
+            lambda params_file: STEP.argv(params_file, {**paths, "hpo_dir": ""}),
             {"task": task_params, "train": asdict(params)},
             params.distributed.log_dir,
         )
@@ -170,6 +171,16 @@ STEP = Step(
             source="validate.report",
             files=("summary.json",),
             order_only=True,
+        ),
+        # a search's outcome: the keys it adopted are set in the params before they are typed
+        In(
+            "hpo",
+            "outputs/hpo",
+            "hpo_dir",
+            source="hpo.out",
+            files=("overlay.yaml",),
+            params_overlay=True,
+            help="hpo's output directory: its overlay.yaml's adopted params",
         ),
     ),
     outputs=(

@@ -130,6 +130,12 @@ class Task(abc.ABC):
     ) -> Task:
         """Build the task from ``task.options`` (validated; errors start with ``where``)."""
 
+    @classmethod
+    def search_space(cls) -> dict[str, Any] | None:
+        """The hyperparameter search space the ``hpo`` step uses when ``hpo.space`` is null
+        (a plug-in's own; dotted keys -> specs, as in params.yaml): None, none declared."""
+        return None
+
     @abc.abstractmethod
     def build_model(self, num_classes: int) -> paddle.nn.Layer:
         """A freshly initialised model (the caller seeds paddle first)."""

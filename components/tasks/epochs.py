@@ -12,8 +12,11 @@ Rank 0 then writes the outputs, metrics and curves (:mod:`components.tasks.train
 from __future__ import annotations
 
 import logging
+import os
+import sys
 import time
 from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +26,10 @@ from tqdm import tqdm
 
 from components.core.artifacts import StepError
 from components.ml.data import snapshot
-from components.ml.training import training
+from components.ml.training import training, trial_metrics
 from components.ml.training.distributed import Batching, EpochShare, World
 from components.ml.training.training import AmpMode, TrainResult
+from components.ml.training.trial_metrics import TRIAL_ENV
 from components.tasks import stream
 from components.tasks.base import Task
 from components.tasks.data import check_format
@@ -201,6 +205,7 @@ def _epochs(
     fingerprint: str,
     world: World,
 ) -> None:
+    trial_mode = os.environ.get(TRIAL_ENV) == "1"
     epochs = tqdm(
         range(state["epoch"] + 1, params.epochs + 1),
         desc="train",
@@ -220,10 +225,19 @@ def _epochs(
         for _ in val_batches:  # the reader's sequence goes on with the next epoch
             pass
         _keep_best(trainer, state, params, {"epoch": epoch, "lr": lr}, train, val)
+        # a search's trial prints one metric line per epoch on stdout; Katib's collector reads
+        # stderr too, so the bar's postfix then names no metric the search reads
+        score_key = "score" if trial_mode else f"val_{objective.score}"
         epochs.set_postfix(
             loss=f"{next(iter(train.values())):.4f}",
-            **{f"val_{objective.score}": f"{val[objective.score]:.4f}"},
+            **{score_key: f"{val[objective.score]:.4f}"},
         )
+        if trial_mode and world.main:
+            row = state["history"][-1]
+            metrics = {k: v for k, v in row.items() if k.startswith("val_")}
+            line = trial_metrics.metric_line(epoch, metrics, datetime.now(UTC))
+            sys.stdout.write(line + "\n")  # the protocol the search reads, not a log line
+            sys.stdout.flush()
         log.debug("epoch %d: %s", epoch, state["history"][-1])
         if not world.main:  # the ranks hold the same state; rank 0 writes it
             continue

@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from components.core.artifacts import StepError, combined_sha256, read_json, sha256_file, write_json
+from components.faults import failpoints
 
 SPLITS = ("train", "val", "test")
 SNAPSHOT_FILE = "snapshot.json"
@@ -285,6 +286,7 @@ def open_shard(snap: Snapshot, shard: Shard) -> Any:
     import pyarrow.parquet as pq
 
     path = snap.path(shard)
+    failpoints.hit(f"snapshot.open.{shard.split}", str(path))
     if not path.is_file():
         raise StepError(
             f"{path}: shard missing (snapshot.json pins sha256 {shard.sha256}); run "

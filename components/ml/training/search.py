@@ -47,13 +47,13 @@ from components.core.config import params_model, params_sha256
 from components.core.retry import SYSTEM_CLOCK, Clock
 from components.ml.training import search_space, trial_metrics
 from components.ml.training.search_space import Space
+from components.ml.training.trial_metrics import TRIAL_ENV
 
 if TYPE_CHECKING:
     import optuna
 
 log = logging.getLogger(__name__)
 
-TRIAL_ENV = "PADDLE_MLOPS_TRIAL"  # set in a trial's environment: one metric line per epoch
 JOURNAL = "journal.log"
 LOCK = "driver.lock"
 MIN_FINISHED = 3  # the fail share is checked once this many trials finished
@@ -572,3 +572,71 @@ def run_search(
         if driver.error is not None:
             raise driver.error
         return result(study, space, objective)
+
+
+def score_runs(
+    argvs: Sequence[Sequence[str]],
+    objective: str,
+    direction: Literal["maximize", "minimize"],
+    *,
+    parallel: int,
+    env: Mapping[str, str] | None = None,
+    names: Sequence[str] = (),
+) -> list[float]:
+    """Run each command to its end (no pruning), ``parallel`` at once, and return each one's
+    best ``objective`` over its epochs (what train keeps); a failed run is one error line
+    naming it (``names``: how to call each run)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    trial_env = {**os.environ, **(env or {}), TRIAL_ENV: "1"}
+    best = max if direction == "maximize" else min
+
+    def one(index: int) -> float:
+        outcome = run_trial(argvs[index], trial_env, lambda e, v: False, objective, lambda: None)
+        name = names[index] if index < len(names) else f"run {index}"
+        if outcome.returncode != 0 or not outcome.curve:
+            why = _summary(f"exit {outcome.returncode}: {outcome.stderr or '(no stderr)'}")
+            raise StepError(f"hpo: {name} failed: {why}")
+        return best(v for _, v in outcome.curve)
+
+    with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
+        return list(pool.map(one, range(len(argvs))))
+
+
+def save_plots(study: optuna.Study, dest: Path) -> list[Path]:
+    """Optuna's parallel-coordinate and importance plots of ``study`` as PNG files (matplotlib,
+    no browser); a plot the trials cannot support yet (fewer than two complete trials, no
+    varying param) is skipped and logged."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import optuna
+    from optuna.trial import TrialState
+    from optuna.visualization import matplotlib as oplt
+
+    complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    varying = {
+        k for t in complete for k in t.params if len({str(c.params.get(k)) for c in complete}) > 1
+    }
+    written: list[Path] = []
+    if len(complete) < 2 or not varying:
+        log.info("hpo: %d complete trial(s), no varying param: no plots", len(complete))
+        return written
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        warnings.simplefilter("ignore", UserWarning)  # matplotlib: a constant axis's ylim
+        for name, draw in (
+            ("parallel_coordinate.png", lambda: oplt.plot_parallel_coordinate(study)),
+            ("param_importances.png", lambda: oplt.plot_param_importances(study)),
+        ):
+            try:
+                axes = draw()
+            except (ValueError, RuntimeError) as exc:  # e.g. importances of a constant space
+                log.info("hpo: no %s: %s", name, exc)
+                continue
+            figure = axes.figure if hasattr(axes, "figure") else axes.flat[0].figure
+            figure.savefig(dest / name, dpi=100, bbox_inches="tight")
+            plt.close(figure)
+            written.append(dest / name)
+    return written

@@ -20,18 +20,23 @@ options) is the caller's, on :func:`corner`.
 
 from __future__ import annotations
 
-import difflib
 import math
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import numpy as np
-import yaml
 from pydantic import Field, model_validator
 
 from components.core.artifacts import StepError
 from components.core.config import from_dict, params_model
+from components.core.overrides import (
+    format_value,
+    leaves,
+    lookup,
+    no_such_key,
+    parse_value,
+)
 
 if TYPE_CHECKING:
     import optuna
@@ -121,48 +126,6 @@ Space = dict[str, Spec]
 # --------------------------------------------------------------- values on a command line
 
 
-def format_value(value: Any) -> str:
-    """``value`` as the YAML flow text ``--set`` reads back (``1.0e-05``, ``[120,84]``)."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise ValueError(f"{value!r} is not a finite number")
-        text = repr(value)
-        # YAML 1.1 (PyYAML) reads a float only with a dot: 1e-05 would be the string "1e-05"
-        if "e" in text and "." not in text:
-            text = text.replace("e", ".0e", 1)
-        return text
-    if isinstance(value, str):
-        return value
-    if isinstance(value, list | tuple):
-        return "[" + ",".join(format_value(v) for v in value) + "]"
-    raise ValueError(f"{value!r} cannot be a --set value")
-
-
-def parse_value(text: str) -> Any:
-    """The value of ``--set``'s text (YAML, as the trial command reads it)."""
-    return yaml.safe_load(text)
-
-
-def set_args(sample: Mapping[str, Any]) -> list[str]:
-    """``--set=dotted.key=value`` for each key of ``sample``, in its order."""
-    return [f"--set={key}={format_value(value)}" for key, value in sample.items()]
-
-
-def parse_set(arg: str) -> tuple[str, Any]:
-    """The (dotted key, value) of one ``--set=key=value`` argument (or its ``key=value``)."""
-    body = arg.removeprefix("--set=")
-    key, sep, text = body.partition("=")
-    if not sep or not key:
-        raise ValueError(f"{arg}: expected --set=dotted.key=value")
-    return key, parse_value(text)
-
-
 # --------------------------------------------------------------------------- the space from params
 
 
@@ -182,26 +145,6 @@ def parse_space(raw: Any, *, source: str) -> Space:
     return space
 
 
-def leaves(params: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
-    """Every (dotted key, value) of ``params`` whose value is not a mapping."""
-    for key, value in params.items():
-        dotted = f"{prefix}{key}"
-        if isinstance(value, Mapping):
-            yield from leaves(value, f"{dotted}.")
-        else:
-            yield dotted, value
-
-
-def lookup(params: Mapping[str, Any], dotted: str) -> Any:
-    """The value at ``dotted`` in ``params`` (KeyError: no such key)."""
-    node: Any = params
-    for part in dotted.split("."):
-        if not isinstance(node, Mapping) or part not in node:
-            raise KeyError(dotted)
-        node = node[part]
-    return node
-
-
 def validate(space: Space, params: Mapping[str, Any], *, source: str) -> None:
     """Refuse, in one line, a space the merged ``params`` cannot take: an unknown key (with the
     closest one), a key outside ``task``/``train``, ``train.seed``, a ``distributed`` setting,
@@ -212,9 +155,7 @@ def validate(space: Space, params: Mapping[str, Any], *, source: str) -> None:
 
     def must_exist(key: str, what: str) -> None:
         if key not in known:
-            close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
-            hint = f" (did you mean {close[0]}?)" if close else ""
-            raise StepError(f"{where}: {what}: no such key{hint}")
+            raise StepError(f"{where}: {what}: {no_such_key(key, list(known))}")
 
     for index, (key, spec) in enumerate(space.items()):
         must_exist(key, key)
@@ -224,16 +165,21 @@ def validate(space: Space, params: Mapping[str, Any], *, source: str) -> None:
             raise StepError(f"{where}: {key}: {FORBIDDEN_KEYS[key]}")
         if "distributed" in key.split("."):
             raise StepError(f"{where}: {key}: distributed settings are not searched")
-        for value in _values(spec):
+        for value in spec_values(spec):
             _check_safe(value, f"{where}: {key}")
         if spec.when is not None:
             _check_when(space, known, key, index, spec.when, where, must_exist)
 
 
-def _values(spec: Spec) -> list[Any]:
-    if isinstance(spec, CategoricalSpec):
-        return list(spec.choices)
-    return [spec.low, spec.high] + ([] if spec.step is None else [spec.step])
+def ends(spec: Spec) -> list[Any]:
+    """The values at ``spec``'s ends: each choice, or low and high."""
+    return list(spec.choices) if isinstance(spec, CategoricalSpec) else [spec.low, spec.high]
+
+
+def spec_values(spec: Spec) -> list[Any]:
+    """The values ``spec`` writes: its ends and its step."""
+    step = getattr(spec, "step", None)
+    return ends(spec) + ([] if step is None else [step])
 
 
 def _check_safe(value: Any, where: str) -> None:
@@ -276,26 +222,6 @@ def _check_when(
 def corner(space: Space) -> dict[str, Any]:
     """A sample with every key at its low end or first choice (for the caller's typed check)."""
     return {k: s.choices[0] if isinstance(s, CategoricalSpec) else s.low for k, s in space.items()}
-
-
-def apply(params: Mapping[str, Any], sample: Mapping[str, Any]) -> dict[str, Any]:
-    """A deep copy of ``params`` with each dotted key of ``sample`` set."""
-    out = _copy(params)
-    for dotted, value in sample.items():
-        *parents, last = dotted.split(".")
-        node = out
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[last] = value
-    return out
-
-
-def _copy(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {k: _copy(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_copy(v) for v in value]
-    return value
 
 
 def contains(spec: Spec, value: Any) -> bool:

@@ -20,6 +20,8 @@ KATIB_DEFAULT_FILTER = r"([\w|-]+)\s*=\s*([+-]?\d*(\.\d+)?([Ee][+-]?\d+)?)"
 FILTER = re.compile(KATIB_DEFAULT_FILTER, re.ASCII)
 NAME = re.compile(r"[\w-]+", re.ASCII)  # a metric name the filter reads back whole
 EPOCH = "epoch"
+# set to "1" in a search trial's environment: the train step prints one metric line per epoch
+TRIAL_ENV = "PADDLE_MLOPS_TRIAL"
 
 
 def timestamp(now: datetime) -> str:

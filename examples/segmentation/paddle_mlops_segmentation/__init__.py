@@ -507,6 +507,16 @@ class ShapesSegmentationTask(ImageClassificationTask):
         self.num_pixel_classes = 0  # classes + background, set by build_model
 
     @classmethod
+    def search_space(cls) -> dict[str, Any]:
+        """The hpo step's space when params.yaml sets none: the U-Net's width and the
+        schedule (the objective is val_mean_iou)."""
+        return {
+            "train.learning_rate": {"type": "float", "low": 0.0005, "high": 0.01, "log": True},
+            "train.batch_size": {"type": "categorical", "choices": [16, 32]},
+            "task.options.width": {"type": "categorical", "choices": [8, 16, 24]},
+        }
+
+    @classmethod
     def from_options(
         cls, options: dict[str, Any], *, where: str = "params.yaml: task.options"
     ) -> ShapesSegmentationTask:

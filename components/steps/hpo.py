@@ -1,0 +1,352 @@
+"""hpo: search the task's hyperparameters on the train and val splits, and hand the winner to
+train as a params overlay, adopted only on evidence (docs/hpo.md).
+
+- **Off by default** (``hpo.enabled: false``): the step writes an overlay that sets nothing,
+  and ``train`` trains on the params as they are.
+- **Space** (``hpo.space``, else the task's ``Task.search_space()``): dotted keys of the
+  ``task`` and ``train`` sections with float/int (linear or log), categorical and conditional
+  specs (:mod:`components.ml.training.search_space`); a key the params do not have is one
+  error line naming the closest one.
+- **Trials** are the train step's own command on a view of the snapshot that holds only its
+  train and val splits (test and the pinned holdout are never read), with the sample as
+  ``--set`` arguments and ``train.epochs`` = ``hpo.trial_epochs``. The objective is the
+  task's validation score (``val_<score>``), printed by the trial once per epoch in the line
+  format Katib's metrics collector reads (:mod:`components.ml.training.trial_metrics`).
+- **Engines.** ``optuna`` (the default): a study in a journal file under ``--study`` (a killed
+  search resumes), TPE and a median or successive-halving pruner, trials as processes here
+  (:mod:`components.ml.training.search`). ``katib``: the same space, objective, budget and
+  trial command rendered as a Katib ``Experiment`` (``experiment.yaml``), checked against
+  the vendored CRD; ``pipelines/katib.py`` submits it on a cluster.
+- **Adoption** (:mod:`components.ml.decisions.adoption`): the winner and the current params
+  are trained ``hpo.adopt.seeds`` times each with paired seeds, for the full
+  ``train.epochs``; the overlay sets the winner's keys only when the paired gain beats the
+  noise between seeds. Else it sets nothing, and the step says why in one line. The model
+  trained on an adopted overlay must still beat the champion in ``register``.
+
+Outputs: ``overlay.yaml`` (``adopted``, ``params``, ``study``, ``trial``, ``reason``,
+``evidence``), ``trials.json``, the Optuna plots and ``manifest.json`` under ``--out``;
+the study journal under ``--study``; ``metrics/hpo.json``.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from dataclasses import asdict, field
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import Field
+
+from components.core import overrides
+from components.core.artifacts import StepError, atomic_path, write_json, write_manifest
+from components.core.config import params_model, params_sha256
+from components.faults import failpoints
+from components.kernel import step as kernel
+from components.kernel.step import DATA, In, Out, Step
+from components.ml.data import snapshot
+from components.ml.decisions import adoption
+from components.ml.decisions.adoption import AdoptParams
+from components.ml.training import search, search_space
+from components.ml.training.search import BudgetParams, PrunerParams, SamplerParams
+from components.tasks import Task
+
+log = logging.getLogger(__name__)
+TRIAL_SPLITS = ("train", "val")  # all a trial's data view holds
+VIEW, SCRATCH, PARAMS = "view", "trials", "params.yaml"
+
+
+@params_model
+class HpoParams:
+    enabled: bool = False
+    engine: Literal["optuna", "katib"] = "optuna"
+    trial_epochs: Annotated[int, Field(ge=1)] | None = 8  # None: train.epochs
+    budget: BudgetParams = field(default_factory=BudgetParams)
+    sampler: SamplerParams = field(default_factory=SamplerParams)
+    pruner: PrunerParams = field(default_factory=PrunerParams)
+    adopt: AdoptParams = field(default_factory=AdoptParams)
+    space: dict[str, Any] | None = None  # None: the task's Task.search_space()
+
+
+def run(
+    params: HpoParams,
+    task: Task,
+    data_dir: str | Path,
+    out_dir: str | Path,
+    *,
+    study_dir: str | Path,
+    metrics_file: str | Path,
+    all_params: dict[str, Any],
+    params_file: str,
+) -> dict[str, Any]:
+    """Search (or not: ``enabled: false``) and write the overlay; the overlay's mapping."""
+    out_dir, study_dir = Path(out_dir), Path(study_dir)
+    if not params.enabled:
+        overlay = {"adopted": False, "params": {}, "reason": "hpo.enabled is false"}
+        return _write(out_dir, Path(metrics_file), overlay, {}, all_params, data_dir)
+    space = search_space.parse_space(_space(params, task), source=params_file)
+    search_space.validate(space, all_params, source=params_file)
+    _typed_check(space, all_params, params_file)
+    objective = task.objective()
+    metric = f"val_{objective.score}"
+    direction: Literal["maximize", "minimize"] = (
+        "maximize" if objective.higher_is_better else "minimize"
+    )
+    trials = _Trials(study_dir, Path(data_dir), all_params, params.budget)
+    epochs = params.trial_epochs or int(all_params["train"]["epochs"])
+    if params.engine == "katib":
+        return _katib(params, space, metric, direction, trials, out_dir, metrics_file, all_params)
+    name = search.study_name(
+        str(all_params["task"]["name"]), _identity(space, metric, trials, all_params, epochs)
+    )
+    found = search.run_search(
+        study_dir,
+        name,
+        space,
+        all_params,
+        metric,
+        direction,
+        lambda number, sample: trials.argv(f"{number}", {**sample, "train.epochs": epochs}),
+        budget=params.budget,
+        sampler=params.sampler,
+        pruner=params.pruner,
+        env=trials.env(),
+        after_trial=lambda trial: failpoints.hit("hpo.after_trial", str(trial.number)),
+    )
+    decision = _adopt(params, space, found, trials, metric, direction, all_params)
+    log.info("%s", decision.reason)
+    overlay = {
+        "adopted": decision.adopted,
+        "params": found.best.params if decision.adopted and found.best else {},
+        "engine": "optuna",
+        "study": found.study,
+        "trial": None if found.best is None else found.best.number,
+        "objective": metric,
+        "reason": decision.reason,
+        "evidence": decision.evidence(),
+    }
+    trials.cleanup()
+    study = search.open_study(study_dir, name, direction, params.sampler, params.pruner)
+    return _write(
+        out_dir, Path(metrics_file), overlay, found.to_json(), all_params, data_dir, study
+    )
+
+
+def _space(params: HpoParams, task: Task) -> Any:
+    space = params.space if params.space is not None else type(task).search_space()
+    if space is None:
+        raise StepError(
+            f"hpo.space: not set, and task {task.name!r} declares no search space "
+            "(Task.search_space)"
+        )
+    return space
+
+
+def _typed_check(space: search_space.Space, all_params: dict[str, Any], source: str) -> None:
+    """Each key at each end of its range, and at each choice, still makes valid ``train`` and
+    ``task`` params (one error line naming the key and value otherwise)."""
+    from components.core.config import section
+    from components.tasks import task_from_params
+
+    train_params = kernel.load("train").params
+    for key, spec in space.items():
+        for value in search_space.ends(spec):
+            where = f"{source}: hpo.space: {key}={overrides.format_value(value)}"
+            sample = overrides.override(all_params, {key: value}, what="hpo.space:")
+            section(dict(sample), "train", train_params, source=where)  # type: ignore[arg-type]
+            try:
+                task_from_params(sample)
+            except StepError as exc:
+                raise StepError(f"{where}: {exc}") from None
+
+
+def _identity(
+    space: search_space.Space,
+    metric: str,
+    trials: _Trials,
+    all_params: dict[str, Any],
+    epochs: int,
+) -> dict[str, Any]:
+    """What makes two searches the same study: the space, the objective, the data's train and
+    val, the params the space does not set, the epochs."""
+    rest = overrides.apply(all_params, dict.fromkeys(space))  # searched keys blanked
+    return {
+        "space": {k: asdict(s) for k, s in space.items()},
+        "objective": metric,
+        "data": trials.data_sha256,
+        "params": params_sha256({k: rest[k] for k in ("task", "train") if k in rest}),
+        "epochs": epochs,
+    }
+
+
+class _Trials:
+    """The train step's command for a trial, on a train+val view of the snapshot."""
+
+    def __init__(
+        self, study_dir: Path, data_dir: Path, all_params: dict[str, Any], budget: BudgetParams
+    ) -> None:
+        study_dir.mkdir(parents=True, exist_ok=True)
+        self.root, self.budget = study_dir, budget
+        shutil.rmtree(study_dir / VIEW, ignore_errors=True)
+        view = snapshot.subset(data_dir, study_dir / VIEW, TRIAL_SPLITS, copy=False)
+        self.view = study_dir / VIEW
+        self.data_sha256 = params_sha256(
+            {s.path: s.sha256 for s in view.shards}  # the train and val shards only
+        )
+        self.params_file = study_dir / PARAMS
+        self.params_file.write_text(yaml.safe_dump(dict(all_params), sort_keys=False))
+        self.train = kernel.load("train")
+
+    def argv(self, name: str, sample: dict[str, Any]) -> list[str]:
+        """``python -m components train ...`` for ``sample`` in scratch dir ``trials/<name>``."""
+        import sys
+
+        scratch = self.root / SCRATCH / name
+        shutil.rmtree(scratch, ignore_errors=True)
+        paths = {
+            "data_dir": self.view,
+            "out_dir": scratch / "model",
+            "checkpoint_dir": scratch / "checkpoints",
+            "metrics_file": scratch / "metrics.json",
+            "plots_file": scratch / "curves.csv",
+            "hpo_dir": "",  # no overlay: a trial runs the params it is given
+        }
+        fixed = {"train.reader_probe_samples": 0}
+        return [
+            sys.executable,
+            "-m",
+            "components",
+            *self.train.argv(self.params_file, paths),
+            *overrides.set_args({**fixed, **sample}),
+        ]
+
+    def env(self) -> dict[str, str]:
+        cpus = str(self.budget.cpus_per_trial)
+        return {"OMP_NUM_THREADS": cpus, "CPU_NUM": cpus}
+
+    def cleanup(self) -> None:
+        shutil.rmtree(self.root / SCRATCH, ignore_errors=True)
+        shutil.rmtree(self.view, ignore_errors=True)
+
+
+def _adopt(
+    params: HpoParams,
+    space: search_space.Space,
+    found: search.SearchResult,
+    trials: _Trials,
+    metric: str,
+    direction: Literal["maximize", "minimize"],
+    all_params: dict[str, Any],
+) -> adoption.Adoption:
+    """Train the current params and the winner once per paired seed; the rule's decision."""
+    best = found.best
+    if best is None:
+        return adoption.Adoption(False, "hpo: kept current params: no trial completed")
+    current = search_space.current(space, all_params)
+    if best.number == 0 or all(overrides.same(best.params.get(k), v) for k, v in current.items()):
+        return adoption.baseline_won(best.number, metric)
+    seed0 = int(all_params["train"]["seed"])
+    seeds = [seed0 + i for i in range(params.adopt.seeds)]
+    argvs, names = [], []
+    for side, sample in (("current", {}), ("winner", best.params)):
+        for seed in seeds:
+            argvs.append(trials.argv(f"{side}-{seed}", {**sample, "train.seed": seed}))
+            names.append(f"the {side} params with seed {seed}")
+    scores = search.score_runs(
+        argvs, metric, direction, parallel=params.budget.parallel, env=trials.env(), names=names
+    )
+    k = len(seeds)
+    return adoption.decide(
+        scores[:k],
+        scores[k:],
+        seeds=seeds,
+        higher_is_better=direction == "maximize",
+        limits=params.adopt,
+        metric=metric,
+        trial=best.number,
+    )
+
+
+def _write(
+    out_dir: Path,
+    metrics_file: Path,
+    overlay: dict[str, Any],
+    trials: dict[str, Any],
+    all_params: dict[str, Any],
+    data_dir: str | Path,
+    study: Any = None,
+) -> dict[str, Any]:
+    """Write the overlay, the trials, the plots and the manifest atomically, then the metrics."""
+    with atomic_path(out_dir) as tmp:
+        tmp.mkdir(parents=True)
+        (tmp / overrides.OVERLAY).write_text(yaml.safe_dump(overlay, sort_keys=False))
+        outputs: dict[str, Path] = {"overlay": tmp / overrides.OVERLAY}
+        if trials:
+            outputs["trials"] = write_json(tmp / "trials.json", trials)
+        for plot in search.save_plots(study, tmp) if study is not None else []:
+            outputs[plot.stem] = plot
+        write_manifest(
+            tmp,
+            "hpo",
+            inputs={"data": data_dir},
+            outputs=outputs,
+            params=dict(all_params.get("hpo") or {}),
+            extra={"adopted": overlay["adopted"], "reason": overlay["reason"]},
+        )
+    write_json(metrics_file, _metrics(overlay, trials))
+    return overlay
+
+
+def _metrics(overlay: dict[str, Any], trials: dict[str, Any]) -> dict[str, Any]:
+    """``metrics/hpo.json``: the decision, the trial counts, the best and the baseline values,
+    and the trial-epochs the search spent (its cost)."""
+    rows = [t for t in trials.get("trials", []) if not t["stale"]]
+    states = [t["state"] for t in rows]
+    by_number = {t["number"]: t for t in rows}
+    best, baseline = by_number.get(trials.get("best")), by_number.get(0)
+    return {
+        "enabled": bool(trials),
+        "adopted": overlay["adopted"],
+        "trials": len(rows),
+        **{s.lower(): states.count(s) for s in ("COMPLETE", "PRUNED", "FAIL")},
+        "trial_epochs": sum(len(t["curve"]) for t in trials.get("trials", [])),
+        "best_value": None if best is None else best["value"],
+        "baseline_value": None if baseline is None else baseline["value"],
+    }
+
+
+def _katib(*args: Any) -> dict[str, Any]:
+    raise StepError("hpo.engine katib: not wired yet")
+
+
+STEP = Step(
+    name="hpo",
+    doc=__doc__,
+    params=HpoParams,
+    sections=("task", "train", "hpo"),
+    run=run,
+    inputs=(
+        DATA,
+        # searches only data that passed validation
+        In(
+            "validation",
+            "outputs/validate",
+            "",
+            source="validate.report",
+            files=("summary.json",),
+            order_only=True,
+        ),
+    ),
+    outputs=(
+        Out("out", "outputs/hpo", "out_dir", help="overlay.yaml, trials.json, plots"),
+        Out(
+            "study",
+            "outputs/hpo_study",
+            "study_dir",
+            dvc="persist",
+            help="the Optuna journal: a killed search resumes from it",
+        ),
+        Out("metrics", "metrics/hpo.json", "metrics_file", kfp="Metrics", dvc="metrics"),
+    ),
+)
