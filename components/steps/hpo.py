@@ -82,6 +82,7 @@ def run(
 ) -> dict[str, Any]:
     """Search (or not: ``enabled: false``) and write the overlay; the overlay's mapping."""
     out_dir, study_dir = Path(out_dir), Path(study_dir)
+    study_dir.mkdir(parents=True, exist_ok=True)  # an output even when there is no study
     if not params.enabled:
         overlay = {"adopted": False, "params": {}, "reason": "hpo.enabled is false"}
         return _write(out_dir, Path(metrics_file), overlay, {}, all_params, data_dir)
