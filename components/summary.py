@@ -125,6 +125,7 @@ def lines(params_file: str) -> list[str]:
     ]
     if evaluation:
         text.append(_task_line(params_file, task, evaluation))
+    text += _hpo_lines(Path(out("hpo")))
     if qat.get("fp32_only") or qat.get("int8_available") is False:
         text.append("int8: none shipped (fp32 only: its gate did not pass); the bundle serves fp32")
     elif qat:
@@ -162,6 +163,20 @@ def lines(params_file: str) -> list[str]:
     if missing:
         text.append("missing: " + ", ".join(missing))
     return [_fit(line) for line in text][:MAX_LINES]
+
+
+def _hpo_lines(hpo_dir: Path) -> list[str]:
+    """The search's decision when it ran (``hpo.enabled``): what train used and why."""
+    try:
+        overlay = yaml.safe_load((hpo_dir / "overlay.yaml").read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return []
+    if not isinstance(overlay, dict) or not overlay.get("study"):
+        return []  # the search was off
+    if overlay.get("adopted"):
+        sets = " ".join(f"{k}={v}" for k, v in (overlay.get("params") or {}).items())
+        return [f"hpo: train used trial {overlay.get('trial')} of {overlay['study']}: {sets}"]
+    return [str(overlay.get("reason") or "hpo: kept current params")]
 
 
 def _served_lines(params_file: str, deployment: dict[str, Any]) -> list[str]:
