@@ -121,8 +121,7 @@ def run(
             raise StepError("data-parallel training needs task_params (params.yaml: task)")
         training.launch_ranks(
             launch_plan,
-            # the ranks get the params already overlaid: no overlay again
-            lambda params_file: STEP.argv(params_file, {**paths, "hpo_dir": ""}),
+            lambda params_file: STEP.argv(params_file, {**paths, "hpo_dir": ""}),  # overlaid
             {"task": task_params, "train": asdict(params)},
             params.distributed.log_dir,
         )
