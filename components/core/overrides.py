@@ -148,6 +148,12 @@ def override(
     return out
 
 
+def blame(message: str, origins: Mapping[str, str]) -> str:
+    """``message`` (a params error line) naming what set each overridden key it names."""
+    hits = [f"{key} was set by {what}" for key, what in origins.items() if key in message]
+    return f"{message} ({'; '.join(hits)})" if hits else message
+
+
 OVERLAY = "overlay.yaml"  # a search's outcome (components/steps/hpo.py) in its output directory
 
 

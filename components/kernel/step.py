@@ -144,25 +144,22 @@ class Step:
         """Run the step on ``sections`` (params mapping) with ``paths`` keyed by port name;
         a params-overlay input's adopted keys are set first, then ``sets`` and ``set_ifs``
         (``--set``/``--set-if``): the command line wins."""
+        origins: dict[str, str] = {}  # an overridden key -> what set it, for the error line
         for port in self.inputs:
             if port.params_overlay and (found := overrides.read_overlay(paths.get(port.name))):
-                what = f"{Path(paths[port.name]) / overrides.OVERLAY}: params:"
-                sections = overrides.override(sections, found, what=what)
+                file = Path(paths[port.name]) / overrides.OVERLAY
+                sections = overrides.override(sections, found, what=f"{file}: params:")
+                origins |= dict.fromkeys(found, str(file))
         if sets or set_ifs:
             sections = overrides.override(sections, sets or {}, set_ifs)
+            origins |= dict.fromkeys(sets or {}, "--set") | {
+                k: "--set-if" for _, (k, _v) in set_ifs
+            }
         accepted = inspect.signature(self.run).parameters
-        kwargs: dict[str, Any] = {}
-        source = params_source(sections)
-        if self.params is not None:  # the step's own section first: its errors come first
-            kwargs["params"] = section(dict(sections), self.name, self.params, source=source)
-        task = task_from_params(sections) if "task" in self.sections else None
-        if self.params_of_task is not None and task is not None:
-            # the section's type is the task's (its data format's ingest/validate params)
-            kwargs["params"] = section(
-                dict(sections), self.name, self.params_of_task(task), source=source
-            )
-        for name, arg, cls in self.shared:
-            kwargs[arg] = section(dict(sections), name, cls, source=params_source(sections))
+        try:
+            kwargs, task = self._typed(sections)
+        except StepError as exc:
+            raise StepError(overrides.blame(str(exc), origins)) from None
         if task is not None and "task" in accepted:
             kwargs["task"] = task
         extras = {
@@ -179,6 +176,22 @@ class Step:
             kwargs[value.arg] = (values or {}).get(value.name, value.default)
         with step_clock():  # the manifests it writes say when its work started
             return self.run(**kwargs)
+
+    def _typed(self, sections: Mapping[str, Any]) -> tuple[dict[str, Any], Any]:
+        """The typed params keywords of ``run`` and the task (one error line on a bad value)."""
+        kwargs: dict[str, Any] = {}
+        source = params_source(sections)  # type: ignore[arg-type]
+        if self.params is not None:  # the step's own section first: its errors come first
+            kwargs["params"] = section(dict(sections), self.name, self.params, source=source)
+        task = task_from_params(sections) if "task" in self.sections else None
+        if self.params_of_task is not None and task is not None:
+            # the section's type is the task's (its data format's ingest/validate params)
+            kwargs["params"] = section(
+                dict(sections), self.name, self.params_of_task(task), source=source
+            )
+        for name, arg, cls in self.shared:
+            kwargs[arg] = section(dict(sections), name, cls, source=source)
+        return kwargs, task
 
     # ------------------------------------------------------------------ CLI
 
