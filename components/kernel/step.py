@@ -111,6 +111,15 @@ class Value:
 # inputs several steps read: the ingested data set and the served bundle
 DATA = In("data", "outputs/ingest", "data_dir", source="ingest.data", help="ingested data set")
 BUNDLE = In("bundle", "outputs/package", "model_dir", source="package.bundle", help="served bundle")
+# a gate: the step runs only on data that passed validation (it waits for, does not read, it)
+VALIDATED = In(
+    "validation",
+    "outputs/validate",
+    "",
+    source="validate.report",
+    files=("summary.json",),
+    order_only=True,
+)
 
 
 @dataclass(frozen=True)

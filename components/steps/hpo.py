@@ -44,7 +44,7 @@ from components.core.artifacts import StepError, atomic_path, write_json, write_
 from components.core.config import params_model, params_sha256
 from components.faults import failpoints
 from components.kernel import step as kernel
-from components.kernel.step import DATA, In, Out, Step
+from components.kernel.step import DATA, VALIDATED, Out, Step
 from components.ml.data import snapshot
 from components.ml.decisions import adoption
 from components.ml.decisions.adoption import AdoptParams
@@ -329,15 +329,7 @@ STEP = Step(
     run=run,
     inputs=(
         DATA,
-        # searches only data that passed validation
-        In(
-            "validation",
-            "outputs/validate",
-            "",
-            source="validate.report",
-            files=("summary.json",),
-            order_only=True,
-        ),
+        VALIDATED,
     ),
     outputs=(
         Out("out", "outputs/hpo", "out_dir", help="overlay.yaml, trials.json, plots"),

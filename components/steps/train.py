@@ -46,7 +46,7 @@ from components.core.artifacts import (
     StepError,
 )
 from components.core.config import params_model
-from components.kernel.step import DATA, In, Out, Step
+from components.kernel.step import DATA, VALIDATED, In, Out, Step
 from components.ml.data import dataset
 from components.ml.training import distributed, training
 from components.ml.training.distributed import DistributedParams, World
@@ -162,15 +162,7 @@ STEP = Step(
     run=run,
     inputs=(
         DATA,
-        # trains only on data that passed validation
-        In(
-            "validation",
-            "outputs/validate",
-            "",
-            source="validate.report",
-            files=("summary.json",),
-            order_only=True,
-        ),
+        VALIDATED,
         # a search's outcome: the keys it adopted are set in the params before they are typed
         In(
             "hpo",
