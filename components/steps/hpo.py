@@ -16,7 +16,8 @@ train as a params overlay, adopted only on evidence (docs/hpo.md).
   search resumes), TPE and a median or successive-halving pruner, trials as processes here
   (:mod:`components.ml.training.search`). ``katib``: the same space, objective, budget and
   trial command rendered as a Katib ``Experiment`` (``experiment.yaml``), checked against
-  the vendored CRD; ``pipelines/katib.py`` submits it on a cluster.
+  the vendored CRD, submitted and waited for by :mod:`components.kube.katib_run`
+  (docs/hpo-katib.md; no cluster configured: the CLI exits 4 after writing it).
 - **Adoption** (:mod:`components.ml.decisions.adoption`): the winner and the current params
   are trained ``hpo.adopt.seeds`` times each with paired seeds, for the full
   ``train.epochs``; the overlay sets the winner's keys only when the paired gain beats the
