@@ -726,6 +726,44 @@ def test_keep_job_leaves_the_finished_job(server, data_dir, tmp_path):
     assert (server.mount / "paddlejob-runs" / job_name(data_dir) / "model").is_dir()
 
 
+def test_the_hpo_steps_adopted_overlay_sets_the_staged_params(server, data_dir, tmp_path):
+    """The launcher stands in for train, whose ``--hpo`` input applies a search's adopted
+    overlay: the workers' params.yaml holds the overlaid keys, and the job's name hashes them;
+    an overlay that was not adopted changes nothing; an unknown key is one line naming it."""
+    hpo = tmp_path / "hpo"
+    hpo.mkdir()
+    overlay = {
+        "adopted": True,
+        "params": {"train.batch_size": 16, "task.options.conv_channels": [8, 16]},
+        "study": "hpo-digits-0123",
+        "trial": 7,
+    }
+    (hpo / "overlay.yaml").write_text(yaml.safe_dump(overlay))
+    args = launch_args(server, data_dir, tmp_path, keep_job=True, keep_run_dir=True)
+    pj.launch(**args, hpo_dir=hpo, clock=VirtualClock())
+    overlaid_train = {**train_section(), "batch_size": 16}
+    overlaid_task = {**TASK, "options": {"conv_channels": [8, 16]}}
+    name = f"paddle-mlops-train-{pj.job_key(overlaid_task, overlaid_train, data_dir, RUN)}"
+    assert list(server.jobs) == [name] != [job_name(data_dir)]
+    staged = yaml.safe_load((server.mount / "paddlejob-runs" / name / "params.yaml").read_text())
+    assert staged == {"task": overlaid_task, "train": overlaid_train}
+
+    not_adopted = {**overlay, "adopted": False, "reason": "hpo: kept current params"}
+    (hpo / "overlay.yaml").write_text(yaml.safe_dump(not_adopted))
+    assert pj.overlaid(TASK, train_section(), hpo) == (TASK, train_section())
+    assert pj.overlaid(TASK, train_section(), None) == (TASK, train_section())
+
+    (hpo / "overlay.yaml").write_text(
+        yaml.safe_dump({**overlay, "params": {"train.batch_sise": 16}})
+    )
+    with pytest.raises(StepError) as info:
+        pj.launch(**args, hpo_dir=hpo, clock=VirtualClock())
+    assert str(info.value) == (
+        f"{hpo / 'overlay.yaml'}: params: train.batch_sise: no such key (did you mean "
+        "train.batch_size?) in params.yaml"
+    )
+
+
 def test_a_refused_create_names_the_api_servers_reason(server, data_dir, tmp_path):
     server.create_error = (403, 'paddlejobs.kubeflow.org is forbidden: User "x" cannot create')
     with pytest.raises(StepError, match=r"create PaddleJob paddle-mlops/.*HTTP 403.*forbidden"):

@@ -24,10 +24,11 @@ from tests.conftest import REPO
 # request_timeout_ms written out at the server's own defaults (true, 4096, 10000). Then:
 # package.tune added (the serving-config search); serving_image.server_binary removed (the
 # binary is $PADDLE_MLOPS_SERVER_BINARY or the dev build, for every step that runs it).
+# hpo.katib added (engine katib: the Experiment, its trials, the shared volume, the wait).
 EFFECTIVE = {
-    "params.yaml": "b9c6ac5a",
-    "tasks/digits_gan/params.yaml": "65a0c227",
-    "tasks/sentiment/params.yaml": "18297a82",
+    "params.yaml": "17d46e3d",
+    "tasks/digits_gan/params.yaml": "50f4b0b7",
+    "tasks/sentiment/params.yaml": "6a038d0b",
 }
 
 

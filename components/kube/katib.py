@@ -1,20 +1,25 @@
 """A Katib ``Experiment`` (``kubeflow.org/v1beta1``) rendered for a search on a cluster.
 
 Library layer: the caller gives the search (objective, algorithm, early stopping, counts, the
-``parameters`` in Katib's form: name, parameterType, feasibleSpace with string values) and one
-trial's workload: a PaddleJob as the project renders it (``pipelines/paddlejob/spec.py``) or a
-``batch/v1`` Job. :func:`render` makes it the trial template:
+``parameters`` in Katib's form: name, parameterType, feasibleSpace with string values), the
+``trialParameters`` and the trial command's arguments that use them (``--set=key=${trialParameters.
+name}``, ``--set-if=...`` for a conditional key: the hpo step builds both from its space), the
+metrics collector's filter (the trial's line format: the caller's, so the filter is defined
+once, beside the code that prints the lines), and one trial's workload: a ``batch/v1`` Job
+(:func:`job_trial`) or a PaddleJob (:func:`paddlejob_trial`, from the template
+``k8s/paddlejob/paddlejob.yaml`` the PaddleJob launcher renders). :func:`render` makes it the
+trial template:
 
 * its ``metadata.name``/``namespace`` go (Katib names each trial);
 * the primary container (``paddle`` in a PaddleJob, the webhook's name; ``trial`` in a Job)
-  gets ``--set=<params key>=${trialParameters.<name>}`` appended to its args, one per
-  parameter: the train CLI's own override, so a trial runs the same command as a local one;
+  gets the arguments appended: the train CLI's own overrides, so a trial runs the same command
+  as a local one;
 * PaddleJob is not among Katib's Kubeflow job kinds, so Katib sets no defaults for it: the
   success/failure conditions (the operator's ``Succeeded``/``Failed`` conditions) and the
   primary pod labels (worker 0: there is no Master replica in collective mode, and rank 0
   prints the metrics) are set here; a Job's (``Complete``/``Failed``) are set explicitly too;
-* the metrics collector reads the primary container's stdout (``StdOut``) with Katib's
-  default filter ``name=value`` (``pkg/metricscollector/v1beta1/common/const.go``).
+* the metrics collector reads the primary container's stdout (``StdOut``) with the given
+  filter (Katib's default ``name=value`` one: ``pkg/metricscollector/v1beta1/common/const.go``).
 
 Katib wraps the primary container's command and args into ``sh -c "<joined by spaces>"``: an
 argument, or a categorical value, holding whitespace, a quote or a shell operator is refused.
@@ -28,24 +33,25 @@ import copy
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 from components.core.artifacts import StepError
 
 GROUP, VERSION, KIND, PLURAL = "kubeflow.org", "v1beta1", "Experiment", "experiments"
 API_VERSION = f"{GROUP}/{VERSION}"
-# pkg/metricscollector/v1beta1/common/const.go DefaultFilter (Go's \w is ASCII)
-DEFAULT_FILTER = r"([\w|-]+)\s*=\s*([+-]?\d*(\.\d+)?([Ee][+-]?\d+)?)"
 ALGORITHMS = ("tpe", "random", "hyperband")
 # gjson conditions on the trial's status (pkg/apis/controller/experiments/v1beta1 examples)
 _CONDITION = 'status.conditions.#(type=="{}")#|#(status=="True")#'
+PADDLEJOB_TEMPLATE = Path(__file__).resolve().parents[2] / "k8s" / "paddlejob" / "paddlejob.yaml"
+PART_OF = {"app.kubernetes.io/part-of": "paddle-mlops"}
+SHARED_VOLUME = "shared"  # the ReadWriteMany claim holding the trials' data view
 PADDLEJOB_PRIMARY_LABELS = {  # the operator's labels of worker 0's pod
     "training.kubeflow.org/replica-type": "worker",
     "training.kubeflow.org/replica-index": "0",
 }
 # what a trial container's arguments may hold, once Katib joins them into sh -c "..."
 _SHELL_SAFE = re.compile(r"[A-Za-z0-9_./=:@%+,${}()\[\]-]*")
-_TRIAL_NAME = re.compile(r"[^A-Za-z0-9]+")
 
 
 @dataclass(frozen=True)
@@ -86,11 +92,6 @@ class Budget:
 
 def _settings(settings: Mapping[str, Any]) -> list[dict[str, str]]:
     return [{"name": str(k), "value": str(v)} for k, v in settings.items()]
-
-
-def trial_parameter_name(parameter: str) -> str:
-    """The trial template's name of a parameter: its letters and digits, '_' between."""
-    return _TRIAL_NAME.sub("_", parameter).strip("_") or "p"
 
 
 def _primary(trial: Mapping[str, Any]) -> tuple[str, list[str], dict[str, Any]]:
@@ -144,10 +145,13 @@ def _check_shell_safe(args: Sequence[Any], parameters: Sequence[Mapping[str, Any
 
 
 def trial_template(
-    trial: Mapping[str, Any], parameters: Sequence[Mapping[str, Any]], keys: Mapping[str, str]
+    trial: Mapping[str, Any],
+    parameters: Sequence[Mapping[str, Any]],
+    trial_parameters: Sequence[Mapping[str, str]],
+    args: Sequence[str],
 ) -> dict[str, Any]:
-    """The ``trialTemplate`` of ``trial`` (module docstring): ``keys`` maps a parameter's
-    name to the dotted params key its ``--set`` overrides (default: the name itself)."""
+    """The ``trialTemplate`` of ``trial`` (module docstring): ``args`` (which use
+    ``${trialParameters.<name>}`` of ``trial_parameters``) appended to the primary container's."""
     spec = copy.deepcopy(dict(trial))
     name, pod_path, settings = _primary(spec)
     meta = spec.get("metadata") or {}
@@ -158,20 +162,16 @@ def trial_template(
     else:
         spec.pop("metadata", None)
     container = _container(spec, pod_path, name)
-    trial_parameters, args = [], list(container.get("args") or [])
-    for p in parameters:
-        tp = trial_parameter_name(p["name"])
-        key = keys.get(p["name"], p["name"])
-        trial_parameters.append({"name": tp, "reference": p["name"], "description": key})
-        args.append(f"--set={key}=${{trialParameters.{tp}}}")
-    if len({t["name"] for t in trial_parameters}) != len(trial_parameters):
-        raise StepError(f"trial template: parameter names collide as {trial_parameters}")
-    _check_shell_safe(list(container.get("command") or []) + args, parameters)
-    container["args"] = args
+    names = [t["name"] for t in trial_parameters]
+    if len(set(names)) != len(names):
+        raise StepError(f"trial template: trial parameter names repeat: {names}")
+    full = [*(container.get("args") or []), *args]
+    _check_shell_safe(list(container.get("command") or []) + full, parameters)
+    container["args"] = full
     return {
         "primaryContainerName": name,
         **settings,
-        "trialParameters": trial_parameters,
+        "trialParameters": [dict(t) for t in trial_parameters],
         "trialSpec": spec,
     }
 
@@ -185,8 +185,10 @@ def render(
     early_stopping: EarlyStopping | None,
     budget: Budget,
     parameters: Sequence[Mapping[str, Any]],
+    trial_parameters: Sequence[Mapping[str, str]],
+    args: Sequence[str],
     trial: Mapping[str, Any],
-    keys: Mapping[str, str] | None = None,
+    metrics_format: str,
 ) -> dict[str, Any]:
     """The Experiment (module docstring); ``trial`` is a PaddleJob or a batch/v1 Job."""
     if algorithm.name not in ALGORITHMS:
@@ -213,9 +215,9 @@ def render(
         "parameters": [copy.deepcopy(dict(p)) for p in parameters],
         "metricsCollectorSpec": {
             "collector": {"kind": "StdOut"},
-            "source": {"filter": {"metricsFormat": [DEFAULT_FILTER]}},
+            "source": {"filter": {"metricsFormat": [metrics_format]}},
         },
-        "trialTemplate": trial_template(trial, parameters, keys or {}),
+        "trialTemplate": trial_template(trial, parameters, trial_parameters, args),
     }
     if algorithm.settings:
         spec["algorithm"]["algorithmSettings"] = _settings(algorithm.settings)
@@ -235,3 +237,146 @@ def render(
         "metadata": {"name": name, "namespace": namespace},
         "spec": spec,
     }
+
+
+# --------------------------------------------------------------------------- trial workloads
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What every trial pod runs and mounts: the image (by digest), the command and its
+    fixed arguments (the train CLI; the search's are appended by :func:`render`), cpu and
+    memory, the shared volume (claim, mount path) the data view is read from."""
+
+    image: str
+    command: tuple[str, ...]
+    args: tuple[str, ...]
+    env: Mapping[str, str]
+    resources: Mapping[str, Mapping[str, str]]
+    pvc: str
+    mount_path: str
+    deadline_s: int  # activeDeadlineSeconds of one trial
+
+
+_SECURITY = {
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "capabilities": {"drop": ["ALL"]},
+}
+_POD_SECURITY = {
+    "runAsNonRoot": True,
+    "runAsUser": 10001,
+    "runAsGroup": 10001,
+    "fsGroup": 10001,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+
+
+def _env(env: Mapping[str, str]) -> list[dict[str, str]]:
+    return [{"name": k, "value": str(v)} for k, v in env.items()]
+
+
+def job_trial(work: Workload) -> dict[str, Any]:
+    """A ``batch/v1`` Job running the trial command once (no retry: a failed trial is
+    Katib's to count), hardened like every pod of the project; the shared volume read-only,
+    ``/tmp`` (the trial's outputs, which nothing reads) and ``/work`` (HOME) as emptyDirs."""
+    container = {
+        "name": "trial",
+        "image": work.image,
+        "command": list(work.command),
+        "args": list(work.args),
+        "env": _env(work.env),
+        "resources": {k: dict(v) for k, v in work.resources.items()},
+        "securityContext": copy.deepcopy(_SECURITY),
+        "volumeMounts": [
+            {"name": SHARED_VOLUME, "mountPath": work.mount_path, "readOnly": True},
+            {"name": "tmp", "mountPath": "/tmp"},
+            {"name": "home", "mountPath": "/work"},
+        ],
+    }
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"labels": dict(PART_OF)},
+        "spec": {
+            "backoffLimit": 0,
+            "activeDeadlineSeconds": work.deadline_s,
+            "template": {
+                "metadata": {"labels": dict(PART_OF)},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "automountServiceAccountToken": False,
+                    "securityContext": copy.deepcopy(_POD_SECURITY),
+                    "containers": [container],
+                    "volumes": [
+                        {
+                            "name": SHARED_VOLUME,
+                            "persistentVolumeClaim": {"claimName": work.pvc, "readOnly": True},
+                        },
+                        {"name": "tmp", "emptyDir": {}},
+                        {"name": "home", "emptyDir": {}},
+                    ],
+                },
+            },
+        },
+    }
+
+
+def _named(items: list[dict[str, Any]], name: str, where: str) -> dict[str, Any]:
+    for item in items:
+        if item.get("name") == name:
+            return item
+    raise StepError(f"{where}: no entry named {name!r}")
+
+
+def paddlejob_trial(
+    work: Workload, *, nnodes: int, template: Mapping[str, Any], source: str
+) -> dict[str, Any]:
+    """A PaddleJob of ``nnodes`` Worker replicas (collective mode, as the PaddleJob launcher
+    runs training) from ``template`` (``k8s/paddlejob/paddlejob.yaml``): its hardened pod,
+    with the image, the trial command, resources, the claim and its mount set, restart
+    ``Never`` (a restarted rank hangs the job) and a runPolicy that leaves nothing behind."""
+    doc = copy.deepcopy(dict(template))
+    if (doc.get("apiVersion"), doc.get("kind")) != ("kubeflow.org/v1", "PaddleJob"):
+        raise StepError(f"{source}: not a kubeflow.org/v1 PaddleJob")
+    doc["metadata"] = {"labels": dict((doc.get("metadata") or {}).get("labels") or PART_OF)}
+    spec = doc["spec"]
+    spec["runPolicy"] = {
+        "cleanPodPolicy": "All",
+        "backoffLimit": 0,
+        "activeDeadlineSeconds": work.deadline_s,
+        "ttlSecondsAfterFinished": 3600,
+    }
+    worker = (spec.get("paddleReplicaSpecs") or {}).get("Worker")
+    if not isinstance(worker, dict):
+        raise StepError(f"{source}: spec.paddleReplicaSpecs.Worker: missing")
+    worker["replicas"] = nnodes
+    worker["restartPolicy"] = "Never"
+    pod = worker["template"]["spec"]
+    where = f"{source}: spec.paddleReplicaSpecs.Worker.template.spec"
+    container = _named(pod.get("containers") or [], "paddle", f"{where}.containers")
+    container["image"] = work.image
+    container["command"] = list(work.command)
+    container["args"] = list(work.args)
+    kept = [e for e in container.get("env") or [] if e.get("name") not in work.env]
+    container["env"] = kept + _env(work.env)
+    container["resources"] = {k: dict(v) for k, v in work.resources.items()}
+    mount = _named(container.get("volumeMounts") or [], SHARED_VOLUME, f"{where}.volumeMounts")
+    mount["mountPath"] = work.mount_path
+    volume = _named(pod.get("volumes") or [], SHARED_VOLUME, f"{where}.volumes")
+    volume["persistentVolumeClaim"] = {"claimName": work.pvc}
+    return doc
+
+
+def load_paddlejob_template(path: str | Path | None = None) -> dict[str, Any]:
+    """The PaddleJob template (default: the repository's, as the launcher reads it)."""
+    import yaml
+
+    file = Path(path) if path else PADDLEJOB_TEMPLATE
+    try:
+        doc = yaml.safe_load(file.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise StepError(f"{file}: cannot read the PaddleJob template: {exc}") from None
+    if not isinstance(doc, dict):
+        raise StepError(f"{file}: not a YAML mapping")
+    return doc

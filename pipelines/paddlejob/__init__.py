@@ -2,8 +2,10 @@
 
 A pipeline compiled with ``params.yaml: train.distributed.backend: paddlejob`` runs this
 component where the train task would be (``pipelines/training.py``); it has the train task's
-inputs and outputs (``data``, ``validation`` in; ``model``, ``checkpoints``, ``metrics``,
-``plots`` out), so every later step is wired to it unchanged. In its pod it:
+inputs and outputs (``data``, ``validation``, ``hpo`` in; ``model``, ``checkpoints``,
+``metrics``, ``plots`` out), so every later step is wired to it unchanged. In its pod it
+first applies the hpo step's adopted params overlay (``hpo/overlay.yaml``) to ``task`` and
+``train``, as the train step's ``--hpo`` input does; then it:
 
 1. checks the run's params: ``train.distributed.backend`` is ``paddlejob``,
    ``train.distributed.nnodes``/``nproc``, the ``paddlejob`` section (:class:`PaddleJobParams`);
@@ -101,6 +103,7 @@ from pipelines.paddlejob.launcher import (
     Terminated,
     ensure_job,
     launch,
+    overlaid,
 )
 from pipelines.paddlejob.spec import (
     CONTAINER,
@@ -230,4 +233,5 @@ __all__ = [
     "typed",
     "wait",
     "worker_image",
+    "overlaid",
 ]

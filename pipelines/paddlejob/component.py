@@ -34,6 +34,7 @@ def kfp_main(args: Mapping[str, Any]) -> None:
             plots=Path(args["plots"].path),
         ),
         run=args["run"],
+        hpo_dir=args["hpo"].path,
     )
     for key, value in numeric(result.metrics).items():
         args["metrics"].log_metric(key, value)
@@ -47,13 +48,15 @@ def paddlejob_train_op(
     run: str,
     data: Input[Dataset],
     validation: Input[Artifact],
+    hpo: Input[Artifact],
     model: Output[Model],
     checkpoints: Output[Artifact],
     metrics: Output[Metrics],
     plots: Output[Artifact],
 ):
     """train on a Kubeflow PaddleJob (train.distributed.nnodes pods on a shared volume);
-    ``run``: the KFP run's id (dsl.PIPELINE_JOB_ID_PLACEHOLDER), the job's owner."""
+    ``run``: the KFP run's id (dsl.PIPELINE_JOB_ID_PLACEHOLDER), the job's owner; ``hpo``:
+    the hpo step's output, whose adopted overlay sets the staged params (as train's --hpo)."""
     from pipelines.paddlejob import kfp_main
 
     kfp_main(locals())

@@ -12,7 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from components.core import overrides
 from components.core.artifacts import StepError
+from components.core.config import Params
 from components.core.retry import SYSTEM_CLOCK, Backoff, Clock, poll
 from pipelines.paddlejob.api import Kube, api_client, owner
 from pipelines.paddlejob.spec import (
@@ -208,14 +210,18 @@ def launch(
     data_dir: str | Path,
     outputs: Outputs,
     run: str,
+    hpo_dir: str | Path | None = None,
     env: Mapping[str, str] | None = None,
     source: str = "params.yaml",
     clock: Clock = SYSTEM_CLOCK,
 ) -> LaunchResult:
     """Run the train step as a PaddleJob of the KFP run ``run`` and copy its outputs (see
-    the package's docstring); ``clock`` times its deadlines and polls."""
+    the package's docstring); ``hpo_dir``: the hpo step's output (its adopted overlay is
+    applied to ``task``/``train``, as the train step applies it); ``clock`` times its
+    deadlines and polls."""
     env = os.environ if env is None else env
     run = check_run(run)
+    task, train = overlaid(task, train, hpo_dir, source)
     params, topo = _checked_params(train, paddlejob, env, source)
     data_dir = Path(data_dir)
     name = f"{params.job_name_prefix}-{job_key(task, train, data_dir, run)}"
@@ -241,6 +247,25 @@ def launch(
     if not params.keep_run_dir:
         shutil.rmtree(run_dir, ignore_errors=True)
     return LaunchResult(name, params.namespace, "Succeeded", created, metrics)
+
+
+def overlaid(
+    task: Mapping[str, Any],
+    train: Mapping[str, Any],
+    hpo_dir: str | Path | None,
+    source: str = "params.yaml",
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``task`` and ``train`` with a search's adopted overlay (``hpo_dir/overlay.yaml``)
+    applied, as the train step's ``--hpo`` input applies it: what the workers' staged
+    params.yaml holds and the job's name hashes. No directory, or not adopted: unchanged."""
+    sets = overrides.read_overlay(hpo_dir)
+    if not sets:
+        return dict(task), dict(train)
+    params = Params({"task": dict(task), "train": dict(train)})
+    params.source = source
+    what = f"{Path(str(hpo_dir)) / overrides.OVERLAY}: params:"
+    merged = overrides.override(params, sets, what=what)
+    return dict(merged["task"]), dict(merged["train"])
 
 
 def _checked_params(
