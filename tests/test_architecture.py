@@ -41,7 +41,7 @@ ROOMS = {
     "tasks": {"core", "faults", "ml"},
     "kernel": {"core", "faults", "tasks"},
     "tracking": {"core", "faults", "ml", "tasks"},
-    "kube": {"core", "faults", "tracking", "kernel"},
+    "kube": {"core", "faults", "ml", "tracking", "kernel"},
     "steps": {"core", "faults", "ml", "tasks", "kernel", "tracking", "kube"},
     "commands": {"core", "faults", "tasks", "kernel", "tracking", "kube"},
 }

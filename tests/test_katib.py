@@ -302,8 +302,8 @@ def _step_experiment(params_file: str, **katib_params) -> tuple[dict, dict]:
     budget, trial command), and the space's Katib name -> dotted key."""
     from components.core.config import load_params, section
     from components.core.overrides import override
+    from components.kube import katib_search
     from components.ml.training import search_space
-    from components.ml.training.trial_metrics import TRIAL_ENV
     from components.steps import hpo
 
     params = load_params(REPO / params_file)
@@ -311,10 +311,17 @@ def _step_experiment(params_file: str, **katib_params) -> tuple[dict, dict]:
     params = override(params, {**sets, **katib_params.get("train", {})})
     hp = section(dict(params), "hpo", hpo.HpoParams)
     space = search_space.parse_space(params["hpo"]["space"], source=params_file)
-    doc = hpo._katib_experiment(
-        hp, space, "val_accuracy", "maximize", 2, params, "hpo-test-0123456789ab",
-        Path("/mnt/shared/hpo-runs/hpo-test-0123456789ab"), KATIB_DEFAULT_FILTER, TRIAL_ENV,
-    )  # fmt: skip
+    doc = katib_search.experiment(
+        "hpo-test-0123456789ab",
+        space,
+        ("val_accuracy", "maximize"),
+        kp=hp.katib,
+        budget=hp.budget,
+        sampler=hp.sampler,
+        pruner=hp.pruner,
+        epochs=2,
+        distributed=params["train"].get("distributed") or {},
+    )
     return doc, search_space.katib_keys(space)
 
 

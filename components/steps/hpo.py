@@ -34,8 +34,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import os
-import re
 import shutil
 import sys
 from dataclasses import asdict, field
@@ -54,45 +52,23 @@ from components.core.artifacts import (
     write_text,
 )
 from components.core.config import params_model, params_sha256
-from components.core.retry import BackoffParams
 from components.faults import failpoints
 from components.kernel import step as kernel
 from components.kernel.cli import step_main
 from components.kernel.step import DATA, VALIDATED, Out, Step
-from components.kube import katib, katib_run
+from components.kube import katib_run, katib_search
 from components.kube.check import check_manifests
+from components.kube.katib_search import KatibParams
 from components.ml.data import snapshot
 from components.ml.decisions import adoption
 from components.ml.decisions.adoption import AdoptParams
 from components.ml.training import search, search_space
 from components.ml.training.search import BudgetParams, PrunerParams, SamplerParams
-from components.ml.training.trial_metrics import KATIB_DEFAULT_FILTER, TRIAL_ENV
 from components.tasks import Task
 
 log = logging.getLogger(__name__)
 TRIAL_SPLITS = ("train", "val")  # all a trial's data view holds
 VIEW, SCRATCH, PARAMS = "view", "trials", "params.yaml"
-
-
-@params_model
-class KatibParams:
-    """``hpo.katib``: where and how ``engine: katib`` runs the search (docs/hpo-katib.md)."""
-
-    namespace: str = "paddle-mlops"  # of the Experiment, its trials and the shared claim
-    image: str | None = None  # trial image ref@sha256; None: $PADDLE_MLOPS_IMAGE (the KFP DAG's)
-    trial_kind: Literal["job", "paddlejob"] = "job"  # paddlejob: data-parallel trials
-    pvc: str = "paddle-mlops-shared"  # ReadWriteMany claim: the trials read the data view there
-    mount_path: str = "/mnt/shared"  # where this step and every trial pod mount it
-    runs_dir: str = "hpo-runs"  # below mount_path: one directory per search (data, params)
-    memory: str = "4Gi"  # memory request and limit of a trial pod (cpu: budget.cpus_per_trial)
-    trial_timeout_s: Annotated[int, Field(ge=1)] = 7200  # activeDeadlineSeconds of one trial
-    paddlejob_template: str | None = None  # None: k8s/paddlejob/paddlejob.yaml
-    kube_context: str | None = None  # kubeconfig context (outside a cluster)
-    api_timeout_s: Annotated[float, Field(gt=0)] = 30.0  # one API request
-    # reads of the Experiment until it ends; deadline_s None: budget.wall_s
-    poll: BackoffParams = field(
-        default_factory=lambda: BackoffParams(first_s=10.0, max_s=60.0, factor=2.0)
-    )
 
 
 @params_model
@@ -135,16 +111,31 @@ def run(
     )
     trials = _Trials(study_dir, Path(data_dir), all_params, params.budget)
     epochs = params.trial_epochs or int(all_params["train"]["epochs"])
-    if params.engine == "katib":
-        return _katib(
-            params, space, (metric, direction), trials, epochs, all_params, data_dir, out_dir,
-            Path(metrics_file),
-        )  # fmt: skip
-    name = search.study_name(
-        str(all_params["task"]["name"]), _identity(space, metric, trials, all_params, epochs)
-    )
+    engine = _katib if params.engine == "katib" else _optuna
+    return engine(
+        params, space, (metric, direction), trials, epochs, all_params, data_dir, out_dir,
+        Path(metrics_file),
+    )  # fmt: skip
+
+
+def _optuna(
+    params: HpoParams,
+    space: search_space.Space,
+    objective: tuple[str, Literal["maximize", "minimize"]],
+    trials: _Trials,
+    epochs: int,
+    all_params: dict[str, Any],
+    data_dir: str | Path,
+    out_dir: Path,
+    metrics_file: Path,
+) -> dict[str, Any]:
+    """The search as an Optuna study of trials run here (:mod:`components.ml.training.search`),
+    then the adoption."""
+    metric, direction = objective
+    identity = _identity(space, metric, trials, all_params, epochs)
+    name = search.study_name(str(all_params["task"]["name"]), identity)
     found = search.run_search(
-        study_dir,
+        trials.root,
         name,
         space,
         all_params,
@@ -158,22 +149,12 @@ def run(
         after_trial=lambda trial: failpoints.hit("hpo.after_trial", str(trial.number)),
     )
     decision = _adopt(params, space, found, trials, metric, direction, all_params)
-    log.info("%s", decision.reason)
-    overlay = {
-        "adopted": decision.adopted,
-        "params": found.best.params if decision.adopted and found.best else {},
-        "engine": "optuna",
-        "study": found.study,
-        "trial": None if found.best is None else found.best.number,
-        "objective": metric,
-        "reason": decision.reason,
-        "evidence": decision.evidence(),
-    }
+    best = found.best
+    trial, winner = (None, {}) if best is None else (best.number, best.params)
+    overlay = _overlay(decision, "optuna", found.study, trial, winner, metric)
     trials.cleanup()
-    study = search.open_study(study_dir, name, direction, params.sampler, params.pruner)
-    return _write(
-        out_dir, Path(metrics_file), overlay, found.to_json(), all_params, data_dir, study
-    )
+    study = search.open_study(trials.root, name, direction, params.sampler, params.pruner)
+    return _write(out_dir, metrics_file, overlay, found.to_json(), all_params, data_dir, study)
 
 
 def _space(params: HpoParams, task: Task) -> Any:
@@ -381,179 +362,71 @@ def _katib(
     out_dir: Path,
     metrics_file: Path,
 ) -> dict[str, Any]:
-    """The search as a Katib Experiment (docs/hpo-katib.md): render it from the same space,
-    objective, budget and trial command; check it strictly and write ``experiment.yaml``
-    first (no cluster: :class:`~components.kube.katib_run.NoCluster` after that, so it can be
-    applied by hand); stage the train+val view and params onto the shared volume; submit and
-    wait; then the same adoption as the optuna engine, whose paired seed runs are processes
-    of this step (the trial command on the local train+val view)."""
-    metric, direction = objective
+    """The search as a Katib Experiment (:mod:`components.kube.katib_search`): checked and
+    written to ``experiment.yaml`` first (no cluster: :class:`~components.kube.katib_run.
+    NoCluster` after that, so it can be applied by hand); the train+val view and params staged
+    on the shared volume; submitted and waited for; then the same adoption as the optuna
+    engine, whose paired seed runs are processes of this step on the local view."""
     kp = params.katib
-    task = str(all_params["task"]["name"])
-    sha = params_sha256(_identity(space, metric, trials, all_params, epochs))
-    name = f"hpo-{re.sub(r'[^a-z0-9]+', '-', task.lower()).strip('-')[:22]}-{sha[:12]}"
-    run_dir = Path(kp.mount_path) / kp.runs_dir / name
-    experiment = _katib_experiment(
-        params, space, metric, direction, epochs, all_params, name, run_dir, KATIB_DEFAULT_FILTER,
-        TRIAL_ENV,
-    )  # fmt: skip
+    sha = params_sha256(_identity(space, objective[0], trials, all_params, epochs))
+    name = katib_search.experiment_name(str(all_params["task"]["name"]), sha)
+    experiment = katib_search.experiment(
+        name,
+        space,
+        objective,
+        kp=kp,
+        budget=params.budget,
+        sampler=params.sampler,
+        pruner=params.pruner,
+        epochs=epochs,
+        distributed=all_params["train"].get("distributed") or {},
+    )
     check_manifests([experiment], require_digest=True, what=f"Experiment {name}")
     text = yaml.safe_dump(experiment, sort_keys=False)
-    manifest = out_dir / EXPERIMENT
-    out_dir.mkdir(parents=True, exist_ok=True)
-    write_text(manifest, text)  # before any submission: `kubectl apply -f` it by hand
+    manifest = write_text(out_dir / katib_search.EXPERIMENT, text)  # `kubectl apply -f` it
     log.info("hpo: Katib Experiment %s checked and written to %s", name, manifest)
     api = katib_run.api_client(kp.kube_context, str(manifest))
-    _stage(trials, run_dir, kp)
-    deadline = kp.poll.deadline_s or params.budget.wall_s
+    katib_search.stage(trials.view, trials.params_file, katib_search.run_dir(kp, name), kp)
     found = katib_run.submit_and_wait(
         experiment,
         search_space.katib_keys(space),
-        metric,
-        direction,
-        kp.poll.backoff(deadline_s=deadline),
+        *objective,
+        kp.poll.backoff(deadline_s=kp.poll.deadline_s or params.budget.wall_s),
         api=api,
         timeout_s=kp.api_timeout_s,
     )
-    best = search.TrialRecord(
-        number=found.trial,  # type: ignore[arg-type]  # Katib names its trials
-        state="COMPLETE",
-        params=found.params,
-        value=found.value,
-        curve=(),
-    )
-    result = search.SearchResult(name, metric, direction, (best,), best)
-    decision = _adopt(params, space, result, trials, metric, direction, all_params)
+    best = search.TrialRecord(found.trial, "COMPLETE", found.params, found.value, curve=())
+    result = search.SearchResult(name, objective[0], objective[1], (best,), best)
+    decision = _adopt(params, space, result, trials, *objective, all_params)
+    record = {**result.to_json(), "engine": "katib", "katib": found.counts}
+    trials.cleanup()
+    overlay = _overlay(decision, "katib", name, found.trial, found.params, objective[0])
+    return _write(
+        out_dir, metrics_file, overlay, record, all_params, data_dir,
+        files={katib_search.EXPERIMENT: text},
+    )  # fmt: skip
+
+
+def _overlay(
+    decision: adoption.Adoption,
+    engine: str,
+    study: str,
+    trial: int | str | None,
+    winner: dict[str, Any],
+    metric: str,
+) -> dict[str, Any]:
+    """The overlay train reads: the winner's keys only when adopted, and why."""
     log.info("%s", decision.reason)
-    overlay = {
+    return {
         "adopted": decision.adopted,
-        "params": found.params if decision.adopted else {},
-        "engine": "katib",
-        "study": name,
-        "trial": found.trial,
+        "params": winner if decision.adopted else {},
+        "engine": engine,
+        "study": study,
+        "trial": trial,
         "objective": metric,
         "reason": decision.reason,
         "evidence": decision.evidence(),
     }
-    record = {**result.to_json(), "engine": "katib", "katib": found.counts}
-    trials.cleanup()
-    return _write(
-        out_dir, metrics_file, overlay, record, all_params, data_dir, files={EXPERIMENT: text}
-    )
-
-
-def _katib_experiment(
-    params: HpoParams,
-    space: search_space.Space,
-    metric: str,
-    direction: Literal["maximize", "minimize"],
-    epochs: int,
-    all_params: dict[str, Any],
-    name: str,
-    run_dir: Path,
-    metrics_format: str,
-    trial_env: str,
-) -> dict[str, Any]:
-    """The Experiment: sampler tpe/random -> Katib's tpe/random (with the seed); pruner median
-    -> early stopping ``medianstop``; successive_halving and none -> no early stopping
-    (Katib's hyperband is a suggestion algorithm over an epochs parameter, not a pruner: see
-    docs/hpo-katib.md); the budget's counts; the trial command of :class:`_Trials` with the
-    cluster's paths."""
-    kp, budget, pruner = params.katib, params.budget, params.pruner
-    image = kp.image or os.environ.get("PADDLE_MLOPS_IMAGE", "")
-    if not image:
-        raise StepError(
-            "hpo.katib.image: not set and $PADDLE_MLOPS_IMAGE is empty: the trials need the "
-            "component image (ref@sha256:...)"
-        )
-    paths = {
-        "data_dir": run_dir / "data",
-        "out_dir": f"{TRIAL_OUT}/model",
-        "checkpoint_dir": f"{TRIAL_OUT}/checkpoints",
-        "metrics_file": f"{TRIAL_OUT}/metrics.json",
-        "plots_file": f"{TRIAL_OUT}/curves.csv",
-        "hpo_dir": "",  # no overlay: a trial runs the params it is given
-    }
-    argv = kernel.load("train").argv(run_dir / PARAMS, paths)
-    # Katib joins the arguments with spaces: each flag and its value one word (--hpo= empty)
-    args = [argv[0], *(f"{f}={v}" for f, v in zip(argv[1::2], argv[2::2], strict=True))]
-    args += overrides.set_args({"train.reader_probe_samples": 0, "train.epochs": epochs})
-    cpus = str(budget.cpus_per_trial)
-    work = katib.Workload(
-        image=image,
-        command=("python", "-m", "components"),
-        args=tuple(args),
-        env={trial_env: "1", "OMP_NUM_THREADS": cpus, "CPU_NUM": cpus},
-        resources={
-            "requests": {"cpu": cpus, "memory": kp.memory},
-            "limits": {"cpu": cpus, "memory": kp.memory},
-        },
-        pvc=kp.pvc,
-        mount_path=kp.mount_path,
-        deadline_s=kp.trial_timeout_s,
-    )
-    if kp.trial_kind == "paddlejob":
-        dist = all_params["train"].get("distributed") or {}
-        if dist.get("backend") != "paddlejob":
-            raise StepError(
-                "hpo.katib.trial_kind paddlejob: train.distributed.backend is "
-                f"{dist.get('backend')!r}: set it to paddlejob (its nnodes are the trial's pods)"
-            )
-        source = kp.paddlejob_template or str(katib.PADDLEJOB_TEMPLATE)
-        trial = katib.paddlejob_trial(
-            work,
-            nnodes=int(dist.get("nnodes", 1)),
-            template=katib.load_paddlejob_template(kp.paddlejob_template),
-            source=source,
-        )
-    else:
-        trial = katib.job_trial(work)
-    sampler = params.sampler
-    stopping = None
-    if pruner.name == "median":
-        stopping = katib.EarlyStopping(
-            min_trials_required=max(1, pruner.n_startup_trials),
-            start_step=pruner.n_warmup_steps + 1,
-        )
-    elif pruner.name == "successive_halving":
-        log.info("hpo.katib: no early stopping (Katib has no successive-halving pruner)")
-    return katib.render(
-        name=name,
-        namespace=kp.namespace,
-        objective=katib.Objective(metric, direction),
-        algorithm=katib.Algorithm(sampler.name, {"random_state": sampler.seed}),
-        early_stopping=stopping,
-        budget=katib.Budget(
-            max_trials=budget.trials,
-            parallel=min(budget.parallel, budget.trials),
-            max_failed=int(budget.max_fail_fraction * budget.trials),
-        ),
-        parameters=search_space.katib_parameters(space),
-        trial_parameters=search_space.katib_trial_parameters(space),
-        args=search_space.katib_args(space),
-        trial=trial,
-        metrics_format=metrics_format,
-    )
-
-
-def _stage(trials: _Trials, run_dir: Path, kp: KatibParams) -> None:
-    """The train+val view and the params onto the shared volume, once per search (the name is
-    a hash of the data): what every trial pod reads."""
-    mount = Path(kp.mount_path)
-    if not mount.is_dir():
-        raise StepError(
-            f"hpo.katib.mount_path {mount}: not a directory; the shared volume (claim "
-            f"{kp.pvc}) must be mounted there where the hpo step runs"
-        )
-    data = run_dir / "data"
-    try:
-        if not data.is_dir():
-            with atomic_path(data) as tmp:
-                snapshot.subset(trials.view, tmp, TRIAL_SPLITS, copy=True)
-        write_text(run_dir / PARAMS, trials.params_file.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise StepError(f"staging the trials' data into {run_dir} failed: {exc}") from exc
-    log.info("hpo: staged the train+val view and params into %s", run_dir)
 
 
 def main(argv: list[str] | None = None) -> int:
