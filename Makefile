@@ -223,7 +223,7 @@ bench-data: install
 # BENCH_HPO_ARGS="--trials 6 --grid 8 --epochs 2 --repeats 1 --adopt-seeds 2 --adopt-epochs 2"
 BENCH_HPO_ARGS ?=
 bench-hpo: install
-	python bench/hpo.py $(BENCH_HPO_ARGS)
+	python -m bench.hpo $(BENCH_HPO_ARGS)
 
 pipeline: install
 	python -m pipelines.training compile --out pipelines/compiled/training.yaml
