@@ -31,7 +31,7 @@ KEYS_DIR := $(CURDIR)/.keys
 PIPELINE_KEYS = PADDLE_MLOPS_SIGNING_KEY="$${PADDLE_MLOPS_SIGNING_KEY-$(KEYS_DIR)/signing.key}" \
   PADDLE_MLOPS_TRUSTED_KEYS="$${PADDLE_MLOPS_TRUSTED_KEYS-$(KEYS_DIR)/signing.pub}"
 
-.PHONY: help doctor install apt-deps bench-deps serving serving-test run data repro status test test-quick test-loaded test-faults lint format metrics plots mlflow-ui mlflow-server registry bench bench-serving bench-distributed bench-data pipeline dvc-yaml kfp-local images container-deps kfp-containers clean keys summary serve stop traffic monitor
+.PHONY: help doctor install apt-deps bench-deps serving serving-test run data repro status test test-quick test-loaded test-faults lint format metrics plots mlflow-ui mlflow-server registry bench bench-serving bench-distributed bench-data bench-hpo pipeline dvc-yaml kfp-local images container-deps kfp-containers clean keys summary serve stop traffic monitor
 
 help:
 	@echo "make run      - install, build the server, materialise data/raw, run the whole pipeline"
@@ -63,6 +63,7 @@ help:
 	@echo "make bench-serving - C++ server vs in-process OpenVINO and FastAPI; batching, gRPC, slow clients (installs wrk, h2load)"
 	@echo "make bench-distributed - the train step with 1 vs 2 ranks, and the gradient-sync share"
 	@echo "make bench-data - data layer: peak RSS per step at 2k/8k/32k images, ingest vs decode, reader vs train, incremental ingest"
+	@echo "make bench-hpo - the hpo step's search (16 trials, pruned) vs an exhaustive 48-config grid on the digits, 3 seeds"
 	@echo "make pipeline - compile the KFP v2 DAG to pipelines/compiled/training.yaml"
 	@echo "make dvc-yaml - regenerate every committed dvc.yaml (after a step's imports or params change)"
 	@echo "make kfp-local - run the whole KFP DAG on this machine through kfp.local"
@@ -216,6 +217,13 @@ bench-distributed: install
 BENCH_DATA_ARGS ?=
 bench-data: install
 	python bench/data_bench.py $(BENCH_DATA_ARGS)
+
+# the hpo step's local search against an exhaustive grid over the same space (docs/hpo.md); the
+# grid's results are cached in build/bench-hpo; a smoke run:
+# BENCH_HPO_ARGS="--trials 6 --grid 8 --epochs 2 --repeats 1 --adopt-seeds 2 --adopt-epochs 2"
+BENCH_HPO_ARGS ?=
+bench-hpo: install
+	python -m bench.hpo $(BENCH_HPO_ARGS)
 
 pipeline: install
 	python -m pipelines.training compile --out pipelines/compiled/training.yaml
