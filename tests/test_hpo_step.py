@@ -45,6 +45,8 @@ TINY: dict[str, dict] = {
         "adopt": {"seeds": 2},
     },
 }
+# a pinned holdout is a snapshot of a test split (snapshot.subset): its shards open as split
+# "test"; "holdout" is armed too, should a snapshot ever name a split so
 NO_TEST_OR_HOLDOUT = "snapshot.open.test=kill,snapshot.open.holdout=kill"
 
 
