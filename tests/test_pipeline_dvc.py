@@ -13,6 +13,7 @@ after them.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shlex
@@ -23,6 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from components.core.artifacts import sha256_file, sha256_tree
 from components.ml.data import snapshot
@@ -30,6 +32,7 @@ from components.ml.serving.kserve_client import KServeClient
 from components.tracking.registry import LINEAGE_TAGS
 from pipelines.containers import free_port
 from tests.conftest import STAGES, STEP_RUNS, TINY_DIGITS, clone_repo, ran, set_params, sh
+from tests.test_hpo_step import TINY as TINY_HPO
 
 LOCAL_NAME = f"paddle-mlops-dvc-test-{os.getpid()}"
 CLI = (sys.executable, "-m", "components")
@@ -41,6 +44,19 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+def search_baseline_wins(repo: Path) -> None:
+    """The hpo step on, tiny (tests/test_hpo_step.py's TINY budget): a space whose only other
+    value (a learning rate of 1e-6) cannot win, so the baseline wins and no adoption seeds
+    run; the search, its trials and train's overlay still go through dvc."""
+    set_params(repo, hpo=TINY_HPO["hpo"])
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    current = params["train"]["learning_rate"]
+    params["hpo"]["space"] = {
+        "train.learning_rate": {"type": "categorical", "choices": [current, 1.0e-6]}
+    }
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
 
 
 @pytest.fixture(scope="module")
@@ -78,6 +94,7 @@ def repo(
             "rollout_timeout_s": 120,
         },
     )
+    search_baseline_wins(repo)
     try:
         yield repo
     finally:
@@ -111,6 +128,19 @@ def test_repro_runs_every_stage_and_writes_the_contract(repo):
     evaluate = json.loads((repo / "metrics" / "evaluate.json").read_text())
     assert {"best_val_accuracy", "epochs_run", "samples_per_second", "amp_effective"} <= set(train)
     assert train["amp_effective"] == "off" and train["epochs_run"] == 3
+    # the search ran as a stage (hpo.enabled), and train depends on the overlay it wrote
+    overlay = yaml.safe_load((repo / "outputs" / "hpo" / "overlay.yaml").read_text())
+    assert overlay["adopted"] is False and overlay["params"] == {}
+    assert overlay["reason"].startswith("hpo: kept current params: the best trial")
+    hpo = json.loads((repo / "metrics" / "hpo.json").read_text())
+    assert hpo["enabled"] and (hpo["trials"], hpo["complete"], hpo["fail"]) == (2, 2, 0)
+    lock = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]
+    deps = {d["path"]: d for d in lock["train"]["deps"]}
+    assert (
+        deps["outputs/hpo/overlay.yaml"]["md5"]
+        == hashlib.md5((repo / "outputs" / "hpo" / "overlay.yaml").read_bytes()).hexdigest()
+    )
+    assert {o["path"] for o in lock["hpo"]["outs"]} >= {"outputs/hpo", "metrics/hpo.json"}
     assert {"accuracy", "macro_f1", "latency_ms_b1", "latency_ms_b64"} <= set(evaluate)
     assert evaluate["accuracy"] > 0.5
     # package searched the serving config (package.tune): the bundle ships its choice, and
@@ -265,8 +295,10 @@ def test_stop_leaves_no_process_and_a_stale_pid_file_is_said(repo, podman_params
 
 def test_changing_train_params_reruns_train_and_downstream_only(repo):
     set_params(repo, train={"learning_rate": 0.002})
+    search_baseline_wins(repo)
     proc = sh(repo, "dvc", "repro")
-    assert ran(proc) == list(STAGES[STAGES.index("train") :])
+    # the search reads the train section (its trials are train runs): it searches again
+    assert ran(proc) == list(STAGES[STAGES.index("hpo") :])
 
 
 def test_mlflow_run_holds_params_metrics_curves_and_artifacts(repo, tmp_path):

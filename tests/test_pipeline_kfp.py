@@ -19,6 +19,7 @@ STEPS = [
     "fingerprint-op",
     "ingest-op",
     "validate-op",
+    "hpo-op",
     "train-op",
     "export-op",
     "qat-op",
@@ -93,6 +94,34 @@ def test_every_step_is_in_the_dag_with_its_dependencies(compiled):
     assert {"package-op"} <= deps["serving-image-op"] and {"package-op"} <= deps["evaluate-op"]
     assert {"evaluate-op", "serving-image-op", "qat-op", "package-op"} <= deps["track-op"]
     assert "track-op" in deps["register-op"]
+
+
+def test_hpo_runs_on_validated_data_and_train_reads_its_overlay(compiled):
+    """The search step (components/steps/hpo.py) between validate and train: it reads the
+    snapshot after validation passed, and train's ``hpo`` input is its ``out`` artifact (the
+    directory holding overlay.yaml), so train waits for it and reads the adopted params."""
+    tasks = all_tasks(compiled)
+    hpo, train = tasks["hpo-op"], tasks["train-op"]
+    assert set(hpo["dependentTasks"]) == {"ingest-op", "validate-op"}
+    assert {"hpo-op", "validate-op"} <= set(train["dependentTasks"])
+    edges = {k: a["taskOutputArtifact"] for k, a in hpo["inputs"]["artifacts"].items()}
+    assert edges == {
+        "data": {"producerTask": "ingest-op", "outputArtifactKey": "data"},
+        "validation": {"producerTask": "validate-op", "outputArtifactKey": "report"},
+    }
+    assert train["inputs"]["artifacts"]["hpo"]["taskOutputArtifact"] == {
+        "producerTask": "hpo-op",
+        "outputArtifactKey": "out",
+    }
+    # train's data is the same snapshot the search searched on
+    assert train["inputs"]["artifacts"]["data"] == hpo["inputs"]["artifacts"]["data"]
+    outputs = compiled["components"][hpo["componentRef"]["name"]]["outputDefinitions"]
+    assert set(outputs["artifacts"]) == {"out", "study", "metrics"}
+    assert outputs["artifacts"]["metrics"]["artifactType"]["schemaTitle"] == "system.Metrics"
+    # keyed on what it reads: a change of `register` does not search again
+    assert sections_read(hpo) == {"task", "train", "hpo"}
+    readers = {n for n, t in tasks.items() if n.endswith("op") and "hpo" in sections_read(t)}
+    assert readers <= {"hpo-op", "track-op"}
 
 
 def _sub_dag(spec: dict, task: dict) -> dict:
@@ -292,6 +321,17 @@ def tiny_params() -> dict:
     params["serving_image"].update(golden_samples=32, latency_requests=10)
     params["track"]["experiment"] = "kfp-local"
     params["deploy"]["target"] = "none"  # no server left behind (tests/test_pipeline_dvc.py)
+    # the search on, tiny: 2 trials of 1 epoch; the current learning rate is the better
+    # choice, so the baseline wins and no adoption seeds run (adoption: test_hpo_step)
+    params["hpo"].update(
+        enabled=True,
+        trial_epochs=1,
+        budget={**params["hpo"]["budget"], "trials": 2, "cpus_per_trial": 1},
+        sampler={"name": "random", "seed": 0},
+        pruner={"name": "none"},
+        adopt={**params["hpo"]["adopt"], "seeds": 2},
+        space={"train.learning_rate": {"type": "categorical", "choices": [0.001, 1.0e-6]}},
+    )
     return params
 
 
@@ -349,6 +389,11 @@ def test_kfp_local_runs_the_whole_dag_and_leaves_a_champion(tmp_path, server_bin
     assert {"train-op", "qat-op", "evaluate-op"} <= set(metrics), sorted(metrics)
     assert metrics["evaluate-op"]["accuracy"] > 0.5 and metrics["qat-op"]["gate_passed"] is True
     assert metrics["train-op"]["epochs_run"] == 3
+    # the search ran in the DAG: its trials were real train runs, and train read its overlay
+    hpo = metrics["hpo-op"]
+    assert hpo["enabled"] is True and (hpo["trials"], hpo["complete"], hpo["fail"]) == (2, 2, 0)
+    assert hpo["adopted"] is False and hpo["baseline_value"] == hpo["best_value"]
+    assert "not adopted: hpo: kept current params: the best trial" in log
 
 
 def test_a_failing_run_is_recorded_in_mlflow_by_the_exit_handler(tmp_path, server_binary):

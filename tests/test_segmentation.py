@@ -14,6 +14,7 @@ another output kind, installed with pip, runs the whole pipeline through the unc
 from __future__ import annotations
 
 import ast
+import hashlib
 import json
 import sqlite3
 import subprocess
@@ -30,6 +31,17 @@ EXAMPLE = REPO / "examples" / "segmentation"
 PACKAGE = EXAMPLE / "paddle_mlops_segmentation"
 PARAMS = "examples/segmentation/params.yaml"
 PIPELINE = "examples/segmentation/dvc.yaml"
+# the search on, at its smallest: trial 0 (the params as they are, in the plugin's space) for
+# 1 epoch; so the baseline wins and no adoption seeds run (a second trial that wins costs 4
+# more 5-epoch trainings, ~290 s on 2 vCPUs; search and adoption: tests/test_hpo_step.py)
+HPO = {
+    "enabled": True,
+    "trial_epochs": 1,
+    "budget": {"trials": 1, "cpus_per_trial": 1},
+    "sampler": {"name": "random", "seed": 0},
+    "pruner": {"name": "none"},
+    "adopt": {"seeds": 2},
+}
 
 
 @pytest.fixture(scope="module")
@@ -182,6 +194,9 @@ def pipeline(tmp_path_factory, plugin, server_binary) -> Path:
             "golden_samples": 16,
             "latency_requests": 5,
         },
+        # the search on, tiny, in the plugin's own space (the overlay replaces hpo.space: no
+        # space in params, so the step asks the task: ShapesSegmentationTask.search_space)
+        hpo=HPO,
     )
     sh(repo, "dvc", "repro", PIPELINE, path=[plugin])
     return repo
@@ -267,3 +282,33 @@ def test_the_segmentation_pipeline_runs_end_to_end(pipeline):
         yaml.safe_load((repo / PIPELINE).read_text())["stages"].keys()
         == yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"].keys()
     )
+
+
+def test_the_search_ran_in_the_pipeline_on_the_plugins_own_space(pipeline, seg):
+    """dvc repro ran the hpo stage with the step on: its trials sampled the keys the plugin
+    declares (``ShapesSegmentationTask.search_space``), scored by val mean IoU, and train
+    depends on the overlay it wrote."""
+    repo = pipeline
+    out = repo / "outputs" / "segmentation"
+    assert yaml.safe_load((repo / PARAMS).read_text())["hpo"].get("space") is None
+    space = seg.ShapesSegmentationTask.search_space()
+    found = json.loads((out / "hpo" / "trials.json").read_text())
+    assert found["objective"] == "val_mean_iou" and found["direction"] == "maximize"
+    (trial,) = found["trials"]
+    assert trial["state"] == "COMPLETE" and 0.0 < trial["value"] <= 1.0
+    assert {"task.options.width", "train.learning_rate"} <= set(space)
+    # trial 0 runs the params as they are, on every key of the plugin's space (a key of
+    # params.yaml's digits space, e.g. task.options.conv_channels, is not there)
+    current = {"train.learning_rate": 0.003, "train.batch_size": 32, "task.options.width": 16}
+    assert set(space) == set(current) and trial["params"] == current
+    overlay = yaml.safe_load((out / "hpo" / "overlay.yaml").read_text())
+    assert overlay["objective"] == "val_mean_iou" and overlay["study"] == found["study"]
+    assert overlay["adopted"] is False and overlay["params"] == {}
+    assert "the best trial 0 is the current params (val_mean_iou)" in overlay["reason"]
+    metrics = json.loads((repo / "metrics" / "segmentation" / "hpo.json").read_text())
+    assert metrics["enabled"] and (metrics["trials"], metrics["fail"]) == (1, 0)
+    lock = yaml.safe_load((repo / "examples" / "segmentation" / "dvc.lock").read_text())["stages"]
+    assert "hpo" in lock
+    deps = {d["path"]: d for d in lock["train"]["deps"]}
+    overlay_md5 = hashlib.md5((out / "hpo" / "overlay.yaml").read_bytes()).hexdigest()
+    assert deps["outputs/segmentation/hpo/overlay.yaml"]["md5"] == overlay_md5
