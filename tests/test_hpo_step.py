@@ -25,7 +25,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
 from components.core import overrides
@@ -391,15 +390,6 @@ def check_katib_metrics(log_dir: Path, epochs: int) -> None:
     assert re.fullmatch(r"\d+\.pid", pid.name) and pid.read_text() == "completed\n"
 
 
-EPOCHS_BAR_GLUED = (
-    "components/tasks/epochs.py: in trial mode the epoch bar (tqdm, on stderr) is still "
-    "drawn, and it ends without a newline, so with stderr merged into metrics.log each "
-    "metric line follows the bar's text on the same line and Katib reads no timestamp; "
-    "fix: disable the bar when PADDLE_MLOPS_TRIAL=1"
-)
-
-
-@pytest.mark.xfail(strict=True, reason=EPOCHS_BAR_GLUED)
 def test_the_trial_command_wrapped_as_katib_does_prints_lines_its_collector_parses(
     tmp_path, digits_data
 ):

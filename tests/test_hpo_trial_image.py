@@ -13,14 +13,13 @@ import subprocess
 import pytest
 
 from tests.conftest import HAVE_PODMAN, NO_PODMAN, REPO
-from tests.test_hpo_step import EPOCHS_BAR_GLUED, check_katib_metrics, katib_wrapped, trial_argv
+from tests.test_hpo_step import check_katib_metrics, katib_wrapped, trial_argv
 
 CONF = REPO / "containers" / "containers.conf"
 pytestmark = pytest.mark.skipif(not HAVE_PODMAN, reason=NO_PODMAN)
 LOG_DIR = "/var/log/katib"  # Katib's metrics volume (an emptyDir shared with the collector)
 
 
-@pytest.mark.xfail(strict=True, reason=EPOCHS_BAR_GLUED)
 def test_the_trial_command_in_the_image_prints_what_katibs_collector_parses(
     images, digits_data, tmp_path
 ):

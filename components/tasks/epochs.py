@@ -212,7 +212,9 @@ def _epochs(
         unit="epoch",
         initial=state["epoch"],
         total=params.epochs,
-        disable=not world.main,
+        # a search's trial prints one metric line per epoch on stdout instead: Katib's
+        # collector reads stderr merged into it, where a bar's line has no end
+        disable=not world.main or trial_mode,
     )
     for epoch in epochs:
         if state["stopped"] or reader is None:
@@ -225,12 +227,9 @@ def _epochs(
         for _ in val_batches:  # the reader's sequence goes on with the next epoch
             pass
         _keep_best(trainer, state, params, {"epoch": epoch, "lr": lr}, train, val)
-        # a search's trial prints one metric line per epoch on stdout; Katib's collector reads
-        # stderr too, so the bar's postfix then names no metric the search reads
-        score_key = "score" if trial_mode else f"val_{objective.score}"
         epochs.set_postfix(
             loss=f"{next(iter(train.values())):.4f}",
-            **{score_key: f"{val[objective.score]:.4f}"},
+            **{f"val_{objective.score}": f"{val[objective.score]:.4f}"},
         )
         if trial_mode and world.main:
             row = state["history"][-1]
