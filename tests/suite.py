@@ -49,6 +49,7 @@ PIPELINE_MODULES = {
     "test_gan",
     "test_holdout",
     "test_hpo_step",
+    "test_hpo_tracking",
     "test_pipeline_dvc",
     "test_pipeline_image_folder",
     "test_pipeline_kfp",

@@ -148,6 +148,7 @@ def test_each_step_is_keyed_only_on_the_params_sections_it_reads(compiled):
         "fingerprint-op": {"task", "ingest"},
         "ingest-op": {"task", "ingest"},
         "validate-op": {"task", "validate"},
+        "hpo-op": {"task", "train", "hpo"},
         "train-op": {"task", "train"},
         "export-op": {"task", "export"},
         "qat-op": {"task", "qat"},

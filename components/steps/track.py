@@ -15,8 +15,12 @@ headline test metrics are linked to that model. Each nested run (ingest ... eval
 serving_image) carries that step's manifest, outputs such as the Great Expectations result
 and Data Docs, and metrics. Every run carries the times its step recorded (the manifest's
 ``started_at`` and ``finished_at``: :func:`components.core.artifacts.write_manifest`), not
-the time track took to log it; the parent run starts when the earliest of its steps started
-and ends when track ends (``register`` and ``promote`` add their nested runs and extend it).
+the time track took to log it. The hyperparameter search (:mod:`components.tracking.hpo`): the
+parent run is tagged ``hpo_adopted`` and ``hpo_reason`` (and gets the adopted keys as params
+``overlay.<key>``); when a search ran, a nested run ``hpo`` holds it, with a run per trial
+nested under it (params, state, per-epoch objective curve). The parent run starts when the
+earliest of its steps started and ends when track ends (``register`` and ``promote`` add their
+nested runs and extend it).
 
 Tracking URI: ``MLFLOW_TRACKING_URI`` if set, else ``sqlite:///mlflow.db`` in the working
 directory (no server needed). ``run.json`` in the output directory names the run and the
@@ -40,6 +44,7 @@ from components.core.artifacts import (
 from components.core.uris import redact_uri
 from components.kernel.step import In, Out, Step, Value
 from components.ml.decisions.monitoring import RETRAIN_REASON_ENV
+from components.tracking.hpo import log_search
 from components.tracking.model import BUNDLE_TAG
 from components.tracking.pipeline_run import (
     TrackParams,
@@ -78,13 +83,15 @@ def run(
     outputs: StepOutputs,
     pipeline_run: str = "",
     retrain_reason: str = "",
+    hpo_dir: str | Path | None = None,
 ) -> TrackResult:
     """Log the pipeline's run to MLflow at ``$MLFLOW_TRACKING_URI`` (else the default). The
     process's MLflow tracking URI is set for the run and put back after it, so a caller in the
-    same process (a notebook, a test) keeps its own."""
+    same process (a notebook, a test) keeps its own. ``hpo_dir``: the hpo step's output
+    directory (None: the caller ran no hpo step; nothing about a search is logged)."""
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     with global_tracking_uri(tracking_uri()):
-        return _run(params, all_params, out_dir, outputs, pipeline_run, retrain_reason)
+        return _run(params, all_params, out_dir, outputs, pipeline_run, retrain_reason, hpo_dir)
 
 
 def _run(
@@ -94,6 +101,7 @@ def _run(
     outputs: StepOutputs,
     pipeline_run: str,
     retrain_reason: str,
+    hpo_dir: str | Path | None = None,
 ) -> TrackResult:
     """:func:`run`'s work (telemetry off, the tracking URI set)."""
     import mlflow
@@ -131,6 +139,15 @@ def _run(
             history,
             tags,
         )
+        if hpo_dir is not None:
+            log_search(
+                client,
+                experiment_id,
+                parent.info.run_id,
+                hpo_dir,
+                tags,
+                all_params.get("hpo") or {},
+            )
         result = TrackResult(
             parent.info.run_id,
             parent.info.experiment_id,
@@ -182,10 +199,20 @@ def run_step(
     run_info: Path,
     pipeline_run: str = "",
     retrain_reason: str = "",
+    *,
+    search: Path,
     **paths: Path,
 ) -> TrackResult:
     """:func:`run` with each upstream output as its own port (the STEP binding)."""
-    return run(params, all_params, run_info, StepOutputs(**paths), pipeline_run, retrain_reason)
+    return run(
+        params,
+        all_params,
+        run_info,
+        StepOutputs(**paths),
+        pipeline_run,
+        retrain_reason,
+        hpo_dir=search,
+    )
 
 
 def _port(name: str, path: str, source: str, kfp: Any = "Artifact") -> In:
@@ -201,6 +228,7 @@ STEP = Step(
         "task",
         "ingest",
         "validate",
+        "hpo",
         "train",
         "export",
         "qat",
@@ -217,6 +245,8 @@ STEP = Step(
     inputs=(
         _port("data", "outputs/ingest", "ingest.data", "Dataset"),
         _port("report", "outputs/validate", "validate.report"),
+        # the hpo step's output directory (not "hpo": that is the params section)
+        _port("search", "outputs/hpo", "hpo.out"),
         _port("model", "outputs/train", "train.model", "Model"),
         _port("exported", "outputs/export", "export.exported", "Model"),
         _port("int8", "outputs/qat", "qat.int8", "Model"),
