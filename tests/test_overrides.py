@@ -36,6 +36,8 @@ def test_set_and_set_if_change_the_merged_params_and_keep_their_source():
     assert out["train"]["batch_size"] == 64  # its condition holds after the --set
     assert out["train"]["epochs"] == params["train"]["epochs"]  # its condition does not
     assert out.source == params.source and params["train"]["learning_rate"] == 0.001
+    # a mapping is a key too: set whole (e.g. the digests of a source's files)
+    assert ov.override(params, {"ingest.sha256": {}})["ingest"]["sha256"] == {}
 
 
 @pytest.mark.parametrize(

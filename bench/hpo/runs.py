@@ -56,14 +56,14 @@ def run_grid(args: argparse.Namespace, data: Path, params: Any, space: Space) ->
     from components.ml.training import search
     from components.ml.training.search import BudgetParams
     from components.ml.training.trial_metrics import TRIAL_ENV
-    from components.steps.hpo import _Trials  # the search's own trial command
+    from components.steps.hpo import Trials  # the search's own trial command
     from components.tasks import task_from_params
 
     objective = task_from_params(params).objective()
     metric, higher = f"val_{objective.score}", objective.higher_is_better
     budget = from_dict(BudgetParams, params["hpo"].get("budget") or {}, where="hpo.budget")
     configs = grid(space, args.grid, params)
-    trials = _Trials(args.work / "grid", data, params, budget)
+    trials = Trials(args.work / "grid", data, params, budget)
     key = grid_key(code_sha256(), params, trials.data_sha256, configs, args.epochs)
     cache = args.work / f"grid-{key}.json"
     done = json.loads(cache.read_text())["runs"] if cache.exists() else {}

@@ -86,6 +86,15 @@ def leaves(params: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, A
             yield dotted, value
 
 
+def nodes(params: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """Every (dotted key, value) of ``params``: its leaves and its mappings."""
+    for key, value in params.items():
+        dotted = f"{prefix}{key}"
+        yield dotted, value
+        if isinstance(value, Mapping):
+            yield from nodes(value, f"{dotted}.")
+
+
 def lookup(params: Mapping[str, Any], dotted: str) -> Any:
     """The value at ``dotted`` in ``params`` (KeyError: no such key)."""
     node: Any = params
@@ -136,7 +145,7 @@ def override(
 ) -> Params:
     """``params`` (their source kept) with ``sets`` applied, then each conditional of
     ``set_ifs`` whose condition holds; an unknown key is one error line naming ``what``."""
-    known = [k for k, _ in leaves(params)]
+    known = [k for k, _ in nodes(params)]
     source = params_source(params)  # type: ignore[arg-type]
     for key in (*sets, *(k for _, (k, _v) in set_ifs), *(c for (c, _v), _ in set_ifs)):
         if key not in known:

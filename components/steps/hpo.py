@@ -36,7 +36,7 @@ import functools
 import logging
 import shutil
 import sys
-from dataclasses import asdict, field
+from dataclasses import field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -46,9 +46,6 @@ from pydantic import Field
 from components.core import overrides
 from components.core.artifacts import (
     StepError,
-    atomic_path,
-    write_json,
-    write_manifest,
     write_text,
 )
 from components.core.config import params_model, params_sha256
@@ -62,7 +59,7 @@ from components.kube.katib_search import KatibParams
 from components.ml.data import snapshot
 from components.ml.decisions import adoption
 from components.ml.decisions.adoption import AdoptParams
-from components.ml.training import search, search_space
+from components.ml.training import search, search_outputs, search_space
 from components.ml.training.search import BudgetParams, PrunerParams, SamplerParams
 from components.tasks import Task
 
@@ -100,7 +97,7 @@ def run(
     study_dir.mkdir(parents=True, exist_ok=True)  # an output even when there is no study
     if not params.enabled:
         overlay = {"adopted": False, "params": {}, "reason": "hpo.enabled is false"}
-        return _write(out_dir, Path(metrics_file), overlay, {}, all_params, data_dir)
+        return search_outputs.write(out_dir, Path(metrics_file), overlay, {}, all_params, data_dir)
     space = search_space.parse_space(_space(params, task), source=params_file)
     search_space.validate(space, all_params, source=params_file)
     _typed_check(space, all_params, params_file)
@@ -109,7 +106,7 @@ def run(
     direction: Literal["maximize", "minimize"] = (
         "maximize" if objective.higher_is_better else "minimize"
     )
-    trials = _Trials(study_dir, Path(data_dir), all_params, params.budget)
+    trials = Trials(study_dir, Path(data_dir), all_params, params.budget)
     epochs = params.trial_epochs or int(all_params["train"]["epochs"])
     engine = _katib if params.engine == "katib" else _optuna
     return engine(
@@ -122,7 +119,7 @@ def _optuna(
     params: HpoParams,
     space: search_space.Space,
     objective: tuple[str, Literal["maximize", "minimize"]],
-    trials: _Trials,
+    trials: Trials,
     epochs: int,
     all_params: dict[str, Any],
     data_dir: str | Path,
@@ -132,7 +129,7 @@ def _optuna(
     """The search as an Optuna study of trials run here (:mod:`components.ml.training.search`),
     then the adoption."""
     metric, direction = objective
-    identity = _identity(space, metric, trials, all_params, epochs)
+    identity = search_outputs.identity(space, metric, trials.data_sha256, all_params, epochs)
     name = search.study_name(str(all_params["task"]["name"]), identity)
     found = search.run_search(
         trials.root,
@@ -154,7 +151,9 @@ def _optuna(
     overlay = _overlay(decision, "optuna", found.study, trial, winner, metric)
     trials.cleanup()
     study = search.open_study(trials.root, name, direction, params.sampler, params.pruner)
-    return _write(out_dir, metrics_file, overlay, found.to_json(), all_params, data_dir, study)
+    return search_outputs.write(
+        out_dir, metrics_file, overlay, found.to_json(), all_params, data_dir, study
+    )
 
 
 def _space(params: HpoParams, task: Task) -> Any:
@@ -185,26 +184,7 @@ def _typed_check(space: search_space.Space, all_params: dict[str, Any], source: 
                 raise StepError(f"{where}: {exc}") from None
 
 
-def _identity(
-    space: search_space.Space,
-    metric: str,
-    trials: _Trials,
-    all_params: dict[str, Any],
-    epochs: int,
-) -> dict[str, Any]:
-    """What makes two searches the same study: the space, the objective, the data's train and
-    val, the params the space does not set, the epochs."""
-    rest = overrides.apply(all_params, dict.fromkeys(space))  # searched keys blanked
-    return {
-        "space": {k: asdict(s) for k, s in space.items()},
-        "objective": metric,
-        "data": trials.data_sha256,
-        "params": params_sha256({k: rest[k] for k in ("task", "train") if k in rest}),
-        "epochs": epochs,
-    }
-
-
-class _Trials:
+class Trials:
     """The train step's command for a trial, on a train+val view of the snapshot."""
 
     def __init__(
@@ -258,7 +238,7 @@ def _adopt(
     params: HpoParams,
     space: search_space.Space,
     found: search.SearchResult,
-    trials: _Trials,
+    trials: Trials,
     metric: str,
     direction: Literal["maximize", "minimize"],
     all_params: dict[str, Any],
@@ -292,70 +272,14 @@ def _adopt(
     )
 
 
-def _write(
-    out_dir: Path,
-    metrics_file: Path,
-    overlay: dict[str, Any],
-    trials: dict[str, Any],
-    all_params: dict[str, Any],
-    data_dir: str | Path,
-    study: Any = None,
-    files: dict[str, str] | None = None,
-) -> dict[str, Any]:
-    """Write the overlay, the trials, the plots, ``files`` (name -> text) and the manifest
-    atomically, then the metrics."""
-    with atomic_path(out_dir) as tmp:
-        tmp.mkdir(parents=True)
-        (tmp / overrides.OVERLAY).write_text(yaml.safe_dump(overlay, sort_keys=False))
-        outputs: dict[str, Path] = {"overlay": tmp / overrides.OVERLAY}
-        for name, text in (files or {}).items():
-            (tmp / name).write_text(text, encoding="utf-8")
-            outputs[Path(name).stem] = tmp / name
-        if trials:
-            outputs["trials"] = write_json(tmp / "trials.json", trials)
-        for plot in search.save_plots(study, tmp) if study is not None else []:
-            outputs[plot.stem] = plot
-        write_manifest(
-            tmp,
-            "hpo",
-            inputs={"data": data_dir},
-            outputs=outputs,
-            params=dict(all_params.get("hpo") or {}),
-            extra={"adopted": overlay["adopted"], "reason": overlay["reason"]},
-        )
-    write_json(metrics_file, _metrics(overlay, trials))
-    return overlay
-
-
-def _metrics(overlay: dict[str, Any], trials: dict[str, Any]) -> dict[str, Any]:
-    """``metrics/hpo.json``: the decision, the trial counts, the best and the baseline values,
-    and the trial-epochs the search spent (its cost)."""
-    rows = [t for t in trials.get("trials", []) if not t["stale"]]
-    states = [t["state"] for t in rows]
-    by_number = {t["number"]: t for t in rows}
-    best, baseline = by_number.get(trials.get("best")), by_number.get(0)
-    return {
-        "enabled": bool(trials),
-        "adopted": overlay["adopted"],
-        "trials": len(rows),
-        **{s.lower(): states.count(s) for s in ("COMPLETE", "PRUNED", "FAIL")},
-        "trial_epochs": sum(len(t["curve"]) for t in trials.get("trials", [])),
-        "best_value": None if best is None else best["value"],
-        "baseline_value": None if baseline is None else baseline["value"],
-    }
-
-
 # --------------------------------------------------------------------------- engine: katib
-
-EXPERIMENT = "experiment.yaml"
-TRIAL_OUT = "/tmp/trial"  # a trial pod's outputs (an emptyDir): nothing reads them
 
 
 def _katib(
     params: HpoParams,
     space: search_space.Space,
     objective: tuple[str, Literal["maximize", "minimize"]],
-    trials: _Trials,
+    trials: Trials,
     epochs: int,
     all_params: dict[str, Any],
     data_dir: str | Path,
@@ -368,7 +292,9 @@ def _katib(
     on the shared volume; submitted and waited for; then the same adoption as the optuna
     engine, whose paired seed runs are processes of this step on the local view."""
     kp = params.katib
-    sha = params_sha256(_identity(space, objective[0], trials, all_params, epochs))
+    sha = params_sha256(
+        search_outputs.identity(space, objective[0], trials.data_sha256, all_params, epochs)
+    )
     name = katib_search.experiment_name(str(all_params["task"]["name"]), sha)
     experiment = katib_search.experiment(
         name,
@@ -401,7 +327,7 @@ def _katib(
     record = {**result.to_json(), "engine": "katib", "katib": found.counts}
     trials.cleanup()
     overlay = _overlay(decision, "katib", name, found.trial, found.params, objective[0])
-    return _write(
+    return search_outputs.write(
         out_dir, metrics_file, overlay, record, all_params, data_dir,
         files={katib_search.EXPERIMENT: text},
     )  # fmt: skip

@@ -73,7 +73,7 @@ def t_quantile(level: float, dof: int) -> float:
     return float(stats.t.ppf(level, dof))
 
 
-def baseline_won(trial: int, metric: str) -> Adoption:
+def baseline_won(trial: int | str, metric: str) -> Adoption:
     """The best trial is the current params: nothing to adopt, no seeds run."""
     return Adoption(
         adopted=False,
@@ -90,7 +90,7 @@ def decide(
     higher_is_better: bool,
     limits: AdoptParams,
     metric: str,
-    trial: int,
+    trial: int | str,
 ) -> Adoption:
     """The paired-seed rule (module docstring) on the val scores of the current params and the
     winner (``trial``), one per seed of ``seeds``, same order."""
