@@ -1381,6 +1381,7 @@ def test_the_kfp_component_body_logs_the_metrics_kfp_shows(server, data_dir, tmp
         "run": RUN,
         "data": dsl.Dataset(uri=str(data_dir)),
         "validation": dsl.Artifact(uri=str(tmp_path / "validation")),
+        "hpo": dsl.Artifact(uri=str(tmp_path / "hpo")),  # no search ran: no overlay
         "model": dsl.Model(uri=str(root / "model")),
         "checkpoints": dsl.Artifact(uri=str(root / "checkpoints")),
         "metrics": dsl.Metrics(uri=str(root / "metrics")),

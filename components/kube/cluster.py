@@ -4,7 +4,9 @@ the rollout (library layer; the interface: ``components.core.deploy_target``).""
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 from typing import Any
 
 from components.core.artifacts import StepError
@@ -15,6 +17,47 @@ log = logging.getLogger(__name__)
 
 FIELD_MANAGER = "paddle-mlops-deploy"
 ROLLOUT_POLL_S = 2.0  # how often wait_rollout reads each object: deploy.rollout_poll_s's default
+
+
+class NoKubeConfig(Exception):
+    """Neither an in-cluster service account nor a usable kubeconfig (the message says why)."""
+
+
+def kube_configuration(context: str | None = None) -> Any:
+    """The cluster's client configuration: in-cluster, else the kubeconfig (``$KUBECONFIG``,
+    default ~/.kube/config) with ``context``; :class:`NoKubeConfig` when there is neither."""
+    from kubernetes import client, config
+    from kubernetes.config.config_exception import ConfigException
+
+    configuration = client.Configuration()
+    try:
+        config.load_incluster_config(client_configuration=configuration)
+    except ConfigException:
+        try:
+            config.load_kube_config(
+                config_file=os.environ.get("KUBECONFIG") or None,
+                context=context,
+                client_configuration=configuration,
+            )
+        except (ConfigException, OSError) as exc:
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise NoKubeConfig(reason) from None
+    return configuration
+
+
+def api_message(exc: BaseException) -> str:
+    """An ApiException's status, reason and the API server's message; else the error."""
+    if not hasattr(exc, "status"):
+        return f"no answer from the API server ({exc})"
+    status, reason = getattr(exc, "status", None), getattr(exc, "reason", None)
+    body = getattr(exc, "body", None)
+    message = ""
+    if body:
+        try:
+            message = json.loads(body).get("message", "")
+        except (ValueError, AttributeError):
+            message = str(body)[:300]
+    return f"HTTP {status} {reason}" + (f": {message}" if message else "")
 
 
 def deploy(rollout: Rollout) -> dict[str, Any]:
@@ -29,19 +72,15 @@ def deploy(rollout: Rollout) -> dict[str, Any]:
 
 def apply_kubernetes(docs: list[dict[str, Any]], params: DeploySettings) -> list[str]:
     """Server-side apply of ``docs``; returns ``kind/name`` of each (dry run: nothing kept)."""
-    from kubernetes import client, config, dynamic
-    from kubernetes.config.config_exception import ConfigException
+    from kubernetes import client, dynamic
 
     try:
-        config.load_incluster_config()
-    except ConfigException:
-        try:
-            config.load_kube_config(context=params.kube_context)
-        except (ConfigException, OSError) as exc:
-            raise StepError(
-                f"deploy.target kubernetes: no in-cluster config and no usable kubeconfig ({exc})"
-            ) from exc
-    dyn = dynamic.DynamicClient(client.ApiClient())
+        configuration = kube_configuration(params.kube_context)
+    except NoKubeConfig as exc:
+        raise StepError(
+            f"deploy.target kubernetes: no in-cluster config and no usable kubeconfig ({exc})"
+        ) from None
+    dyn = dynamic.DynamicClient(client.ApiClient(configuration))
     applied = []
     for doc in docs:
         kind, name = doc["kind"], doc["metadata"]["name"]

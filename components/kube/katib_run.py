@@ -22,9 +22,7 @@ Its ``KatibClient.create_experiment`` / ``wait_for_experiment_condition`` /
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +30,7 @@ from typing import Any
 from components.core.artifacts import StepError
 from components.core.overrides import parse_value
 from components.core.retry import SYSTEM_CLOCK, Backoff, Clock, poll
+from components.kube.cluster import NoKubeConfig, api_message, kube_configuration
 from components.kube.katib import GROUP, KIND, PLURAL, VERSION
 
 log = logging.getLogger(__name__)
@@ -61,40 +60,17 @@ class Outcome:
 def api_client(context: str | None, manifest: str) -> Any:
     """A client of the cluster's API; :class:`NoCluster` (naming ``manifest``, the checked
     experiment.yaml a user can apply by hand) when there is none."""
-    from kubernetes import client, config
-    from kubernetes.config.config_exception import ConfigException
+    from kubernetes import client
 
-    configuration = client.Configuration()
     try:
-        config.load_incluster_config(client_configuration=configuration)
-    except ConfigException:
-        try:
-            config.load_kube_config(
-                config_file=os.environ.get("KUBECONFIG") or None,
-                context=context,
-                client_configuration=configuration,
-            )
-        except (ConfigException, OSError) as exc:
-            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise NoCluster(
-                f"hpo.engine katib: no cluster configured (no in-cluster service account, no "
-                f"usable kubeconfig: {first}); the checked Experiment is {manifest}: "
-                f"`kubectl apply -f {manifest}` submits it"
-            ) from None
+        configuration = kube_configuration(context)
+    except NoKubeConfig as exc:
+        raise NoCluster(
+            f"hpo.engine katib: no cluster configured (no in-cluster service account, no "
+            f"usable kubeconfig: {exc}); the checked Experiment is {manifest}: "
+            f"`kubectl apply -f {manifest}` submits it"
+        ) from None
     return client.ApiClient(configuration)
-
-
-def _api_message(exc: BaseException) -> str:
-    status, body = getattr(exc, "status", None), getattr(exc, "body", None)
-    if status is None:
-        return f"no answer from the API server ({exc})"
-    message = ""
-    if body:
-        try:
-            message = json.loads(body).get("message", "")
-        except (ValueError, AttributeError):
-            message = str(body)[:300]
-    return f"HTTP {status} {getattr(exc, 'reason', '')}" + (f": {message}" if message else "")
 
 
 def _retryable(exc: BaseException) -> bool:
@@ -128,7 +104,7 @@ class Experiments:
         except self._errors() as exc:
             if getattr(exc, "status", None) == 409:
                 return False
-            raise StepError(f"create {KIND} {self.ns}/{name}: {_api_message(exc)}") from None
+            raise StepError(f"create {KIND} {self.ns}/{name}: {api_message(exc)}") from None
         return True
 
     def get(self, name: str) -> dict[str, Any] | None:
@@ -139,8 +115,8 @@ class Experiments:
             )
         except self._errors() as exc:
             if not _retryable(exc):
-                raise StepError(f"read {KIND} {self.ns}/{name}: {_api_message(exc)}") from None
-            log.warning("read %s %s/%s: %s (retried)", KIND, self.ns, name, _api_message(exc))
+                raise StepError(f"read {KIND} {self.ns}/{name}: {api_message(exc)}") from None
+            log.warning("read %s %s/%s: %s (retried)", KIND, self.ns, name, api_message(exc))
             return None
 
 

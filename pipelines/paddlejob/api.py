@@ -1,13 +1,12 @@
 """The Kubernetes API as the launcher uses it: the official ``kubernetes`` client, its
 configuration, and the few calls on the job and its pods (see the package's docstring, 5.)."""
 
-import json
 import logging
-import os
 from collections.abc import Mapping
 from typing import Any
 
 from components.core.artifacts import StepError
+from components.kube.cluster import NoKubeConfig, api_message, kube_configuration
 from pipelines.paddlejob.spec import (
     CONTAINER,
     GROUP,
@@ -42,44 +41,20 @@ class ApiError(StepError):
 def api_client(params: PaddleJobParams) -> Any:
     """A client of the cluster's API: in-cluster config, else the kubeconfig (``$KUBECONFIG``,
     default ~/.kube/config) with context ``paddlejob.kube_context``."""
-    from kubernetes import client, config
-    from kubernetes.config.config_exception import ConfigException
+    from kubernetes import client
     from urllib3.util.retry import Retry
 
-    configuration = client.Configuration()
     try:
-        config.load_incluster_config(client_configuration=configuration)
-    except ConfigException:
-        try:
-            config.load_kube_config(
-                config_file=os.environ.get("KUBECONFIG") or None,
-                context=params.kube_context,
-                client_configuration=configuration,
-            )
-        except (ConfigException, OSError) as exc:
-            raise StepError(
-                f"PaddleJob backend: no in-cluster config and no usable kubeconfig ({exc})"
-            ) from exc
+        configuration = kube_configuration(params.kube_context)
+    except NoKubeConfig as exc:
+        raise StepError(
+            f"PaddleJob backend: no in-cluster config and no usable kubeconfig ({exc})"
+        ) from None
     # a request that got no answer within paddlejob.api_timeout_s is not sent again by
     # urllib3 (its default repeats reads up to 3 times): the launcher decides (status reads
     # are retried for paddlejob.api_outage_s), and the timeout bounds each call
     configuration.retries = Retry(total=2, read=0, redirect=0)
     return client.ApiClient(configuration)
-
-
-def api_message(exc: BaseException) -> str:
-    """An ApiException's status, reason and the API server's message; else the error."""
-    if not hasattr(exc, "status"):
-        return f"no answer from the API server ({exc})"
-    status, reason = getattr(exc, "status", None), getattr(exc, "reason", None)
-    body = getattr(exc, "body", None)
-    message = ""
-    if body:
-        try:
-            message = json.loads(body).get("message", "")
-        except (ValueError, AttributeError):
-            message = str(body)[:300]
-    return f"HTTP {status} {reason}" + (f": {message}" if message else "")
 
 
 def request_errors() -> tuple[type[BaseException], ...]:
