@@ -260,6 +260,9 @@ class Account:
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
         self.cpu: dict[str, float] = {}
+        # nodeid -> [worker, first phase's start, last phase's stop] (epoch seconds): the
+        # run's timeline, to find its critical path
+        self.spans: dict[str, list[Any]] = {}
 
     @pytest.hookimpl(trylast=True)
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
@@ -267,6 +270,10 @@ class Account:
         # xdist sends the (name, value) tuples as lists
         cpu = sum(float(v) for k, v in report.user_properties if k == "cpu_s")
         self.cpu[report.nodeid] = self.cpu.get(report.nodeid, 0.0) + cpu
+        node = getattr(report, "node", None)  # xdist: the worker that ran it
+        worker = getattr(getattr(node, "gateway", None), "id", "main")
+        span = self.spans.setdefault(report.nodeid, [worker, report.start, report.stop])
+        span[1], span[2] = min(span[1], report.start), max(span[2], report.stop)
 
 
 @pytest.hookimpl(trylast=True)
@@ -318,7 +325,11 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     if whole and not config.option.keyword and not config.option.markexpr:
         tests = {k: round(v, 2) for k, v in sorted(account.seconds.items(), key=lambda kv: -kv[1])}
         cpu = {k: round(v, 2) for k, v in sorted(account.cpu.items(), key=lambda kv: -kv[1])}
+        t0 = min((v[1] for v in account.spans.values()), default=0.0)
+        spans = {
+            k: [w, round(a - t0, 1), round(b - t0, 1)] for k, (w, a, b) in account.spans.items()
+        }
         LAST_DURATIONS.write_text(
-            json.dumps({"modules": modules, "tests": tests, "cpu": cpu}, indent=1)
+            json.dumps({"modules": modules, "tests": tests, "cpu": cpu, "spans": spans}, indent=1)
         )
     reporter.write_line(line)
