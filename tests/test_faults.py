@@ -37,7 +37,7 @@ import pytest
 from components.faults.failpoints import ENV as FAILPOINTS
 from components.kernel.step import STEPS
 from components.tracking.registry import TrackingRetry
-from tests.conftest import BIN, REPO, TINY_DIGITS, clone_repo, set_params, sh
+from tests.conftest import BIN, REPO, TINY_DIGITS, clone_repo, cmdline, descendants, set_params, sh
 
 ALL = os.environ.get("PADDLE_MLOPS_FAULTS") == "all"
 MATRIX_OUT = os.environ.get("PADDLE_MLOPS_FAULTS_MATRIX")
@@ -217,27 +217,6 @@ def repro_watching(
     """``dvc repro`` that calls ``on_stage[name](proc)`` when DVC starts stage ``name``."""
     on_line = {f"Running stage '{stage}'": act for stage, act in on_stage.items()}
     return run_watching(["dvc", "repro"], repo, dvc_env(repo, uri), on_line, timeout_s=900)
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (from /proc)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    out, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
-
-
-def cmdline(pid: int) -> str:
-    with contextlib.suppress(OSError):
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    return ""
 
 
 def processes_in(repo: Path) -> list[str]:

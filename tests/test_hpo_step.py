@@ -16,11 +16,14 @@ step's own command, tiny budgets (2 trials of 1 epoch, 2 paired seeds).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -29,7 +32,7 @@ import yaml
 
 from components.core import overrides
 from components.ml.training.trial_metrics import KATIB_DEFAULT_FILTER
-from tests.conftest import REPO, run_module, set_params
+from tests.conftest import REPO, alive, cmdline, descendants, run_module, set_params
 
 # a tiny real search: 2 trials of 1 epoch, adoption on 2 paired seeds of 1 epoch, a small net
 TINY: dict[str, dict] = {
@@ -258,6 +261,52 @@ def test_a_killed_search_resumes_without_repeating_its_finished_trial(tmp_path, 
     assert metrics["trials"] == 2 == TINY["hpo"]["budget"]["trials"]
     assert not overlay(tmp_path)["adopted"]
     assert not view.exists()  # a finished search removes its view
+
+
+HANG_IN_TRIAL = "snapshot.open.train@train=hang"
+
+
+def test_a_killed_search_leaves_no_trial_running(tmp_path, digits_data):
+    """SIGKILL the search driver while a trial runs: the trial (in a session of its own, out
+    of reach of a signal to the driver's group) and everything it started are gone within
+    5 s, by the kernel (the parent-death signal), with no handler of the driver run. The
+    trial hangs at its first train shard (a failpoint), so nothing else would end it: not
+    even its writes to the dead driver's pipes (Python ignores SIGPIPE; logging drops what
+    it cannot write)."""
+    space = {"train.learning_rate": {"type": "categorical", "choices": [0.001, 0.003]}}
+    params = write_params(tmp_path, space, **TINY)
+    args = ["--out", tmp_path / "hpo", "--study", tmp_path / "study", "--metrics", tmp_path / "m"]
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "components", "hpo", "--params", params, "--data", digits_data,
+         *args],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO), "PADDLE_MLOPS_FAILPOINTS": HANG_IN_TRIAL},
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    tree: list[int] = []
+    try:
+        for _ in range(3000):  # a bound on polls, not on time: until trial 0's process runs
+            tree = descendants(driver.pid)
+            if any(" train " in cmdline(p) for p in tree) or driver.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert any(" train " in cmdline(p) for p in tree), f"no trial; exit {driver.poll()}"
+        tree = descendants(driver.pid)  # the trial and what it started by now
+        driver.kill()
+        assert driver.wait() == -9
+        for _ in range(50):  # 5 s
+            if not any(alive(p) for p in tree):
+                break
+            time.sleep(0.1)
+        assert not [p for p in tree if alive(p)], [cmdline(p) for p in tree if alive(p)]
+    finally:
+        driver.kill()
+        driver.wait()
+        for pid in tree:  # what a failed run of this test left
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        assert driver.stderr is not None
+        driver.stderr.close()
 
 
 # --------------------------------------------------------------------------- adoption

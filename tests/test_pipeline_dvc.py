@@ -31,19 +31,20 @@ from components.ml.data import snapshot
 from components.ml.serving.kserve_client import KServeClient
 from components.tracking.registry import LINEAGE_TAGS
 from pipelines.containers import free_port
-from tests.conftest import STAGES, STEP_RUNS, TINY_DIGITS, clone_repo, ran, set_params, sh
+from tests.conftest import (
+    STAGES,
+    STEP_RUNS,
+    TINY_DIGITS,
+    alive,
+    clone_repo,
+    ran,
+    set_params,
+    sh,
+)
 from tests.test_hpo_step import TINY as TINY_HPO
 
 LOCAL_NAME = f"paddle-mlops-dvc-test-{os.getpid()}"
 CLI = (sys.executable, "-m", "components")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 def search_baseline_wins(repo: Path) -> None:
@@ -225,7 +226,7 @@ def test_local_target_reruns_from_track_and_returns_while_it_serves(repo, podman
     assert record["deployed"] is True and record["target"] == "local"
     assert record["verified"]["verified"] is True  # signed provenance, the session's keys
     local = record["local"]
-    assert local["method"] == "restart" and _alive(local["pid"])
+    assert local["method"] == "restart" and alive(local["pid"])
     assert Path(local["pid_file"]).is_file() and Path(local["log_file"]).is_file()
     status = sh(repo, *CLI, "deploy", "status")
     assert f"v{record['version']} served at {local['url']}" in status.stderr
@@ -273,7 +274,7 @@ def test_stop_leaves_no_process_and_a_stale_pid_file_is_said(repo, podman_params
     record = json.loads((repo / "outputs" / "deploy" / "deployment.json").read_text())
     pid, pid_file = record["local"]["pid"], Path(record["local"]["pid_file"])
     sh(repo, *CLI, "deploy", "stop")
-    assert not _alive(pid) and not pid_file.exists()
+    assert not alive(pid) and not pid_file.exists()
     # a pid file whose process is gone: removed, and said so
     gone = subprocess.Popen(["true"])
     gone.wait()

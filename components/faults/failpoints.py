@@ -8,6 +8,8 @@ normal case) :func:`hit` returns at once. Actions:
   (nothing is flushed, no handler runs);
 - ``term``: SIGTERM, as Kubernetes sends before it deletes a pod;
 - ``enospc``: an ``OSError(ENOSPC)`` as a full disk raises, from where the point is;
+- ``hang``: the process stops there for good, printing nothing, as on a deadlock or a stuck
+  network read (only a signal ends it: what stops a hung child is its parent's doing);
 - ``corrupt``: the data the point holds goes wrong the way its entry below says (a broken
   kernel, pass or calibration), and the step runs on with it, so its own checks must catch
   it. Only the points that name a corruption take it (they call :func:`corrupts`); armed at
@@ -39,6 +41,7 @@ The points in the code:
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -47,7 +50,7 @@ import signal
 log = logging.getLogger(__name__)
 
 ENV = "PADDLE_MLOPS_FAILPOINTS"
-ACTIONS = ("kill", "term", "enospc", "corrupt")
+ACTIONS = ("kill", "term", "enospc", "corrupt", "hang")
 _step = ""  # the step this process runs (components.kernel.step sets it)
 
 
@@ -80,7 +83,7 @@ def hit(point: str, detail: str = "") -> None:
 def corrupts(point: str, detail: str = "") -> bool:
     """:func:`hit` at a point that holds data: True when it is armed with ``corrupt`` (the
     caller then corrupts that data, as the point's entry in this module's docstring says);
-    ``kill``, ``term`` and ``enospc`` act as at any point."""
+    the other actions act as at any point."""
     return _act(point, detail)
 
 
@@ -94,11 +97,14 @@ def _act(point: str, detail: str) -> bool:
         return False
     log.warning("failpoint %s: %s %s", point, action, detail)
     for handler in logging.getLogger().handlers:
-        handler.flush()
+        with contextlib.suppress(OSError):  # a closed stderr must not end it before the act
+            handler.flush()
     if action == "corrupt":
         return True
     if action == "enospc":
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), detail or point)
+    while action == "hang":
+        signal.pause()
     os.kill(os.getpid(), signal.SIGKILL if action == "kill" else signal.SIGTERM)
     if action == "term":
         signal.pause()  # the handler (or the default action) ends the process

@@ -242,16 +242,11 @@ def _worker_init(worker_id: int) -> None:
     """A loader worker dies with the process that started it (Linux ``PR_SET_PDEATHSIG``):
     a killed rank or step leaves no worker behind (Paddle's own watchdog can miss a parent
     killed mid-message, and then waits on its pipe for ever)."""
-    import ctypes
-    import ctypes.util
     import os
-    import signal
 
-    try:
-        prctl = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True).prctl
-    except (OSError, AttributeError):
-        return
-    prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    from components.core import children
+
+    children.die_with_parent()
     if os.getppid() == 1:  # the parent died before we asked
         os._exit(1)
 

@@ -20,9 +20,6 @@ metrics) on global rank 0.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import functools
 import logging
 import os
 import re
@@ -41,6 +38,7 @@ from typing import Annotated, Any, Literal
 import numpy as np
 from pydantic import Field, model_validator
 
+from components.core import children
 from components.core.artifacts import StepError
 from components.core.config import params_model
 
@@ -351,7 +349,7 @@ def launch(
         logs,
     )
     log.debug("launch: %s", " ".join(cmd))
-    _prctl()  # loaded before the fork: the child only calls it
+    children.load()  # before the fork: the child only calls prctl
     previous = signal.getsignal(signal.SIGTERM)
     proc: subprocess.Popen[bytes] | None = None
     code: int | None = None
@@ -364,7 +362,7 @@ def launch(
     signal.signal(signal.SIGTERM, _stop)
     try:
         proc = subprocess.Popen(  # noqa: PLW1509 - preexec_fn: only prctl
-            cmd, env=rank_env(os.environ, plan), preexec_fn=die_with_parent
+            cmd, env=rank_env(os.environ, plan), preexec_fn=children.die_with_parent
         )
         code = proc.wait()
     finally:
@@ -397,24 +395,6 @@ def failure_excerpt(log_dir: Path, lines: int = 12) -> str:
     return "".join(parts)
 
 
-@functools.cache
-def _prctl() -> Any:
-    """libc's ``prctl`` (Linux), or None."""
-    try:
-        return ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-
-
-def die_with_parent() -> None:
-    """Linux: this process is killed when its parent dies, so a killed train step leaves no
-    orphaned launcher or ranks (Paddle's launcher starts each rank in its own session, out
-    of reach of a signal to the step's process group)."""
-    prctl = _prctl()
-    if prctl is not None:
-        prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
 # --------------------------------------------------------------------------- inside a rank
 
 
@@ -439,7 +419,7 @@ class World:
     def init(self) -> None:
         """Join the process group (every rank must call it)."""
         if in_rank():
-            die_with_parent()
+            children.die_with_parent()
             if os.getppid() == 1:  # the launcher died before we asked
                 raise StepError("the launcher of this rank is gone")
         if self.size > 1:

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field
 
+from components.core import children
 from components.core.artifacts import StepError
 from components.core.config import params_model, params_sha256
 from components.core.retry import SYSTEM_CLOCK, Clock
@@ -325,8 +326,11 @@ def run_trial(
 ) -> Outcome:
     """Run one trial's process: each metric line's objective goes to ``on_epoch(epoch,
     value)``, which answers whether to prune (then the group gets SIGTERM); ``should_stop()``
-    answering a reason stops it too (checked every ``WATCH_S`` seconds)."""
-    proc = subprocess.Popen(
+    answering a reason stops it too (checked every ``WATCH_S`` seconds). The trial runs in its
+    own session (a prune signals its whole group) and dies with this thread: a SIGKILLed
+    search leaves no trial running (:mod:`components.core.children`)."""
+    children.load()
+    proc = subprocess.Popen(  # noqa: PLW1509 - preexec_fn: only prctl, loaded before the fork
         list(argv),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -335,6 +339,7 @@ def run_trial(
         bufsize=1,
         env=dict(env),
         start_new_session=True,
+        preexec_fn=children.die_with_parent,
     )
     outcome = Outcome(returncode=0)
     tail: deque[str] = deque(maxlen=STDERR_TAIL)
