@@ -343,8 +343,14 @@ def test_a_clearly_better_winner_is_adopted_and_train_uses_it(tmp_path, digits_d
     trained = json.loads((tmp_path / "train" / "model" / "manifest.json").read_text())["params"]
     assert trained["learning_rate"] == 0.002
 
-    # a bar no gain can clear: the same winner, better on every seed, is not adopted
-    ok(run_hpo(tmp_path, params, digits_data, "hpo.adopt.min_gain=1.0"))
+    # a bar no gain can clear: the same winner, better on every seed, is not adopted; its
+    # paired runs are the same runs, so their recorded scores decide (nothing trains again)
+    record = tmp_path / "study" / "adoption_runs.jsonl"
+    runs = record.read_text().splitlines()
+    assert len(runs) == 4  # 2 seeds x (current, winner)
+    again = ok(run_hpo(tmp_path, params, digits_data, "hpo.adopt.min_gain=1.0"))
+    assert record.read_text().splitlines() == runs
+    assert again.stderr.count(f"recorded in {record}") == 4
     refused = overlay(tmp_path)
     assert refused["adopted"] is False and refused["params"] == {}
     assert refused["reason"].startswith("hpo: kept current params: winner trial 1 val_accuracy +")

@@ -26,7 +26,7 @@ train as a params overlay, adopted only on evidence (docs/hpo.md).
 
 Outputs: ``overlay.yaml`` (``adopted``, ``params``, ``study``, ``trial``, ``reason``,
 ``evidence``), ``trials.json``, the Optuna plots and ``manifest.json`` under ``--out``;
-the study journal under ``--study``; ``metrics/hpo.json``.
+the study journal and the adoption runs' scores under ``--study``; ``metrics/hpo.json``.
 """
 
 from __future__ import annotations
@@ -66,6 +66,9 @@ from components.tasks import Task
 log = logging.getLogger(__name__)
 TRIAL_SPLITS = ("train", "val")  # all a trial's data view holds
 VIEW, SCRATCH, PARAMS = "view", "trials", "params.yaml"
+# the adoption runs' scores (search.score_runs), kept with the study: a rerun that only
+# changes the rule (hpo.adopt.min_gain, say) or was killed mid-adoption trains nothing again
+ADOPTION_RUNS = "adoption_runs.jsonl"
 
 
 @params_model
@@ -198,6 +201,7 @@ class Trials:
         self.data_sha256 = params_sha256(
             {s.path: s.sha256 for s in view.shards}  # the train and val shards only
         )
+        self.all_params = all_params
         self.params_file = study_dir / PARAMS
         self.params_file.write_text(yaml.safe_dump(dict(all_params), sort_keys=False))
         self.train = kernel.load("train")
@@ -224,6 +228,14 @@ class Trials:
             *self.train.argv(self.params_file, paths),
             *overrides.set_args({**fixed, **sample}),
         ]
+
+    def run_key(self, sample: dict[str, Any]) -> str:
+        """What a run of ``sample`` trains, hashed: the view's data and the task and train
+        params with ``sample`` set (the same key is the same run, whatever it is called)."""
+        resolved = overrides.apply(self.all_params, sample)
+        return params_sha256(
+            {"data": self.data_sha256, **{k: resolved.get(k) for k in ("task", "train")}}
+        )
 
     def env(self) -> dict[str, str]:
         cpus = str(self.budget.cpus_per_trial)
@@ -252,13 +264,22 @@ def _adopt(
         return adoption.baseline_won(best.number, metric)
     seed0 = int(all_params["train"]["seed"])
     seeds = [seed0 + i for i in range(params.adopt.seeds)]
-    argvs, names = [], []
+    argvs, names, keys = [], [], []
     for side, sample in (("current", {}), ("winner", best.params)):
         for seed in seeds:
-            argvs.append(trials.argv(f"{side}-{seed}", {**sample, "train.seed": seed}))
+            run = {**sample, "train.seed": seed}
+            argvs.append(trials.argv(f"{side}-{seed}", run))
             names.append(f"the {side} params with seed {seed}")
+            keys.append(trials.run_key(run))
     scores = search.score_runs(
-        argvs, metric, direction, parallel=params.budget.parallel, env=trials.env(), names=names
+        argvs,
+        metric,
+        direction,
+        parallel=params.budget.parallel,
+        env=trials.env(),
+        names=names,
+        record=trials.root / ADOPTION_RUNS,
+        keys=keys,
     )
     k = len(seeds)
     return adoption.decide(

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import logging
 import os
 import signal
@@ -587,25 +588,52 @@ def score_runs(
     parallel: int,
     env: Mapping[str, str] | None = None,
     names: Sequence[str] = (),
+    record: Path | None = None,
+    keys: Sequence[str] = (),
 ) -> list[float]:
     """Run each command to its end (no pruning), ``parallel`` at once, and return each one's
     best ``objective`` over its epochs (what train keeps); a failed run is one error line
-    naming it (``names``: how to call each run)."""
+    naming it (``names``: how to call each run). With ``record`` (a JSON-lines file) and
+    ``keys`` (what each run trains, hashed), a run whose key is recorded is not run again:
+    its recorded score is used (a killed or repeated adoption costs only the missing runs)."""
     from concurrent.futures import ThreadPoolExecutor
 
     trial_env = {**os.environ, **(env or {}), TRIAL_ENV: "1"}
     best = max if direction == "maximize" else min
+    known = recorded_scores(record) if record is not None else {}
+    lock = threading.Lock()
 
     def one(index: int) -> float:
-        outcome = run_trial(argvs[index], trial_env, lambda e, v: False, objective, lambda: None)
         name = names[index] if index < len(names) else f"run {index}"
+        key = keys[index] if index < len(keys) else None
+        if key is not None and key in known:
+            log.info("hpo: %s: %s %.6g, recorded in %s", name, objective, known[key], record)
+            return known[key]
+        outcome = run_trial(argvs[index], trial_env, lambda e, v: False, objective, lambda: None)
         if outcome.returncode != 0 or not outcome.curve:
             why = _summary(f"exit {outcome.returncode}: {outcome.stderr or '(no stderr)'}")
             raise StepError(f"hpo: {name} failed: {why}")
-        return best(v for _, v in outcome.curve)
+        score = best(v for _, v in outcome.curve)
+        if record is not None and key is not None:
+            line = json.dumps({"key": key, "score": score, "run": name}) + "\n"
+            with lock, record.open("a", encoding="utf-8") as f:
+                f.write(line)
+        return score
 
     with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
         return list(pool.map(one, range(len(argvs))))
+
+
+def recorded_scores(record: Path) -> dict[str, float]:
+    """key -> score of the runs in ``record`` (none when it is missing; a line a killed
+    writer left torn is skipped)."""
+    out: dict[str, float] = {}
+    with contextlib.suppress(FileNotFoundError), record.open(encoding="utf-8") as f:
+        for line in f:
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                row = json.loads(line)
+                out[str(row["key"])] = float(row["score"])
+    return out
 
 
 def save_plots(study: optuna.Study, dest: Path) -> list[Path]:
