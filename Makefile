@@ -177,7 +177,17 @@ plots: install
 # run's account: tests= passed= failed= skipped= wall_s= slowest= (also build/test-summary.txt).
 TEST_WORKERS ?= 4
 PYTEST_XDIST = -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
-test: install serving-test
+# The images are the cold run's critical path: their build starts in the background as soon
+# as the venv exists, beside the C++ build and ctest (build/images-early.log); the suite's
+# images fixture then waits for it (containers/images.py holds a lock) instead of starting
+# late. Without podman nothing starts; a failed early build is built again, and reported, by
+# the fixture. The early build stops with the recipe's shell, however it ends.
+EARLY_IMAGES = if command -v podman >/dev/null && command -v mmdebstrap >/dev/null; then \
+	  setsid python containers/images.py build > build/images-early.log 2>&1 & early=$$!; \
+	  trap 'kill -- -$$early 2>/dev/null' EXIT INT TERM; fi
+test: install
+	@mkdir -p build; $(EARLY_IMAGES); \
+	$(MAKE) --no-print-directory serving-test && \
 	python -m pytest $(PYTEST_XDIST) $(PYTEST_ARGS)
 
 # the unit tier alone (no pipeline, no image): the inner loop, a few minutes
@@ -187,9 +197,11 @@ test-quick: install
 # the whole suite with a CPU hog pinned to the last CPU (a busy host): every outcome must be
 # the same; the hog stops with the run, however it ends (the trap), and spins only while the
 # recipe's shell lives (a SIGKILLed make leaves no hog behind)
-test-loaded: install serving-test
-	@cpu=$$(( $$(nproc) - 1 )); taskset -c $$cpu sh -c 'while kill -0 $$PPID 2>/dev/null; do :; done' & hog=$$!; \
-	trap 'kill $$hog 2>/dev/null' EXIT INT TERM; \
+test-loaded: install
+	@mkdir -p build; $(EARLY_IMAGES); \
+	$(MAKE) --no-print-directory serving-test || exit 1; \
+	cpu=$$(( $$(nproc) - 1 )); taskset -c $$cpu sh -c 'while kill -0 $$PPID 2>/dev/null; do :; done' & hog=$$!; \
+	trap 'kill $$hog 2>/dev/null; kill -- -$$early 2>/dev/null' EXIT INT TERM; \
 	echo "test-loaded: a CPU hog (pid $$hog) on CPU $$cpu"; \
 	python -m pytest $(PYTEST_XDIST) $(PYTEST_ARGS)
 

@@ -28,6 +28,7 @@ an image.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import json
 import logging
@@ -224,6 +225,21 @@ def write_sbom(ref: str, out: Path, python: str) -> None:
 
 
 def build_all() -> dict[str, dict[str, object]]:
+    """Build what is missing, one build at a time on this checkout: a second ``build`` (the
+    suite's images fixture while ``make test``'s early build runs) waits for the first, then
+    finds its images up to date."""
+    lock = REPO / "build" / "images.lock"
+    lock.parent.mkdir(exist_ok=True)
+    with lock.open("w") as held:
+        try:
+            fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.info("another build of this checkout's images runs: waiting for it (%s)", lock)
+            fcntl.flock(held, fcntl.LOCK_EX)
+        return _build_all()
+
+
+def _build_all() -> dict[str, dict[str, object]]:
     wanted = refs()
     report: dict[str, dict[str, object]] = {}
     for name, ref in wanted.items():
