@@ -78,9 +78,9 @@ def test_the_scores_do_not_depend_on_the_batches_the_split_streams_in(
     assert outcomes[7] == outcomes[256]
     assert len(outcomes[7].splitlines()) == snapshot.load(digits_data).rows("test") + 1
 
-    # evaluate.max_samples: the split's first samples only (a smoke run on a huge split)
+    # evaluate.max_steps: the split's first batches only (a smoke run on a huge split)
     result = run(
-        EvaluateParams(batch_size=7, max_samples=50, latency=LatencyParams([1], 0, 1)),
+        EvaluateParams(batch_size=7, max_steps=7, latency=LatencyParams([1], 0, 1)),
         digits_task,
         exported,
         digits_data,
@@ -88,8 +88,8 @@ def test_the_scores_do_not_depend_on_the_batches_the_split_streams_in(
         metrics_file=tmp_path / "m50.json",
         plots_file=tmp_path / "c50.csv",
     )
-    assert result.metrics["samples"] == 50
-    assert (tmp_path / "c50.csv").read_text().splitlines() == outcomes[7].splitlines()[:51]
+    assert result.metrics["samples"] == 7 * 7
+    assert (tmp_path / "c50.csv").read_text().splitlines() == outcomes[7].splitlines()[:50]
 
 
 def test_the_baseline_sample_is_bounded_seeded_and_uniform(digits_task, digits_data):

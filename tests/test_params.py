@@ -25,10 +25,12 @@ from tests.conftest import REPO
 # package.tune added (the serving-config search); serving_image.server_binary removed (the
 # binary is $PADDLE_MLOPS_SERVER_BINARY or the dev build, for every step that runs it).
 # hpo.katib added (engine katib: the Experiment, its trials, the shared volume, the wait).
+# train.max_steps_per_epoch and train.max_val_steps added (null: the whole split);
+# evaluate.max_samples (0: all) replaced by evaluate.max_steps (null: all).
 EFFECTIVE = {
-    "params.yaml": "17d46e3d",
-    "tasks/digits_gan/params.yaml": "50f4b0b7",
-    "tasks/sentiment/params.yaml": "6a038d0b",
+    "params.yaml": "9b322b81",
+    "tasks/digits_gan/params.yaml": "624ef984",
+    "tasks/sentiment/params.yaml": "b7e6d56e",
 }
 
 

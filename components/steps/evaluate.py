@@ -52,9 +52,9 @@ class EvaluateParams:
     # the task baseline (Task.baseline) is fitted on at most this many training samples: a
     # seeded uniform sample (reservoir) of the training split when it is larger
     baseline_max_samples: Annotated[int, Field(ge=1)] = 50000
-    # > 0: score only the split's first max_samples samples (a smoke run or a memory
-    # benchmark on a huge split; the metrics are then of those, "samples" says how many)
-    max_samples: Annotated[int, Field(ge=0)] = 0
+    # a smoke / benchmark bound (None: the whole split): score only the split's first
+    # max_steps batches of batch_size (the metrics are then of those, "samples" says how many)
+    max_steps: Annotated[int, Field(ge=1)] | None = None
 
 
 @dataclass(frozen=True)
@@ -84,11 +84,12 @@ def run(
         params.split,
         params.batch_size,
         params.latency.threads,
-        params.max_samples,
+        params.max_steps,
     )
-    if params.max_samples:
+    if params.max_steps is not None:
         log.warning(
-            "evaluate.max_samples: scored the first %d samples of %s only",
+            "evaluate.max_steps %d: scored the first %d samples of %s only",
+            params.max_steps,
             len(scores.y_true),
             params.split,
         )

@@ -87,6 +87,12 @@ class TrainParams:
     piece_rows: AtLeast1 = 256  # rows of a shard read at once (a piece)
     loader_workers: AtLeast0 = 1  # paddle.io.DataLoader processes reading pieces; 0: this process
     reader_probe_samples: AtLeast0 = 2048  # timed before training: the reader alone (0: off)
+    # a smoke / benchmark bound on an epoch's work (None: the whole split): at most this many
+    # optimizer steps per epoch (the first max_steps_per_epoch * global batch samples of the
+    # epoch's order), and at most max_val_steps validation batches (of eval_batch_size) per
+    # epoch, the split's first in manifest order
+    max_steps_per_epoch: AtLeast1 | None = None
+    max_val_steps: AtLeast1 | None = None
 
     def stream(self) -> StreamSettings:
         return StreamSettings(self.shuffle_buffer, self.piece_rows, self.loader_workers)

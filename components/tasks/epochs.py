@@ -15,6 +15,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -34,6 +35,7 @@ from components.tasks import stream
 from components.tasks.base import Task
 from components.tasks.data import check_format
 from components.tasks.objective import Objective
+from components.tasks.stream import InputBatch
 from components.tasks.trainer import Inputs, Trainer, TrainParamsLike
 
 log = logging.getLogger(__name__)
@@ -110,7 +112,7 @@ def train(
     world, batching = setup.world, setup.batching
     check_format(data_dir, task.data, task.name)
     snap = snapshot.load(data_dir)
-    share = epoch_share(snap, batching, world, data_dir)
+    share = epoch_share(snap, batching, world, data_dir, params.max_steps_per_epoch)
     # a vocabulary, a judge: fitted on the training split only, streamed
     training_data = stream.SnapshotData(snap, task, params.stream())
     task.fit_preprocessing(training_data)
@@ -140,10 +142,26 @@ def train(
 
 
 def epoch_share(
-    snap: snapshot.Snapshot, batching: Batching, world: World, data_dir: Path
+    snap: snapshot.Snapshot,
+    batching: Batching,
+    world: World,
+    data_dir: Path,
+    max_steps: int | None = None,
 ) -> EpochShare:
-    """How the ranks share an epoch; a split too small for them is one line."""
-    share = EpochShare(snap.rows("train"), batching.global_batch, world.size)
+    """How the ranks share an epoch: of the whole training split, or of the first
+    ``max_steps`` global batches of each epoch's order (``train.max_steps_per_epoch``: every
+    rank then takes ``max_steps`` steps); a split too small for the ranks is one line."""
+    rows = snap.rows("train")
+    if max_steps is not None and max_steps * batching.global_batch < rows:
+        log.info(
+            "train.max_steps_per_epoch %d: each epoch reads %d of the %d training samples "
+            "(the first in its order)",
+            max_steps,
+            max_steps * batching.global_batch,
+            rows,
+        )
+        rows = max_steps * batching.global_batch
+    share = EpochShare(rows, batching.global_batch, world.size)
     if share.steps == 0:
         raise StepError(
             f"{data_dir}: the training split has {share.rows} samples, fewer than the "
@@ -206,28 +224,21 @@ def _epochs(
     world: World,
 ) -> None:
     trial_mode = os.environ.get(TRIAL_ENV) == "1"
-    epochs = tqdm(
-        range(state["epoch"] + 1, params.epochs + 1),
-        desc="train",
-        unit="epoch",
-        initial=state["epoch"],
-        total=params.epochs,
-        # a search's trial prints one metric line per epoch on stdout instead: Katib's
-        # collector reads stderr merged into it, where a bar's line has no end
-        disable=not world.main or trial_mode,
-    )
-    for epoch in epochs:
+    bar = progress(state["epoch"], params.epochs, inputs.share.steps, world, trial_mode)
+    for epoch in range(state["epoch"] + 1, params.epochs + 1):
         if state["stopped"] or reader is None:
             break
+        bar.set_postfix(epoch=f"{epoch}/{params.epochs}")
         lr = trainer.scheduler.get_lr()  # at the epoch's start
-        train = _train_epoch(trainer, state, params, task, inputs, reader, epoch, world)
+        train = _train_epoch(trainer, state, params, task, inputs, reader, epoch, world, bar)
         objective = trainer.objective
         val_batches = reader.take(len(inputs.val_pieces))
         val = objective.validate(task, trainer.model, val_batches, inputs.val_rows, world)
         for _ in val_batches:  # the reader's sequence goes on with the next epoch
             pass
         _keep_best(trainer, state, params, {"epoch": epoch, "lr": lr}, train, val)
-        epochs.set_postfix(
+        bar.set_postfix(
+            epoch=f"{epoch}/{params.epochs}",
             loss=f"{next(iter(train.values())):.4f}",
             **{f"val_{objective.score}": f"{val[objective.score]:.4f}"},
         )
@@ -241,7 +252,29 @@ def _epochs(
         if not world.main:  # the ranks hold the same state; rank 0 writes it
             continue
         _checkpoint(trainer, state, ckpt_dir, fingerprint, epoch)
-    epochs.close()
+    bar.close()
+
+
+def progress(done_epochs: int, epochs: int, steps: int, world: World, trial_mode: bool) -> tqdm:
+    """The run's progress bar on rank 0: one tick per optimizer step of every epoch (so a run
+    of one epoch moves too), the epoch and its scores in the postfix; resumed runs start at
+    the steps of the epochs done. Silent in a search's trial (``PADDLE_MLOPS_TRIAL=1``): it
+    prints one metric line per epoch on stdout instead, and Katib's collector reads stderr
+    merged into it, where a bar's line has no end."""
+    return tqdm(
+        desc="train",
+        unit="step",
+        initial=done_epochs * steps,
+        total=epochs * steps,
+        disable=not world.main or trial_mode,
+    )
+
+
+def _ticking(batches: Iterator[InputBatch], bar: tqdm) -> Iterator[InputBatch]:
+    """``batches``, ticking ``bar`` once each has been trained on (when the next is asked)."""
+    for batch in batches:
+        yield batch
+        bar.update()
 
 
 def _train_epoch(
@@ -253,14 +286,16 @@ def _train_epoch(
     reader: stream.Reader,
     epoch: int,
     world: World,
+    bar: tqdm,
 ) -> dict[str, float]:
-    """Epoch ``epoch``'s training pass, reseeded from ``(seed, epoch, rank)``; its means."""
+    """Epoch ``epoch``'s training pass, reseeded from ``(seed, epoch, rank)``; its means
+    (``bar`` ticks at every step)."""
     # dropout: each rank its own masks (rank 0's seed is the single-process one)
     paddle.seed(params.seed * 1000 + epoch + RANK_SEED_STRIDE * world.rank)
     t0 = time.perf_counter()
     # the task's batches and augmentations (and a generator's latents): this rank's
     rng = np.random.default_rng([params.seed, epoch, world.rank])
-    batches = inputs.batches(reader, epoch, rng)
+    batches = _ticking(inputs.batches(reader, epoch, rng), bar)
     train = trainer.epoch(task, batches, inputs.share, rng, world, epoch)
     state["train_seconds"] += time.perf_counter() - t0
     state["samples_seen"] += inputs.share.used

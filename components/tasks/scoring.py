@@ -11,6 +11,7 @@ It lives with the tasks (it asks a :class:`Task` for the batches and the judge),
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,17 +25,10 @@ from components.tasks.base import Scores, Task
 
 
 def _limited(
-    batches: Iterator[tuple[list[np.ndarray], np.ndarray]], limit: int
+    batches: Iterator[tuple[list[np.ndarray], np.ndarray]], max_steps: int | None
 ) -> Iterator[tuple[list[np.ndarray], np.ndarray]]:
-    """The first ``limit`` samples of a stream of (inputs, labels) batches (0: all)."""
-    seen = 0
-    for inputs, labels in batches:
-        if limit and seen + len(labels) >= limit:
-            take = limit - seen
-            yield [x[:take] for x in inputs], labels[:take]
-            return
-        seen += len(labels)
-        yield inputs, labels
+    """The first ``max_steps`` batches of a stream of (inputs, labels) batches (None: all)."""
+    return batches if max_steps is None else itertools.islice(batches, max_steps)
 
 
 def stream_scores(
@@ -43,19 +37,19 @@ def stream_scores(
     data_dir: str | Path,
     split: str,
     batch_size: int = 256,
-    max_samples: int = 0,
+    max_steps: int | None = None,
 ) -> tuple[Scores, list[np.ndarray]]:
-    """Run ``predictor`` on ``split`` batch by batch (its first ``max_samples`` samples
-    only, if > 0) and let the task judge the outputs as they come; returns the scores (with
+    """Run ``predictor`` on ``split`` batch by batch (its first ``max_steps`` batches only,
+    unless None) and let the task judge the outputs as they come; returns the scores (with
     :attr:`Scores.replay`: the outputs again, batch by batch) and the first batch's model
     inputs (for timing)."""
     scorer = task.scorer(data_dir, split, dataset.read_label_names(data_dir))
     first: list[np.ndarray] | None = None
     total = snapshot.load(data_dir).rows(split)
-    total = min(total, max_samples) if max_samples else total
+    total = total if max_steps is None else min(total, max_steps * batch_size)
 
     def batches() -> Iterator[tuple[list[np.ndarray], np.ndarray]]:
-        return _limited(task.eval_batches(data_dir, split, batch_size), max_samples)
+        return _limited(task.eval_batches(data_dir, split, batch_size), max_steps)
 
     with tqdm(total=total, desc=f"score {split}", unit="sample", leave=False) as bar:
         for inputs, labels in batches():
@@ -83,15 +77,15 @@ def score_model(
     split: str = "test",
     batch_size: int = 256,
     threads: int = 1,
-    max_samples: int = 0,
+    max_steps: int | None = None,
 ) -> tuple[Scores, PaddlePredictor, list[np.ndarray]]:
     """Run an exported model on a split, streamed (:meth:`Task.eval_batches`; only its
-    first ``max_samples`` samples if > 0), and let the task judge the outputs batch by batch
+    first ``max_steps`` batches unless None), and let the task judge the outputs batch by batch
     (:meth:`Task.scorer`); returns the scores, the predictor and the model inputs of the
     split's first batch (at most ``batch_size`` samples: what latency is timed on)."""
     predictor = PaddlePredictor(ModelFiles.in_dir(model_dir), threads=threads)
     task.load_assets(Path(model_dir))
-    scores, first = stream_scores(predictor, task, data_dir, split, batch_size, max_samples)
+    scores, first = stream_scores(predictor, task, data_dir, split, batch_size, max_steps)
     outputs = scores.replay
     if outputs is not None:  # replayed later, after other models' assets were loaded
 

@@ -242,7 +242,7 @@ class Inputs:
     rank: int
     train_pieces: np.ndarray  # the split's, in manifest order
     val_pieces: np.ndarray  # this rank's
-    val_rows: int  # the whole validation split's
+    val_rows: int  # what all ranks validate: the split's (up to train.max_val_steps batches)
 
     @classmethod
     def build(
@@ -255,6 +255,8 @@ class Inputs:
         objective: Objective,
     ) -> Inputs:
         val = stream.piece_table(snap, "val", params.eval_batch_size)
+        if params.max_val_steps is not None:  # a smoke/benchmark bound: the first batches
+            val = val[: params.max_val_steps]
         if objective.sharded_validation:
             mine = val[world.rank :: world.size]
         else:  # rank 0 scores the whole split
@@ -268,7 +270,7 @@ class Inputs:
             world.rank,
             stream.piece_table(snap, "train", params.piece_rows),
             mine,
-            snap.rows("val"),
+            stream.rows_of(val),
         )
 
     def train(self, epoch: int) -> np.ndarray:
