@@ -29,6 +29,12 @@ The points in the code:
 - ``snapshot.open.<split>``: every open of a shard of that split (``snapshot.open.test=kill``
   proves a search never reads test: its trials inherit the variable);
 - ``hpo.after_trial``: the search driver, after it recorded a finished trial;
+- ``ingest.unit``: an ingest worker (or ingest itself when ``ingest.workers`` is 1), before
+  it reads a unit (``hang`` there: workers alive when the step is killed);
+- ``validate.shard``: a validate worker (or validate itself at ``validate.workers: 1``),
+  before it reads a shard;
+- ``stream.piece``: the train loader, before it reads a piece (in a loader worker when
+  ``train.loader_workers`` > 0);
 - ``export.parity`` (takes ``corrupt``): the exported program's outputs, as the parity check
   reads them, drift by ``1e-2``, as a broken inference kernel or pass would make them; the
   parity check must fail the export;
@@ -36,7 +42,8 @@ The points in the code:
   quantization scales shrink to 2 %, so its activations saturate (a calibration gone wrong);
   the int8 model is written and gated for real, and the gate must reject it.
 
-``<point>@<step>`` arms a point only in that step's process (``artifacts.write@train=kill``).
+``<point>@<step>`` arms a point only in that step's processes (``artifacts.write@train=kill``),
+its pool workers included (``components.ml.data.snapshot.ordered_map`` tells them the step).
 """
 
 from __future__ import annotations
@@ -57,6 +64,12 @@ _step = ""  # the step this process runs (components.kernel.step sets it)
 def set_step(name: str) -> None:
     global _step
     _step = name
+
+
+def current_step() -> str:
+    """The step this process runs ("" outside one): what a spawned worker is told, so that
+    ``<point>@<step>`` holds in it too."""
+    return _step
 
 
 def armed() -> dict[str, str]:

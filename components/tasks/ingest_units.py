@@ -20,15 +20,18 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from components.core.artifacts import StepError, read_json, write_json
+from components.faults import failpoints
 from components.ml.data import snapshot
-from components.tasks import Task
 from components.tasks.data import Unit, sum_facts
 from components.tasks.splitting import file_split, permutation
+
+if TYPE_CHECKING:  # a worker imports this module: not paddle (components.tasks.base) with it
+    from components.tasks import Task
 
 SPLITS = snapshot.SPLITS
 PART_FILE = "part.json"
@@ -98,6 +101,7 @@ def ingest_unit(job: UnitJob) -> UnitResult:
     """Hash one unit's inputs; reuse its shards from the last snapshot, else read, split and
     write them. Runs in a worker process or in this one."""
     fmt, unit = job.fmt, job.unit
+    failpoints.hit("ingest.unit", unit.id)
     inputs = fmt.unit_inputs(job.params, unit)
     key = unit_key(job, inputs)
     old = job.previous.get(key)

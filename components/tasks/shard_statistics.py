@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from components.core.artifacts import StepError, read_json, write_json
+from components.faults import failpoints
 from components.ml.data import snapshot
 from components.tasks.data import CommonValidateParams, DataFormat, Examples
 
@@ -148,6 +149,7 @@ def shard_stats(job: ShardJob) -> ShardResult:
     the shard table, its label counts and its (key, label) pairs."""
     snap = snapshot.Snapshot(Path(job.root), {})
     shard = job.shard
+    failpoints.hit("validate.shard", shard.path)
     snapshot.verify(snap, [shard])
     schema = snapshot.open_shard(snap, shard).schema_arrow
     labels = _Labels(job.num_classes)

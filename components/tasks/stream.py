@@ -46,6 +46,7 @@ import paddle
 import paddle.io
 
 from components.core.artifacts import StepError
+from components.faults import failpoints
 from components.ml.data import snapshot
 from components.tasks.data import DataFormat
 
@@ -228,6 +229,7 @@ class PieceStream(paddle.io.IterableDataset):
         for g, (split, piece) in enumerate(self.plan.items()):
             if g % workers != worker:
                 continue
+            failpoints.hit("stream.piece", f"{split} piece {g} (loader worker {worker})")
             try:
                 batch = files.read(split, piece, columns)
                 inputs = self.preprocess(self.fmt.to_samples(batch))

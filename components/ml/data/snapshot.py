@@ -414,11 +414,29 @@ def parse_group(group: str, what: str) -> tuple[int, int]:
     return index, count
 
 
+def _pool_worker_init(parent: int, step: str) -> None:
+    """A pool worker's first act: die with the process that started it (``PR_SET_PDEATHSIG``),
+    so a SIGKILLed step leaves no worker behind; exit at once when that process is already
+    gone (it died before the request). Failpoints armed for ``step`` hold here too."""
+    from components.core import children
+
+    children.die_with_parent()
+    if os.getppid() != parent:
+        os._exit(1)
+    failpoints.set_step(step)
+
+
 def ordered_map(
     fn: Callable[[Any], Any], jobs: Sequence[Any], workers: int, desc: str, unit: str
 ) -> Iterator[Any]:
     """``fn`` over ``jobs`` in order, on a spawned process pool when ``workers`` > 1 (the
-    local form of an orchestrator's fan-out over units or shards), with a progress bar."""
+    local form of an orchestrator's fan-out over units or shards), with a progress bar.
+
+    The workers die with this process (:func:`_pool_worker_init`); the pool is started, and
+    its results taken, on the calling thread, which must outlive it (the parent-death signal
+    follows the thread that started a worker). multiprocessing's resource tracker, started
+    with the first worker, ends when the last process holding its pipe (this one and the
+    workers) is gone."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
@@ -428,7 +446,12 @@ def ordered_map(
     try:
         if workers > 1 and len(jobs) > 1:
             ctx = multiprocessing.get_context("spawn")
-            with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=ctx) as pool:
+            with ProcessPoolExecutor(
+                max_workers=min(workers, len(jobs)),
+                mp_context=ctx,
+                initializer=_pool_worker_init,
+                initargs=(os.getpid(), failpoints.current_step()),
+            ) as pool:
                 for result in pool.map(fn, jobs):
                     bar.update()
                     yield result
