@@ -768,9 +768,8 @@ def test_idx_new_pair_reuses_old_shards_byte_for_byte(tmp_path: Path) -> None:
     new = snapshot.load(out)
     for path, blob in old_bytes.items():
         assert (out / path).read_bytes() == blob, path
-    units = {u["id"]: u for u in new.doc["units"]}
-    assert units["w1-images+w1-labels"]["reused"] is True
-    assert units["w2-images+w2-labels"]["reused"] is False
+    assert {u["id"] for u in new.doc["units"]} == {"w1-images+w1-labels", "w2-images+w2-labels"}
+    assert _manifest(out)["reused_units"] == ["w1-images+w1-labels"]  # w2 was read
     assert sum(new.doc["totals"].values()) == 440
     moved = [k for k, s in old_split.items() if _split_of(out)[k] != s]
     assert not moved
@@ -805,7 +804,8 @@ def test_image_folder_new_dated_subfolder_moves_no_sample(tmp_path: Path) -> Non
     assert not [k for k, s in old_split.items() if _split_of(out)[k] != s]
     new = snapshot.load(out)
     assert sum(new.doc["totals"].values()) == 3 * 66 + 1
-    reused = [u for u in new.doc["units"] if u["reused"]]
+    reused_ids = set(_manifest(out)["reused_units"])
+    reused = [u for u in new.doc["units"] if u["id"] in reused_ids]
     assert {u["key"] for u in reused} <= old_units
     # only the units the new files fall into are read again; the rest keep their bytes
     assert len(reused) >= len(old_units) - 2, (len(reused), len(old_units))
@@ -813,6 +813,34 @@ def test_image_folder_new_dated_subfolder_moves_no_sample(tmp_path: Path) -> Non
     assert kept and all(s.sha256 == old_bytes[s.path] for s in kept)
     for s in kept:
         assert sha256_file(out / s.path) == s.sha256
+
+
+def test_fresh_and_incremental_snapshots_of_the_same_files_have_one_identity(
+    tmp_path: Path,
+) -> None:
+    """The snapshot sha256 (lineage's identity) covers the content only: a snapshot grown
+    incrementally and one ingested fresh from the same files are equal byte for byte; which
+    units were reused is in manifest.json. A changed file changes the identity."""
+    root = tmp_path / "folder"
+    for c, cls in enumerate(CLASSES):
+        for i in range(24):
+            _png(root / cls / f"{i:03d}.png", 300 * c + i)
+    params = _folder(root, image_mode="RGB", unit_files=8)
+    grown, fresh = tmp_path / "grown", tmp_path / "fresh"
+    run(params, grown)
+    for c, cls in enumerate(CLASSES):
+        _png(root / cls / "2026-12-03" / "000.png", 7000 + c)
+    run(params, grown)
+    run(params, fresh)
+    assert snapshot.load(grown).sha256 == snapshot.load(fresh).sha256
+    assert (grown / "snapshot.json").read_bytes() == (fresh / "snapshot.json").read_bytes()
+    assert _manifest(grown)["reused_units"] and not _manifest(fresh)["reused_units"]
+
+    _png(root / CLASSES[1] / "005.png", 99)  # one file's bytes change
+    run(params, grown)
+    assert snapshot.load(grown).sha256 != snapshot.load(fresh).sha256
+    run(params, fresh)
+    assert snapshot.load(grown).sha256 == snapshot.load(fresh).sha256
 
 
 def test_image_folder_growth_keeps_every_old_split(tmp_path: Path) -> None:

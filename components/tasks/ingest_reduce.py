@@ -116,7 +116,10 @@ def tally(results: list[UnitResult], names: list[str]) -> Tally:
 def snapshot_doc(
     fmt_name: str, params: Any, t: Tally, results: list[UnitResult], facts: dict[str, Any]
 ) -> dict[str, Any]:
-    """What ``snapshot.json`` says besides its format version (docs/data-format.md)."""
+    """What ``snapshot.json`` says besides its format version (docs/data-format.md): the
+    content only (shards, splits, counts, rules, units), so its sha256, the snapshot's identity
+    in lineage, is the same however the snapshot came about. Which units were reused from the
+    last snapshot is said in the step's ``manifest.json`` (:func:`manifest_extra`)."""
     return {
         "data_format": fmt_name,
         "source": params.source,
@@ -133,7 +136,6 @@ def snapshot_doc(
                 "files": len(r.unit.files),
                 "inputs_sha256": combined_sha256(r.inputs),
                 "rows": r.rows,
-                "reused": r.reused,
                 "dropped": r.dropped,
                 "facts": r.facts,
             }
@@ -164,6 +166,8 @@ def manifest_extra(
         "totals": t.totals,
         "units": len(results),
         "units_reused": t.reused,
+        # how the snapshot came about, kept out of snapshot.json (its identity)
+        "reused_units": [r.unit.id for r in results if r.reused],
         **facts,
     }
 
