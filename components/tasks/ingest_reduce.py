@@ -23,8 +23,8 @@ from components.core.artifacts import StepError, combined_sha256
 from components.core.config import DEFAULT_PARAMS
 from components.ml.data import snapshot
 from components.ml.data.sources import join_uri
-from components.tasks.data import DataFormat
-from components.tasks.ingest_units import UnitResult
+from components.tasks.data import DataFormat, Skipped
+from components.tasks.ingest_units import UNREADABLE_SHOWN, UnitResult
 from components.tasks.splitting import split_deviation
 
 SPLITS = snapshot.SPLITS
@@ -152,8 +152,10 @@ def manifest_extra(
     t: Tally,
     results: list[UnitResult],
     facts: dict[str, Any],
+    skipped: Skipped | None = None,
 ) -> dict[str, Any]:
     """What the step's ``manifest.json`` says besides its inputs, outputs and params."""
+    skipped = skipped or Skipped()
     total = sum(r.rows for r in results)
     return {
         "source": params.source,
@@ -162,6 +164,9 @@ def manifest_extra(
         "input_sha256": inputs,
         "read": int(total + sum(t.dropped.values())),
         "dropped": {k: int(v) for k, v in t.dropped.items()},
+        # input files the listing passed over, by reason (image folders: their extension)
+        "skipped": dict(sorted(skipped.counts.items())),
+        "skipped_examples": dict(sorted(skipped.examples.items())),
         "counts": t.counts,
         "totals": t.totals,
         "units": len(results),
@@ -170,6 +175,21 @@ def manifest_extra(
         "reused_units": [r.unit.id for r in results if r.reused],
         **facts,
     }
+
+
+def check_unreadable(results: list[UnitResult], noun: str) -> None:
+    """Input files that did not decode: one error naming each (the first
+    ``UNREADABLE_SHOWN``) with its reason, and how many there are."""
+    count = sum(r.unreadable_count for r in results)
+    if not count:
+        return
+    shown = [item for r in results for item in r.unreadable][:UNREADABLE_SHOWN]
+    listed = "; ".join(f"{path}: {reason}" for path, reason in shown)
+    more = f"; and {count - len(shown)} more" if count > len(shown) else ""
+    raise StepError(
+        f"{count} file(s) named like {noun}s are not readable {noun}s (fix or remove them): "
+        f"{listed}{more}"
+    )
 
 
 def check_conflicts(results: list[UnitResult], noun: str) -> None:
