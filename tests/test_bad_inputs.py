@@ -140,6 +140,28 @@ def folder_dangling_symlink(tmp: Path) -> Run:
     )
 
 
+def folder_unreadable_images(tmp: Path) -> Run:
+    root = _folder(tmp / "img")
+    (root / "a" / "1.png").write_bytes(b"")
+    cut = (root / "b" / "2.png").read_bytes()
+    (root / "b" / "2.png").write_bytes(cut[: len(cut) // 2])
+    _params(tmp, ingest={"source": str(root), "kind": "image_folder"})
+    return _ingest(
+        tmp,
+        [
+            "2 file(s) named like images are not readable images",
+            f"{root / 'a' / '1.png'}: empty file (0 bytes)",
+            f"{root / 'b' / '2.png'}: ",
+        ],
+    )
+
+
+def folder_extension_not_an_extension(tmp: Path) -> Run:
+    ingest = {"source": str(_folder(tmp / "img")), "kind": "image_folder", "extensions": ["a/b"]}
+    _params(tmp, ingest=ingest)
+    return _ingest(tmp, [f"{PARAMS}: ingest.extensions", "'a/b' is not a file extension"])
+
+
 def folder_label_names_mismatch(tmp: Path) -> Run:
     root = _folder(tmp / "img")
     _params(tmp, ingest={"source": str(root), "kind": "image_folder", "label_names": ["x"]})
@@ -415,6 +437,8 @@ CASES: list[Callable[[Path], Run]] = [
     folder_subdirectory_named_png,
     folder_dangling_symlink,
     folder_label_names_mismatch,
+    folder_unreadable_images,
+    folder_extension_not_an_extension,
     s3_without_credentials,
     http_connection_refused,
     http_host_unresolvable,
@@ -475,6 +499,7 @@ def test_bad_input_gives_one_readable_line(make_case: Callable[[Path], Run], tmp
     for part in case.expect:
         assert part in errors[0], f"{part!r} not in {errors[0]!r}"
     assert "params.yaml" not in errors[0], "the message must name the params file given"
+    assert "object at 0x" not in errors[0], "no Python object reprs in an error line"
 
     # nothing that looks like a finished output, and no temporary left behind
     if case.out is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import gzip
 import hashlib
@@ -26,6 +27,7 @@ from components.steps.ingest import IngestParams, IngestResult, SplitParams, wri
 from components.steps.ingest import run as ingest_run
 from components.tasks import get_task
 from components.tasks.data import read_split
+from components.tasks.ingest_units import UNREADABLE_SHOWN
 
 REPO = Path(__file__).resolve().parents[1]
 IMAGES = "small-images-idx3-ubyte"
@@ -615,7 +617,107 @@ def test_image_folder_corrupt_file(image_root: Path, tmp_path: Path, corruption:
     blob = bad.read_bytes()
     bad.write_bytes(b"not an image at all" if corruption == "garbage" else blob[: len(blob) // 2])
     message = _step_error(_folder(root, image_size=[16, 16]), tmp_path / "o")
-    assert str(bad) in message and "not a readable image" in message
+    assert str(bad) in message and "not readable images" in message
+    assert "object at 0x" not in message
+
+
+def test_image_folder_unreadable_images_are_all_named_in_one_error(
+    image_root: Path, tmp_path: Path
+) -> None:
+    """An empty and a non-image file in two class folders: one error names both with their
+    reasons (no Python object reprs), and nothing is written."""
+    root = tmp_path / "folder"
+    shutil.copytree(image_root, root)
+    empty, garbage = root / CLASSES[0] / "03.png", root / CLASSES[2] / "07.png"
+    empty.write_bytes(b"")
+    garbage.write_bytes(b"not an image at all")
+    message = _step_error(_folder(root, image_size=[16, 16]), tmp_path / "o")
+    assert message.startswith("2 file(s) named like images are not readable images"), message
+    assert f"{empty}: empty file (0 bytes)" in message
+    assert f"{garbage}: no image format recognised in its 19 bytes" in message
+    assert "object at 0x" not in message and "\n" not in message
+
+
+def test_image_folder_unreadable_images_are_listed_up_to_a_bound(
+    image_root: Path, tmp_path: Path
+) -> None:
+    root = tmp_path / "folder"
+    shutil.copytree(image_root, root)
+    extra = UNREADABLE_SHOWN + 3
+    for i in range(extra):
+        (root / CLASSES[1] / f"bad{i:02d}.png").write_bytes(b"")
+    message = _step_error(_folder(root, image_size=[16, 16]), tmp_path / "o")
+    assert message.startswith(f"{extra} file(s) named like images"), message
+    assert message.count("empty file (0 bytes)") == UNREADABLE_SHOWN
+    assert message.endswith("; and 3 more")
+
+
+def test_image_folder_skipped_files_are_counted_per_reason_and_logged_once(
+    image_root: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    root = tmp_path / "folder"
+    shutil.copytree(image_root, root)
+    for cls in CLASSES:
+        (root / cls / "notes.txt").write_text("not an image")
+    (root / CLASSES[1] / ".DS_Store").write_bytes(b"\0")
+    (root / CLASSES[2] / "2026-12-03").mkdir()  # a directory is walked, not skipped
+    out = tmp_path / "o"
+    with caplog.at_level("INFO", logger="components.steps.ingest"):
+        run(_folder(root, image_size=[16, 16]), out)
+    m = _manifest(out)
+    assert m["skipped"] == {"extension .txt": 3, "no extension": 1}
+    assert m["skipped_examples"]["extension .txt"].endswith("/notes.txt")
+    assert m["skipped_examples"]["no extension"] == f"{CLASSES[1]}/.DS_Store"
+    assert sum(m["totals"].values()) == 37
+    lines = [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]
+    assert len(lines) == 1, lines
+    assert "3 extension .txt (e.g. " in lines[0] and "1 no extension (e.g. " in lines[0]
+    assert "ingest.extensions" in lines[0]
+
+
+def test_ingest_extensions_decide_which_files_are_images(image_root: Path, tmp_path: Path) -> None:
+    """Default: the JPEG is read (37 images); extensions [PNG] skip it, in any case."""
+    run(_folder(image_root, image_size=[16, 16]), tmp_path / "all")
+    assert _manifest(tmp_path / "all")["skipped"] == {}
+    params = _folder(image_root, image_size=[16, 16], extensions=["PNG"])
+    assert params.extensions == [".png"]
+    result = run(params, tmp_path / "png")
+    assert sum(sum(c.values()) for c in result.counts.values()) == 36
+    m = _manifest(tmp_path / "png")
+    assert m["skipped"] == {"extension .jpg": 1}
+    assert m["skipped_examples"] == {"extension .jpg": f"{CLASSES[0]}/photo.JPG"}
+    assert "circle/photo.JPG" not in m["input_sha256"]
+    with pytest.raises(ValueError, match="not a file extension"):
+        _folder(image_root, extensions=["."])
+
+
+def test_map_reduce_ingest_counts_skipped_files_and_names_unreadable_ones(
+    image_root: Path, tmp_path: Path
+) -> None:
+    """The orchestrator's form (a map per unit group, then the reduce of the parts) says what
+    a single run says: the same snapshot, the same skipped files; a bad image fails its map."""
+    from components.steps.ingest import plan_groups, run_map
+
+    root = tmp_path / "folder"
+    shutil.copytree(image_root, root)
+    (root / CLASSES[0] / "notes.txt").write_text("not an image")
+    params = _folder(root, image_size=[16, 16], unit_files=4, workers=2)
+    groups = plan_groups(params, DIGITS)
+    parts = [tmp_path / f"part{i}" for i in range(len(groups))]
+    for group, part in zip(groups, parts, strict=True):
+        run_map(params, DIGITS, group, part)
+    ingest_run(params, DIGITS, tmp_path / "reduced", parts=parts)
+    run(dataclasses.replace(params, workers=1), tmp_path / "single")
+    assert _manifest(tmp_path / "reduced")["skipped"] == {"extension .txt": 1}
+    assert _manifest(tmp_path / "single")["skipped"] == {"extension .txt": 1}
+    same = [(d / "snapshot.json").read_bytes() for d in (tmp_path / "reduced", tmp_path / "single")]
+    assert same[0] == same[1]
+
+    (root / CLASSES[1] / "00.png").write_bytes(b"")
+    with pytest.raises(StepError, match=r"1 file\(s\) named like images .*00.png: empty file"):
+        for group in groups:
+            run_map(params, DIGITS, group, tmp_path / "bad")
+    assert not (tmp_path / "bad").exists()
 
 
 def test_image_folder_needs_two_classes(image_root: Path, tmp_path: Path) -> None:
@@ -768,9 +870,8 @@ def test_idx_new_pair_reuses_old_shards_byte_for_byte(tmp_path: Path) -> None:
     new = snapshot.load(out)
     for path, blob in old_bytes.items():
         assert (out / path).read_bytes() == blob, path
-    units = {u["id"]: u for u in new.doc["units"]}
-    assert units["w1-images+w1-labels"]["reused"] is True
-    assert units["w2-images+w2-labels"]["reused"] is False
+    assert {u["id"] for u in new.doc["units"]} == {"w1-images+w1-labels", "w2-images+w2-labels"}
+    assert _manifest(out)["reused_units"] == ["w1-images+w1-labels"]  # w2 was read
     assert sum(new.doc["totals"].values()) == 440
     moved = [k for k, s in old_split.items() if _split_of(out)[k] != s]
     assert not moved
@@ -805,7 +906,8 @@ def test_image_folder_new_dated_subfolder_moves_no_sample(tmp_path: Path) -> Non
     assert not [k for k, s in old_split.items() if _split_of(out)[k] != s]
     new = snapshot.load(out)
     assert sum(new.doc["totals"].values()) == 3 * 66 + 1
-    reused = [u for u in new.doc["units"] if u["reused"]]
+    reused_ids = set(_manifest(out)["reused_units"])
+    reused = [u for u in new.doc["units"] if u["id"] in reused_ids]
     assert {u["key"] for u in reused} <= old_units
     # only the units the new files fall into are read again; the rest keep their bytes
     assert len(reused) >= len(old_units) - 2, (len(reused), len(old_units))
@@ -813,6 +915,34 @@ def test_image_folder_new_dated_subfolder_moves_no_sample(tmp_path: Path) -> Non
     assert kept and all(s.sha256 == old_bytes[s.path] for s in kept)
     for s in kept:
         assert sha256_file(out / s.path) == s.sha256
+
+
+def test_fresh_and_incremental_snapshots_of_the_same_files_have_one_identity(
+    tmp_path: Path,
+) -> None:
+    """The snapshot sha256 (lineage's identity) covers the content only: a snapshot grown
+    incrementally and one ingested fresh from the same files are equal byte for byte; which
+    units were reused is in manifest.json. A changed file changes the identity."""
+    root = tmp_path / "folder"
+    for c, cls in enumerate(CLASSES):
+        for i in range(24):
+            _png(root / cls / f"{i:03d}.png", 300 * c + i)
+    params = _folder(root, image_mode="RGB", unit_files=8)
+    grown, fresh = tmp_path / "grown", tmp_path / "fresh"
+    run(params, grown)
+    for c, cls in enumerate(CLASSES):
+        _png(root / cls / "2026-12-03" / "000.png", 7000 + c)
+    run(params, grown)
+    run(params, fresh)
+    assert snapshot.load(grown).sha256 == snapshot.load(fresh).sha256
+    assert (grown / "snapshot.json").read_bytes() == (fresh / "snapshot.json").read_bytes()
+    assert _manifest(grown)["reused_units"] and not _manifest(fresh)["reused_units"]
+
+    _png(root / CLASSES[1] / "005.png", 99)  # one file's bytes change
+    run(params, grown)
+    assert snapshot.load(grown).sha256 != snapshot.load(fresh).sha256
+    run(params, fresh)
+    assert snapshot.load(grown).sha256 == snapshot.load(fresh).sha256
 
 
 def test_image_folder_growth_keeps_every_old_split(tmp_path: Path) -> None:

@@ -61,11 +61,12 @@ def worker_ingest(params_file: Path, out: Path) -> dict[str, Any]:
     step.call(params, {"data": out})
     seconds = time.perf_counter() - started
     doc = json.loads((out / "snapshot.json").read_text())
+    manifest = json.loads((out / "manifest.json").read_text())
     return {
         "seconds": seconds,
         "rows": sum(s["rows"] for s in doc["shards"]),
         "units": len(doc["units"]),
-        "units_reused": sum(1 for u in doc["units"] if u.get("reused")),
+        "units_reused": int(manifest["units_reused"]),
         "shards": len(doc["shards"]),
     }
 

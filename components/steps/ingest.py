@@ -30,7 +30,7 @@ from components.ml.data import dataset, snapshot
 from components.tasks import Task
 from components.tasks import ingest_reduce as reduce
 from components.tasks import ingest_units as units
-from components.tasks.data import SplitParams, label_names
+from components.tasks.data import Skipped, SplitParams, label_names, skipped_of
 from components.tasks.image_data import IngestParams, materialize_builtin_digits, write_idx
 from components.tasks.ingest_reduce import DEFAULT_PARAMS_FILE
 
@@ -84,10 +84,12 @@ def run_map(
     with atomic_path(out_dir) as tmp:
         shard_dir = tmp / snapshot.SHARD_DIR
         shard_dir.mkdir(parents=True)
-        jobs = units.unit_jobs(params, task, shard_dir, params_file, {}, None)
+        listed = task.data.units(params, params_file)
+        jobs = units.unit_jobs(params, task, shard_dir, params_file, {}, None, listed)
         mine = [(i, job) for i, job in enumerate(jobs) if i % count == index]
         results = list(units.map_units([job for _, job in mine], 1))
-        units.write_part(tmp, [i for i, _ in mine], results)
+        reduce.check_unreadable(results, task.data.sample_noun)
+        units.write_part(tmp, [i for i, _ in mine], results, skipped_of(listed))
     log.info("ingest group %s: %d of %d units", group, len(mine), len(jobs))
     return len(mine)
 
@@ -121,9 +123,16 @@ def run(
         shard_dir.mkdir(parents=True)
         if parts is not None:
             results = units.read_parts([Path(p) for p in parts], shard_dir)
+            skipped = units.read_skipped([Path(p) for p in parts])
         else:
-            jobs = units.unit_jobs(params, task, shard_dir, params_file, previous, previous_root)
+            listed = fmt.units(params, params_file)
+            skipped = skipped_of(listed)
+            _log_skipped(params, skipped)
+            jobs = units.unit_jobs(
+                params, task, shard_dir, params_file, previous, previous_root, listed
+            )
             results = list(units.map_units(jobs, params.workers))
+        reduce.check_unreadable(results, fmt.sample_noun)
         inputs = reduce.checked_inputs(params, results, expected_source_sha256, params_file)
         total = sum(r.rows for r in results)
         if total == 0:
@@ -150,10 +159,19 @@ def run(
                 "labels.json": tmp / "labels.json",
             },
             params=asdict(params),
-            extra=reduce.manifest_extra(params, fmt.name, inputs, t, results, facts),
+            extra=reduce.manifest_extra(params, fmt.name, inputs, t, results, facts, skipped),
         )
         data_sha = combined_sha256({s["path"]: s["sha256"] for s in t.shards})
     return IngestResult(out_dir, t.counts, data_sha, {k: int(v) for k, v in t.dropped.items()})
+
+
+def _log_skipped(params: Any, skipped: Skipped) -> None:
+    """One line for every file the listing passed over (by reason, an example each)."""
+    total = sum(skipped.counts.values())
+    if total:
+        rule = getattr(params, "extensions", None)
+        why = f" (not in ingest.extensions {list(rule)})" if rule is not None else ""
+        log.warning("%s: skipped %d file(s)%s: %s", params.source, total, why, skipped.summary())
 
 
 # --------------------------------------------------------------------------- CLI

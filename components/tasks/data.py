@@ -90,9 +90,41 @@ class Unit:
 
 
 @dataclass
+class Skipped:
+    """Input files a listing passed over, counted by reason, with one example path a reason
+    (what the ingest manifest and its one log line say)."""
+
+    counts: dict[str, int] = field(default_factory=dict)
+    examples: dict[str, str] = field(default_factory=dict)
+
+    def add(self, reason: str, path: str) -> None:
+        self.counts[reason] = self.counts.get(reason, 0) + 1
+        self.examples.setdefault(reason, path)
+
+    def summary(self) -> str:
+        """``2 extension .txt (e.g. cat/notes.txt), 1 no extension (e.g. cat/.DS_Store)``."""
+        order = sorted(self.counts, key=lambda r: (-self.counts[r], r))
+        return ", ".join(f"{self.counts[r]} {r} (e.g. {self.examples[r]})" for r in order)
+
+
+class Units(list[Unit]):
+    """A listing's units (a list), with the files it skipped (:class:`Skipped`)."""
+
+    def __init__(self, units: Iterable[Unit] = (), skipped: Skipped | None = None) -> None:
+        super().__init__(units)
+        self.skipped = skipped if skipped is not None else Skipped()
+
+
+def skipped_of(units: list[Unit]) -> Skipped:
+    """What the listing that made ``units`` skipped (nothing, for a plain list)."""
+    return units.skipped if isinstance(units, Units) else Skipped()
+
+
+@dataclass
 class UnitBatch:
     """Rows read from one unit: keys (a sample's identity, 32 bytes), int64 labels, the input
-    file and the row within it of each sample, and the format's own columns."""
+    file and the row within it of each sample, and the format's own columns. ``unreadable``:
+    input files that could not be decoded, ``(path, reason)`` (ingest fails naming them all)."""
 
     keys: list[bytes]
     labels: np.ndarray
@@ -100,6 +132,7 @@ class UnitBatch:
     rows: np.ndarray
     columns: dict[str, Any]
     dropped: dict[str, int] = field(default_factory=dict)
+    unreadable: list[tuple[str, str]] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -144,7 +177,8 @@ class DataFormat(abc.ABC):
 
     @abc.abstractmethod
     def units(self, params: Any, params_file: str) -> list[Unit]:
-        """The source's units, in a stable order (listing only: nothing is decoded)."""
+        """The source's units, in a stable order (listing only: nothing is decoded); a
+        :class:`Units` when the listing skipped files (counted in the ingest manifest)."""
 
     @abc.abstractmethod
     def unit_inputs(self, params: Any, unit: Unit) -> dict[str, str]:

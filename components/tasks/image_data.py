@@ -46,14 +46,16 @@ from components.tasks.data import (
     Sha256,
     ShardParams,
     ShardStats,
+    Skipped,
     SplitParams,
     Unit,
     UnitBatch,
+    Units,
     show,
     sum_facts,
 )
 
-IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp"}
+IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp"}  # ingest.extensions' default
 _IDX_DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
 IDX_IMAGES_NDIM, IDX_LABELS_NDIM = 3, 1  # [N, H, W] images, [N] labels
 LABEL_DTYPE = "int64"  # the documented on-disk label dtype (components.ml.data.dataset)
@@ -79,6 +81,22 @@ class IngestParams:
     # image folders: about this many files per unit (shards reuse)
     unit_files: Annotated[int, Field(ge=1)] = 256
     workers: Annotated[int, Field(ge=1)] = 1  # processes reading units at once (1: here)
+    # image folders: the file extensions read as images (any case); other files are skipped,
+    # counted by extension in the ingest manifest (``skipped``) and logged once
+    extensions: Annotated[list[str], Field(min_length=1)] = field(
+        default_factory=lambda: sorted(IMAGE_SUFFIXES)
+    )
+
+    @field_validator("extensions")
+    @classmethod
+    def _dotted_extensions(cls, names: list[str]) -> list[str]:
+        out = []
+        for name in names:
+            ext = "." + name.strip().lower().lstrip(".")
+            if ext == "." or "/" in ext or any(c.isspace() for c in ext):
+                raise ValueError(f"{name!r} is not a file extension (e.g. .png)")
+            out.append(ext)
+        return sorted(set(out))
 
     @model_validator(mode="after")
     def _idx_files_of_mnist_idx(self) -> IngestParams:
@@ -314,17 +332,18 @@ def _class_folders(params: IngestParams) -> list[str]:
     return classes
 
 
-def folder_units(params: IngestParams) -> list[Unit]:
+def folder_units(params: IngestParams) -> Units:
     """Runs of image files per class folder, in path order. A run ends where the directory
     changes (a new dated sub-folder is new units) or at a file whose path hashes to a
     boundary (about ``unit_files`` files a run, at most 4x that): adding files touches only
-    the runs they fall into, so every other run keeps its shards."""
+    the runs they fall into, so every other run keeps its shards. Files whose extension is
+    not in ``ingest.extensions`` are skipped and counted by extension."""
     root = Path(params.source)
     classes = _class_folders(params)
-    units: list[Unit] = []
+    units = Units()
     every = max(1, int(params.unit_files))
     for idx, cls in enumerate(classes):
-        files = sorted(f for f in (root / cls).rglob("*") if f.suffix.lower() in IMAGE_SUFFIXES)
+        files = sorted(_image_files(root, root / cls, set(params.extensions), units.skipped))
         for path in files:  # before reading any: fail fast on entries that are not files
             _check_image_file(path)
         run: list[str] = []
@@ -340,8 +359,23 @@ def folder_units(params: IngestParams) -> list[Unit]:
         if run:
             units.append(_folder_unit(run, idx))
     if not units:
-        raise StepError(f"{root}: no {sorted(IMAGE_SUFFIXES)} files in the class folders")
+        raise StepError(
+            f"{root}: no {params.extensions} files in the class folders (ingest.extensions)"
+        )
     return units
+
+
+def _image_files(root: Path, folder: Path, extensions: set[str], skipped: Skipped) -> list[Path]:
+    """The files under ``folder`` named like images; every other file is counted in
+    ``skipped`` by its extension (directories are not files: they are walked)."""
+    out = []
+    for path in folder.rglob("*"):
+        ext = path.suffix.lower()
+        if ext in extensions:
+            out.append(path)
+        elif not path.is_dir():
+            skipped.add(f"extension {ext}" if ext else "no extension", str(path.relative_to(root)))
+    return out
 
 
 def _folder_unit(files: list[str], label: int) -> Unit:
@@ -360,28 +394,32 @@ def read_folder_unit(params: IngestParams, unit: Unit) -> Iterator[UnitBatch]:
 def _folder_batch(
     params: IngestParams, unit: Unit, root: Path, label: int, size: tuple | None, start: int
 ) -> UnitBatch:
-    """Files ``start`` .. ``start + FOLDER_BATCH`` of a unit, decoded."""
+    """Files ``start`` .. ``start + FOLDER_BATCH`` of a unit, decoded; a file that does not
+    decode is left out and named in ``unreadable`` with its reason."""
     from PIL import Image, UnidentifiedImageError
 
-    keys, images = [], []
-    for rel in unit.files[start : start + FOLDER_BATCH]:
+    keys, images, rows, unreadable = [], [], [], []
+    for row, rel in enumerate(unit.files[start : start + FOLDER_BATCH], start):
         path = root / rel
         blob = _read_image_file(path)
-        keys.append(hashlib.sha256(blob).digest())
         try:
             img = Image.open(io.BytesIO(blob)).convert(params.image_mode)
         except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as exc:
-            raise StepError(f"{path}: not a readable image ({exc})") from exc
+            unreadable.append((str(path), _unreadable_reason(blob, exc)))
+            continue
         if size is not None and img.size != (size[1], size[0]):
             img = img.resize((size[1], size[0]), Image.BILINEAR)
         arr = np.asarray(img, dtype=np.uint8)
+        keys.append(hashlib.sha256(blob).digest())
         images.append(arr[..., None] if arr.ndim == 2 else arr)
+        rows.append(row)
     n = len(images)
     return UnitBatch(
         keys=keys,
         labels=np.full(n, label, dtype=np.int64),
-        sources=list(unit.files[start : start + n]),
-        rows=np.arange(start, start + n, dtype=np.int64),  # the file's place in the unit
+        sources=[unit.files[r] for r in rows],
+        rows=np.asarray(rows, dtype=np.int64),  # the file's place in the unit
+        unreadable=unreadable,
         columns={
             "image": [im.tobytes() for im in images],
             "height": np.asarray([im.shape[0] for im in images], np.int32),
@@ -389,6 +427,21 @@ def _folder_batch(
             "channels": np.asarray([im.shape[2] for im in images], np.int32),
         },
     )
+
+
+_OBJECT_REPR = re.compile(r"\s*<[^<>]* at 0x[0-9a-fA-F]+>")
+
+
+def _unreadable_reason(blob: bytes, exc: Exception) -> str:
+    """Why an image file does not decode, for people: no Python object reprs."""
+    from PIL import UnidentifiedImageError
+
+    if not blob:
+        return "empty file (0 bytes)"
+    if isinstance(exc, UnidentifiedImageError):
+        return f"no image format recognised in its {len(blob)} bytes (not an image, or cut short)"
+    text = _OBJECT_REPR.sub("", str(exc)).strip() or type(exc).__name__
+    return f"cannot be decoded: {text} ({len(blob)} bytes)"
 
 
 def _check_image_file(path: Path) -> None:

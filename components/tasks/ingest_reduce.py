@@ -23,8 +23,8 @@ from components.core.artifacts import StepError, combined_sha256
 from components.core.config import DEFAULT_PARAMS
 from components.ml.data import snapshot
 from components.ml.data.sources import join_uri
-from components.tasks.data import DataFormat
-from components.tasks.ingest_units import UnitResult
+from components.tasks.data import DataFormat, Skipped
+from components.tasks.ingest_units import UNREADABLE_SHOWN, UnitResult
 from components.tasks.splitting import split_deviation
 
 SPLITS = snapshot.SPLITS
@@ -116,7 +116,10 @@ def tally(results: list[UnitResult], names: list[str]) -> Tally:
 def snapshot_doc(
     fmt_name: str, params: Any, t: Tally, results: list[UnitResult], facts: dict[str, Any]
 ) -> dict[str, Any]:
-    """What ``snapshot.json`` says besides its format version (docs/data-format.md)."""
+    """What ``snapshot.json`` says besides its format version (docs/data-format.md): the
+    content only (shards, splits, counts, rules, units), so its sha256, the snapshot's identity
+    in lineage, is the same however the snapshot came about. Which units were reused from the
+    last snapshot is said in the step's ``manifest.json`` (:func:`manifest_extra`)."""
     return {
         "data_format": fmt_name,
         "source": params.source,
@@ -133,7 +136,6 @@ def snapshot_doc(
                 "files": len(r.unit.files),
                 "inputs_sha256": combined_sha256(r.inputs),
                 "rows": r.rows,
-                "reused": r.reused,
                 "dropped": r.dropped,
                 "facts": r.facts,
             }
@@ -150,8 +152,10 @@ def manifest_extra(
     t: Tally,
     results: list[UnitResult],
     facts: dict[str, Any],
+    skipped: Skipped | None = None,
 ) -> dict[str, Any]:
     """What the step's ``manifest.json`` says besides its inputs, outputs and params."""
+    skipped = skipped or Skipped()
     total = sum(r.rows for r in results)
     return {
         "source": params.source,
@@ -160,12 +164,32 @@ def manifest_extra(
         "input_sha256": inputs,
         "read": int(total + sum(t.dropped.values())),
         "dropped": {k: int(v) for k, v in t.dropped.items()},
+        # input files the listing passed over, by reason (image folders: their extension)
+        "skipped": dict(sorted(skipped.counts.items())),
+        "skipped_examples": dict(sorted(skipped.examples.items())),
         "counts": t.counts,
         "totals": t.totals,
         "units": len(results),
         "units_reused": t.reused,
+        # how the snapshot came about, kept out of snapshot.json (its identity)
+        "reused_units": [r.unit.id for r in results if r.reused],
         **facts,
     }
+
+
+def check_unreadable(results: list[UnitResult], noun: str) -> None:
+    """Input files that did not decode: one error naming each (the first
+    ``UNREADABLE_SHOWN``) with its reason, and how many there are."""
+    count = sum(r.unreadable_count for r in results)
+    if not count:
+        return
+    shown = [item for r in results for item in r.unreadable][:UNREADABLE_SHOWN]
+    listed = "; ".join(f"{path}: {reason}" for path, reason in shown)
+    more = f"; and {count - len(shown)} more" if count > len(shown) else ""
+    raise StepError(
+        f"{count} file(s) named like {noun}s are not readable {noun}s (fix or remove them): "
+        f"{listed}{more}"
+    )
 
 
 def check_conflicts(results: list[UnitResult], noun: str) -> None:

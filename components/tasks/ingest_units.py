@@ -27,7 +27,7 @@ import numpy as np
 from components.core.artifacts import StepError, read_json, write_json
 from components.faults import failpoints
 from components.ml.data import snapshot
-from components.tasks.data import Unit, sum_facts
+from components.tasks.data import Skipped, Unit, sum_facts
 from components.tasks.splitting import file_split, permutation
 
 if TYPE_CHECKING:  # a worker imports this module: not paddle (components.tasks.base) with it
@@ -36,6 +36,7 @@ if TYPE_CHECKING:  # a worker imports this module: not paddle (components.tasks.
 SPLITS = snapshot.SPLITS
 PART_FILE = "part.json"
 PART_ARRAYS = "part.npz"
+UNREADABLE_SHOWN = 20  # unreadable input files named in ingest's one error (the rest counted)
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,9 @@ class UnitResult:
     # uint64 key prefixes, labels and rows in their input files (finding conflicting labels)
     key_labels: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
     labels_found: np.ndarray | None = None
+    # input files that did not decode: the first UNREADABLE_SHOWN (path, reason), and how many
+    unreadable: list[tuple[str, str]] = field(default_factory=list)
+    unreadable_count: int = 0
 
 
 def unit_key(job: UnitJob, inputs: dict[str, str]) -> str:
@@ -120,8 +124,12 @@ def ingest_unit(job: UnitJob) -> UnitResult:
     rule = job.params.split.rule()
     dropped: Counter = Counter()
     facts, prefixes, labels_all, rows_all = [], [], [], []
+    unreadable: list[tuple[str, str]] = []
+    unreadable_count = 0
     for batch in fmt.read_unit(job.params, unit, job.params_file):
         dropped.update(batch.dropped)
+        unreadable_count += len(batch.unreadable)
+        unreadable.extend(batch.unreadable[: UNREADABLE_SHOWN - len(unreadable)])
         if not len(batch):
             continue
         facts.append(fmt.batch_facts(batch))
@@ -147,6 +155,8 @@ def ingest_unit(job: UnitJob) -> UnitResult:
         facts=sum_facts(facts),
         key_labels=(_cat(prefixes, np.uint64), labels, _cat(rows_all, np.int64)),
         labels_found=np.unique(labels),
+        unreadable=unreadable,
+        unreadable_count=unreadable_count,
     )
 
 
@@ -254,10 +264,11 @@ def unit_jobs(
     params_file: str,
     previous: dict[str, dict[str, Any]],
     previous_root: Path | None,
+    listed: list[Unit] | None = None,
 ) -> list[UnitJob]:
-    """One job per unit of the source, in unit order."""
+    """One job per unit of the source (``listed``, else listed here), in unit order."""
     fmt = task.data
-    units = fmt.units(params, params_file)
+    units = fmt.units(params, params_file) if listed is None else listed
     fixed_names = fmt.fixed_label_names(params, params_file)
     assignment = (
         permutation(fmt, params, units, params_file)
@@ -280,9 +291,12 @@ def unit_jobs(
     ]  # fmt: skip
 
 
-def write_part(dest: Path, order: list[int], results: list[UnitResult]) -> None:
+def write_part(
+    dest: Path, order: list[int], results: list[UnitResult], skipped: Skipped | None = None
+) -> None:
     """The units' results (``order``: their places among the source's units) as a part in
-    ``dest``, next to their shards: JSON, and the key prefixes, labels and rows as arrays."""
+    ``dest``, next to their shards: JSON, and the key prefixes, labels and rows as arrays;
+    and the files the listing skipped (every part lists the whole source)."""
     docs, arrays = [], {}
     for position, r in zip(order, results, strict=True):
         docs.append(
@@ -301,7 +315,11 @@ def write_part(dest: Path, order: list[int], results: list[UnitResult]) -> None:
         if r.key_labels is not None:
             for name, arr in zip(("keys", "labels", "rows"), r.key_labels, strict=True):
                 arrays[f"{position}_{name}"] = arr
-    write_json(dest / PART_FILE, {"units": docs})
+    skipped = skipped or Skipped()
+    write_json(
+        dest / PART_FILE,
+        {"units": docs, "skipped": {"counts": skipped.counts, "examples": skipped.examples}},
+    )
     with open(dest / PART_ARRAYS, "wb") as fh:
         np.savez(fh, **arrays)
 
@@ -340,3 +358,10 @@ def read_parts(parts: Sequence[Path], shard_dir: Path) -> list[UnitResult]:
     if missing or not found:
         raise StepError(f"ingest parts {[str(p) for p in parts]}: units {missing} missing")
     return [found[i] for i in sorted(found)]
+
+
+def read_skipped(parts: Sequence[Path]) -> Skipped:
+    """The files the source's listing skipped, as the first part recorded them (every part
+    lists the whole source)."""
+    doc = read_json(Path(parts[0]) / PART_FILE).get("skipped", {}) if parts else {}
+    return Skipped(dict(doc.get("counts", {})), dict(doc.get("examples", {})))
