@@ -18,7 +18,8 @@ plots; formats: ``components/steps/hpo.py`` and
   (``trial-<number>``): its sampled params (dotted keys, as ``--set`` writes them), ``value``
   and the per-epoch objective curve (``<objective>`` with ``step`` = epoch), tags ``trial``,
   ``state`` (COMPLETE, PRUNED, FAIL), ``error``, ``stale`` and ``retry_of``; a FAIL trial's
-  run ends FAILED, the others FINISHED. ``trials.json`` records no times per trial: a trial's run spans the search's.
+  run ends FAILED, the others FINISHED. ``trials.json`` records no times per trial: a
+  trial's run spans the search's.
 - When the search was off (no ``trials.json``) there is no run, only the pipeline run's tags.
 
 Cost: three calls per trial (create, one batch of params, metrics and tags, end) whatever
