@@ -23,6 +23,7 @@ from typing import Any
 
 import yaml
 
+from components.core import overrides
 from components.core.artifacts import StepError, read_json
 from components.core.config import load_params, section
 from components.kernel.cli import run_cli
@@ -166,17 +167,18 @@ def lines(params_file: str) -> list[str]:
 
 
 def _hpo_lines(hpo_dir: Path) -> list[str]:
-    """The search's decision when it ran (``hpo.enabled``): what train used and why."""
+    """The search's decision when it ran (``hpo.enabled``; ``decision.yaml``): what train used
+    and why."""
     try:
-        overlay = yaml.safe_load((hpo_dir / "overlay.yaml").read_text(encoding="utf-8"))
+        decision = yaml.safe_load((hpo_dir / overrides.DECISION).read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError):
         return []
-    if not isinstance(overlay, dict) or not overlay.get("study"):
+    if not isinstance(decision, dict) or not decision.get("study"):
         return []  # the search was off
-    if overlay.get("adopted"):
-        sets = " ".join(f"{k}={v}" for k, v in (overlay.get("params") or {}).items())
-        return [f"hpo: train used trial {overlay.get('trial')} of {overlay['study']}: {sets}"]
-    return [str(overlay.get("reason") or "hpo: kept current params")]
+    if decision.get("adopted"):
+        sets = " ".join(f"{k}={v}" for k, v in (decision.get("winner_params") or {}).items())
+        return [f"hpo: train used trial {decision.get('trial')} of {decision['study']}: {sets}"]
+    return [str(decision.get("reason") or "hpo: kept current params")]
 
 
 def _served_lines(params_file: str, deployment: dict[str, Any]) -> list[str]:

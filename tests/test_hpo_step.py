@@ -2,6 +2,8 @@
 step's own command, tiny budgets (2 trials of 1 epoch, 2 paired seeds).
 
 - off: an overlay that sets nothing, no study, and train trains on params.yaml's values;
+- a search that adopts nothing leaves the overlay (train's DVC dependency) byte for byte as
+  the step off left it, whatever it found; only decision.yaml beside it differs;
 - the search never opens a test or holdout shard: armed file-access failpoints kill any
   process that does (the trials inherit them), and a failpoint on the train shards, armed in
   train's processes only, proves they reach the trials; the trials' data view holds only the
@@ -97,6 +99,10 @@ def overlay(root: Path) -> dict[str, Any]:
     return yaml.safe_load((root / "hpo" / overrides.OVERLAY).read_text())
 
 
+def decision(root: Path) -> dict[str, Any]:
+    return yaml.safe_load((root / "hpo" / overrides.DECISION).read_text())
+
+
 def ok(proc: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:
     assert proc.returncode == 0, proc.stderr[-4000:]
     return proc
@@ -108,23 +114,66 @@ def ok(proc: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[st
 def test_off_writes_an_overlay_that_sets_nothing_and_runs_no_trial(tmp_path, digits_data):
     params = write_params(tmp_path, **{k: v for k, v in TINY.items() if k != "hpo"})
     ok(run_hpo(tmp_path, params, digits_data))
-    assert overlay(tmp_path) == {"adopted": False, "params": {}, "reason": "hpo.enabled is false"}
+    assert overlay(tmp_path) == {"adopted": False, "params": {}}
+    assert decision(tmp_path) == {
+        "adopted": False,
+        "reason": "hpo.enabled is false",
+        **dict.fromkeys(("engine", "study", "trial", "objective")),
+        "winner_params": {},
+        "evidence": {
+            **{k: [] for k in ("seeds", "current", "winner", "diffs")},
+            **{"mean": None, "lower_bound": None, "rule": ""},
+        },
+    }
     metrics = json.loads((tmp_path / "hpo.json").read_text())
     assert metrics["enabled"] is False and metrics["adopted"] is False and metrics["trials"] == 0
     # no trial ran: no study journal, no trial scratch, no trials.json, no plots
     assert not (tmp_path / "study" / "journal.log").exists()
     assert not (tmp_path / "study" / "trials").exists()
-    assert sorted(p.name for p in (tmp_path / "hpo").iterdir()) == ["manifest.json", "overlay.yaml"]
+    assert sorted(p.name for p in (tmp_path / "hpo").iterdir()) == [
+        "decision.yaml",
+        "manifest.json",
+        "overlay.yaml",
+    ]
     manifest = json.loads((tmp_path / "hpo" / "manifest.json").read_text())
-    assert set(manifest["outputs"]) == {"overlay"} and manifest["adopted"] is False
+    assert set(manifest["outputs"]) == {"overlay", "decision"} and manifest["adopted"] is False
+    assert manifest["reason"] == "hpo.enabled is false"
 
     proc = ok(run_train(tmp_path, params, digits_data, tmp_path / "hpo"))
-    assert "not adopted: hpo.enabled is false" in proc.stderr
+    assert "overlay.yaml sets nothing (decision.yaml beside it says why)" in proc.stderr
     trained = json.loads((tmp_path / "train" / "model" / "manifest.json").read_text())["params"]
     base = yaml.safe_load(params.read_text())["train"]
     assert {k: trained[k] for k in ("learning_rate", "batch_size", "seed")} == {
         k: base[k] for k in ("learning_rate", "batch_size", "seed")
     }
+
+
+def test_a_search_that_adopts_nothing_leaves_trains_dependency_byte_for_byte(tmp_path, digits_data):
+    """The overlay train depends on (``outputs/hpo/overlay.yaml`` in dvc.yaml) holds only what
+    train applies: the step off, and two searches that differ (another space: another study)
+    and adopt nothing, leave the same bytes, so ``dvc repro`` does not rerun train; only
+    ``decision.yaml`` beside it says what each found and why. A search of one trial (the
+    current params, 1 epoch): its best is trial 0, so no adoption seeds run."""
+    params = write_params(tmp_path, **{k: v for k, v in TINY.items() if k != "hpo"})
+    ok(run_hpo(tmp_path, params, digits_data))
+    file = tmp_path / "hpo" / overrides.OVERLAY
+    off = file.read_bytes()
+    assert off == b"adopted: false\nparams: {}\n"
+    decisions = [decision(tmp_path)]
+    one_trial = {**TINY, "hpo": {**TINY["hpo"], "budget": {"trials": 1, "cpus_per_trial": 1}}}
+    for other in (1.0e-6, 1.0e-7):
+        space = {"train.learning_rate": {"type": "categorical", "choices": [0.001, other]}}
+        ok(run_hpo(tmp_path, write_params(tmp_path, space, **one_trial), digits_data))
+        assert [t["number"] for t in trials(tmp_path)["trials"]] == [0]
+        assert file.read_bytes() == off
+        decisions.append(decision(tmp_path))
+    _, first, second = decisions
+    for found in (first, second):
+        assert found["adopted"] is False and found["trial"] == 0
+        assert found["winner_params"] == {"train.learning_rate": 0.001}
+        assert "the best trial 0 is the current params" in found["reason"]
+    assert len({d["reason"] for d in decisions}) == 2  # off, and the searches' one line
+    assert len({d["study"] for d in decisions}) == 3  # none, and two studies
 
 
 # --------------------------------------------------------------------------- test/holdout
@@ -161,7 +210,7 @@ def test_the_search_never_opens_a_test_or_holdout_shard(tmp_path, digits_data):
     metrics = json.loads((tmp_path / "hpo.json").read_text())
     assert (metrics["trials"], metrics["complete"], metrics["fail"]) == (2, 2, 0)
     # the adoption runs (when trial 1 won) inherited the failpoints too and finished
-    evidence = overlay(tmp_path)["evidence"]
+    evidence = decision(tmp_path)["evidence"]
     assert evidence["seeds"] in ([], [42, 43])
 
 
@@ -181,8 +230,9 @@ def test_a_train_shard_failpoint_in_train_processes_fails_every_trial(tmp_path, 
     rows = trials(tmp_path)["trials"]
     assert [t["state"] for t in rows] == ["FAIL", "FAIL"]
     assert all(t["error"].startswith("exit -9") for t in rows), rows
-    decided = overlay(tmp_path)
-    assert decided["adopted"] is False and decided["params"] == {}
+    assert overlay(tmp_path) == {"adopted": False, "params": {}}
+    decided = decision(tmp_path)
+    assert decided["adopted"] is False and decided["trial"] is None
     assert decided["reason"] == "hpo: kept current params: no trial completed"
     assert decided["reason"] in proc.stderr
 
@@ -323,10 +373,18 @@ def test_a_clearly_better_winner_is_adopted_and_train_uses_it(tmp_path, digits_d
     proc = ok(run_hpo(tmp_path, params, digits_data))
     rows = trials(tmp_path)["trials"]
     assert [t["params"]["train.learning_rate"] for t in rows] == [1.0e-6, 0.003]
-    decided = overlay(tmp_path)
+    decided = decision(tmp_path)
     assert decided["adopted"] is True, decided["reason"]
-    assert decided["params"] == {"train.learning_rate": 0.003}
+    assert decided["winner_params"] == {"train.learning_rate": 0.003}
     assert decided["trial"] == 1 and decided["objective"] == "val_accuracy"
+    assert overlay(tmp_path) == {  # what train applies, and nothing else
+        "adopted": True,
+        "params": {"train.learning_rate": 0.003},
+        "engine": "optuna",
+        "study": decided["study"],
+        "trial": 1,
+        "objective": "val_accuracy",
+    }
     assert decided["reason"].startswith("hpo: adopted trial 1: val_accuracy +")
     assert decided["reason"] in proc.stderr
     evidence = decided["evidence"]
@@ -351,8 +409,10 @@ def test_a_clearly_better_winner_is_adopted_and_train_uses_it(tmp_path, digits_d
     again = ok(run_hpo(tmp_path, params, digits_data, "hpo.adopt.min_gain=1.0"))
     assert record.read_text().splitlines() == runs
     assert again.stderr.count(f"recorded in {record}") == 4
-    refused = overlay(tmp_path)
-    assert refused["adopted"] is False and refused["params"] == {}
+    assert overlay(tmp_path) == {"adopted": False, "params": {}}
+    refused = decision(tmp_path)
+    assert refused["adopted"] is False
+    assert refused["winner_params"] == {"train.learning_rate": 0.003}  # found, not adopted
     assert refused["reason"].startswith("hpo: kept current params: winner trial 1 val_accuracy +")
     assert refused["reason"].endswith("<= 1 (2 seeds)")
     assert all(d > 0 for d in refused["evidence"]["diffs"])

@@ -107,7 +107,10 @@ def logged(server, searched: Path) -> SimpleNamespace:
     )
     trials = json.loads((searched / "trials.json").read_text())
     overlay = yaml.safe_load((searched / "overlay.yaml").read_text())
-    return SimpleNamespace(**vars(pipeline), search_id=search_id, trials=trials, overlay=overlay)
+    decision = yaml.safe_load((searched / "decision.yaml").read_text())
+    return SimpleNamespace(
+        **vars(pipeline), search_id=search_id, trials=trials, overlay=overlay, decision=decision
+    )
 
 
 def test_the_search_is_one_run_under_the_pipeline_run(logged, searched: Path) -> None:
@@ -115,15 +118,15 @@ def test_the_search_is_one_run_under_the_pipeline_run(logged, searched: Path) ->
     (search,) = _children(client, logged.experiment_id, logged.id)
     assert search.info.run_id == logged.search_id
     assert search.info.run_name == "hpo" and search.info.status == "FINISHED"
-    tags, overlay = search.data.tags, logged.overlay
-    assert tags["step"] == "hpo" and tags["adopted"] == str(overlay["adopted"]).lower()
-    assert tags["reason"] == overlay["reason"] and tags["study"] == overlay["study"]
-    assert tags["trial"] == str(overlay["trial"]) and tags["objective"] == "val_accuracy"
+    tags, overlay, decision = search.data.tags, logged.overlay, logged.decision
+    assert tags["step"] == "hpo" and tags["adopted"] == str(decision["adopted"]).lower()
+    assert tags["reason"] == decision["reason"] and tags["study"] == decision["study"]
+    assert tags["trial"] == str(decision["trial"]) and tags["objective"] == "val_accuracy"
     metrics = search.data.metrics
     assert metrics["trials"] == TRIALS
     assert metrics["complete"] + metrics["pruned"] + metrics["fail"] == TRIALS
     assert metrics["trial_epochs"] == sum(len(t["curve"]) for t in logged.trials["trials"])
-    evidence = overlay["evidence"]
+    evidence = decision["evidence"]
     if evidence.get("diffs"):  # the winner was not the current params: seeds were run
         history = client.get_metric_history(search.info.run_id, "evidence.diffs")
         assert [m.value for m in sorted(history, key=lambda m: m.step)] == evidence["diffs"]
@@ -133,8 +136,8 @@ def test_the_search_is_one_run_under_the_pipeline_run(logged, searched: Path) ->
     )
     # the pipeline run says what was decided, whatever it was
     parent = client.get_run(logged.id).data
-    assert parent.tags["hpo_adopted"] == str(overlay["adopted"]).lower()
-    assert parent.tags["hpo_reason"] == overlay["reason"]
+    assert parent.tags["hpo_adopted"] == str(decision["adopted"]).lower()
+    assert parent.tags["hpo_reason"] == decision["reason"]
     assert {k for k in parent.params if k.startswith("overlay.")} == {
         f"overlay.{k}" for k in (overlay["params"] if overlay["adopted"] else {})
     }
@@ -144,7 +147,7 @@ def test_plots_and_files_are_artifacts_of_the_search_run(logged, searched: Path)
     plots = {"parallel_coordinate.png", "param_importances.png"}
     assert plots <= {p.name for p in searched.iterdir()}  # 3 complete trials, varying params
     names = {a.path for a in logged.client.list_artifacts(logged.search_id)}
-    assert names == plots | {"overlay.yaml", "trials.json", "manifest.json"}
+    assert names == plots | {"overlay.yaml", "decision.yaml", "trials.json", "manifest.json"}
     local = Path(logged.client.download_artifacts(logged.search_id, "trials.json"))
     assert json.loads(local.read_text()) == logged.trials
 
@@ -275,3 +278,36 @@ def test_a_malformed_trials_file_is_one_line(searched: Path, tmp_path: Path) -> 
     with pytest.raises(StepError) as err:
         tracking_hpo.read_search(bad)
     assert str(err.value) == f"{bad / 'trials.json'}: trials[1].state: expected str"
+
+
+def test_a_malformed_or_missing_decision_is_one_line(searched: Path, tmp_path: Path) -> None:
+    """decision.yaml (the reason and evidence the tags and the search run show) is checked like
+    the overlay: one line naming the file and the field, and it must agree with the overlay."""
+    bad = tmp_path / "hpo"
+    shutil.copytree(searched, bad)
+    file = bad / "decision.yaml"
+    good = yaml.safe_load(file.read_text())
+    adopted = str(good["adopted"]).lower()
+    flipped = str(not good["adopted"]).lower()
+    cases = [
+        ({**good, "reason": None}, "reason: expected the decision's one line"),
+        ({**good, "evidence": [1, 2]}, "evidence: expected a mapping"),
+        ({**good, "adopted": "maybe"}, "adopted: expected true or false"),
+        (
+            {**good, "adopted": not good["adopted"]},
+            f"adopted: {flipped}, but overlay.yaml beside it says {adopted}",
+        ),
+    ]
+    for doc, message in cases:
+        file.write_text(yaml.safe_dump(doc))
+        with pytest.raises(StepError) as err:
+            tracking_hpo.read_search(bad)
+        assert str(err.value) == f"{file}: {message}"
+    file.write_text("reason: [unclosed\n")
+    with pytest.raises(StepError, match=r"decision\.yaml: not YAML: ") as err:
+        tracking_hpo.read_search(bad)
+    assert "\n" not in str(err.value)
+    file.unlink()
+    with pytest.raises(StepError) as err:
+        tracking_hpo.read_search(bad)
+    assert str(err.value) == f"{file}: missing (the hpo step writes it beside its overlay)"

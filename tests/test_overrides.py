@@ -4,6 +4,7 @@ command line wins over the overlay, which wins over the params file."""
 
 from __future__ import annotations
 
+import logging
 import re
 
 import pytest
@@ -67,10 +68,13 @@ def test_overlay_adopted_not_adopted_missing_and_malformed(tmp_path, caplog):
         yaml.safe_dump({"adopted": True, "params": {"train.epochs": 3}, "study": "s", "trial": 2})
     )
     assert ov.read_overlay(tmp_path) == {"train.epochs": 3}
-    (tmp_path / ov.OVERLAY).write_text(
-        yaml.safe_dump({"adopted": False, "params": {"train.epochs": 3}, "reason": "noise"})
+    # not adopted: sets nothing, even with params in it; the why is in decision.yaml, not here
+    (tmp_path / ov.OVERLAY).write_text(yaml.safe_dump({"adopted": False, "params": {"a.b": 3}}))
+    with caplog.at_level(logging.INFO, logger=ov.__name__):
+        assert ov.read_overlay(tmp_path) == {}
+    assert caplog.messages[-1] == (
+        f"params overlay {tmp_path / ov.OVERLAY} sets nothing (decision.yaml beside it says why)"
     )
-    assert ov.read_overlay(tmp_path) == {}
     (tmp_path / ov.OVERLAY).write_text("adopted: maybe\n")
     with pytest.raises(StepError, match=r"overlay\.yaml: adopted: expected true or false$"):
         ov.read_overlay(tmp_path)

@@ -131,8 +131,10 @@ def test_repro_runs_every_stage_and_writes_the_contract(repo):
     assert train["amp_effective"] == "off" and train["epochs_run"] == 3
     # the search ran as a stage (hpo.enabled), and train depends on the overlay it wrote
     overlay = yaml.safe_load((repo / "outputs" / "hpo" / "overlay.yaml").read_text())
-    assert overlay["adopted"] is False and overlay["params"] == {}
-    assert overlay["reason"].startswith("hpo: kept current params: the best trial")
+    assert overlay == {"adopted": False, "params": {}}  # what train applies: nothing
+    decision = yaml.safe_load((repo / "outputs" / "hpo" / "decision.yaml").read_text())
+    assert decision["adopted"] is False
+    assert decision["reason"].startswith("hpo: kept current params: the best trial")
     hpo = json.loads((repo / "metrics" / "hpo.json").read_text())
     assert hpo["enabled"] and (hpo["trials"], hpo["complete"], hpo["fail"]) == (2, 2, 0)
     lock = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]
@@ -268,6 +270,24 @@ def test_nothing_is_left_to_reproduce(repo):
     assert ran(proc) == []
     assert "Data and pipelines are up to date" in proc.stdout
     assert "up to date" in sh(repo, "dvc", "status", "dvc.yaml").stdout
+
+
+def test_a_search_that_adopts_nothing_leaves_train_up_to_date(repo):
+    """Another search (another space: another study) that adopts nothing writes its own
+    decision.yaml, but overlay.yaml, train's dependency, byte for byte as it was: train is not
+    stale (issue 41). Only the hpo stage runs here (2 tiny trials)."""
+    hpo = repo / "outputs" / "hpo"
+    overlay = (hpo / "overlay.yaml").read_bytes()
+    before = yaml.safe_load((hpo / "decision.yaml").read_text())
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["hpo"]["space"]["train.learning_rate"]["choices"][1] = 1.0e-7  # cannot win either
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    assert ran(sh(repo, "dvc", "repro", "--single-item", "hpo")) == ["hpo"]
+    after = yaml.safe_load((hpo / "decision.yaml").read_text())
+    assert after["adopted"] is False and after["study"] != before["study"]
+    assert (hpo / "overlay.yaml").read_bytes() == overlay
+    status = sh(repo, "dvc", "status", "train").stdout
+    assert "Data and pipelines are up to date" in status, status
 
 
 def test_stop_leaves_no_process_and_a_stale_pid_file_is_said(repo, podman_params):

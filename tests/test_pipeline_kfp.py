@@ -394,7 +394,8 @@ def test_kfp_local_runs_the_whole_dag_and_leaves_a_champion(tmp_path, server_bin
     hpo = metrics["hpo-op"]
     assert hpo["enabled"] is True and (hpo["trials"], hpo["complete"], hpo["fail"]) == (2, 2, 0)
     assert hpo["adopted"] is False and hpo["baseline_value"] == hpo["best_value"]
-    assert "not adopted: hpo: kept current params: the best trial" in log
+    assert "hpo: kept current params: the best trial" in log  # the hpo op's one line
+    assert "overlay.yaml sets nothing (decision.yaml beside it says why)" in log  # train's
 
 
 def test_a_failing_run_is_recorded_in_mlflow_by_the_exit_handler(tmp_path, server_binary):

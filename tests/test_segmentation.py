@@ -302,9 +302,11 @@ def test_the_search_ran_in_the_pipeline_on_the_plugins_own_space(pipeline, seg):
     current = {"train.learning_rate": 0.003, "train.batch_size": 32, "task.options.width": 16}
     assert set(space) == set(current) and trial["params"] == current
     overlay = yaml.safe_load((out / "hpo" / "overlay.yaml").read_text())
-    assert overlay["objective"] == "val_mean_iou" and overlay["study"] == found["study"]
-    assert overlay["adopted"] is False and overlay["params"] == {}
-    assert "the best trial 0 is the current params (val_mean_iou)" in overlay["reason"]
+    assert overlay == {"adopted": False, "params": {}}  # what train applies: nothing
+    decision = yaml.safe_load((out / "hpo" / "decision.yaml").read_text())
+    assert decision["objective"] == "val_mean_iou" and decision["study"] == found["study"]
+    assert decision["adopted"] is False and decision["winner_params"] == current
+    assert "the best trial 0 is the current params (val_mean_iou)" in decision["reason"]
     metrics = json.loads((repo / "metrics" / "segmentation" / "hpo.json").read_text())
     assert metrics["enabled"] and (metrics["trials"], metrics["fail"]) == (1, 0)
     lock = yaml.safe_load((repo / "examples" / "segmentation" / "dvc.lock").read_text())["stages"]

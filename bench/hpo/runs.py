@@ -145,7 +145,7 @@ def run_search(args: argparse.Namespace, data: Path, seed: int) -> dict[str, Any
         root / "hpo.log",
     )  # fmt: skip
     metrics = json.loads((root / "hpo.json").read_text())
-    overlay = yaml.safe_load((root / "out" / "overlay.yaml").read_text())
+    decision = yaml.safe_load((root / "out" / "decision.yaml").read_text())
     trials = json.loads((root / "out" / "trials.json").read_text())
     best = next(t for t in trials["trials"] if t["number"] == trials["best"])
     return {
@@ -153,6 +153,6 @@ def run_search(args: argparse.Namespace, data: Path, seed: int) -> dict[str, Any
         **{k: metrics[k] for k in ("best_value", "trial_epochs", "complete", "pruned", "fail")},
         "adopted": metrics["adopted"],
         "best_params": best["params"],
-        "reason": overlay["reason"],
+        "reason": decision["reason"],
         "seconds": round(time.perf_counter() - started, 1),
     }

@@ -163,7 +163,10 @@ def blame(message: str, origins: Mapping[str, str]) -> str:
     return f"{message} ({'; '.join(hits)})" if hits else message
 
 
-OVERLAY = "overlay.yaml"  # a search's outcome (components/steps/hpo.py) in its output directory
+# a search's output directory (components/steps/hpo.py): what train applies, and the decision
+# (why, the evidence) beside it; train depends on the overlay only, so a decision that sets
+# nothing leaves it byte for byte as it was
+OVERLAY, DECISION = "overlay.yaml", "decision.yaml"
 
 
 def read_overlay(path: str | Path | None) -> dict[str, Any]:
@@ -189,7 +192,7 @@ def read_overlay(path: str | Path | None) -> dict[str, Any]:
     if not isinstance(sets, dict) or not all(isinstance(k, str) for k in sets):
         raise StepError(f"{file}: params: expected a mapping of dotted key -> value")
     if not doc["adopted"]:
-        log.info("params overlay %s: not adopted: %s", file, doc.get("reason", "no reason given"))
+        log.info("params overlay %s sets nothing (%s beside it says why)", file, DECISION)
         return {}
     log.info(
         "params overlay %s (study %s, trial %s): %s",

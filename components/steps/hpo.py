@@ -21,12 +21,17 @@ train as a params overlay, adopted only on evidence (docs/hpo.md).
 - **Adoption** (:mod:`components.ml.decisions.adoption`): the winner and the current params
   are trained ``hpo.adopt.seeds`` times each with paired seeds, for the full
   ``train.epochs``; the overlay sets the winner's keys only when the paired gain beats the
-  noise between seeds. Else it sets nothing, and the step says why in one line. The model
-  trained on an adopted overlay must still beat the champion in ``register``.
+  noise between seeds. Else it sets nothing, and the step says why in one line (also in
+  ``decision.yaml``). The model trained on an adopted overlay must still beat the champion in
+  ``register``.
 
-Outputs: ``overlay.yaml`` (``adopted``, ``params``, ``study``, ``trial``, ``reason``,
-``evidence``), ``trials.json``, the Optuna plots and ``manifest.json`` under ``--out``;
-the study journal and the adoption runs' scores under ``--study``; ``metrics/hpo.json``.
+Outputs under ``--out``: ``overlay.yaml``, what train applies and nothing else (adopted:
+``adopted``, ``params``, ``engine``, ``study``, ``trial``, ``objective``; not adopted or off:
+exactly ``{adopted: false, params: {}}``, so a search that adopts nothing leaves train's
+dependency byte for byte as it was); ``decision.yaml``, the decision (``adopted``, ``reason``,
+``engine``, ``study``, ``trial``, ``objective``, ``winner_params``, ``evidence``);
+``trials.json``, the Optuna plots and ``manifest.json``. Under ``--study``: the study journal
+and the adoption runs' scores. And ``metrics/hpo.json``.
 """
 
 from __future__ import annotations
@@ -69,6 +74,7 @@ VIEW, SCRATCH, PARAMS = "view", "trials", "params.yaml"
 # the adoption runs' scores (search.score_runs), kept with the study: a rerun that only
 # changes the rule (hpo.adopt.min_gain, say) or was killed mid-adoption trains nothing again
 ADOPTION_RUNS = "adoption_runs.jsonl"
+OFF = "hpo.enabled is false"  # the decision's reason when the step is off
 
 
 @params_model
@@ -95,12 +101,13 @@ def run(
     all_params: dict[str, Any],
     params_file: str,
 ) -> dict[str, Any]:
-    """Search (or not: ``enabled: false``) and write the overlay; the overlay's mapping."""
+    """Search (or not: ``enabled: false``) and write the overlay and the decision; the
+    decision's mapping."""
     out_dir, study_dir = Path(out_dir), Path(study_dir)
     study_dir.mkdir(parents=True, exist_ok=True)  # an output even when there is no study
     if not params.enabled:
-        overlay = {"adopted": False, "params": {}, "reason": "hpo.enabled is false"}
-        return search_outputs.write(out_dir, Path(metrics_file), overlay, {}, all_params, data_dir)
+        off = _decision(adoption.Adoption(False, OFF), None, None, None, {}, None)
+        return search_outputs.write(out_dir, Path(metrics_file), off, {}, all_params, data_dir)
     space = search_space.parse_space(_space(params, task), source=params_file)
     search_space.validate(space, all_params, source=params_file)
     _typed_check(space, all_params, params_file)
@@ -151,11 +158,11 @@ def _optuna(
     decision = _adopt(params, space, found, trials, metric, direction, all_params)
     best = found.best
     trial, winner = (None, {}) if best is None else (best.number, best.params)
-    overlay = _overlay(decision, "optuna", found.study, trial, winner, metric)
+    decided = _decision(decision, "optuna", found.study, trial, winner, metric)
     trials.cleanup()
     study = search.open_study(trials.root, name, direction, params.sampler, params.pruner)
     return search_outputs.write(
-        out_dir, metrics_file, overlay, found.to_json(), all_params, data_dir, study
+        out_dir, metrics_file, decided, found.to_json(), all_params, data_dir, study
     )
 
 
@@ -347,31 +354,32 @@ def _katib(
     decision = _adopt(params, space, result, trials, *objective, all_params)
     record = {**result.to_json(), "engine": "katib", "katib": found.counts}
     trials.cleanup()
-    overlay = _overlay(decision, "katib", name, found.trial, found.params, objective[0])
+    decided = _decision(decision, "katib", name, found.trial, found.params, objective[0])
     return search_outputs.write(
-        out_dir, metrics_file, overlay, record, all_params, data_dir,
+        out_dir, metrics_file, decided, record, all_params, data_dir,
         files={katib_search.EXPERIMENT: text},
     )  # fmt: skip
 
 
-def _overlay(
+def _decision(
     decision: adoption.Adoption,
-    engine: str,
-    study: str,
+    engine: str | None,
+    study: str | None,
     trial: int | str | None,
     winner: dict[str, Any],
-    metric: str,
+    metric: str | None,
 ) -> dict[str, Any]:
-    """The overlay train reads: the winner's keys only when adopted, and why."""
+    """``decision.yaml``: adopted or not, the one line why, the search and its winner, the
+    evidence (the overlay train reads is made from it: :func:`search_outputs.overlay`)."""
     log.info("%s", decision.reason)
     return {
         "adopted": decision.adopted,
-        "params": winner if decision.adopted else {},
+        "reason": decision.reason,
         "engine": engine,
         "study": study,
         "trial": trial,
         "objective": metric,
-        "reason": decision.reason,
+        "winner_params": dict(winner),
         "evidence": decision.evidence(),
     }
 
@@ -406,7 +414,12 @@ STEP = Step(
         VALIDATED,
     ),
     outputs=(
-        Out("out", "outputs/hpo", "out_dir", help="overlay.yaml, trials.json, plots"),
+        Out(
+            "out",
+            "outputs/hpo",
+            "out_dir",
+            help="overlay.yaml (what train applies), decision.yaml (why), trials.json, plots",
+        ),
         Out(
             "study",
             "outputs/hpo_study",

@@ -1,22 +1,25 @@
 """The hyperparameter search the ``hpo`` step ran, as MLflow runs under the pipeline's run.
 
-Read from the hpo step's output directory only (``overlay.yaml``, ``trials.json``,
-``manifest.json`` and the Optuna plots; formats: ``components/steps/hpo.py`` and
+Read from the hpo step's output directory only (``overlay.yaml``, what train applied;
+``decision.yaml``, why, with the evidence; ``trials.json``, ``manifest.json`` and the Optuna
+plots; formats: ``components/steps/hpo.py`` and
 :meth:`components.ml.training.search.SearchResult.to_json`):
 
-- The **pipeline run** always gets the decision as tags (``hpo_adopted``, ``hpo_reason``) and,
-  when an overlay was adopted, the keys it set as params ``overlay.<dotted key>`` (``train``
-  trained on them, not on the ``params.yaml`` values the run's other params show).
+- The **pipeline run** always gets the decision as tags (``hpo_adopted``, ``hpo_reason``, from
+  ``decision.yaml``) and, when an overlay was adopted, the keys it set as params
+  ``overlay.<dotted key>`` (``train`` trained on them, not on the ``params.yaml`` values the
+  run's other params show).
 - When a search ran (``trials.json`` is there), **one nested run** ``hpo`` for the search: the
   ``hpo`` section and the overlay's keys as params; the trial counts, best and baseline
   values and the adoption evidence (``evidence.current``/``winner``/``diffs`` with
   ``step`` = the seed's position) as metrics; ``adopted``, ``reason``, ``study``, ``trial``,
-  ``objective`` and the rule as tags; ``overlay.yaml``, ``trials.json``, ``manifest.json``
-  and the plots as artifacts. Under it, **a run per trial** (``trial-<number>``): its sampled
-  params (dotted keys, as ``--set`` writes them), ``value`` and the per-epoch objective curve
-  (``<objective>`` with ``step`` = epoch), tags ``trial``, ``state`` (COMPLETE, PRUNED,
-  FAIL), ``error``, ``stale`` and ``retry_of``; a FAIL trial's run ends FAILED, the others
-  FINISHED. ``trials.json`` records no times per trial: a trial's run spans the search's.
+  ``objective`` and the rule as tags; ``overlay.yaml``, ``decision.yaml``, ``trials.json``,
+  ``manifest.json`` and the plots as artifacts. Under it, **a run per trial**
+  (``trial-<number>``): its sampled params (dotted keys, as ``--set`` writes them), ``value``
+  and the per-epoch objective curve (``<objective>`` with ``step`` = epoch), tags ``trial``,
+  ``state`` (COMPLETE, PRUNED, FAIL), ``error``, ``stale`` and ``retry_of``; a FAIL trial's
+  run ends FAILED, the others FINISHED. ``trials.json`` records no times per trial: a
+  trial's run spans the search's.
 - When the search was off (no ``trials.json``) there is no run, only the pipeline run's tags.
 
 Cost: three calls per trial (create, one batch of params, metrics and tags, end) whatever
@@ -57,17 +60,18 @@ _TEXT = 5000  # the longest tag or param value logged
 
 @dataclass(frozen=True)
 class Search:
-    """What the hpo step left: its overlay, its trials (None: no search ran), its manifest."""
+    """What the hpo step left: its decision, the keys its overlay set, its trials (None: no
+    search ran), its manifest."""
 
     dir: Path
-    overlay: dict[str, Any]
+    decision: dict[str, Any]
     adopted_params: dict[str, Any]
     trials: dict[str, Any] | None
     manifest: dict[str, Any]
 
     def files(self) -> list[Path]:
         """The search run's artifacts that exist."""
-        names = (overrides.OVERLAY, TRIALS, MANIFEST, *PLOTS)
+        names = (overrides.OVERLAY, overrides.DECISION, TRIALS, MANIFEST, *PLOTS)
         return [self.dir / n for n in names if (self.dir / n).is_file()]
 
 
@@ -76,15 +80,36 @@ def read_search(hpo_dir: str | Path) -> Search:
     and the field."""
     hpo_dir = Path(hpo_dir)
     adopted = overrides.read_overlay(hpo_dir)  # checks adopted and params
-    file = hpo_dir / overrides.OVERLAY
-    overlay = yaml.safe_load(file.read_text(encoding="utf-8"))
-    if not isinstance(overlay.get("reason"), str):
-        raise StepError(f"{file}: reason: expected the decision's one line")
+    overlay = yaml.safe_load((hpo_dir / overrides.OVERLAY).read_text(encoding="utf-8"))
+    decision = read_decision(hpo_dir / overrides.DECISION, overlay["adopted"])
     trials_file = hpo_dir / TRIALS
     trials = read_json(trials_file) if trials_file.exists() else None
     if trials is not None:
         _check_trials(trials_file, trials)
-    return Search(hpo_dir, overlay, adopted, trials, read_json(hpo_dir / MANIFEST))
+    return Search(hpo_dir, decision, adopted, trials, read_json(hpo_dir / MANIFEST))
+
+
+def read_decision(file: Path, adopted: bool) -> dict[str, Any]:
+    """``decision.yaml``, which must agree with its overlay's ``adopted``; a malformed one is
+    one error line naming the file and the field."""
+    try:
+        doc = yaml.safe_load(file.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise StepError(f"{file}: missing (the hpo step writes it beside its overlay)") from None
+    except yaml.YAMLError as exc:
+        raise StepError(f"{file}: not YAML: {str(exc).splitlines()[0]}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("adopted"), bool):
+        raise StepError(f"{file}: adopted: expected true or false")
+    if doc["adopted"] is not adopted:
+        raise StepError(
+            f"{file}: adopted: {str(doc['adopted']).lower()}, but {overrides.OVERLAY} beside it "
+            f"says {str(adopted).lower()}"
+        )
+    if not isinstance(doc.get("reason"), str) or not doc["reason"]:
+        raise StepError(f"{file}: reason: expected the decision's one line")
+    if not isinstance(doc.get("evidence") or {}, dict):
+        raise StepError(f"{file}: evidence: expected a mapping")
+    return doc
 
 
 def _check_trials(file: Path, doc: Any) -> None:
@@ -101,8 +126,8 @@ def _check_trials(file: Path, doc: Any) -> None:
 def decision_tags(search: Search) -> dict[str, str]:
     """The pipeline run's tags: whether an overlay was adopted, and the one line why."""
     return {
-        ADOPTED_TAG: str(bool(search.overlay["adopted"])).lower(),
-        REASON_TAG: search.overlay["reason"][:_TEXT],
+        ADOPTED_TAG: str(bool(search.decision["adopted"])).lower(),
+        REASON_TAG: search.decision["reason"][:_TEXT],
     }
 
 
@@ -153,7 +178,7 @@ def log_search(
         tags=[RunTag(k, v) for k, v in decision_tags(search).items()],
     )
     if search.trials is None:
-        log.info("hpo: no search ran (%s): no search run", search.overlay["reason"])
+        log.info("hpo: no search ran (%s): no search run", search.decision["reason"])
         return None
     span = step_times(search.manifest)
     ended = span[1] if span else ended_ms(search.manifest)
@@ -187,7 +212,7 @@ def log_search(
         "hpo: search run %s with %d trial runs (%s)",
         run_id,
         len(search.trials["trials"]),
-        search.overlay["reason"],
+        search.decision["reason"],
     )
     return run_id
 
@@ -202,11 +227,11 @@ def _log_search_run(
     """The search run's params, metrics and tags, in one batch."""
     from mlflow.entities import Metric, Param, RunTag
 
-    overlay, trials = search.overlay, search.trials or {}
+    decision, trials = search.decision, search.trials or {}
     stamp = ended or int(time.time() * 1000)
     params = {k: str(v)[:_TEXT] for k, v in flatten(section_params)}
     params |= overlay_params(search)
-    evidence = overlay.get("evidence") or {}
+    evidence = decision.get("evidence") or {}
     metrics = [
         Metric(k, v, stamp, 0)
         for k, v in {
@@ -222,12 +247,12 @@ def _log_search_run(
     if evidence.get("seeds"):
         params["evidence.seeds"] = overrides.format_value(list(evidence["seeds"]))
     tag_values = {
-        "adopted": str(bool(overlay["adopted"])).lower(),
-        "reason": overlay["reason"],
-        "study": overlay.get("study"),
-        "trial": overlay.get("trial"),
-        "engine": overlay.get("engine"),
-        "objective": overlay.get("objective") or trials.get("objective"),
+        "adopted": str(bool(decision["adopted"])).lower(),
+        "reason": decision["reason"],
+        "study": decision.get("study"),
+        "trial": decision.get("trial"),
+        "engine": decision.get("engine"),
+        "objective": decision.get("objective") or trials.get("objective"),
         "direction": trials.get("direction"),
         "rule": evidence.get("rule"),
     }
