@@ -29,6 +29,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from components.core import children
 from components.core.ports import free_port
 from components.core.retry import SYSTEM_CLOCK, Backoff, Clock, poll
 
@@ -58,6 +59,7 @@ def podman_socket(workdir: Path) -> Iterator[str]:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
+        preexec_fn=children.die_with_parent,  # noqa: PLW1509 - a killed caller leaves none
     )
     try:
         wait_for(sock.exists, "podman system service", 30)
@@ -110,6 +112,7 @@ def mlflow_server_process(
         stdout=log_file,
         stderr=subprocess.STDOUT,
         start_new_session=True,
+        preexec_fn=children.die_with_parent,  # noqa: PLW1509 - a killed caller leaves none
     )
     uri = f"http://127.0.0.1:{port}"
     try:

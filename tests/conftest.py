@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 import pytest
 import yaml
 
+from components.core import children
 from tests.suite import shared
 
 if TYPE_CHECKING:
@@ -569,11 +570,12 @@ def run_oci_registry(root: Path, auth: dict | None = None) -> Iterator[str]:
     host = f"127.0.0.1:{port}"
     (root / "registries.conf").write_text(f'[[registry]]\nlocation = "{host}"\ninsecure = true\n')
     log_file = open(root / "registry.log", "w")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen(
+    proc = subprocess.Popen(  # noqa: PLW1509 - preexec_fn: only prctl
         ["docker-registry", "serve", str(root / "config.yml")],
         stdout=log_file,
         stderr=subprocess.STDOUT,
         start_new_session=True,
+        preexec_fn=children.die_with_parent,  # a killed test run leaves no registry behind
     )
     saved = os.environ.get("CONTAINERS_REGISTRIES_CONF")
     os.environ["CONTAINERS_REGISTRIES_CONF"] = str(root / "registries.conf")
