@@ -452,6 +452,27 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
+def kill_and_expect_no_survivors(proc: subprocess.Popen, tree: list[int]) -> None:
+    """SIGKILL ``proc`` (a step: none of its handlers runs); every process of ``tree`` (its
+    descendants, taken just before) must be gone within 5 s (50 polls 0.1 s apart)."""
+    proc.kill()
+    assert proc.wait() == -9
+    for _ in range(50):
+        if not any(alive(p) for p in tree):
+            break
+        time.sleep(0.1)
+    assert not [p for p in tree if alive(p)], [cmdline(p) for p in tree if alive(p)]
+
+
+def reap(proc: subprocess.Popen, tree: list[int]) -> None:
+    """Kill ``proc`` and what is left of ``tree`` (a failed kill test's leftovers)."""
+    proc.kill()
+    proc.wait()
+    for pid in tree:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
 def sh(
     repo: Path, *cmd: str, check: bool = True, path: Sequence[str | Path] = ()
 ) -> subprocess.CompletedProcess[str]:

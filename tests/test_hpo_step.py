@@ -18,11 +18,9 @@ step's own command, tiny budgets (2 trials of 1 epoch, 2 paired seeds).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -34,7 +32,15 @@ import yaml
 
 from components.core import overrides
 from components.ml.training.trial_metrics import KATIB_DEFAULT_FILTER
-from tests.conftest import REPO, alive, cmdline, descendants, run_module, set_params
+from tests.conftest import (
+    REPO,
+    cmdline,
+    descendants,
+    kill_and_expect_no_survivors,
+    reap,
+    run_module,
+    set_params,
+)
 
 # a tiny real search: 2 trials of 1 epoch, adoption on 2 paired seeds of 1 epoch, a small net
 TINY: dict[str, dict] = {
@@ -342,19 +348,9 @@ def test_a_killed_search_leaves_no_trial_running(tmp_path, digits_data):
             time.sleep(0.1)
         assert any(" train " in cmdline(p) for p in tree), f"no trial; exit {driver.poll()}"
         tree = descendants(driver.pid)  # the trial and what it started by now
-        driver.kill()
-        assert driver.wait() == -9
-        for _ in range(50):  # 5 s
-            if not any(alive(p) for p in tree):
-                break
-            time.sleep(0.1)
-        assert not [p for p in tree if alive(p)], [cmdline(p) for p in tree if alive(p)]
+        kill_and_expect_no_survivors(driver, tree)
     finally:
-        driver.kill()
-        driver.wait()
-        for pid in tree:  # what a failed run of this test left
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        reap(driver, tree)
         assert driver.stderr is not None
         driver.stderr.close()
 

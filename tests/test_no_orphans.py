@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -30,7 +29,7 @@ import pytest
 import yaml
 from PIL import Image
 
-from tests.conftest import REPO, alive, cmdline, descendants
+from tests.conftest import REPO, cmdline, descendants, kill_and_expect_no_survivors, reap
 
 CLASSES = ("circle", "square", "triangle")
 
@@ -94,19 +93,9 @@ def kill_with_hung_workers(
         assert len(tree) >= 2, [cmdline(p) for p in tree]
         if paddle_free:
             assert not [p for p in tree if maps_paddle(p)], "a worker loaded Paddle"
-        step.kill()
-        assert step.wait() == -9
-        for _ in range(50):  # 5 s
-            if not any(alive(p) for p in tree):
-                break
-            time.sleep(0.1)
-        assert not [p for p in tree if alive(p)], [cmdline(p) for p in tree if alive(p)]
+        kill_and_expect_no_survivors(step, tree)
     finally:
-        step.kill()
-        step.wait()
-        for pid in tree:  # what a failed run of this test left
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        reap(step, tree)
 
 
 def test_a_killed_ingest_leaves_no_worker(tmp_path: Path, folder: Path) -> None:

@@ -169,6 +169,20 @@ def blame(message: str, origins: Mapping[str, str]) -> str:
 OVERLAY, DECISION = "overlay.yaml", "decision.yaml"
 
 
+def read_outcome(file: Path, missing: str) -> dict[str, Any]:
+    """A search's overlay or decision file: a YAML mapping whose ``adopted`` is true or false;
+    else one error line naming the file (``missing``: where it should have come from)."""
+    try:
+        doc = yaml.safe_load(file.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise StepError(f"{file}: missing ({missing})") from None
+    except yaml.YAMLError as exc:
+        raise StepError(f"{file}: not YAML: {str(exc).splitlines()[0]}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("adopted"), bool):
+        raise StepError(f"{file}: adopted: expected true or false")
+    return doc
+
+
 def read_overlay(path: str | Path | None) -> dict[str, Any]:
     """The dotted keys a search's overlay under directory ``path`` sets: its ``params`` when
     ``adopted``, else none (no directory: none either, logged). A malformed overlay is one
@@ -180,14 +194,7 @@ def read_overlay(path: str | Path | None) -> dict[str, Any]:
         log.info("no params overlay at %s: the params as they are", directory)
         return {}
     file = directory / OVERLAY
-    try:
-        doc = yaml.safe_load(file.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise StepError(f"{file}: missing (a search's output directory holds one)") from None
-    except yaml.YAMLError as exc:
-        raise StepError(f"{file}: not YAML: {str(exc).splitlines()[0]}") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("adopted"), bool):
-        raise StepError(f"{file}: adopted: expected true or false")
+    doc = read_outcome(file, "a search's output directory holds one")
     sets = doc.get("params") or {}
     if not isinstance(sets, dict) or not all(isinstance(k, str) for k in sets):
         raise StepError(f"{file}: params: expected a mapping of dotted key -> value")

@@ -92,14 +92,7 @@ def read_search(hpo_dir: str | Path) -> Search:
 def read_decision(file: Path, adopted: bool) -> dict[str, Any]:
     """``decision.yaml``, which must agree with its overlay's ``adopted``; a malformed one is
     one error line naming the file and the field."""
-    try:
-        doc = yaml.safe_load(file.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise StepError(f"{file}: missing (the hpo step writes it beside its overlay)") from None
-    except yaml.YAMLError as exc:
-        raise StepError(f"{file}: not YAML: {str(exc).splitlines()[0]}") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("adopted"), bool):
-        raise StepError(f"{file}: adopted: expected true or false")
+    doc = overrides.read_outcome(file, "the hpo step writes it beside its overlay")
     if doc["adopted"] is not adopted:
         raise StepError(
             f"{file}: adopted: {str(doc['adopted']).lower()}, but {overrides.OVERLAY} beside it "
