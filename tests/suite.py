@@ -50,12 +50,14 @@ PIPELINE_MODULES = {
     "test_holdout",
     "test_hpo_step",
     "test_hpo_tracking",
+    "test_no_orphans",
     "test_pipeline_dvc",
     "test_pipeline_image_folder",
     "test_pipeline_kfp",
     "test_segmentation",
     "test_sentiment",
     "test_train",
+    "test_train_bounds",
 }
 # fixtures that train, export, quantize or package a model (conftest.py)
 PIPELINE_FIXTURES = {"trained", "exported", "qat_out", "exported_int8", "step_outputs"}
