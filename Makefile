@@ -181,13 +181,14 @@ PYTEST_XDIST = -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 # as the venv exists, beside the C++ build and ctest (build/images-early.log); the suite's
 # images fixture then waits for it (containers/images.py holds a lock) instead of starting
 # late. Without podman nothing starts; a failed early build is built again, and reported, by
-# the fixture. The early build stops with the recipe's shell, however it ends.
+# the fixture. The early build stops with the recipe's shell, however it ends. (A plain
+# `make` below, not $(MAKE): `make -n test` stays a dry run.)
 EARLY_IMAGES = if command -v podman >/dev/null && command -v mmdebstrap >/dev/null; then \
 	  setsid python containers/images.py build > build/images-early.log 2>&1 & early=$$!; \
 	  trap 'kill -- -$$early 2>/dev/null' EXIT INT TERM; fi
 test: install
 	@mkdir -p build; $(EARLY_IMAGES); \
-	$(MAKE) --no-print-directory serving-test && \
+	make --no-print-directory serving-test && \
 	python -m pytest $(PYTEST_XDIST) $(PYTEST_ARGS)
 
 # the unit tier alone (no pipeline, no image): the inner loop, a few minutes
@@ -199,7 +200,7 @@ test-quick: install
 # recipe's shell lives (a SIGKILLed make leaves no hog behind)
 test-loaded: install
 	@mkdir -p build; $(EARLY_IMAGES); \
-	$(MAKE) --no-print-directory serving-test || exit 1; \
+	make --no-print-directory serving-test || exit 1; \
 	cpu=$$(( $$(nproc) - 1 )); taskset -c $$cpu sh -c 'while kill -0 $$PPID 2>/dev/null; do :; done' & hog=$$!; \
 	trap 'kill $$hog 2>/dev/null; kill -- -$$early 2>/dev/null' EXIT INT TERM; \
 	echo "test-loaded: a CPU hog (pid $$hog) on CPU $$cpu"; \
