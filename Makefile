@@ -71,9 +71,16 @@ help:
 	@echo "make kfp-containers - the whole KFP DAG, every step in the component image (podman)"
 	@echo "make clean    - remove outputs, checkpoints, metrics, plots, MLflow stores (stops the servers)"
 
-$(VENV)/.installed: pyproject.toml constraints.txt
+# The venv with OpenVINO alone comes first: it is all the C++ server builds against, so
+# `make -j2 install serving` compiles the server while pip installs the rest (pip keeps one
+# core busy; a fresh machine's test run starts about that much earlier).
+$(VENV)/.openvino: constraints.txt
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -c constraints.txt openvino
+	touch $@
+
+$(VENV)/.installed: pyproject.toml constraints.txt $(VENV)/.openvino
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev]'
 	touch $@
 
@@ -108,12 +115,13 @@ container-deps:
 	$(call apt_install,$(CONTAINER_APT_PACKAGES))
 
 OV_CMAKE = $$($(BIN)/python -c "import openvino, os; print(os.path.join(os.path.dirname(openvino.__file__), 'cmake'))")
-serving: install apt-deps
+serving: $(VENV)/.openvino apt-deps
 	cmake -S serving -B build/serving -DCMAKE_BUILD_TYPE=Release -DOpenVINO_DIR=$(OV_CMAKE) \
 	  -DPython3_EXECUTABLE=$(BIN)/python
 	cmake --build build/serving -j2
 
-serving-test: serving
+# ctest's openvino_test_model fixture writes its model with the project's Python (paddle)
+serving-test: serving install
 	ctest --test-dir build/serving --output-on-failure
 
 # data/raw is tracked by data.dvc. Take it from the DVC remote when one is configured,
@@ -177,18 +185,24 @@ plots: install
 # run's account: tests= passed= failed= skipped= wall_s= slowest= (also build/test-summary.txt).
 TEST_WORKERS ?= 4
 PYTEST_XDIST = -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
-# The images are the cold run's critical path: their build starts in the background as soon
-# as the venv exists, beside the C++ build and ctest (build/images-early.log); the suite's
-# images fixture then waits for it (containers/images.py holds a lock) instead of starting
-# late. Without podman nothing starts; a failed early build is built again, and reported, by
-# the fixture. The early build stops with the recipe's shell, however it ends. (A plain
-# `make` below, not $(MAKE): `make -n test` stays a dry run.)
-EARLY_IMAGES = if command -v podman >/dev/null && command -v mmdebstrap >/dev/null; then \
-	  setsid python containers/images.py build > build/images-early.log 2>&1 & early=$$!; \
-	  trap 'kill -- -$$early 2>/dev/null' EXIT INT TERM; fi
-test: install
-	@mkdir -p build; $(EARLY_IMAGES); \
-	make --no-print-directory serving-test && \
+# A fresh machine's run before the first test: the venv with OpenVINO, then at once the image
+# build (background, build/images-early.log), the rest of the install and the C++ build (make
+# -j2: pip keeps one core busy, the compiler the other), then ctest. The images are the cold
+# run's critical path: the suite's images fixture waits for this build (containers/images.py
+# holds a lock) instead of starting late. Without podman nothing starts; a failed early build
+# is built again, and reported, by the fixture. The early build writes no SBOM (that needs the
+# whole install; the fixture's build writes them), builds the tests' policy-check image last,
+# and stops with the recipe's shell, however it ends. (Plain `make` below, not $(MAKE):
+# `make -n test` stays a dry run.)
+PREPARE = make --no-print-directory $(VENV)/.openvino || exit 1; \
+	if command -v podman >/dev/null && command -v mmdebstrap >/dev/null; then \
+	  setsid python containers/images.py build --no-sbom --policy-check \
+	    > build/images-early.log 2>&1 & early=$$!; \
+	  trap 'kill -- -$$early 2>/dev/null' EXIT INT TERM; fi; \
+	make --no-print-directory -j2 --output-sync=target install serving || exit 1; \
+	make --no-print-directory serving-test || exit 1
+test:
+	@mkdir -p build; $(PREPARE); \
 	python -m pytest $(PYTEST_XDIST) $(PYTEST_ARGS)
 
 # the unit tier alone (no pipeline, no image): the inner loop, a few minutes
@@ -198,9 +212,8 @@ test-quick: install
 # the whole suite with a CPU hog pinned to the last CPU (a busy host): every outcome must be
 # the same; the hog stops with the run, however it ends (the trap), and spins only while the
 # recipe's shell lives (a SIGKILLed make leaves no hog behind)
-test-loaded: install
-	@mkdir -p build; $(EARLY_IMAGES); \
-	make --no-print-directory serving-test || exit 1; \
+test-loaded:
+	@mkdir -p build; $(PREPARE); \
 	cpu=$$(( $$(nproc) - 1 )); taskset -c $$cpu sh -c 'while kill -0 $$PPID 2>/dev/null; do :; done' & hog=$$!; \
 	trap 'kill $$hog 2>/dev/null; kill -- -$$early 2>/dev/null' EXIT INT TERM; \
 	echo "test-loaded: a CPU hog (pid $$hog) on CPU $$cpu"; \

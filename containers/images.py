@@ -1,6 +1,8 @@
 """Build the project's images with podman from this repository alone.
 
     python containers/images.py build            # base images, component image, server image
+        [--no-sbom]                              # their SBOMs left to a later build
+        [--policy-check]                         # and the policy-check image (below)
     python containers/images.py refs             # the refs an unchanged tree builds (JSON)
     python containers/images.py policy-check     # containers/image with sigstore (below)
 
@@ -37,6 +39,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -224,10 +228,10 @@ def write_sbom(ref: str, out: Path, python: str) -> None:
     subprocess.run([*cmd, *(["--python", python] if python else [])], check=True, env=env, cwd=REPO)
 
 
-def build_all() -> dict[str, dict[str, object]]:
-    """Build what is missing, one build at a time on this checkout: a second ``build`` (the
-    suite's images fixture while ``make test``'s early build runs) waits for the first, then
-    finds its images up to date."""
+@contextmanager
+def one_build_at_a_time() -> Iterator[None]:
+    """Hold this checkout's build lock: a second build (the suite's images fixture while
+    ``make test``'s early build runs) waits for the first, then finds its images up to date."""
     lock = REPO / "build" / "images.lock"
     lock.parent.mkdir(exist_ok=True)
     with lock.open("w") as held:
@@ -236,10 +240,16 @@ def build_all() -> dict[str, dict[str, object]]:
         except BlockingIOError:
             log.info("another build of this checkout's images runs: waiting for it (%s)", lock)
             fcntl.flock(held, fcntl.LOCK_EX)
-        return _build_all()
+        yield
 
 
-def _build_all() -> dict[str, dict[str, object]]:
+def build_all(*, sboms: bool = True) -> dict[str, dict[str, object]]:
+    """Build what is missing (and, with ``sboms``, write the SBOMs that are missing)."""
+    with one_build_at_a_time():
+        return _build_all(sboms=sboms)
+
+
+def _build_all(*, sboms: bool) -> dict[str, dict[str, object]]:
     wanted = refs()
     report: dict[str, dict[str, object]] = {}
     for name, ref in wanted.items():
@@ -267,7 +277,7 @@ def _build_all() -> dict[str, dict[str, object]]:
         else:
             log.info("up to date: %s", ref)
         sbom = REPO / "build" / "sbom" / f"{name}.cdx.json"
-        if name in SBOM_PYTHON and (built or not sbom.is_file()):
+        if sboms and name in SBOM_PYTHON and (built or not sbom.is_file()):
             write_sbom(ref, sbom, SBOM_PYTHON[name])
         size = podman("image", "inspect", "--format", "{{.Size}}", ref, capture=True)
         report[name] = {
@@ -286,9 +296,10 @@ def policy_check() -> str:
     """The policy-check image's ref, built if missing."""
     suite, packages = POLICY_CHECK
     ref = base_ref("policy-check", packages, suite)
-    if not exists(ref):
-        log.info("building %s", ref)
-        build_base(ref, packages, suite)
+    with one_build_at_a_time():
+        if not exists(ref):
+            log.info("building %s", ref)
+            build_base(ref, packages, suite)
     return ref
 
 
@@ -298,6 +309,16 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("command", choices=["build", "refs", "policy-check"])
+    parser.add_argument(
+        "--no-sbom",
+        action="store_true",
+        help="build: leave the SBOMs to a later build (they need the whole install)",
+    )
+    parser.add_argument(
+        "--policy-check",
+        action="store_true",
+        help="build: the (unshipped) policy-check image too, after the others",
+    )
     args = parser.parse_args(argv)
     if args.command == "policy-check":
         sys.stdout.write(policy_check() + "\n")
@@ -305,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "refs":
         sys.stdout.write(json.dumps(refs(), indent=2) + "\n")
         return 0
-    for name, row in build_all().items():
+    for name, row in build_all(sboms=not args.no_sbom).items():
         log.info(
             "%-13s %s  %s MB  %s s%s",
             name,
@@ -314,6 +335,8 @@ def main(argv: list[str] | None = None) -> int:
             row["seconds"],
             "" if row["built"] else " (unchanged)",
         )
+    if args.policy_check:
+        log.info("policy-check  %s", policy_check())
     return 0
 
 
