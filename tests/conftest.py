@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import logging
 import os
 import shutil
 import signal
@@ -58,6 +59,22 @@ def _session_keys() -> None:
 
 
 _session_keys()
+
+
+@pytest.fixture(autouse=True)
+def _root_log_handlers() -> Iterator[None]:
+    """A CLI called in-process (``main([...])``) sets up logging with ``basicConfig(force=True,
+    stream=sys.stderr)``: a root handler on this test's captured stderr, which pytest closes
+    when the test ends. Left in place, every later test's root log record on that worker hits a
+    closed file (a failpoint's flush raised ``ValueError`` on it). Such handlers (plain
+    ``StreamHandler``s, never pytest's own) go when the test ends, and the root level is reset."""
+    root = logging.getLogger()
+    before, level = set(root.handlers), root.level
+    yield
+    for handler in list(root.handlers):
+        if handler not in before and type(handler) is logging.StreamHandler:
+            root.removeHandler(handler)
+    root.setLevel(level)
 
 
 @pytest.fixture(scope="session")
