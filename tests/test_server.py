@@ -312,10 +312,48 @@ def test_client_disconnecting_mid_request_does_not_hurt(server, golden, referenc
     assert client(server).is_server_ready()
 
 
-def burst_infer(port: int, batches: list[tuple[np.ndarray, bool]]) -> list[np.ndarray]:
+def host_pid(srv: ServerProcess) -> int:
+    """The host PID of the server process: the binary's own, or the one podman runs (its
+    container publishes ``srv.port``)."""
+    if Path(str(srv.proc.args[0])).name != "podman":
+        return srv.proc.pid
+    env = {**os.environ, "CONTAINERS_CONF": str(CONTAINERS_CONF)}
+    ids = subprocess.run(
+        ["podman", "ps", "--format", "{{.ID}} {{.Ports}}"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    (cid,) = [line.split()[0] for line in ids if f"127.0.0.1:{srv.port}->" in line]
+    pid = subprocess.run(
+        ["podman", "inspect", "--format", "{{.State.Pid}}", cid],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    return int(pid)
+
+
+@contextlib.contextmanager
+def stopped(pid: int):
+    """The process stopped (SIGSTOP) for the block, continued after, however it ends."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+def burst_infer(
+    port: int, batches: list[tuple[np.ndarray, bool]], pid: int | None = None
+) -> list[np.ndarray]:
     """Send every request at once, one per pre-opened keep-alive connection, then read the
     answers: the requests reach the server within microseconds, as a burst from many clients
-    does, whatever the speed of this Python process."""
+    does. With ``pid`` (the server's) the requests are sent while the server is stopped, so
+    they are all in its sockets when it continues, however slowly this process sends them on
+    a loaded host."""
     requests = []
     for x, binary in batches:
         inp = httpclient.InferInput("image", list(x.shape), "FP32")
@@ -330,8 +368,9 @@ def burst_infer(port: int, batches: list[tuple[np.ndarray, bool]]) -> list[np.nd
     try:
         for conn in conns:
             conn.connect()
-        for conn, (body, headers) in zip(conns, requests, strict=True):
-            conn.request("POST", f"/v2/models/{NAME}/infer", body=body, headers=headers)
+        with stopped(pid) if pid is not None else contextlib.nullcontext():
+            for conn, (body, headers) in zip(conns, requests, strict=True):
+                conn.request("POST", f"/v2/models/{NAME}/infer", body=body, headers=headers)
         got = []
         for conn in conns:
             resp = conn.getresponse()
@@ -359,9 +398,10 @@ def test_concurrent_clients_get_their_own_answers_under_batching(server, golden,
     # this module's server has served other tests already: compare /metrics before and after,
     # once the batches of earlier tests (a timed-out request still runs) have all finished
     before = settled_metrics(server.port)
-    for r in range(0, len(jobs), 16):  # 6 bursts of 16 clients
+    pid = host_pid(server)
+    for r in range(0, len(jobs), 16):  # 6 bursts of 16 clients, sent while the server stops
         burst = jobs[r : r + 16]
-        answers = burst_infer(server.port, [(golden[i : i + n], b) for i, n, b in burst])
+        answers = burst_infer(server.port, [(golden[i : i + n], b) for i, n, b in burst], pid)
         for (start_i, n, _), got in zip(burst, answers, strict=True):
             np.testing.assert_allclose(got, reference[start_i : start_i + n], atol=1e-4, rtol=1e-3)
     after = client_metrics(server.port)
