@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
-import paddle
 
 from components.core.artifacts import StepError
 from components.ml.data.features import image_features
@@ -18,7 +17,11 @@ from components.tasks.objective import Classification, Objective
 from components.tasks.report import classification_report
 from components.tasks.types import Optimization, SoftTargets, TrainSettings
 
+# paddle is imported where a model is built, trained or exported, not here: the steps that
+# only read a task's data format (ingest, validate) or its name (register) never load it
 if TYPE_CHECKING:
+    import paddle
+
     from components.tasks.stream import TrainingData
 
 __all__ = [
@@ -247,6 +250,8 @@ class Task(abc.ABC):
     def optimization(self, model: paddle.nn.Layer, settings: TrainSettings) -> Optimization:
         """The optimizer and schedule of this task's recipe. Default (the image tasks): Adam,
         the learning rate multiplied by ``lr_gamma`` every ``lr_step_size`` epochs."""
+        import paddle
+
         scheduler = paddle.optimizer.lr.StepDecay(
             learning_rate=settings.learning_rate,
             step_size=settings.lr_step_size,
@@ -378,6 +383,8 @@ class Task(abc.ABC):
         return np.concatenate(samples), np.concatenate(labels).astype(np.int64)
 
     def paddle_input_specs(self) -> list[paddle.static.InputSpec]:
+        import paddle
+
         return [
             paddle.static.InputSpec(shape=list(s.shape), dtype=s.dtype, name=s.name)
             for s in self.input_specs()

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import field
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import paddle
-from paddle import nn
 from pydantic import Field, model_validator
 
 from components.core.config import from_dict, params_model
@@ -17,6 +15,9 @@ from components.tasks.vision import (
     Std,
     check_channels,
 )
+
+if TYPE_CHECKING:
+    from paddle import nn
 
 # conv3(pad 1) -> pool2 -> conv5 -> pool2 leaves (H // 2 - 4) // 2 rows: at least 1 needs H >= 12
 MIN_IMAGE_SIZE = 12
@@ -45,43 +46,6 @@ class DigitsOptions:
         return self
 
 
-class LeNet(nn.Layer):
-    """LeNet-5 shape: conv-pool-conv-pool-fc-fc-fc, sized for the configured input."""
-
-    def __init__(
-        self,
-        num_classes: int,
-        in_channels: int,
-        image_size: tuple[int, int],
-        conv_channels: list[int],
-        hidden: list[int],
-    ):
-        super().__init__()
-        c1, c2 = conv_channels
-        self.features = nn.Sequential(
-            nn.Conv2D(in_channels, c1, 3, stride=1, padding=1),
-            nn.ReLU(),
-            nn.MaxPool2D(2, 2),
-            nn.Conv2D(c1, c2, 5, stride=1, padding=0),
-            nn.ReLU(),
-            nn.MaxPool2D(2, 2),
-        )
-        h, w = image_size
-        fh, fw = ((h // 2) - 4) // 2, ((w // 2) - 4) // 2
-        layers: list[nn.Layer] = []
-        width = c2 * fh * fw
-        for size in hidden:
-            layers += [nn.Linear(width, size), nn.ReLU()]
-            width = size
-        layers.append(nn.Linear(width, num_classes))
-        self.classifier = nn.Sequential(*layers)
-
-    def forward(self, image: paddle.Tensor) -> paddle.Tensor:
-        x = self.features(image)
-        x = paddle.flatten(x, 1)
-        return self.classifier(x)
-
-
 class DigitsTask(ImageClassificationTask):
     name = "digits"
 
@@ -98,6 +62,8 @@ class DigitsTask(ImageClassificationTask):
         return cls(from_dict(DigitsOptions, options, where=where))
 
     def build_model(self, num_classes: int) -> nn.Layer:
+        from components.tasks.digits_net import LeNet
+
         return LeNet(
             num_classes,
             self.channels,

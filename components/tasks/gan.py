@@ -53,7 +53,7 @@ from components.tasks.base import (
     TrainSettings,
 )
 from components.tasks.data import check_format, iter_split
-from components.tasks.digits import LeNet
+from components.tasks.digits_net import LeNet
 from components.tasks.objective import Objective, StepContext
 from components.tasks.report import classification_report
 from components.tasks.stream import InputBatch, TrainingData, as_training_data

@@ -5,10 +5,8 @@ from __future__ import annotations
 import logging
 from dataclasses import field
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-import paddle
-from paddle import nn
 from pydantic import Field, model_validator
 
 from components.core.artifacts import StepError
@@ -20,6 +18,9 @@ from components.tasks.vision import (
     Std,
     check_channels,
 )
+
+if TYPE_CHECKING:
+    from paddle import nn
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,8 @@ class ImageFolderTask(ImageClassificationTask):
         return cls(from_dict(ImageFolderOptions, options, where=where), where)
 
     def build_model(self, num_classes: int) -> nn.Layer:
+        import paddle
+        from paddle import nn
         from paddle.vision import models
 
         factory = getattr(models, self.options.arch)

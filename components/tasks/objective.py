@@ -16,12 +16,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
-import paddle
-import paddle.nn.functional as F
 
 from components.tasks.types import Optimization, SoftTargets, TrainSettings
 
+# paddle is imported where a model is run, not here: the steps that only read a task's data
+# format or its objective's score (ingest, validate, hpo, register) never load it
 if TYPE_CHECKING:
+    import paddle
+
     from components.tasks.stream import InputBatch
 
 
@@ -64,12 +66,16 @@ class Objective(abc.ABC):
         """What the batches go through: the model itself in one process, else wrapped so
         gradients are averaged over ranks (``paddle.DataParallel`` broadcasts rank 0's
         parameters when it wraps)."""
+        import paddle
+
         return paddle.DataParallel(model) if world_size > 1 else model
 
     def loss(self, logits: paddle.Tensor, targets: paddle.Tensor) -> paddle.Tensor:
         """The supervised loss of a batch (mean): cross-entropy over the class axis 1, which
         fits class logits ``[N, C]`` with labels ``[N]`` and per-pixel logits ``[N, C, H, W]``
         with masks ``[N, H, W]`` alike. QAT fine-tuning uses it."""
+        import paddle.nn.functional as F
+
         return F.cross_entropy(logits.astype("float32"), targets, axis=1)
 
     def distillation(
@@ -78,6 +84,8 @@ class Objective(abc.ABC):
         """KL(teacher || model) of temperature-softened class distributions (axis 1), averaged
         over every position that has one (each sample of ``[N, C]``, each pixel of ``[N, C,
         H, W]``) and scaled by ``temperature**2``. QAT fine-tuning uses it."""
+        import paddle.nn.functional as F
+
         t = temperature
         soft = F.softmax(teacher.astype("float32") / t, axis=1)
         kl = F.kl_div(F.log_softmax(logits.astype("float32") / t, axis=1), soft, reduction="sum")
@@ -134,6 +142,9 @@ class Classification(Objective):
         soft: np.ndarray | None = None,
         soft_targets: SoftTargets | None = None,
     ) -> dict[str, float]:
+        import paddle
+        import paddle.nn.functional as F
+
         with ctx.autocast():
             logits = nets(*batch)
         logits = logits.astype("float32")  # the loss always in fp32
@@ -158,6 +169,9 @@ class Classification(Objective):
         world: Any,  # components.ml.training.distributed.World
     ) -> dict[str, float]:
         """Mean loss and accuracy; each rank scores its batches, the sums are shared."""
+        import paddle
+        import paddle.nn.functional as F
+
         model.eval()
         total_loss, correct = 0.0, 0
         with paddle.no_grad():

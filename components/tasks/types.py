@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import paddle
+
+if TYPE_CHECKING:
+    import paddle
 
 
 @dataclass(frozen=True)

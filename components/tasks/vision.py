@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Annotated, Any
 
 import numpy as np
-import paddle
-from paddle.vision import transforms as T
 from pydantic import Field
 from tqdm import tqdm
 
@@ -49,9 +48,15 @@ class ImageClassificationTask(Task):
         self.std = list(std)
         self.channels = len(mean)
         self.augment_shift = augment_shift
-        # Resize works on HWC numpy images (OpenCV backend); ToTensor scales uint8 to [0, 1]
-        # and moves channels first; Normalize then applies the seed's mean/std.
-        self._transform = T.Compose(
+
+    @functools.cached_property
+    def _transform(self) -> Any:
+        """Resize works on HWC numpy images (OpenCV backend); ToTensor scales uint8 to [0, 1]
+        and moves channels first; Normalize then applies the seed's mean/std. Built on first
+        use: a step that never preprocesses (ingest, validate, register) never loads paddle."""
+        from paddle.vision import transforms as T
+
+        return T.Compose(
             [
                 T.Resize(self.image_size),
                 T.ToTensor(data_format="CHW"),
@@ -73,6 +78,8 @@ class ImageClassificationTask(Task):
         items = range(raw.shape[0])
         if raw.shape[0] > 2000:
             items = tqdm(items, desc="preprocess", unit="img", leave=False)
+        import paddle
+
         with paddle.no_grad():
             for i in items:
                 out[i] = self._transform(np.ascontiguousarray(raw[i])).numpy()
