@@ -41,11 +41,13 @@ if x >= 0.95:
     print(f"boom: x={x} is flagged", file=sys.stderr)
     sys.exit(1)
 for epoch in range(epochs):
+    # recorded before its metric line: once the driver reads the line it may prune (SIGTERM)
+    # at once, and a record written after could be cut off by the signal
+    note("epoch", epoch=epoch)
     print(
         metric_line(epoch, {"val_score": x * (epoch + 1) / epochs}, datetime.now(UTC)), flush=True
     )
     print(f"progress val_score={x}", file=sys.stderr)  # like tqdm's postfix: not read
-    note("epoch", epoch=epoch)
     if x < 0.05 and epoch >= 1:
         block()
 note("end")
