@@ -317,23 +317,11 @@ def host_pid(srv: ServerProcess) -> int:
     container publishes ``srv.port``)."""
     if Path(str(srv.proc.args[0])).name != "podman":
         return srv.proc.pid
-    env = {**os.environ, "CONTAINERS_CONF": str(CONTAINERS_CONF)}
-    ids = subprocess.run(
-        ["podman", "ps", "--format", "{{.ID}} {{.Ports}}"],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.splitlines()
+    from tests.test_containers import podman
+
+    ids = podman("ps", "--format", "{{.ID}} {{.Ports}}").stdout.splitlines()
     (cid,) = [line.split()[0] for line in ids if f"127.0.0.1:{srv.port}->" in line]
-    pid = subprocess.run(
-        ["podman", "inspect", "--format", "{{.State.Pid}}", cid],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
-    return int(pid)
+    return int(podman("inspect", "--format", "{{.State.Pid}}", cid).stdout.strip())
 
 
 @contextlib.contextmanager
