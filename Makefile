@@ -80,8 +80,12 @@ $(VENV)/.openvino: constraints.txt
 	$(BIN)/python -m pip install -q -c constraints.txt openvino
 	touch $@
 
+# rfc3987-syntax comes only with cyclonedx-bom's jsonschema[format-nongpl] and builds a Lark
+# grammar whenever jsonschema is imported (kfp, great_expectations, the serving config): 1.2 CPU s
+# in every such process, measured. Without it jsonschema skips only the "iri" formats.
 $(VENV)/.installed: pyproject.toml constraints.txt $(VENV)/.openvino
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev]'
+	$(BIN)/python -m pip uninstall -q -y rfc3987-syntax
 	touch $@
 
 install: $(VENV)/.installed

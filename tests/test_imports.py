@@ -116,3 +116,16 @@ def test_ingest_validate_and_a_switched_off_search_run_without_paddle(tmp_path: 
         proc = _python(BLOCKED, *argv, *BUILTIN)
         assert proc.returncode == 0, f"{argv[0]}: {proc.stderr[-2000:]}"
         assert "paddle imported" not in proc.stderr
+
+
+def test_importing_kfp_builds_no_uri_grammar():
+    """jsonschema (imported by kfp, great_expectations and the serving config) builds a Lark
+    grammar at import when rfc3987-syntax is installed: 1.2 CPU s in every step that imports
+    it. `make install` removes it; kfp and jsonschema still import and validate."""
+    proc = _python(
+        "import sys, kfp, jsonschema\n"
+        "jsonschema.validate({'a': 1}, {'properties': {'a': {'type': 'integer'}}})\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('rfc3987', 'lark'))))"
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "[]"
