@@ -187,7 +187,10 @@ def pipeline(tmp_path_factory, plugin, server_binary) -> Path:
         evaluate={"latency": {"warmup": 1, "repeats": 2}},
         register={"min_accuracy": 0.0},  # a 5-epoch model; the example's floor is 0.9
         deploy={"target": "none"},  # no server left behind (tests/test_pipeline_dvc.py)
-        qat={"allow_fp32_only": True},  # a 5-epoch model's int8 gate may go either way
+        # a 5-epoch model's int8 gate may go either way; the QAT itself is tested on digits
+        # (test_qat): one epoch and a few latency repeats (3 epochs and 30 repeats at batch 64
+        # cost ~40 CPU s, measured)
+        qat={"allow_fp32_only": True, "epochs": 1, "latency": {"warmup": 1, "repeats": 3}},
         package={"tune": {"budget_s": 0}},  # the search is tested in test_tuning
         serving_image={
             "builder": "none",

@@ -328,7 +328,8 @@ def pipeline(tmp_path_factory, server_binary) -> Path:
             "latency_requests": 5,
         },
     )
-    sh(repo, sys.executable, "-m", "components", "dvc-yaml")  # the new source is a dep
+    # the new source is a dep of this pipeline (its dvc.yaml alone: all five cost ~13 CPU s)
+    sh(repo, sys.executable, "-m", "components", "dvc-yaml", "--params", PARAMS)
     sh(repo, "dvc", "repro", PARAMS.replace("params.yaml", "dvc.yaml"))
     return repo
 

@@ -123,6 +123,13 @@ def _package_of(name: str, file: Path) -> str:
 
 
 def _imports(file: Path, package: str) -> list[str]:
+    stat = file.stat()  # a file changed since it was parsed is parsed again
+    return list(_parsed_imports(file, package, stat.st_mtime_ns, stat.st_size))
+
+
+@functools.cache
+def _parsed_imports(file: Path, package: str, _mtime_ns: int, _size: int) -> tuple[str, ...]:
+    """The modules ``file`` imports (parsed once: every step's closure shares most files)."""
     found = []
     for node in ast.walk(ast.parse(file.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
@@ -134,7 +141,7 @@ def _imports(file: Path, package: str) -> list[str]:
                 base = ".".join([*up, base] if base else up)
             found.append(base)
             found += [f"{base}.{a.name}" for a in node.names if a.name != "*"]
-    return found
+    return tuple(found)
 
 
 # ---------------------------------------------------------------------------- pipelines
@@ -185,15 +192,26 @@ def code_deps(step: Step, params: dict[str, Any]) -> list[str]:
     return import_closure(*modules)
 
 
-def _params_entries(step: Step, params_file: str) -> list[Any]:
+class PipelineParams:
+    """A pipeline's params, merged, and each file of its overlay chain (base first) as read:
+    what every stage of the pipeline is generated from, read once for all of them."""
+
+    def __init__(self, params_file: str) -> None:
+        self.params = load_params(REPO / params_file)
+        self.chain = [
+            (file, yaml.safe_load(file.read_text(encoding="utf-8")) or {})
+            for file in overlay_chain(REPO / params_file)
+        ]
+
+
+def _params_entries(step: Step, params_file: str, loaded: PipelineParams) -> list[Any]:
     """DVC ``params`` of ``step``: its sections in each file of the overlay chain that sets
     them (the default pipeline: the section names, DVC's default file)."""
     if params_file == DEFAULT_PARAMS:
         return list(step.sections)
     entries: list[Any] = []
     replaced: set[str] = set()  # sections a later file replaces whole: the base's is unread
-    for file in reversed(overlay_chain(REPO / params_file)):
-        data = yaml.safe_load(file.read_text(encoding="utf-8")) or {}
+    for file, data in reversed(loaded.chain):
         keys = [s for s in step.sections if s in data and s not in replaced]
         if keys:
             entries.insert(0, {file.relative_to(REPO).as_posix(): keys})
@@ -213,10 +231,13 @@ def _local_sources(step: Step, params: dict[str, Any]) -> list[str]:
     return out
 
 
-def dvc_stage(step: Step, params_file: str = DEFAULT_PARAMS) -> dict[str, Any]:
+def dvc_stage(
+    step: Step, params_file: str = DEFAULT_PARAMS, loaded: PipelineParams | None = None
+) -> dict[str, Any]:
     """The ``dvc.yaml`` stage of ``step`` in the pipeline of ``params_file`` (a path relative
-    to the repository root)."""
-    params = load_params(REPO / params_file)
+    to the repository root); ``loaded``: that pipeline's params, when already read."""
+    loaded = loaded or PipelineParams(params_file)
+    params = loaded.params
     deps: list[str] = []
     for port in step.inputs:
         path = pipeline_path(port.path, params_file)
@@ -231,7 +252,7 @@ def dvc_stage(step: Step, params_file: str = DEFAULT_PARAMS) -> dict[str, Any]:
         stage["wdir"] = os.path.relpath(REPO, (REPO / params_file).parent)
     stage["deps"] = list(dict.fromkeys(deps))
     if step.sections:
-        stage["params"] = _params_entries(step, params_file)
+        stage["params"] = _params_entries(step, params_file, loaded)
     for port in step.cli_outputs():
         # plot files are plain (uncached) outs: the dvc.yaml's top-level `plots:` draws each
         # once, with its title and template (a stage-level plot was drawn a second time)
@@ -284,7 +305,10 @@ def write_dvc_yaml(params_file: str = DEFAULT_PARAMS) -> Path:
     path = dvc_yaml_path(params_file)
     current_text = path.read_text(encoding="utf-8") if path.exists() else ""
     current = yaml.safe_load(current_text) if current_text else {}
-    doc: dict[str, Any] = {"stages": {s.name: dvc_stage(s, params_file) for s in all_steps()}}
+    loaded = PipelineParams(params_file)
+    doc: dict[str, Any] = {
+        "stages": {s.name: dvc_stage(s, params_file, loaded) for s in all_steps()}
+    }
     default = params_file == DEFAULT_PARAMS
     if current and current.get("plots") and (default or _OWN_PLOTS_MARK in current_text):
         doc["plots"] = current["plots"]  # written by hand for this pipeline: kept
