@@ -26,7 +26,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from components.ml.serving.ov_runtime import OVPredictor  # noqa: E402
 from components.ml.training.modelio import save_legacy  # noqa: E402
-from components.steps.qat import QatParams, _freeze_batch_norm, quantizer, write_bundle  # noqa: E402
+from components.ml.training.quantization import (  # noqa: E402
+    freeze_batch_norm,
+    quantizer,
+    write_bundle,
+)
+from components.steps.qat import QatParams  # noqa: E402
 
 log = logging.getLogger("bench")
 
@@ -110,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         quant = quantizer(QatParams())
         model.train()
         quant.quantize(model)
-        _freeze_batch_norm(model)
+        freeze_batch_norm(model)
         with paddle.no_grad():
             for _ in range(args.calibration_batches):
                 model(paddle.to_tensor(images(8)))
