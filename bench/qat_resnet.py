@@ -1,9 +1,11 @@
 """int8 (QAT) vs fp32 on a ResNet in the CPU serving runtime (OpenVINO), side by side.
 
-Builds a random-initialised ``paddle.vision`` ResNet at 224x224, exports the fp32 model and
-its int8 twin through the same code the ``qat`` step uses (fake-quant inserted by
-``components.steps.qat.quantizer``, activation scales set by a few training-mode forward passes on
-generated images, ``save_quantized_model``, OpenVINO IR), then times both in one process,
+Builds a random-initialised ``paddle.vision`` ResNet at 224x224 with the image_folder task's
+blocks (``components/tasks/resnet.py``: residual adds QAT quantizes; ``--blocks paddle-vision``
+for paddle.vision's own), exports the fp32 model and its int8 twin through the same code the
+``qat`` step uses (fake-quant inserted by ``components.ml.training.quantization.quantizer``,
+activation scales set by a few training-mode forward passes on generated images,
+``save_quantized_model``, OpenVINO IR), then times both in one process,
 interleaved, at each batch size and thread count. Weights are random: this measures size and
 speed, not accuracy.
 
@@ -32,6 +34,7 @@ from components.ml.training.quantization import (  # noqa: E402
     write_bundle,
 )
 from components.steps.qat import QatParams  # noqa: E402
+from components.tasks.resnet import quantizable_residual_adds  # noqa: E402
 
 log = logging.getLogger("bench")
 
@@ -91,6 +94,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--repeats", type=int, default=5, help="timed calls per cell (median)")
     parser.add_argument("--calibration-batches", type=int, default=4)
+    parser.add_argument(
+        "--blocks",
+        default="quantizable",
+        choices=["quantizable", "paddle-vision"],
+        help="quantizable: the image_folder task's blocks (components/tasks/resnet.py), whose "
+        "residual add QAT quantizes; paddle-vision: the blocks as paddle.vision ships them",
+    )
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", force=True)
@@ -99,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
 
     paddle.seed(0)
     model = getattr(models, args.arch)(pretrained=False)
+    if args.blocks == "quantizable":
+        log.info("residual adds as quantizable layers: %d blocks", quantizable_residual_adds(model))
     model.eval()
     spec = [paddle.static.InputSpec([-1, 3, args.image_size, args.image_size], "float32", "image")]
     rng = np.random.default_rng(0)
@@ -161,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
         }
 
     lines = [
-        f"{args.arch} {args.image_size}x{args.image_size}, OpenVINO CPU, f32 precision hint",
+        f"{args.arch} {args.image_size}x{args.image_size} ({args.blocks} blocks), OpenVINO CPU, "
+        "f32 precision hint",
         "",
         "size (bytes)          fp32         int8    ratio",
     ]

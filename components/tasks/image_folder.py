@@ -92,4 +92,8 @@ class ImageFolderTask(ImageClassificationTask):
             model.conv1 = nn.Conv2D(self.channels, 64, 7, stride=2, padding=3, bias_attr=False)
         # ImageNet head -> this data set's classes
         model.fc = nn.Linear(model.fc.weight.shape[0], num_classes)
+        # the residual adds as layers QAT quantizes (same parameters, same fp32 arithmetic)
+        from components.tasks.resnet import quantizable_residual_adds
+
+        quantizable_residual_adds(model)
         return model
