@@ -122,9 +122,9 @@ def _package_of(name: str, file: Path) -> str:
     return name if file.name == "__init__.py" else name.rpartition(".")[0]
 
 
-def _imports(file: Path, package: str) -> list[str]:
+def _imports(file: Path, package: str) -> tuple[str, ...]:
     stat = file.stat()  # a file changed since it was parsed is parsed again
-    return list(_parsed_imports(file, package, stat.st_mtime_ns, stat.st_size))
+    return _parsed_imports(file, package, stat.st_mtime_ns, stat.st_size)
 
 
 @functools.cache

@@ -35,22 +35,20 @@ class ResidualAdd(nn.Layer):
     def __init__(self, moving_rate: float = 0.9) -> None:
         super().__init__()
         self.moving_rate = moving_rate
-        self.quant_x: nn.Layer | None = None
-        self.quant_y: nn.Layer | None = None
+        self.quant: nn.LayerList | None = None  # one quantizer per input, created together
+
+    def _quantizer(self, which: str) -> nn.Layer:
+        return FakeQuantMovingAverageAbsMax(
+            name=f"{self.full_name()}.{which}", moving_rate=self.moving_rate,
+            quant_bits=ACTIVATION_BITS,
+        )  # fmt: skip
 
     def forward(self, x: paddle.Tensor, y: paddle.Tensor, quantized: bool = False) -> paddle.Tensor:
-        if quantized and self.quant_x is None and self.training:
+        if quantized and self.quant is None and self.training:
             # the first forward pass of the fine-tuning: the block's convolutions were wrapped
-            self.quant_x = FakeQuantMovingAverageAbsMax(
-                name=f"{self.full_name()}.x", moving_rate=self.moving_rate,
-                quant_bits=ACTIVATION_BITS,
-            )  # fmt: skip
-            self.quant_y = FakeQuantMovingAverageAbsMax(
-                name=f"{self.full_name()}.y", moving_rate=self.moving_rate,
-                quant_bits=ACTIVATION_BITS,
-            )  # fmt: skip
-        if quantized and self.quant_x is not None and self.quant_y is not None:
-            x, y = self.quant_x(x), self.quant_y(y)
+            self.quant = nn.LayerList([self._quantizer("x"), self._quantizer("y")])
+        if quantized and self.quant is not None:
+            x, y = self.quant[0](x), self.quant[1](y)
         return x + y
 
 
