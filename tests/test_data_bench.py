@@ -18,7 +18,7 @@ from tests.conftest import REPO
 LAST_LINE = re.compile(
     r"rss_growth_16x=(?P<rss_growth_16x>\S+) ingest_vs_decode=(?P<ingest_vs_decode>\S+) "
     r"reader_vs_train=(?P<reader_vs_train>\S+) incremental_ingest=(?P<incremental_ingest>\S+) "
-    r"rss_100k_224_mb=(?P<rss_100k_224_mb>\S+)"
+    r"rerun_no_change=(?P<rerun_no_change>\S+) rss_100k_224_mb=(?P<rss_100k_224_mb>\S+)"
 )
 
 
@@ -34,7 +34,8 @@ def test_quick_run_prints_its_line_and_keeps_old_shards_and_splits(tmp_path: Pat
 
     line = LAST_LINE.fullmatch(proc.stdout.strip().splitlines()[-1])
     assert line, proc.stdout[-1000:]
-    for name in ("rss_growth_16x", "ingest_vs_decode", "reader_vs_train", "incremental_ingest"):
+    measured = ("rss_growth_16x", "ingest_vs_decode", "reader_vs_train", "incremental_ingest")
+    for name in (*measured, "rerun_no_change"):
         assert float(line[name]) > 0, name  # measured
     assert line["rss_100k_224_mb"] == "na"  # no --big
 
@@ -49,3 +50,6 @@ def test_quick_run_prints_its_line_and_keeps_old_shards_and_splits(tmp_path: Pat
     assert inc["splits_stable"] is True
     # the new dated folders are new units; every old unit kept its shards
     assert inc["units_reused"] == inc["units"] - 10
+    assert inc["old_units_reread"] == 0
+    # a rerun with nothing changed reuses every unit and writes the same snapshot.json
+    assert inc["rerun_units_reused"] == inc["old_units"] and inc["rerun_identical"] is True

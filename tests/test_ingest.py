@@ -1052,3 +1052,151 @@ def test_identical_files_in_two_class_folders_are_one_line(tmp_path: Path) -> No
     message = _step_error(_folder(root, image_mode="RGB"), tmp_path / "o")
     assert "1 identical image(s) carry different labels" in message
     assert "circle/003.png" in message and "square/copy.png" in message
+
+
+# --------------------------------------------------------------------------- runs cost what changed
+
+
+def _aged(root: Path, seconds: float = 60.0) -> None:
+    """Every file under ``root`` last modified ``seconds`` ago: out of the stat cache's racy
+    window (a file written within 2 s of its hashing is hashed again next time)."""
+    import os
+    import time
+
+    then = time.time() - seconds
+    for path in root.rglob("*"):
+        if path.is_file():
+            os.utime(path, (then, then))
+
+
+def test_a_dated_sub_folder_whose_name_sorts_among_old_files_reads_no_old_unit(
+    tmp_path: Path,
+) -> None:
+    """Files named 20240.png .. 20299.png; the new folder 2026-12-03/ sorts between 20250.png
+    and 20260.png as a string. Its files are new units after the folder's own files: every old
+    unit is reused and no old input file is read (the stat cache vouches for them)."""
+    root = tmp_path / "folder"
+    for c, cls in enumerate(CLASSES):
+        for i in range(20240, 20300):
+            _png(root / cls / f"{i}.png", 100 * c + i)
+    _aged(root)
+    params = _folder(root, image_mode="RGB", unit_files=8)
+    out = tmp_path / "out"
+    run(params, out)
+    old_ids = {u["id"] for u in snapshot.load(out).doc["units"]}
+    for c, cls in enumerate(CLASSES):
+        for i in range(6):
+            _png(root / cls / "2026-12-03" / f"{i:03d}.png", 9000 + 10 * c + i)
+    run(params, out)
+    manifest = _manifest(out)
+    assert set(manifest["reused_units"]) == old_ids
+    assert manifest["inputs_read"] == 3 * 6  # only the new files
+    new_units = [u for u in snapshot.load(out).doc["units"] if u["id"] not in old_ids]
+    assert new_units and all("/2026-12-03/" in u["id"] for u in new_units)
+
+
+def test_a_rerun_with_no_change_reads_no_input_and_writes_the_same_snapshot(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "folder"
+    for c, cls in enumerate(CLASSES):
+        for i in range(40):
+            _png(root / cls / f"{i:03d}.png", 500 * c + i)
+    _aged(root)
+    params = _folder(root, image_mode="RGB", unit_files=8, workers=2)
+    out = tmp_path / "out"
+    run(params, out)
+    first = (out / "snapshot.json").read_bytes()
+    assert _manifest(out)["inputs_read"] == 3 * 40
+    run(params, out)
+    manifest = _manifest(out)
+    assert manifest["inputs_read"] == 0
+    assert manifest["units_reused"] == manifest["units"]
+    assert (out / "snapshot.json").read_bytes() == first
+    # without the unit index the reused units' keys are read back from their shards
+    (out / "unit-index.npz").unlink()
+    (out / "inputs-stat.npz").write_bytes(b"not a stat cache")  # unreadable: all hashed
+    run(params, out)
+    manifest = _manifest(out)
+    assert manifest["inputs_read"] == 3 * 40 and manifest["units_reused"] == manifest["units"]
+    assert (out / "snapshot.json").read_bytes() == first
+
+
+def test_a_file_changed_behind_an_unchanged_mtime_is_read_again(tmp_path: Path) -> None:
+    """Same size, same mtime, new bytes (the mtime put back with touch -d): the inode's
+    ctime differs, so the stat cache does not vouch for the file and its unit is read
+    again; the snapshot holds the new bytes. Nothing else is read."""
+    import os
+
+    root = tmp_path / "folder"
+    for c, cls in enumerate(CLASSES):
+        for i in range(24):
+            _png(root / cls / f"{i:03d}.png", 800 * c + i)
+    _aged(root)
+    params = _folder(root, image_mode="RGB", unit_files=8)
+    out, fresh = tmp_path / "out", tmp_path / "fresh"
+    run(params, out)
+    target = root / CLASSES[2] / "007.png"
+    st = target.stat()
+    blob = bytearray(target.read_bytes())
+    replacement = root / "other.png"
+    _png(replacement, 4242)
+    other = replacement.read_bytes()
+    replacement.unlink()
+    assert len(other) == len(blob)  # same size: only the bytes and ctime tell
+    with open(target, "r+b") as fh:
+        fh.write(other)
+    os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert target.stat().st_mtime_ns == st.st_mtime_ns and target.stat().st_size == st.st_size
+    run(params, out)
+    manifest = _manifest(out)
+    assert manifest["units_reused"] == manifest["units"] - 1
+    assert 1 <= manifest["inputs_read"] <= 4 * 8  # the changed unit's files, no other
+    assert manifest["input_sha256"][f"{CLASSES[2]}/007.png"] == hashlib.sha256(other).hexdigest()
+    run(params, fresh)
+    assert (out / "snapshot.json").read_bytes() == (fresh / "snapshot.json").read_bytes()
+
+
+def test_the_stat_cache_trusts_no_racy_and_no_changed_entry(tmp_path: Path) -> None:
+    """An entry is trusted only when every stat field is equal and the file's mtime is more
+    than RACY_NS older than when the stats were taken (an injected clock here)."""
+    from components.ml.data import stat_cache
+
+    path = tmp_path / "a.png"
+    path.write_bytes(b"x")
+    stat = stat_cache.stat_of(str(path))
+    assert stat is not None
+    mtime = stat[3]
+    stat_cache.write(tmp_path, [(str(path), stat, "ab" * 32)], mtime + stat_cache.RACY_NS + 1)
+    cache = stat_cache.load(tmp_path)
+    assert cache.lookup(str(path), stat) == "ab" * 32
+    assert cache.lookup(str(path), (*stat[:2], stat[2] + 1, *stat[3:])) is None  # size
+    assert cache.lookup(str(path), (stat[0], stat[1] + 1, *stat[2:])) is None  # inode
+    assert cache.lookup(str(path), (*stat[:4], stat[4] + 1)) is None  # ctime
+    assert cache.lookup(str(tmp_path / "b.png"), stat) is None
+    stat_cache.write(tmp_path, [(str(path), stat, "ab" * 32)], mtime + stat_cache.RACY_NS)
+    assert stat_cache.load(tmp_path).lookup(str(path), stat) is None  # racily clean
+
+
+def test_units_are_bounded_and_an_insertion_touches_few_of_them(tmp_path: Path) -> None:
+    """Runs hold unit_files // 4 .. 4 * unit_files files (a directory with fewer is one
+    unit), and one file inserted among 400 changes at most the two runs around it."""
+    from components.tasks.image_data import folder_units
+
+    root = tmp_path / "folder"
+    for cls in CLASSES[:2]:
+        (root / cls).mkdir(parents=True)
+        for i in range(0, 800, 2):
+            (root / cls / f"{i:04d}.png").write_bytes(b"")
+    (root / CLASSES[0] / "tiny").mkdir()
+    for i in range(3):
+        (root / CLASSES[0] / "tiny" / f"{i}.png").write_bytes(b"")
+    params = _folder(root, unit_files=16)
+    before = folder_units(params)
+    sizes = [len(u.files) for u in before if "/tiny/" not in u.files[0]]
+    assert min(sizes) >= 4 and max(sizes) <= 64, sizes
+    assert [len(u.files) for u in before if "/tiny/" in u.files[0]] == [3]
+    (root / CLASSES[1] / "0401.png").write_bytes(b"")
+    after = folder_units(params)
+    changed = {u.files for u in before} - {u.files for u in after}
+    assert 1 <= len(changed) <= 2, changed

@@ -24,6 +24,7 @@ GOALS = {  # name: (comparison, limit)
     "ingest_vs_decode": (">=", 0.8),
     "reader_vs_train": (">=", 3.0),
     "incremental_ingest": ("<=", 0.2),
+    "rerun_no_change": ("<=", 0.05),
     "rss_100k_224_mb": ("<", 3072.0),
 }
 

@@ -94,6 +94,9 @@ def incremental(
     if out.exists():
         shutil.rmtree(out)
     full = call_worker("ingest", str(params), str(out))
+    first = (out / "snapshot.json").read_bytes()
+    rerun = call_worker("ingest", str(params), str(out))  # nothing changed
+    rerun_identical = (out / "snapshot.json").read_bytes() == first
     old = json.loads((out / "snapshot.json").read_text())
     for shard in old["shards"]:  # the old snapshot's bytes are what its manifest pins
         assert sha256_file(out / shard["path"]) == shard["sha256"], shard["path"]
@@ -112,6 +115,13 @@ def incremental(
         "full_s": full["seconds"],
         "incremental_s": inc["seconds"],
         "incremental_ingest": inc["seconds"] / full["seconds"],
+        "rerun_s": rerun["seconds"],
+        "rerun_no_change": rerun["seconds"] / full["seconds"],
+        "rerun_units_reused": rerun["units_reused"],
+        "rerun_identical": rerun_identical,
+        "old_units": len(old["units"]),
+        # the old units the growth made ingest read again (0: a new dated folder is new units)
+        "old_units_reread": len(old["units"]) - inc["units_reused"],
         "units": inc["units"],
         "units_reused": inc["units_reused"],
         "old_shards": len(old["shards"]),
@@ -121,10 +131,13 @@ def incremental(
         "splits_stable": not any(moved.values()),
     }
     log.info(
-        "  full %.2f s (%d images), +%d images: %.2f s -> %.3f; %d/%d units reused; "
-        "%d old shards, %d changed; old samples that left their split: %s",
-        full["seconds"], full["rows"], added, inc["seconds"], result["incremental_ingest"],
-        inc["units_reused"], inc["units"], len(old["shards"]), len(changed), moved,
+        "  full %.2f s (%d images); rerun, no change: %.2f s -> %.3f (%d/%d units reused); "
+        "+%d images: %.2f s -> %.3f; %d/%d units reused; %d old shards, %d changed; old "
+        "samples that left their split: %s",
+        full["seconds"], full["rows"], rerun["seconds"], result["rerun_no_change"],
+        rerun["units_reused"], len(old["units"]), added, inc["seconds"],
+        result["incremental_ingest"], inc["units_reused"], inc["units"], len(old["shards"]),
+        len(changed), moved,
     )  # fmt: skip
     if added != extra * len(CLASSES):
         raise RuntimeError(f"incremental ingest added {added} images, expected {extra * 10}")

@@ -75,6 +75,7 @@ def goal_values(b: Bench) -> tuple[dict[str, float], str | None, dict[str, float
         "ingest_vs_decode": b.results["throughput"]["ingest_vs_decode"],
         "reader_vs_train": b.results["reader"]["reader_vs_train"],
         "incremental_ingest": b.results["incremental"]["incremental_ingest"],
+        "rerun_no_change": b.results["incremental"]["rerun_no_change"],
         "rss_100k_224_mb": max((r.max_rss_mb for r in big.values()), default=None),
     }
     return growth, worst, values
@@ -114,10 +115,12 @@ def print_measurements(b: Bench, growth: dict[str, float], worst: str | None) ->
     print_train_metrics(b)
     print(
         f"incremental ({inc['images_full']:,} + {inc['images_added']:,} images): full "
-        f"{inc['full_s']:.2f} s, incremental {inc['incremental_s']:.2f} s; units reused "
-        f"{inc['units_reused']}/{inc['units']}; old shards byte-identical: "
-        f"{inc['shards_identical']} ({inc['old_shards']} shards); no old sample changed split: "
-        f"{inc['splits_stable']}"
+        f"{inc['full_s']:.2f} s, rerun with no change {inc['rerun_s']:.2f} s (units reused "
+        f"{inc['rerun_units_reused']}/{inc['old_units']}, snapshot.json identical: "
+        f"{inc['rerun_identical']}), incremental {inc['incremental_s']:.2f} s; units reused "
+        f"{inc['units_reused']}/{inc['units']} (old units re-read: {inc['old_units_reread']}); "
+        f"old shards byte-identical: {inc['shards_identical']} ({inc['old_shards']} shards); "
+        f"no old sample changed split: {inc['splits_stable']}"
     )
     big, _ = b.results["big"]
     if big:
@@ -170,7 +173,8 @@ def write_json(b: Bench, growth: dict[str, float], values: dict[str, float | Non
 
 def report(b: Bench) -> int:
     """Print the measurements, the failures, the goals and the last (machine-readable) line;
-    0 when the incremental ingest kept the old shards and splits and no step failed."""
+    0 when the incremental ingest kept the old shards and splits and read no old unit, the
+    rerun with no change wrote the same snapshot.json, and no step failed."""
     growth, worst, values = goal_values(b)
     print_measurements(b, growth, worst)
     failures = failures_of(b)
@@ -184,12 +188,19 @@ def report(b: Bench) -> int:
     if b.args.json:
         write_json(b, growth, values)
     inc = b.results["incremental"]
-    ok = inc["shards_identical"] and inc["splits_stable"] and not failures
+    ok = (
+        inc["shards_identical"]
+        and inc["splits_stable"]
+        and inc["rerun_identical"]
+        and not inc["old_units_reread"]
+        and not failures
+    )
     print(
         f"rss_growth_16x={fmt(values['rss_growth_16x'])} "
         f"ingest_vs_decode={fmt(values['ingest_vs_decode'])} "
         f"reader_vs_train={fmt(values['reader_vs_train'])} "
         f"incremental_ingest={fmt(values['incremental_ingest'], '.3f')} "
+        f"rerun_no_change={fmt(values['rerun_no_change'], '.3f')} "
         f"rss_100k_224_mb={fmt(values['rss_100k_224_mb'], '.0f')}"
     )
     return 0 if ok else 1

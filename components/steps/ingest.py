@@ -26,7 +26,7 @@ from typing import Any
 from components.core.artifacts import StepError, atomic_path, combined_sha256, write_manifest
 from components.kernel.cli import output_dir, run_cli, step_main
 from components.kernel.step import Out, Step, Value
-from components.ml.data import dataset, snapshot
+from components.ml.data import dataset, snapshot, stat_cache
 from components.tasks import Task
 from components.tasks import ingest_reduce as reduce
 from components.tasks import ingest_units as units
@@ -118,6 +118,8 @@ def run(
     fmt = task.data
     fixed_names = fmt.fixed_label_names(params, params_file)
     previous, previous_root = units.previous_units(out_dir)
+    cache = stat_cache.load(out_dir)
+    seen = units.InputStats()
     with atomic_path(out_dir) as tmp:
         shard_dir = tmp / snapshot.SHARD_DIR
         shard_dir.mkdir(parents=True)
@@ -128,10 +130,12 @@ def run(
             listed = fmt.units(params, params_file)
             skipped = skipped_of(listed)
             _log_skipped(params, skipped)
+            seen = units.input_stats(fmt, params, listed)
             jobs = units.unit_jobs(
-                params, task, shard_dir, params_file, previous, previous_root, listed
-            )
-            results = list(units.map_units(jobs, params.workers))
+                params, task, shard_dir, params_file, previous, previous_root, listed,
+                (seen, cache),
+            )  # fmt: skip
+            results = units.map_units(jobs, params.workers)
         reduce.check_unreadable(results, fmt.sample_noun)
         inputs = reduce.checked_inputs(params, results, expected_source_sha256, params_file)
         total = sum(r.rows for r in results)
@@ -150,6 +154,8 @@ def run(
                 log.info("dropped %d %s(s): %s", count, fmt.sample_noun, reason)
         snapshot.write_manifest(tmp, reduce.snapshot_doc(fmt.name, params, t, results, facts))
         dataset.write_label_names(tmp, names, fmt.name)
+        units.write_unit_index(tmp, results)
+        stat_cache.write(tmp, seen.entries(results), seen.taken_ns)
         write_manifest(
             tmp,
             "ingest",

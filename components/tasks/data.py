@@ -133,6 +133,9 @@ class UnitBatch:
     columns: dict[str, Any]
     dropped: dict[str, int] = field(default_factory=dict)
     unreadable: list[tuple[str, str]] = field(default_factory=list)
+    # sha256 (hex) of the input files this batch read, by name, when the format hashes the
+    # bytes it decodes: a unit whose batches name every one of its files is read once
+    inputs: dict[str, str] | None = None
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -186,7 +189,14 @@ class DataFormat(abc.ABC):
 
     @abc.abstractmethod
     def read_unit(self, params: Any, unit: Unit, params_file: str) -> Iterator[UnitBatch]:
-        """The unit's samples in bounded batches (read, decoded and cleaned)."""
+        """The unit's samples in bounded batches (read, decoded and cleaned); a batch may say
+        the hashes of the files it read (``UnitBatch.inputs``), sparing a second read."""
+
+    def input_path(self, params: Any, name: str) -> str | None:
+        """The local file an input name is read from, or None (a URL, a built-in corpus):
+        ingest keeps the sha256 of local files by their stat (size, times, inode) and reads
+        a file again only when its stat changed."""
+        return None
 
     def label_source(self, params: Any, unit: Unit) -> str:
         """Where a unit's labels are read from, for messages about a bad label."""

@@ -21,6 +21,7 @@ import gzip
 import hashlib
 import io
 import math
+import os
 import re
 import shutil
 import struct
@@ -281,8 +282,11 @@ def idx_units(params: IngestParams) -> list[Unit]:
 def read_idx_unit(params: IngestParams, unit: Unit) -> Iterator[UnitBatch]:
     img_name, lbl_name = unit.files
     img_uri, lbl_uri = join_uri(params.source, img_name), join_uri(params.source, lbl_name)
-    imgs = parse_idx(read_bytes(img_uri), img_uri, IDX_IMAGES_NDIM)
-    lbls = parse_idx(read_bytes(lbl_uri), lbl_uri, IDX_LABELS_NDIM)
+    img_bytes, lbl_bytes = read_bytes(img_uri), read_bytes(lbl_uri)
+    inputs = {img_name: sha256_bytes(img_bytes), lbl_name: sha256_bytes(lbl_bytes)}
+    imgs = parse_idx(img_bytes, img_uri, IDX_IMAGES_NDIM)
+    lbls = parse_idx(lbl_bytes, lbl_uri, IDX_LABELS_NDIM)
+    del img_bytes, lbl_bytes
     if imgs.shape[0] != lbls.shape[0]:
         raise StepError(
             f"{img_uri}: {imgs.shape[0]} images but {lbl_name} has {lbls.shape[0]} labels"
@@ -290,9 +294,11 @@ def read_idx_unit(params: IngestParams, unit: Unit) -> Iterator[UnitBatch]:
     images, labels = _as_pixels(imgs, img_uri)[..., None], _as_labels(lbls, lbl_uri)
     for start in range(0, images.shape[0], IDX_BATCH):
         part = images[start : start + IDX_BATCH]
-        yield _image_batch(
+        batch = _image_batch(
             part, labels[start : start + IDX_BATCH], _pixel_keys(part), img_name, start
         )
+        batch.inputs, inputs = inputs, {}  # the pair's hashes ride on its first batch
+        yield batch
 
 
 def builtin_digits() -> tuple[np.ndarray, np.ndarray]:
@@ -313,12 +319,14 @@ def _check_builtin(params: IngestParams, params_file: str) -> None:
 
 def read_builtin_unit(params: IngestParams) -> Iterator[UnitBatch]:
     images, labels = builtin_digits()
-    images = images[..., None]
-    yield _image_batch(images, labels, _pixel_keys(images), params.source, 0)
+    batch = _image_batch(images[..., None], labels, _pixel_keys(images), params.source, 0)
+    batch.inputs = {params.source: _builtin_sha(images, labels)}
+    yield batch
 
 
-def _builtin_sha() -> str:
-    images, labels = builtin_digits()
+def _builtin_sha(images: np.ndarray | None = None, labels: np.ndarray | None = None) -> str:
+    if images is None or labels is None:
+        images, labels = builtin_digits()
     return sha256_bytes(images.tobytes() + labels.tobytes())
 
 
@@ -333,31 +341,23 @@ def _class_folders(params: IngestParams) -> list[str]:
 
 
 def folder_units(params: IngestParams) -> Units:
-    """Runs of image files per class folder, in path order. A run ends where the directory
-    changes (a new dated sub-folder is new units) or at a file whose path hashes to a
-    boundary (about ``unit_files`` files a run, at most 4x that): adding files touches only
-    the runs they fall into, so every other run keeps its shards. Files whose extension is
-    not in ``ingest.extensions`` are skipped and counted by extension."""
+    """Runs of image files per class folder. Each directory's own files come first, in name
+    order, then its sub-directories, each in turn (so a new dated sub-folder is new units
+    after every old one, whatever the names). A run never crosses a directory; it ends at a
+    file whose path hashes to a boundary once it holds ``unit_files // 4`` files, or at
+    ``4 * unit_files`` files, and a directory's last run shorter than ``unit_files // 4`` joins
+    the run before it: adding files touches only the runs they fall into (and, at a
+    directory's end, the one before), so every other run keeps its shards. Files whose
+    extension is not in ``ingest.extensions`` are skipped and counted by extension."""
     root = Path(params.source)
     classes = _class_folders(params)
     units = Units()
     every = max(1, int(params.unit_files))
+    extensions = set(params.extensions)
     for idx, cls in enumerate(classes):
-        files = sorted(_image_files(root, root / cls, set(params.extensions), units.skipped))
-        for path in files:  # before reading any: fail fast on entries that are not files
-            _check_image_file(path)
-        run: list[str] = []
-        for path in files:
-            rel = path.relative_to(root).as_posix()
-            boundary = int(hashlib.sha256(rel.encode()).hexdigest()[:8], 16) % every == 0
-            if run and (
-                boundary or len(run) >= 4 * every or Path(run[-1]).parent != Path(rel).parent
-            ):
+        for rels in _directory_files(str(root), cls, extensions, units.skipped):
+            for run in _runs(rels, every):
                 units.append(_folder_unit(run, idx))
-                run = []
-            run.append(rel)
-        if run:
-            units.append(_folder_unit(run, idx))
     if not units:
         raise StepError(
             f"{root}: no {params.extensions} files in the class folders (ingest.extensions)"
@@ -365,17 +365,63 @@ def folder_units(params: IngestParams) -> Units:
     return units
 
 
-def _image_files(root: Path, folder: Path, extensions: set[str], skipped: Skipped) -> list[Path]:
-    """The files under ``folder`` named like images; every other file is counted in
-    ``skipped`` by its extension (directories are not files: they are walked)."""
-    out = []
-    for path in folder.rglob("*"):
-        ext = path.suffix.lower()
-        if ext in extensions:
-            out.append(path)
-        elif not path.is_dir():
-            skipped.add(f"extension {ext}" if ext else "no extension", str(path.relative_to(root)))
-    return out
+def _runs(rels: list[str], every: int) -> list[list[str]]:
+    """One directory's files (in order) cut into runs at path-hash boundaries (see
+    :func:`folder_units`)."""
+    least = max(1, every // 4)
+    runs: list[list[str]] = []
+    run: list[str] = []
+    for rel in rels:
+        boundary = int(hashlib.sha256(rel.encode()).hexdigest()[:8], 16) % every == 0
+        if run and ((boundary and len(run) >= least) or len(run) >= 4 * every):
+            runs.append(run)
+            run = []
+        run.append(rel)
+    if run:
+        if runs and len(run) < least and len(runs[-1]) + len(run) <= 4 * every:
+            runs[-1].extend(run)
+        else:
+            runs.append(run)
+    return runs
+
+
+def _directory_files(
+    root: str, rel_dir: str, extensions: set[str], skipped: Skipped
+) -> Iterator[list[str]]:
+    """The image files of ``root/rel_dir`` (relative to ``root``, in name order), then those
+    of each sub-directory (in name order), depth first; one list per directory. Every other
+    file is counted in ``skipped`` by its extension. An entry named like an image must be a
+    readable regular file (or a link to one): a directory, a broken link or a device is an
+    error naming the path."""
+    files: list[str] = []
+    subdirs: list[str] = []
+    with os.scandir(os.path.join(root, rel_dir)) as entries:
+        for entry in entries:
+            rel = f"{rel_dir}/{entry.name}"
+            dot = entry.name.rfind(".")  # pathlib's suffix: none for .DS_Store or "a."
+            ext = entry.name[dot:].lower() if 0 < dot < len(entry.name) - 1 else ""
+            if ext in extensions:
+                _check_image_entry(entry)
+                files.append(rel)
+            elif entry.is_dir(follow_symlinks=False):
+                subdirs.append(rel)
+            elif entry.is_dir():
+                skipped.add("link to a directory (not followed)", rel)
+            else:
+                skipped.add(f"extension {ext}" if ext else "no extension", rel)
+    files.sort()
+    if files:
+        yield files
+    for sub in sorted(subdirs):
+        yield from _directory_files(root, sub, extensions, skipped)
+
+
+def _check_image_entry(entry: os.DirEntry) -> None:
+    """An entry named like an image is a regular file or a link to one (see
+    :func:`_directory_files`); costs no system call for a plain file."""
+    if entry.is_file(follow_symlinks=False):
+        return
+    _check_image_file(Path(entry.path))
 
 
 def _folder_unit(files: list[str], label: int) -> Unit:
@@ -384,47 +430,53 @@ def _folder_unit(files: list[str], label: int) -> Unit:
 
 
 def read_folder_unit(params: IngestParams, unit: Unit) -> Iterator[UnitBatch]:
-    root = Path(params.source)
+    """The unit's images in batches of ``FOLDER_BATCH``; each file is read once, and that read
+    is hashed (the file's sha256: its input hash and its sample key) and decoded."""
     label = dict(unit.context)["label"]
     size = tuple(params.image_size) if params.image_size else None
     for start in range(0, len(unit.files), FOLDER_BATCH):
-        yield _folder_batch(params, unit, root, label, size, start)
+        yield _folder_batch(params, unit, params.source, label, size, start)
 
 
 def _folder_batch(
-    params: IngestParams, unit: Unit, root: Path, label: int, size: tuple | None, start: int
+    params: IngestParams, unit: Unit, root: str, label: int, size: tuple | None, start: int
 ) -> UnitBatch:
-    """Files ``start`` .. ``start + FOLDER_BATCH`` of a unit, decoded; a file that does not
-    decode is left out and named in ``unreadable`` with its reason."""
+    """Files ``start`` .. ``start + FOLDER_BATCH`` of a unit, hashed and decoded; a file that
+    does not decode is left out and named in ``unreadable`` with its reason."""
     from PIL import Image, UnidentifiedImageError
 
-    keys, images, rows, unreadable = [], [], [], []
+    keys, pixels, shapes, rows, unreadable = [], [], [], [], []
+    inputs: dict[str, str] = {}
     for row, rel in enumerate(unit.files[start : start + FOLDER_BATCH], start):
-        path = root / rel
+        path = os.path.join(root, rel)
         blob = _read_image_file(path)
+        digest = hashlib.sha256(blob)
+        inputs[rel] = digest.hexdigest()
         try:
             img = Image.open(io.BytesIO(blob)).convert(params.image_mode)
         except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as exc:
-            unreadable.append((str(path), _unreadable_reason(blob, exc)))
+            unreadable.append((path, _unreadable_reason(blob, exc)))
             continue
         if size is not None and img.size != (size[1], size[0]):
             img = img.resize((size[1], size[0]), Image.BILINEAR)
-        arr = np.asarray(img, dtype=np.uint8)
-        keys.append(hashlib.sha256(blob).digest())
-        images.append(arr[..., None] if arr.ndim == 2 else arr)
+        keys.append(digest.digest())
+        pixels.append(img.tobytes())  # row-major H x W x C uint8, as np.asarray(img) lays out
+        shapes.append((img.size[1], img.size[0], len(img.getbands())))
         rows.append(row)
-    n = len(images)
+    n = len(keys)
+    shape = np.asarray(shapes, np.int32).reshape(n, 3)
     return UnitBatch(
         keys=keys,
         labels=np.full(n, label, dtype=np.int64),
         sources=[unit.files[r] for r in rows],
         rows=np.asarray(rows, dtype=np.int64),  # the file's place in the unit
         unreadable=unreadable,
+        inputs=inputs,
         columns={
-            "image": [im.tobytes() for im in images],
-            "height": np.asarray([im.shape[0] for im in images], np.int32),
-            "width": np.asarray([im.shape[1] for im in images], np.int32),
-            "channels": np.asarray([im.shape[2] for im in images], np.int32),
+            "image": pixels,
+            "height": np.ascontiguousarray(shape[:, 0]),
+            "width": np.ascontiguousarray(shape[:, 1]),
+            "channels": np.ascontiguousarray(shape[:, 2]),
         },
     )
 
@@ -458,9 +510,10 @@ def _check_image_file(path: Path) -> None:
         raise StepError(f"{path}: not a regular file (a device, socket or pipe)")
 
 
-def _read_image_file(path: Path) -> bytes:
+def _read_image_file(path: str | Path) -> bytes:
     try:
-        return path.read_bytes()
+        with open(path, "rb") as fh:
+            return fh.read()
     except OSError as exc:
         raise StepError(f"{path}: cannot read ({exc.strerror or exc})") from exc
 
@@ -841,6 +894,11 @@ class ImageData(DataFormat):
             return {f: sha256_bytes(read_bytes(join_uri(params.source, f))) for f in unit.files}
         root = Path(params.source)
         return {f: sha256_bytes(_read_image_file(root / f)) for f in unit.files}
+
+    def input_path(self, params: IngestParams, name: str) -> str | None:
+        if params.kind == "builtin" or "://" in params.source:
+            return None
+        return os.path.join(params.source, name)
 
     def read_unit(self, params: IngestParams, unit: Unit, params_file: str) -> Iterator[UnitBatch]:
         if params.kind == "builtin":

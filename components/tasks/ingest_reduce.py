@@ -171,6 +171,9 @@ def manifest_extra(
         "totals": t.totals,
         "units": len(results),
         "units_reused": t.reused,
+        # input files read this run (hashed and, in units not reused, decoded); the others'
+        # sha256 came from the stat cache (inputs-stat.npz: their stat had not changed)
+        "inputs_read": sum(r.files_read for r in results),
         # how the snapshot came about, kept out of snapshot.json (its identity)
         "reused_units": [r.unit.id for r in results if r.reused],
         **facts,

@@ -16,17 +16,19 @@ Library layer: imported by the ingest step.
 
 from __future__ import annotations
 
+import os
+import uuid
 from collections import Counter
-from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from components.core.artifacts import StepError, read_json, write_json
+from components.core.artifacts import StepError, read_json, sha256_file, write_json
 from components.faults import failpoints
-from components.ml.data import snapshot
+from components.ml.data import snapshot, stat_cache
 from components.tasks.data import Skipped, Unit, sum_facts
 from components.tasks.splitting import file_split, permutation
 
@@ -36,6 +38,7 @@ if TYPE_CHECKING:  # a worker imports this module: not paddle (components.tasks.
 SPLITS = snapshot.SPLITS
 PART_FILE = "part.json"
 PART_ARRAYS = "part.npz"
+UNIT_INDEX = "unit-index.npz"  # each unit's key prefixes, labels and rows, beside the snapshot
 UNREADABLE_SHOWN = 20  # unreadable input files named in ingest's one error (the rest counted)
 
 
@@ -47,13 +50,15 @@ class UnitJob:
     params: Any
     params_file: str
     unit: Unit
-    key: str  # the unit's content address (computed by the worker when empty)
     extra_key: dict[str, Any]
     shard_dir: Path
-    previous: dict[str, dict[str, Any]]  # unit key -> its entry in the last snapshot
+    # the last snapshot's units with this unit's id, each with its shards and, when kept
+    # (UNIT_INDEX), its key prefixes, labels and rows: what an unchanged unit reuses
+    candidates: tuple[dict[str, Any], ...]
     previous_root: Path | None
     assignment: dict[bytes, int] | None  # permutation rule: key -> split index
     file_splits: dict[str, str]
+    known: dict[str, str] = field(default_factory=dict)  # inputs the stat cache vouches for
 
 
 @dataclass
@@ -72,6 +77,7 @@ class UnitResult:
     # input files that did not decode: the first UNREADABLE_SHOWN (path, reason), and how many
     unreadable: list[tuple[str, str]] = field(default_factory=list)
     unreadable_count: int = 0
+    files_read: int = 0  # input files this run read (0: the stat cache vouched for them all)
 
 
 def unit_key(job: UnitJob, inputs: dict[str, str]) -> str:
@@ -102,23 +108,74 @@ def _split_of(job: UnitJob, batch: Any, rule: snapshot.SplitRule) -> np.ndarray:
 
 
 def ingest_unit(job: UnitJob) -> UnitResult:
-    """Hash one unit's inputs; reuse its shards from the last snapshot, else read, split and
-    write them. Runs in a worker process or in this one."""
-    fmt, unit = job.fmt, job.unit
-    failpoints.hit("ingest.unit", unit.id)
-    inputs = fmt.unit_inputs(job.params, unit)
-    key = unit_key(job, inputs)
-    old = job.previous.get(key)
-    if old is not None and job.previous_root is not None and job.assignment is None:
-        reused = _reuse(job, key, inputs, old)
+    """One unit into shards; runs in a worker process or in this one. A unit that may be
+    unchanged (the last snapshot has a unit of its id) is hashed first: inputs the stat cache
+    vouches for are not read, and when the key matches, its shards are reused. Otherwise the
+    unit is read once: each file's bytes are hashed and decoded in one pass (when the format
+    says its batches' hashes, ``UnitBatch.inputs``), split and written."""
+    failpoints.hit("ingest.unit", job.unit.id)
+    inputs: dict[str, str] = {}
+    hashed = 0
+    if _may_reuse(job):
+        inputs, hashed = _hash_inputs(job)
+        reused = _reuse_matching(job, inputs)
         if reused is not None:
-            return reused
-    import pyarrow as pa
+            return replace(reused, files_read=hashed)
+    result = _read_unit(job, inputs)
+    return replace(result, files_read=result.files_read + hashed)
 
+
+def reuse_known(job: UnitJob) -> UnitResult | None:
+    """The unit's reuse without reading any file, when the stat cache vouches for every
+    input and the key matches the last snapshot's (run here, before any worker starts)."""
+    if not _may_reuse(job) or any(f not in job.known for f in job.unit.files):
+        return None
+    return _reuse_matching(job, {f: job.known[f] for f in job.unit.files})
+
+
+def _may_reuse(job: UnitJob) -> bool:
+    return bool(job.candidates) and job.previous_root is not None and job.assignment is None
+
+
+def _reuse_matching(job: UnitJob, inputs: dict[str, str]) -> UnitResult | None:
+    key = unit_key(job, inputs)
+    for old in job.candidates:
+        if old["key"] == key:
+            return _reuse(job, key, inputs, old)
+    return None
+
+
+def _hash_inputs(job: UnitJob) -> tuple[dict[str, str], int]:
+    """sha256 of each input of the unit (the stat cache's where it vouches, else read), and
+    how many files were read for them."""
+    missing = [f for f in job.unit.files if f not in job.known]
+    hashed: dict[str, str] = {}
+    if missing:
+        paths = {f: job.fmt.input_path(job.params, f) for f in missing}
+        if all(paths.values()):
+            hashed = {f: _sha256_of(str(p)) for f, p in paths.items()}
+        else:
+            hashed = job.fmt.unit_inputs(job.params, job.unit)
+    return {f: job.known.get(f) or hashed[f] for f in job.unit.files}, len(hashed)
+
+
+def _sha256_of(path: str) -> str:
+    try:
+        return sha256_file(path)
+    except OSError as exc:
+        raise StepError(f"{path}: cannot read ({exc.strerror or exc})") from exc
+
+
+def _read_unit(job: UnitJob, inputs: dict[str, str]) -> UnitResult:
+    """Read, split and write the unit's rows. Its shards are written under a temporary name
+    and renamed to the unit's key once every input is hashed (the read itself hashes them
+    when the format says its batches' hashes; else they were hashed before, or are now)."""
+    fmt, unit = job.fmt, job.unit
     schema = fmt.arrow_schema()
     limits = job.params.shards.limits()
+    pending = f".pending-{uuid.uuid4().hex[:16]}"
     writers = {
-        s: snapshot.ShardWriter(job.shard_dir, f"{key[:24]}-{s}", schema, limits, s, unit.id)
+        s: snapshot.ShardWriter(job.shard_dir, f"{pending}-{s}", schema, limits, s, unit.id)
         for s in SPLITS
     }
     rule = job.params.split.rule()
@@ -126,7 +183,9 @@ def ingest_unit(job: UnitJob) -> UnitResult:
     facts, prefixes, labels_all, rows_all = [], [], [], []
     unreadable: list[tuple[str, str]] = []
     unreadable_count = 0
+    read: dict[str, str] = {}
     for batch in fmt.read_unit(job.params, unit, job.params_file):
+        read.update(batch.inputs or {})
         dropped.update(batch.dropped)
         unreadable_count += len(batch.unreadable)
         unreadable.extend(batch.unreadable[: UNREADABLE_SHOWN - len(unreadable)])
@@ -137,12 +196,22 @@ def ingest_unit(job: UnitJob) -> UnitResult:
         prefixes.append(_prefixes(batch.keys))
         labels_all.append(batch.labels)
         rows_all.append(np.asarray(batch.rows, dtype=np.int64))
-        table = _record_batch(schema, batch)
         for index, split in enumerate(SPLITS):
             mask = np.flatnonzero(where == index)
             if mask.size:
-                writers[split].add(table.take(pa.array(mask)))
-    shards = [asdict(s) for split in SPLITS for s in writers[split].close()]
+                writers[split].add(_record_batch(schema, batch, mask))
+    inputs = {**inputs, **read}  # what was decoded wins: its bytes are the rows
+    files_read = len(read)
+    if any(f not in inputs for f in unit.files):  # a format that does not hash as it reads
+        again, count = _hash_inputs(replace(job, known={**job.known, **inputs}))
+        inputs, files_read = {**again, **read}, files_read + count
+    inputs = {f: inputs[f] for f in unit.files}
+    key = unit_key(job, inputs)
+    shards = [
+        asdict(_renamed(job.shard_dir, s, pending, key[:24]))
+        for split in SPLITS
+        for s in writers[split].close()
+    ]
     labels = np.concatenate(labels_all) if labels_all else np.zeros(0, np.int64)
     return UnitResult(
         unit,
@@ -157,7 +226,16 @@ def ingest_unit(job: UnitJob) -> UnitResult:
         labels_found=np.unique(labels),
         unreadable=unreadable,
         unreadable_count=unreadable_count,
+        files_read=files_read,
     )
+
+
+def _renamed(shard_dir: Path, shard: snapshot.Shard, old: str, new: str) -> snapshot.Shard:
+    """A shard written under a temporary name, renamed to carry its unit's key."""
+    name = Path(shard.path).name
+    target = new + name[len(old) :]
+    os.replace(shard_dir / name, shard_dir / target)
+    return replace(shard, path=f"{snapshot.SHARD_DIR}/{target}")
 
 
 def _cat(parts: list[np.ndarray], dtype: Any) -> np.ndarray:
@@ -172,7 +250,9 @@ def _prefixes(keys: Sequence[bytes]) -> np.ndarray:
 def _reuse(
     job: UnitJob, key: str, inputs: dict[str, str], old: dict[str, Any]
 ) -> UnitResult | None:
-    """Link the unit's shards from the last snapshot (None when one is gone or changed)."""
+    """Link the unit's shards from the last snapshot (None when one is gone or changed); its
+    key prefixes, labels and rows come from the last snapshot's unit index, or are read back
+    from the shards when it has none."""
     assert job.previous_root is not None
     records = old["shards"]
     sources = [job.previous_root / s["path"] for s in records]
@@ -181,17 +261,12 @@ def _reuse(
         for p, s in zip(sources, records, strict=True)
     ):
         return None
-    import pyarrow.parquet as pq
-
-    prefixes, labels, rows = [], [], []
     for src, shard in zip(sources, records, strict=True):
-        dest = job.shard_dir.parent / shard["path"]
-        snapshot.link_or_copy(src, dest)
-        table = pq.read_table(dest, columns=["key", "label", "row"])
-        prefixes.append(_prefixes(table.column("key").to_pylist()))
-        labels.append(table.column("label").to_numpy())
-        rows.append(table.column("row").to_numpy())
-    lbl = _cat(labels, np.int64)
+        snapshot.link_or_copy(src, job.shard_dir.parent / shard["path"])
+    arrays = old.get("arrays")
+    if arrays is None:
+        arrays = _read_key_labels(sources)
+    prefixes, lbl, rows = arrays
     return UnitResult(
         job.unit,
         key,
@@ -201,12 +276,36 @@ def _reuse(
         rows=int(lbl.size),
         dropped=dict(old.get("dropped", {})),
         facts=dict(old.get("facts", {})),
-        key_labels=(_cat(prefixes, np.uint64), lbl, _cat(rows, np.int64)),
+        key_labels=(prefixes, lbl, rows),
         labels_found=np.unique(lbl),
     )
 
 
-def _record_batch(schema: Any, batch: Any) -> Any:
+def _read_key_labels(paths: Sequence[Path]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Key prefixes, labels and rows of shards, read back (a snapshot without a unit index)."""
+    import pyarrow.parquet as pq
+
+    prefixes, labels, rows = [], [], []
+    for path in paths:
+        table = pq.read_table(path, columns=["key", "label", "row"])
+        prefixes.append(_prefixes(table.column("key").to_pylist()))
+        labels.append(_int64s(table.column("label")))
+        rows.append(_int64s(table.column("row")))
+    return _cat(prefixes, np.uint64), _cat(labels, np.int64), _cat(rows, np.int64)
+
+
+def _int64s(column: Any) -> np.ndarray:
+    """An int64 Arrow column (chunked or not) as numpy, read from its buffers (``to_numpy``
+    imports pandas: 0.3 s in every worker)."""
+    chunks = getattr(column, "chunks", [column])
+    parts = [
+        np.frombuffer(c.buffers()[1], dtype=np.int64)[c.offset : c.offset + len(c)] for c in chunks
+    ]
+    return _cat(parts, np.int64)
+
+
+def _record_batch(schema: Any, batch: Any, mask: np.ndarray) -> Any:
+    """The rows ``mask`` of a unit batch as an Arrow record batch of ``schema``."""
     import pyarrow as pa
 
     columns = {
@@ -216,45 +315,152 @@ def _record_batch(schema: Any, batch: Any) -> Any:
         "row": batch.rows,
         **batch.columns,
     }
+    picked = mask.tolist()
     return pa.RecordBatch.from_arrays(
-        [_column(columns[f.name], f.type) for f in schema], schema=schema
+        [_column(_take(columns[f.name], mask, picked), f.type) for f in schema], schema=schema
     )
 
 
+def _take(values: Any, mask: np.ndarray, picked: list[int]) -> Any:
+    if isinstance(values, np.ndarray):
+        return values[mask]
+    return [values[i] for i in picked]
+
+
+_NUMPY_OF = {"int32": np.int32, "int64": np.int64, "float32": np.float32, "float64": np.float64}
+
+
 def _column(values: Any, type_: Any) -> Any:
-    """An Arrow column; a variable-size binary column of ``bytes`` (image pixels) is laid out
-    from one joined buffer (``pa.array`` appends value by value: ~50 MB/s measured)."""
+    """An Arrow column laid out from numpy or joined buffers, never value by value
+    (``pa.array`` appends one by one, ~50 MB/s for image bytes, and imports pandas: 0.3 s
+    in every worker)."""
     import pyarrow as pa
 
-    if type_ == pa.binary() and values and isinstance(values[0], bytes):
-        lengths = np.fromiter((len(v) for v in values), dtype=np.int64, count=len(values))
-        offsets = np.zeros(len(values) + 1, dtype=np.int64)
+    n = len(values)
+    dtype = _NUMPY_OF.get(str(type_))
+    if dtype is not None and isinstance(values, np.ndarray) and values.ndim == 1:
+        data = np.ascontiguousarray(values, dtype=dtype)
+        return pa.Array.from_buffers(type_, n, [None, pa.py_buffer(data)])
+    if pa.types.is_fixed_size_binary(type_) and all(len(v) == type_.byte_width for v in values):
+        return pa.Array.from_buffers(type_, n, [None, pa.py_buffer(b"".join(values))])
+    if n and (
+        (type_ == pa.binary() and isinstance(values[0], bytes))
+        or (type_ == pa.string() and isinstance(values[0], str))
+    ):
+        blobs = values if type_ == pa.binary() else [v.encode("utf-8") for v in values]
+        lengths = np.fromiter((len(v) for v in blobs), dtype=np.int64, count=n)
+        offsets = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
         if offsets[-1] < 2**31:
-            data = pa.py_buffer(b"".join(values))
+            data = pa.py_buffer(b"".join(blobs))
             return pa.Array.from_buffers(
-                type_, len(values), [None, pa.py_buffer(offsets.astype(np.int32)), data]
+                type_, n, [None, pa.py_buffer(offsets.astype(np.int32)), data]
             )
     return pa.array(values, type=type_)
 
 
+def write_unit_index(dest: Path, results: Sequence[UnitResult]) -> Path:
+    """Each unit's key prefixes, labels and rows in ``dest`` (:data:`UNIT_INDEX`), by unit
+    key: what the next run's unchanged units take instead of reading their shards back."""
+    kept = [(r.key, r.key_labels) for r in results if r.key_labels is not None]
+    offsets = np.zeros(len(kept) + 1, dtype=np.int64)
+    np.cumsum([len(kl[0]) for _, kl in kept], out=offsets[1:])
+    path = dest / UNIT_INDEX
+    with open(path, "wb") as fh:
+        np.savez(
+            fh,
+            unit_keys=np.asarray([key for key, _ in kept], dtype="S64"),
+            offsets=offsets,
+            keys=_cat([kl[0] for _, kl in kept], np.uint64),
+            labels=_cat([kl[1] for _, kl in kept], np.int64),
+            rows=_cat([kl[2] for _, kl in kept], np.int64),
+        )
+    return path
+
+
+def _unit_index(root: Path) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """The unit index of the snapshot in ``root`` by unit key (empty when it has none, or it
+    cannot be read: the shards are read back instead)."""
+    path = root / UNIT_INDEX
+    if not path.is_file():
+        return {}
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            names = [k.decode() for k in z["unit_keys"].tolist()]
+            bounds = z["offsets"].tolist()
+            keys, labels, rows = z["keys"], z["labels"], z["rows"]
+    except (OSError, ValueError, KeyError):
+        return {}
+    return {
+        name: (keys[a:b], labels[a:b], rows[a:b])
+        for name, a, b in zip(names, bounds[:-1], bounds[1:], strict=True)
+    }
+
+
 def previous_units(out_dir: Path) -> tuple[dict[str, dict[str, Any]], Path | None]:
-    """The last snapshot's units by key, each with its shards (what an unchanged unit
-    reuses)."""
+    """The last snapshot's units by key, each with its shards and (from its unit index) its
+    key prefixes, labels and rows: what an unchanged unit reuses."""
     try:
         snap = snapshot.load(out_dir)
     except StepError:
         return {}, None
+    index = _unit_index(out_dir)
+    shards_of: dict[str, list[dict[str, Any]]] = {}
+    for s in snap.doc["shards"]:
+        shards_of.setdefault(s.get("unit_key", ""), []).append(s)
     by_key: dict[str, dict[str, Any]] = {}
     for unit_doc in snap.doc.get("units", []):
-        shards = [s for s in snap.doc["shards"] if s.get("unit_key") == unit_doc["key"]]
-        by_key[unit_doc["key"]] = {**unit_doc, "shards": shards}
+        key = unit_doc["key"]
+        by_key[key] = {**unit_doc, "shards": shards_of.get(key, []), "arrays": index.get(key)}
     return by_key, out_dir
 
 
-def map_units(jobs: list[UnitJob], workers: int) -> Iterator[UnitResult]:
-    """Run the jobs on a process pool (``workers`` > 1) or here, in order."""
-    return snapshot.ordered_map(ingest_unit, jobs, workers, "ingest units", "unit")
+def map_units(jobs: list[UnitJob], workers: int) -> list[UnitResult]:
+    """The units' results in order: those the stat cache shows unchanged are reused here, the
+    rest run on a process pool (``workers`` > 1, started only for them) or here."""
+    results: list[UnitResult | None] = [reuse_known(job) for job in jobs]
+    todo = [i for i, r in enumerate(results) if r is None]
+    done = snapshot.ordered_map(
+        ingest_unit, [jobs[i] for i in todo], workers, "ingest units", "unit"
+    )
+    for i, result in zip(todo, done, strict=True):
+        results[i] = result
+    return results  # type: ignore[return-value]
+
+
+@dataclass
+class InputStats:
+    """The local inputs of a listing: each name's absolute path and stat, taken at
+    ``taken_ns`` (before any of them is read)."""
+
+    paths: dict[str, str] = field(default_factory=dict)
+    stats: dict[str, stat_cache.Stat] = field(default_factory=dict)
+    taken_ns: int = 0
+
+    def entries(self, results: Iterable[UnitResult]) -> Iterator[tuple[str, Any, str]]:
+        """(path, stat, sha256) of every local input the results hashed."""
+        for r in results:
+            for name, sha in r.inputs.items():
+                stat = self.stats.get(name)
+                if stat is not None:
+                    yield self.paths[name], stat, sha
+
+
+def input_stats(
+    fmt: Any, params: Any, listed: Sequence[Unit], clock: Any = stat_cache.clock
+) -> InputStats:
+    """Stat every local input of the listing (this run's side of the stat cache)."""
+    out = InputStats(taken_ns=int(clock()))
+    for unit in listed:
+        for name in unit.files:
+            path = fmt.input_path(params, name)
+            if path is None:
+                continue
+            path = os.path.abspath(path)
+            stat = stat_cache.stat_of(path)
+            if stat is not None:
+                out.paths[name], out.stats[name] = path, stat
+    return out
 
 
 def unit_jobs(
@@ -265,8 +471,11 @@ def unit_jobs(
     previous: dict[str, dict[str, Any]],
     previous_root: Path | None,
     listed: list[Unit] | None = None,
+    known: tuple[InputStats, stat_cache.StatCache] | None = None,
 ) -> list[UnitJob]:
-    """One job per unit of the source (``listed``, else listed here), in unit order."""
+    """One job per unit of the source (``listed``, else listed here), in unit order; with
+    ``known`` (this listing's stats and the last run's stat cache), each job carries the
+    hashes of its inputs the cache vouches for."""
     fmt = task.data
     units = fmt.units(params, params_file) if listed is None else listed
     fixed_names = fmt.fixed_label_names(params, params_file)
@@ -284,11 +493,25 @@ def unit_jobs(
         # the class names the source fixes (a class folder's label id is its place among them)
         "names": fixed_names,
     }
-    return [
-        UnitJob(fmt, params, params_file, unit, "", extra_key, shard_dir, previous,
-                previous_root, assignment, dict(params.split.files))
-        for unit in units
-    ]  # fmt: skip
+    by_id: dict[str, list[dict[str, Any]]] = {}
+    for doc in previous.values():
+        by_id.setdefault(doc["id"], []).append(doc)
+    jobs = []
+    for unit in units:
+        vouched: dict[str, str] = {}
+        if known is not None:
+            stats, cache = known
+            for name in unit.files:
+                path = stats.paths.get(name)
+                sha = cache.lookup(path, stats.stats.get(name)) if path else None
+                if sha is not None:
+                    vouched[name] = sha
+        jobs.append(
+            UnitJob(fmt, params, params_file, unit, extra_key, shard_dir,
+                    tuple(by_id.get(unit.id, ())), previous_root, assignment,
+                    dict(params.split.files), vouched)
+        )  # fmt: skip
+    return jobs
 
 
 def write_part(
@@ -310,6 +533,7 @@ def write_part(
                 "rows": r.rows,
                 "dropped": r.dropped,
                 "facts": r.facts,
+                "files_read": r.files_read,
             }
         )
         if r.key_labels is not None:
@@ -353,6 +577,7 @@ def read_parts(parts: Sequence[Path], shard_dir: Path) -> list[UnitResult]:
                     facts=entry["facts"],
                     key_labels=key_labels,  # type: ignore[arg-type]
                     labels_found=np.unique(key_labels[1]) if key_labels else None,
+                    files_read=int(entry.get("files_read", 0)),
                 )
     missing = sorted(set(range(max(found) + 1 if found else 0)) - set(found))
     if missing or not found:

@@ -543,6 +543,12 @@ class TextData(DataFormat):
             }
         return {name: sha256_bytes(read_bytes(_uri(params, name))) for name in unit.files}
 
+    def input_path(self, params: TextIngestParams, name: str) -> str | None:
+        if params.kind == "builtin":
+            return None
+        uri = _uri(params, name)
+        return None if "://" in uri else uri
+
     def read_unit(
         self, params: TextIngestParams, unit: Unit, params_file: str
     ) -> Iterator[UnitBatch]:
