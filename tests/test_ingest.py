@@ -1159,23 +1159,30 @@ def test_a_file_changed_behind_an_unchanged_mtime_is_read_again(tmp_path: Path) 
 
 def test_the_stat_cache_trusts_no_racy_and_no_changed_entry(tmp_path: Path) -> None:
     """An entry is trusted only when every stat field is equal and the file's mtime is more
-    than RACY_NS older than when the stats were taken (an injected clock here)."""
+    than RACY_NS older than when the stats were taken (injected times here)."""
     from components.ml.data import stat_cache
 
     path = tmp_path / "a.png"
     path.write_bytes(b"x")
-    stat = stat_cache.stat_of(str(path))
-    assert stat is not None
-    mtime = stat[3]
-    stat_cache.write(tmp_path, [(str(path), stat, "ab" * 32)], mtime + stat_cache.RACY_NS + 1)
-    cache = stat_cache.load(tmp_path)
-    assert cache.lookup(str(path), stat) == "ab" * 32
-    assert cache.lookup(str(path), (*stat[:2], stat[2] + 1, *stat[3:])) is None  # size
-    assert cache.lookup(str(path), (stat[0], stat[1] + 1, *stat[2:])) is None  # inode
-    assert cache.lookup(str(path), (*stat[:4], stat[4] + 1)) is None  # ctime
-    assert cache.lookup(str(tmp_path / "b.png"), stat) is None
-    stat_cache.write(tmp_path, [(str(path), stat, "ab" * 32)], mtime + stat_cache.RACY_NS)
-    assert stat_cache.load(tmp_path).lookup(str(path), stat) is None  # racily clean
+    now, where = stat_cache.take([str(path)])
+    assert where == [0]
+    mtime = int(now.times[0, stat_cache.MTIME])
+
+    def cache_taken_at(taken: int) -> stat_cache.StatCache:
+        stat_cache.write(tmp_path, dataclasses.replace(now, taken_ns=taken), ["ab" * 32])
+        return stat_cache.load(tmp_path)
+
+    cache = cache_taken_at(mtime + stat_cache.RACY_NS + 1)
+    assert cache.vouch(now) == ["ab" * 32]
+    for field, column in (("times", 0), ("times", 2), ("ids", 0), ("ids", 1)):
+        changed = dataclasses.replace(now, **{field: getattr(now, field).copy()})
+        getattr(changed, field)[0, column] += 1  # size, ctime, device, inode
+        assert cache.vouch(changed) == [None], (field, column)
+    moved = dataclasses.replace(now, paths=[str(tmp_path / "b.png")])
+    assert cache.vouch(moved) == [None]
+    assert cache_taken_at(mtime + stat_cache.RACY_NS).vouch(now) == [None]  # racily clean
+    (tmp_path / stat_cache.STAT_FILE).write_bytes(b"garbage")
+    assert stat_cache.load(tmp_path).vouch(now) == [None]
 
 
 def test_units_are_bounded_and_an_insertion_touches_few_of_them(tmp_path: Path) -> None:

@@ -155,7 +155,7 @@ def run(
         snapshot.write_manifest(tmp, reduce.snapshot_doc(fmt.name, params, t, results, facts))
         dataset.write_label_names(tmp, names, fmt.name)
         units.write_unit_index(tmp, results)
-        stat_cache.write(tmp, seen.entries(results), seen.taken_ns)
+        stat_cache.write(tmp, seen.stats, seen.digests(results))
         write_manifest(
             tmp,
             "ingest",

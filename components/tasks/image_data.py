@@ -372,7 +372,7 @@ def _runs(rels: list[str], every: int) -> list[list[str]]:
     runs: list[list[str]] = []
     run: list[str] = []
     for rel in rels:
-        boundary = int(hashlib.sha256(rel.encode()).hexdigest()[:8], 16) % every == 0
+        boundary = zlib.crc32(rel.encode()) % every == 0  # the path's hash, not its place
         if run and ((boundary and len(run) >= least) or len(run) >= 4 * every):
             runs.append(run)
             run = []
@@ -898,7 +898,7 @@ class ImageData(DataFormat):
     def input_path(self, params: IngestParams, name: str) -> str | None:
         if params.kind == "builtin" or "://" in params.source:
             return None
-        return os.path.join(params.source, name)
+        return f"{params.source.rstrip('/')}/{name}"  # os.path.join costs 10x (100k files)
 
     def read_unit(self, params: IngestParams, unit: Unit, params_file: str) -> Iterator[UnitBatch]:
         if params.kind == "builtin":

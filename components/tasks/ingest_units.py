@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -430,37 +430,33 @@ def map_units(jobs: list[UnitJob], workers: int) -> list[UnitResult]:
 
 @dataclass
 class InputStats:
-    """The local inputs of a listing: each name's absolute path and stat, taken at
-    ``taken_ns`` (before any of them is read)."""
+    """The local inputs of a listing: their names and stats (taken before any is read)."""
 
-    paths: dict[str, str] = field(default_factory=dict)
-    stats: dict[str, stat_cache.Stat] = field(default_factory=dict)
-    taken_ns: int = 0
+    names: list[str] = field(default_factory=list)
+    stats: stat_cache.Stats = field(default_factory=stat_cache.Stats)
 
-    def entries(self, results: Iterable[UnitResult]) -> Iterator[tuple[str, Any, str]]:
-        """(path, stat, sha256) of every local input the results hashed."""
+    def digests(self, results: Iterable[UnitResult]) -> list[str | None]:
+        """The sha256 the results found for each input, in order (None: not hashed)."""
+        found: dict[str, str] = {}
         for r in results:
-            for name, sha in r.inputs.items():
-                stat = self.stats.get(name)
-                if stat is not None:
-                    yield self.paths[name], stat, sha
+            found.update(r.inputs)
+        return [found.get(name) for name in self.names]
 
 
 def input_stats(
-    fmt: Any, params: Any, listed: Sequence[Unit], clock: Any = stat_cache.clock
+    fmt: Any, params: Any, listed: Sequence[Unit], clock: int | None = None
 ) -> InputStats:
     """Stat every local input of the listing (this run's side of the stat cache)."""
-    out = InputStats(taken_ns=int(clock()))
+    names, paths = [], []
+    cwd = os.getcwd()
     for unit in listed:
         for name in unit.files:
             path = fmt.input_path(params, name)
-            if path is None:
-                continue
-            path = os.path.abspath(path)
-            stat = stat_cache.stat_of(path)
-            if stat is not None:
-                out.paths[name], out.stats[name] = path, stat
-    return out
+            if path is not None:
+                names.append(name)
+                paths.append(path if path.startswith("/") else os.path.join(cwd, path))
+    stats, where = stat_cache.take(paths, clock)
+    return InputStats([names[i] for i in where], stats)
 
 
 def unit_jobs(
@@ -496,20 +492,21 @@ def unit_jobs(
     by_id: dict[str, list[dict[str, Any]]] = {}
     for doc in previous.values():
         by_id.setdefault(doc["id"], []).append(doc)
+    vouched: dict[str, str] = {}
+    if known is not None and previous:
+        seen, cache = known
+        vouched = {
+            name: sha
+            for name, sha in zip(seen.names, cache.vouch(seen.stats), strict=True)
+            if sha is not None
+        }
     jobs = []
     for unit in units:
-        vouched: dict[str, str] = {}
-        if known is not None:
-            stats, cache = known
-            for name in unit.files:
-                path = stats.paths.get(name)
-                sha = cache.lookup(path, stats.stats.get(name)) if path else None
-                if sha is not None:
-                    vouched[name] = sha
+        mine = {f: vouched[f] for f in unit.files if f in vouched} if vouched else {}
         jobs.append(
             UnitJob(fmt, params, params_file, unit, extra_key, shard_dir,
                     tuple(by_id.get(unit.id, ())), previous_root, assignment,
-                    dict(params.split.files), vouched)
+                    dict(params.split.files), mine)
         )  # fmt: skip
     return jobs
 

@@ -12,7 +12,8 @@ never a wrong reuse.
 
 Kept beside the snapshot (``inputs-stat.npz`` in ingest's output directory), outside
 ``snapshot.json``: it says how the inputs were last seen on this machine, not what the data
-set holds, so it never changes the snapshot's identity.
+set holds, so it never changes the snapshot's identity. Stats are compared as arrays, not
+file by file: a rerun over 100k unchanged files costs their ``stat`` calls and little more.
 
 Library layer: imported by the ingest step's units (``components.tasks.ingest_units``).
 """
@@ -22,7 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,37 +34,76 @@ log = logging.getLogger(__name__)
 STAT_FILE = "inputs-stat.npz"
 VERSION = 1
 RACY_NS = 2_000_000_000  # mtimes this close to the stat time are not trusted (coarse clocks)
+MTIME = 1  # the column of ``Stats.times`` holding st_mtime_ns
 
-Stat = tuple[int, int, int, int, int]  # st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns
+
+@dataclass
+class Stats:
+    """Files and their stats, one row each: ``ids`` (st_dev, st_ino) as uint64, ``times``
+    (st_size, st_mtime_ns, st_ctime_ns) as int64, taken at ``taken_ns``."""
+
+    paths: list[str] = field(default_factory=list)
+    ids: np.ndarray = field(default_factory=lambda: np.zeros((0, 2), np.uint64))
+    times: np.ndarray = field(default_factory=lambda: np.zeros((0, 3), np.int64))
+    taken_ns: int = 0
 
 
-def stat_of(path: str) -> Stat | None:
-    """The stat of a file as the cache compares it, or None when it cannot be taken."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+def take(paths: Sequence[str], clock: int | None = None) -> tuple[Stats, list[int]]:
+    """The stats of ``paths`` (absolute), and the places in ``paths`` of those that could be
+    taken (a file that cannot be stat-ed is hashed, and fails there if it cannot be read)."""
+    taken = time.time_ns() if clock is None else clock
+    kept, ids, times, where = [], [], [], []
+    for i, path in enumerate(paths):
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        kept.append(path)
+        ids.append((st.st_dev, st.st_ino))
+        times.append((st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+        where.append(i)
+    return (
+        Stats(
+            kept,
+            np.asarray(ids, dtype=np.uint64).reshape(-1, 2),
+            np.asarray(times, dtype=np.int64).reshape(-1, 3),
+            taken,
+        ),
+        where,
+    )
 
 
 @dataclass
 class StatCache:
-    """The entries of the last run (path -> (stat, sha256 hex)) and when their stats were
-    taken (``taken_ns``, the wall clock in nanoseconds)."""
+    """The last run's files, stats and sha256s (``digests``: 32 bytes each, in order)."""
 
-    entries: dict[str, tuple[Stat, str]] = field(default_factory=dict)
-    taken_ns: int = 0
+    stats: Stats = field(default_factory=Stats)
+    digests: bytes = b""
 
-    def lookup(self, path: str, stat: Stat | None) -> str | None:
-        """The sha256 of ``path`` if its entry can be trusted for this ``stat``, else None."""
-        if stat is None:
-            return None
-        entry = self.entries.get(path)
-        if entry is None or entry[0] != stat:
-            return None
-        if stat[3] >= self.taken_ns - RACY_NS:  # racily clean: it may have changed since
-            return None
-        return entry[1]
+    def vouch(self, now: Stats) -> list[str | None]:
+        """For each file of ``now``: its sha256 (hex) if the cache's entry can be trusted for
+        its stat, else None."""
+        n = len(now.paths)
+        old = self.stats
+        if not old.paths or not n:
+            return [None] * n
+        if now.paths == old.paths:
+            idx = np.arange(n)
+        else:
+            where = dict(zip(old.paths, range(len(old.paths)), strict=True))
+            idx = np.fromiter((where.get(p, -1) for p in now.paths), dtype=np.int64, count=n)
+        found = np.flatnonzero(idx >= 0)
+        ok = np.zeros(n, dtype=bool)
+        at = idx[found]
+        ok[found] = (old.ids[at] == now.ids[found]).all(axis=1) & (
+            old.times[at] == now.times[found]
+        ).all(axis=1)
+        ok &= now.times[:, MTIME] < old.taken_ns - RACY_NS  # else racily clean: hash again
+        hexes = self.digests.hex()
+        return [
+            hexes[64 * j : 64 * j + 64] if good else None
+            for good, j in zip(ok.tolist(), idx.tolist(), strict=True)
+        ]
 
 
 def load(directory: Path) -> StatCache:
@@ -76,31 +116,25 @@ def load(directory: Path) -> StatCache:
         with np.load(path, allow_pickle=False) as z:
             if int(z["version"]) != VERSION:
                 return StatCache()
-            blob, bounds = z["paths"].tobytes(), z["offsets"].tolist()
-            ids, times = z["ids"].tolist(), z["times"].tolist()
-            digests, taken = z["sha256"].tobytes().hex(), int(z["taken_ns"])
+            text = z["paths"].tobytes().decode("utf-8", "surrogateescape")
+            bounds = z["offsets"].tolist()
+            ids, times = z["ids"], z["times"]
+            digests, taken = z["sha256"].tobytes(), int(z["taken_ns"])
     except (OSError, ValueError, KeyError) as exc:
         log.warning("%s: stat cache not read (%s); every input is hashed", path, exc)
         return StatCache()
-    names = blob.decode("utf-8", "surrogateescape")
-    entries = {
-        names[bounds[i] : bounds[i + 1]]: (
-            (*ids[i], *times[i]),
-            digests[64 * i : 64 * i + 64],
-        )
-        for i in range(len(ids))
-    }
-    return StatCache(entries, taken)  # type: ignore[arg-type]
+    paths = [text[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+    if not (len(paths) == len(ids) == len(times) == len(digests) // 32):
+        log.warning("%s: stat cache inconsistent; every input is hashed", path)
+        return StatCache()
+    return StatCache(Stats(paths, ids, times, taken), digests)
 
 
-def write(directory: Path, entries: Iterable[tuple[str, Stat, str]], taken_ns: int) -> Path:
-    """Write the cache (path, stat, sha256 hex) into ``directory`` (ingest's temporary output,
-    renamed into place with the snapshot)."""
-    paths, stats, shas = [], [], []
-    for path, stat, sha in entries:
-        paths.append(path)
-        stats.append(stat)
-        shas.append(sha)
+def write(directory: Path, stats: Stats, digests: Sequence[str | None]) -> Path:
+    """Write the cache of the files of ``stats`` whose sha256 (hex) is known into
+    ``directory`` (ingest's temporary output, renamed into place with the snapshot)."""
+    keep = [i for i, d in enumerate(digests) if d is not None]
+    paths = [stats.paths[i] for i in keep]
     offsets = np.zeros(len(paths) + 1, dtype=np.int64)  # in characters: the bytes are
     np.cumsum([len(p) for p in paths], out=offsets[1:])  # decoded as one string, then cut
     blob = "".join(paths).encode("utf-8", "surrogateescape")
@@ -109,17 +143,11 @@ def write(directory: Path, entries: Iterable[tuple[str, Stat, str]], taken_ns: i
         np.savez(
             fh,
             version=np.int64(VERSION),
-            taken_ns=np.int64(taken_ns),
+            taken_ns=np.int64(stats.taken_ns),
             paths=np.frombuffer(blob, dtype=np.uint8),
             offsets=offsets,
-            ids=np.asarray([st[:2] for st in stats], dtype=np.uint64).reshape(-1, 2),
-            times=np.asarray([st[2:] for st in stats], dtype=np.int64).reshape(-1, 3),
-            sha256=np.frombuffer(bytes.fromhex("".join(shas)), dtype=np.uint8),
+            ids=stats.ids[keep],
+            times=stats.times[keep],
+            sha256=np.frombuffer(bytes.fromhex("".join(digests[i] for i in keep)), np.uint8),  # type: ignore[misc]
         )
     return dest
-
-
-def clock() -> int:
-    """The wall clock in nanoseconds, the clock file times are set from (tests inject
-    theirs)."""
-    return time.time_ns()
