@@ -119,7 +119,7 @@ def run(
     fixed_names = fmt.fixed_label_names(params, params_file)
     previous, previous_root = units.previous_units(out_dir)
     cache = stat_cache.load(out_dir)
-    seen = units.InputStats()
+    started_ns = stat_cache.clock()  # before any input is stat-ed (the racy-entry rule)
     with atomic_path(out_dir) as tmp:
         shard_dir = tmp / snapshot.SHARD_DIR
         shard_dir.mkdir(parents=True)
@@ -130,11 +130,9 @@ def run(
             listed = fmt.units(params, params_file)
             skipped = skipped_of(listed)
             _log_skipped(params, skipped)
-            seen = units.input_stats(fmt, params, listed)
             jobs = units.unit_jobs(
-                params, task, shard_dir, params_file, previous, previous_root, listed,
-                (seen, cache),
-            )  # fmt: skip
+                params, task, shard_dir, params_file, previous, previous_root, listed, cache
+            )
             results = units.map_units(jobs, params.workers)
         reduce.check_unreadable(results, fmt.sample_noun)
         inputs = reduce.checked_inputs(params, results, expected_source_sha256, params_file)
@@ -155,7 +153,7 @@ def run(
         snapshot.write_manifest(tmp, reduce.snapshot_doc(fmt.name, params, t, results, facts))
         dataset.write_label_names(tmp, names, fmt.name)
         units.write_unit_index(tmp, results)
-        stat_cache.write(tmp, seen.stats, seen.digests(results))
+        units.write_stat_cache(tmp, results, started_ns)
         write_manifest(
             tmp,
             "ingest",

@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -59,6 +59,9 @@ class UnitJob:
     assignment: dict[bytes, int] | None  # permutation rule: key -> split index
     file_splits: dict[str, str]
     known: dict[str, str] = field(default_factory=dict)  # inputs the stat cache vouches for
+    # the stats of the unit's local inputs, taken by the listing's process before any read
+    # (a unit the last snapshot has: to vouch for them); None: the worker takes them
+    stats: UnitStats | None = None
 
 
 @dataclass
@@ -78,6 +81,7 @@ class UnitResult:
     unreadable: list[tuple[str, str]] = field(default_factory=list)
     unreadable_count: int = 0
     files_read: int = 0  # input files this run read (0: the stat cache vouched for them all)
+    stats: UnitStats | None = None  # its local inputs' stats, taken before they were read
 
 
 def unit_key(job: UnitJob, inputs: dict[str, str]) -> str:
@@ -114,15 +118,16 @@ def ingest_unit(job: UnitJob) -> UnitResult:
     unit is read once: each file's bytes are hashed and decoded in one pass (when the format
     says its batches' hashes, ``UnitBatch.inputs``), split and written."""
     failpoints.hit("ingest.unit", job.unit.id)
+    stats = job.stats if job.stats is not None else unit_stats(job.fmt, job.params, job.unit)
     inputs: dict[str, str] = {}
     hashed = 0
     if _may_reuse(job):
         inputs, hashed = _hash_inputs(job)
         reused = _reuse_matching(job, inputs)
         if reused is not None:
-            return replace(reused, files_read=hashed)
+            return replace(reused, files_read=hashed, stats=stats)
     result = _read_unit(job, inputs)
-    return replace(result, files_read=result.files_read + hashed)
+    return replace(result, files_read=result.files_read + hashed, stats=stats)
 
 
 def reuse_known(job: UnitJob) -> UnitResult | None:
@@ -130,7 +135,8 @@ def reuse_known(job: UnitJob) -> UnitResult | None:
     input and the key matches the last snapshot's (run here, before any worker starts)."""
     if not _may_reuse(job) or any(f not in job.known for f in job.unit.files):
         return None
-    return _reuse_matching(job, {f: job.known[f] for f in job.unit.files})
+    reused = _reuse_matching(job, {f: job.known[f] for f in job.unit.files})
+    return None if reused is None else replace(reused, stats=job.stats)
 
 
 def _may_reuse(job: UnitJob) -> bool:
@@ -428,35 +434,43 @@ def map_units(jobs: list[UnitJob], workers: int) -> list[UnitResult]:
     return results  # type: ignore[return-value]
 
 
-@dataclass
-class InputStats:
-    """The local inputs of a listing: their names and stats (taken before any is read)."""
+@dataclass(frozen=True)
+class UnitStats:
+    """The stats of a unit's local inputs (their names, and the stats by row)."""
 
-    names: list[str] = field(default_factory=list)
-    stats: stat_cache.Stats = field(default_factory=stat_cache.Stats)
-
-    def digests(self, results: Iterable[UnitResult]) -> list[str | None]:
-        """The sha256 the results found for each input, in order (None: not hashed)."""
-        found: dict[str, str] = {}
-        for r in results:
-            found.update(r.inputs)
-        return [found.get(name) for name in self.names]
+    names: list[str]
+    stats: stat_cache.Stats
 
 
-def input_stats(
-    fmt: Any, params: Any, listed: Sequence[Unit], clock: int | None = None
-) -> InputStats:
-    """Stat every local input of the listing (this run's side of the stat cache)."""
+def unit_stats(fmt: Any, params: Any, unit: Unit) -> UnitStats:
+    """Stat the unit's local inputs (before any is read: a file changed after its stat was
+    taken has another stat next time, so it is hashed again)."""
     names, paths = [], []
-    cwd = os.getcwd()
-    for unit in listed:
-        for name in unit.files:
-            path = fmt.input_path(params, name)
-            if path is not None:
-                names.append(name)
-                paths.append(path if path.startswith("/") else os.path.join(cwd, path))
-    stats, where = stat_cache.take(paths, clock)
-    return InputStats([names[i] for i in where], stats)
+    for name in unit.files:
+        path = fmt.input_path(params, name)
+        if path is not None:
+            names.append(name)
+            paths.append(path if path.startswith("/") else os.path.join(os.getcwd(), path))
+    stats, where = stat_cache.take(paths)
+    return UnitStats([names[i] for i in where], stats)
+
+
+def write_stat_cache(dest: Path, results: Sequence[UnitResult], taken_ns: int) -> Path:
+    """The stat cache of every local input the results hashed, their stats taken after
+    ``taken_ns`` (when this run started: the racy-entry rule measures from it)."""
+    parts = [r for r in results if r.stats is not None and r.stats.names]
+    merged = stat_cache.Stats(
+        [p for r in parts for p in r.stats.stats.paths],  # type: ignore[union-attr]
+        np.concatenate([r.stats.stats.ids for r in parts])
+        if parts
+        else np.zeros((0, 2), np.uint64),  # type: ignore[union-attr]
+        np.concatenate([r.stats.stats.times for r in parts])
+        if parts
+        else np.zeros((0, 3), np.int64),  # type: ignore[union-attr]
+        taken_ns,
+    )
+    digests = [r.inputs.get(name) for r in parts for name in r.stats.names]  # type: ignore[union-attr]
+    return stat_cache.write(dest, merged, digests)
 
 
 def unit_jobs(
@@ -467,11 +481,11 @@ def unit_jobs(
     previous: dict[str, dict[str, Any]],
     previous_root: Path | None,
     listed: list[Unit] | None = None,
-    known: tuple[InputStats, stat_cache.StatCache] | None = None,
+    cache: stat_cache.StatCache | None = None,
 ) -> list[UnitJob]:
-    """One job per unit of the source (``listed``, else listed here), in unit order; with
-    ``known`` (this listing's stats and the last run's stat cache), each job carries the
-    hashes of its inputs the cache vouches for."""
+    """One job per unit of the source (``listed``, else listed here), in unit order. A unit
+    the last snapshot has (by id) is stat-ed here, and its job carries the hashes of its
+    inputs the stat ``cache`` vouches for; every other unit is stat-ed by its worker."""
     fmt = task.data
     units = fmt.units(params, params_file) if listed is None else listed
     fixed_names = fmt.fixed_label_names(params, params_file)
@@ -492,21 +506,18 @@ def unit_jobs(
     by_id: dict[str, list[dict[str, Any]]] = {}
     for doc in previous.values():
         by_id.setdefault(doc["id"], []).append(doc)
-    vouched: dict[str, str] = {}
-    if known is not None and previous:
-        seen, cache = known
-        vouched = {
-            name: sha
-            for name, sha in zip(seen.names, cache.vouch(seen.stats), strict=True)
-            if sha is not None
-        }
     jobs = []
     for unit in units:
-        mine = {f: vouched[f] for f in unit.files if f in vouched} if vouched else {}
+        candidates = tuple(by_id.get(unit.id, ()))
+        stats, known = None, {}
+        if candidates and previous_root is not None:
+            stats = unit_stats(fmt, params, unit)
+            if cache is not None:
+                vouched = cache.vouch(stats.stats)
+                known = {n: h for n, h in zip(stats.names, vouched, strict=True) if h}
         jobs.append(
-            UnitJob(fmt, params, params_file, unit, extra_key, shard_dir,
-                    tuple(by_id.get(unit.id, ())), previous_root, assignment,
-                    dict(params.split.files), mine)
+            UnitJob(fmt, params, params_file, unit, extra_key, shard_dir, candidates,
+                    previous_root, assignment, dict(params.split.files), known, stats)
         )  # fmt: skip
     return jobs
 

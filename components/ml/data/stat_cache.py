@@ -151,3 +151,8 @@ def write(directory: Path, stats: Stats, digests: Sequence[str | None]) -> Path:
             sha256=np.frombuffer(bytes.fromhex("".join(digests[i] for i in keep)), np.uint8),  # type: ignore[misc]
         )
     return dest
+
+
+def clock() -> int:
+    """The wall clock in nanoseconds: the clock file times are set from."""
+    return time.time_ns()
