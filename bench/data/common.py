@@ -25,6 +25,7 @@ GOALS = {  # name: (comparison, limit)
     "reader_vs_train": (">=", 3.0),
     "incremental_ingest": ("<=", 0.2),
     "rss_100k_224_mb": ("<", 3072.0),
+    "train_vs_memory": (">=", 0.9),
 }
 
 

@@ -86,6 +86,7 @@ class TrainParams:
     shuffle_buffer: AtLeast1 = 2048  # preprocessed samples held for shuffling
     piece_rows: AtLeast1 = 256  # rows of a shard read at once (a piece)
     loader_workers: AtLeast0 = 1  # paddle.io.DataLoader processes reading pieces; 0: this process
+    cache_mb: AtLeast0 = 1024  # preprocessed pieces kept on disk (<checkpoints>/pieces); 0: off
     reader_probe_samples: AtLeast0 = 2048  # timed before training: the reader alone (0: off)
     # a smoke / benchmark bound on an epoch's work (None: the whole split): at most this many
     # optimizer steps per epoch (the first max_steps_per_epoch * global batch samples of the
@@ -95,7 +96,9 @@ class TrainParams:
     max_val_steps: AtLeast1 | None = None
 
     def stream(self) -> StreamSettings:
-        return StreamSettings(self.shuffle_buffer, self.piece_rows, self.loader_workers)
+        return StreamSettings(
+            self.shuffle_buffer, self.piece_rows, self.loader_workers, cache_mb=self.cache_mb
+        )
 
 
 def run(
