@@ -185,26 +185,34 @@ class Plan:
 CACHE_FORMAT = 1  # bump when what a cached piece holds changes: older entries are never read
 
 
-def _plain(value: Any) -> Any:
-    """``value`` as JSON-able data for a fingerprint (arrays by their bytes' sha256; objects
-    that are neither data nor arrays by their type's name)."""
+def _plain(value: Any, depth: int = 4) -> Any:
+    """``value`` as JSON-able data for a fingerprint: data as it is, arrays by their bytes'
+    sha256, other objects by their type and public attributes (``depth`` levels down; below
+    that, and for models, by their type's name)."""
     if value is None or isinstance(value, bool | int | float | str):
         return value
-    if is_dataclass(value) and not isinstance(value, type):
-        return _plain(asdict(value))
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    if isinstance(value, np.ndarray):
-        blob = np.ascontiguousarray(value)
-        digest = hashlib.sha256(
-            blob.tobytes() if not blob.dtype.hasobject else repr(blob.tolist()).encode()
-        )
-        return {"array": digest.hexdigest(), "dtype": str(blob.dtype), "shape": list(blob.shape)}
     if isinstance(value, np.generic):
         return value.item()
-    return f"<{type(value).__module__}.{type(value).__qualname__}>"
+    kind = f"<{type(value).__module__}.{type(value).__qualname__}>"
+    if depth <= 0:
+        return kind
+    if is_dataclass(value) and not isinstance(value, type):
+        return _plain(asdict(value), depth - 1)
+    if isinstance(value, dict):
+        items = sorted(value.items(), key=lambda kv: str(kv[0]))
+        return {str(k): _plain(v, depth - 1) for k, v in items}
+    if isinstance(value, list | tuple | set | frozenset):
+        items = sorted(value, key=repr) if isinstance(value, set | frozenset) else value
+        return [_plain(v, depth - 1) for v in items]
+    if isinstance(value, np.ndarray):
+        blob = np.ascontiguousarray(value)
+        data = blob.tobytes() if not blob.dtype.hasobject else repr(blob.tolist()).encode()
+        digest = hashlib.sha256(data).hexdigest()
+        return {"array": digest, "dtype": str(blob.dtype), "shape": list(blob.shape)}
+    if isinstance(value, paddle.nn.Layer) or not hasattr(value, "__dict__"):
+        return kind  # a model's fitted weights reach the fingerprint through its assets
+    public = {k: v for k, v in vars(value).items() if not k.startswith("_")}
+    return {"type": kind, "state": _plain(public, depth - 1)}
 
 
 def _code_sha256(classes: Iterable[type]) -> str:
