@@ -128,13 +128,13 @@ def test_a_changed_shard_is_not_served_from_the_cache(tmp_path, digits_data, dig
     """The cache filled from the digits snapshot, then a snapshot whose training shard (same
     path, same keys and rows) holds other pixels: its batches are its own, as read uncached."""
     cache = tmp_path / "cache"
-    _epochs(digits_data, digits_task, cache, loader_workers=0)
+    _epochs(digits_data, _Counting(digits_task), cache, loader_workers=0)
     changed = _changed_copy(digits_data, tmp_path / "changed")
     assert snapshot.load(changed).split_shards("train")[0].path == (
         snapshot.load(digits_data).split_shards("train")[0].path
     )
     plain = _epochs(changed, digits_task, None)
-    counting = _Counting(digits_task)
+    counting = _Counting(digits_task)  # the same preprocessing: the same fingerprint
     _assert_same(plain, _epochs(changed, counting, cache, loader_workers=0))
     assert counting.calls > 0  # read and preprocessed, not served
     original = _epochs(digits_data, digits_task, None)
