@@ -146,16 +146,15 @@ def digits_params(dest: Path, sets: list[tuple[str, Any]]) -> Path:
 
 
 def ingested(params: Path, out: Path) -> Path:
-    """``out``, ingested from ``params`` unless a snapshot of the same params is there."""
+    """``out``, ingested from ``params`` unless a snapshot of the same ``ingest`` params is
+    there."""
     stamp = out.parent / (out.name + ".params.yaml")
-    if (
-        not (out / "snapshot.json").exists()
-        or not stamp.exists()
-        or (stamp.read_text() != params.read_text())
-    ):
+    section = yaml.safe_dump(yaml.safe_load(params.read_text())["ingest"], sort_keys=True)
+    fresh = (out / "snapshot.json").exists() and stamp.exists() and stamp.read_text() == section
+    if not fresh:
         shutil.rmtree(out, ignore_errors=True)
         call_worker("ingest", str(params), str(out))
-        stamp.write_text(params.read_text())
+        stamp.write_text(section)
     return out
 
 
