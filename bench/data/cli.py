@@ -73,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--train-memory-size",
         type=int,
-        help="train_vs_memory's image folder (default: the smallest size)",
+        help="train_vs_memory's image folder (default: 500, or the smallest size below it)",
     )
     parser.add_argument(
         "--train-memory-epochs", type=int, default=4, help="train_vs_memory's epochs per side"

@@ -52,8 +52,10 @@ def setup(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Bench:
     throughput_n = args.throughput_size or sizes[-1]
     reader_n = args.reader_size or max([n for n in sizes if n <= 8000] or sizes[:1])
     incremental_n = args.incremental_size or sizes[-1]
-    memory_n = args.train_memory_size or sizes[0]
-    for name, n in (("throughput", throughput_n), ("reader", reader_n), ("train-memory", memory_n)):
+    memory_n = args.train_memory_size or min(500, sizes[0])
+    if memory_n < 20 or memory_n % len(CLASSES):
+        parser.error("--train-memory-size: a multiple of 10, >= 20")
+    for name, n in (("throughput", throughput_n), ("reader", reader_n)):
         if n not in sizes:
             parser.error(f"--{name}-size {n} must be one of --sizes {sizes}")
     sets = parse_sets(args.set)
@@ -67,6 +69,7 @@ def setup(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Bench:
     log.info("CPU %s, %d cores; cache %s", cpu.get("cpu_model"), os.cpu_count(), cache)
     # the images the chosen scenarios read: train_vs_memory alone needs only its folder's
     most = memory_n if set(args.scenarios) <= {"train_vs_memory"} else max(*sizes, incremental_n)
+    most = max(most, memory_n)
     gen = generated(cache, 64, most // 10 + max(1, most // 100), args.seed, args.workers)
     return Bench(
         args, sizes, repeats, throughput_n, reader_n, incremental_n, memory_n, sets, cache, cpu,

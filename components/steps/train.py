@@ -10,7 +10,9 @@
 - The data is streamed, never loaded whole (:mod:`components.tasks.stream`): bounded pieces of
   the snapshot's shards, read and preprocessed by ``train.loader_workers`` processes of a
   ``paddle.io.DataLoader``, in an order drawn from ``(seed, epoch)``, through a shuffle buffer
-  of ``train.shuffle_buffer`` samples; validation is scored batch by batch. The task's fitting
+  of ``train.shuffle_buffer`` samples; validation is scored batch by batch. Preprocessed pieces
+  are kept on disk under the checkpoint directory (``pieces/``, up to ``train.cache_mb``), so
+  preprocessing is paid once, not every epoch (augmentation still is). The task's fitting
   hooks (a vocabulary, a judge, pretraining, soft targets) get the split as streams too
   (``TrainingData``). Before training, the reader alone is timed over
   ``train.reader_probe_samples`` samples: ``metrics/train.json`` records its samples/s beside

@@ -22,9 +22,15 @@ What the train step and the tasks' fitting hooks read instead of whole splits
   uniformly from it, with a generator seeded from ``(seed, epoch, rank)``. ``Task.batches``
   cuts each block into batches (a text task groups similar lengths there). Kill-and-resume is
   bit-identical: every order, draw and augmentation of an epoch follows from its seed.
+- **Piece cache.** :class:`PieceCache` keeps a piece's preprocessed arrays on disk (the train
+  step: ``<checkpoint_dir>/pieces``, up to ``train.cache_mb``), keyed by its shard's sha256,
+  its rows and :func:`preprocessing_fingerprint`: ``Task.preprocess`` (deterministic; the
+  per-batch ``Task.augment`` is not cached) runs once per piece, not every epoch, and a hit
+  gives the very arrays a read would.
 
 Memory: the buffer, one block, one piece per worker being read and ``prefetch`` items per
-worker; it does not grow with the split.
+worker; it does not grow with the split (the piece cache is on disk, bounded by its own
+setting).
 
 :class:`TrainingData` is what ``Task.fit_preprocessing``, ``Task.pretrain`` and
 ``Task.soft_targets`` receive: the whole training split as streams (stored samples in
