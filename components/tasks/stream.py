@@ -253,12 +253,37 @@ def _assets_sha256(task: Task) -> str:
     return digest.hexdigest()
 
 
+# the libraries preprocessing runs on (image resizing, tokenizers, decoding)
+PREPROCESSING_LIBRARIES = (
+    "numpy",
+    "paddlepaddle",
+    "paddlepaddle-gpu",
+    "opencv-python",
+    "opencv-python-headless",
+    "pillow",
+    "paddlenlp",
+    "pyarrow",
+)
+
+
+def _versions() -> dict[str, str | None]:
+    from importlib import metadata
+
+    out: dict[str, str | None] = {}
+    for name in PREPROCESSING_LIBRARIES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
 def preprocessing_fingerprint(task: Task) -> str:
     """What ``task.preprocess`` computes from, as one sha256: the task's class and the source
     of the modules defining it and its data format, its public attributes (its options), its
     ``preprocessing_doc``, the assets its fitted preprocessing saves (a vocabulary, say) and
-    the versions of numpy and paddle. A cached piece is served only under the same
-    fingerprint (:class:`PieceCache`)."""
+    the versions of the libraries preprocessing runs on (:data:`PREPROCESSING_LIBRARIES`). A
+    cached piece is served only under the same fingerprint (:class:`PieceCache`)."""
     doc_fn = getattr(task, "preprocessing_doc", None)
     state = {k: v for k, v in vars(task).items() if not k.startswith("_")}
     doc = {
@@ -268,7 +293,7 @@ def preprocessing_fingerprint(task: Task) -> str:
         "state": _plain(state),
         "preprocessing": _plain(doc_fn()) if callable(doc_fn) else None,
         "assets": _assets_sha256(task),
-        "versions": [np.__version__, paddle.__version__],
+        "versions": _versions(),
     }
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
 
@@ -290,7 +315,7 @@ class PieceCache:
     entries of other fingerprints. Only deterministic preprocessing is cached:
     ``Task.augment`` runs on every batch, every epoch, after the cache."""
 
-    LOCK = ".lock"
+    LOCK, USED = ".lock", ".used-bytes"
 
     def __init__(self, root: Path, fingerprint: str, limit_bytes: int):
         self.root, self.fingerprint, self.limit_bytes = Path(root), fingerprint, limit_bytes
@@ -302,18 +327,25 @@ class PieceCache:
         ``limit_mb`` is 0); entries of any other fingerprint are removed."""
         if limit_mb <= 0:
             return None
-        cache = cls(Path(root), preprocessing_fingerprint(task), limit_mb * 2**20)
+        try:
+            fingerprint = preprocessing_fingerprint(task)
+        except Exception as exc:  # a task whose state cannot be fingerprinted: no cache
+            log.warning("piece cache off: the preprocessing has no fingerprint (%s)", exc)
+            return None
+        cache = cls(Path(root), fingerprint, limit_mb * 2**20)
         cache.root.mkdir(parents=True, exist_ok=True)
         with cache._locked():
             for entry in cache.root.iterdir():
                 if entry.is_dir() and entry.name != cache.fingerprint:
                     shutil.rmtree(entry, ignore_errors=True)
-        (cache.root / cache.fingerprint).mkdir(exist_ok=True)
+            (cache.root / cache.fingerprint).mkdir(exist_ok=True)
+            used = cache.size()
+            cache._write_used(used)
         log.info(
             "piece cache %s (fingerprint %s): %.0f of %d MB used",
             cache.root,
             cache.fingerprint[:12],
-            cache.size() / 2**20,
+            used / 2**20,
             limit_mb,
         )
         return cache
@@ -323,8 +355,19 @@ class PieceCache:
         return self.root / self.fingerprint / f"{shard.sha256}-{group}-{start}-{stop}.npz"
 
     def size(self) -> int:
-        """Bytes of entries under the root (every fingerprint's)."""
+        """Bytes of entries under the root (every fingerprint's), counted on disk."""
         return sum(f.stat().st_size for f in self.root.glob("*/*.npz") if f.is_file())
+
+    # the bytes in use, kept in a file beside the entries (counted by open, then added to
+    # under the lock by every store: no directory walk per piece)
+    def _read_used(self) -> int:
+        try:
+            return int((self.root / self.USED).read_text())
+        except (OSError, ValueError):
+            return self.size()
+
+    def _write_used(self, used: int) -> None:
+        (self.root / self.USED).write_text(str(used))
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
@@ -361,7 +404,8 @@ class PieceCache:
             with self._locked():
                 if path.exists():
                     return True
-                if self.size() + os.path.getsize(tmp) > self.limit_bytes:
+                used, size = self._read_used(), os.path.getsize(tmp)
+                if used + size > self.limit_bytes:
                     self._full = True
                     log.info(
                         "piece cache full (%d MB, train.cache_mb): further pieces are "
@@ -370,6 +414,7 @@ class PieceCache:
                     )
                     return False
                 os.replace(tmp, path)
+                self._write_used(used + size)
                 return True
         finally:
             with contextlib.suppress(FileNotFoundError):
