@@ -201,3 +201,25 @@ def test_the_cache_stays_within_its_bound(tmp_path, digits_data, digits_task):
     assert 0 < len(sizes) < len(stream.piece_table(snapshot.load(digits_data), "train", 100))
     assert sum(sizes) <= 2**20
     assert not list(cache.glob("*/.tmp-*"))  # no temporary file left behind
+
+
+def test_a_cache_that_cannot_be_written_is_no_error(tmp_path, digits_data, digits_task):
+    """The cache directory removed under a run (another fingerprint's run pruned it, a
+    cleanup): the run reads and preprocesses as without a cache, same batches."""
+    params = _params(loader_workers=0)
+    snap = snapshot.load(digits_data)
+    share = EpochShare(snap.rows("train"), params.batch_size, 1)
+    cache = tmp_path / "cache"
+    inputs = Inputs.build(snap, digits_task, params, share, World(), digits_task.objective(), cache)
+    shutil.rmtree(cache)
+    reader = inputs.reader(EPOCHS, val=False)
+    try:
+        got = [
+            [[*b.inputs, b.labels, b.keys] for b in inputs.batches(reader, e, rng)]
+            for e in EPOCHS
+            for rng in [np.random.default_rng([params.seed, e, 0])]
+        ]
+    finally:
+        reader.close()
+    _assert_same(_epochs(digits_data, digits_task, None), got)
+    assert not cache.exists()

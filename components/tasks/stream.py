@@ -222,17 +222,18 @@ def _plain(value: Any, depth: int = 4) -> Any:
 
 
 def _code_sha256(classes: Iterable[type]) -> str:
-    """The sha256 of the source files that define ``classes`` (and their bases)."""
-    files: set[str] = set()
+    """The sha256 of the source files that define ``classes`` (and their bases), by module
+    name (not path: the same code in another checkout is the same)."""
+    files: dict[str, str] = {}
     for cls in classes:
         for base in inspect.getmro(cls):
             module = sys.modules.get(base.__module__)
             path = getattr(module, "__file__", None)
             if path and base.__module__ not in ("builtins", "abc", "typing"):
-                files.add(path)
+                files[base.__module__] = path
     digest = hashlib.sha256()
-    for path in sorted(files):
-        digest.update(path.encode())
+    for name, path in sorted(files.items()):
+        digest.update(name.encode() + b"\0")
         with contextlib.suppress(OSError):
             digest.update(Path(path).read_bytes())
     return digest.hexdigest()
@@ -394,11 +395,14 @@ class PieceCache:
             return None
 
     def store(self, path: Path, arrays: Sequence[np.ndarray]) -> bool:
-        """Keep ``arrays`` at ``path`` if the bound allows (and they hold no objects)."""
+        """Keep ``arrays`` at ``path`` if the bound allows (and they hold no objects). A cache
+        that cannot be written (a full disk, its directory removed) is no error: the piece
+        is read again next time."""
         if self._full or any(a.dtype.hasobject for a in arrays):
             return False
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".npz", dir=path.parent)
+        tmp = None
         try:
+            fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".npz", dir=path.parent)
             with os.fdopen(fd, "wb") as fh:
                 np.savez(fh, *arrays)
             with self._locked():
@@ -416,9 +420,14 @@ class PieceCache:
                 os.replace(tmp, path)
                 self._write_used(used + size)
                 return True
+        except OSError as exc:
+            self._full = True
+            log.warning("piece cache: cannot write %s (%s); caching stops here", path, exc)
+            return False
         finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
+            if tmp is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
 
 
 # --------------------------------------------------------------------------- reading
