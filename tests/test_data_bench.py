@@ -18,7 +18,8 @@ from tests.conftest import REPO
 LAST_LINE = re.compile(
     r"rss_growth_16x=(?P<rss_growth_16x>\S+) ingest_vs_decode=(?P<ingest_vs_decode>\S+) "
     r"reader_vs_train=(?P<reader_vs_train>\S+) incremental_ingest=(?P<incremental_ingest>\S+) "
-    r"rerun_no_change=(?P<rerun_no_change>\S+) rss_100k_224_mb=(?P<rss_100k_224_mb>\S+)"
+    r"rerun_no_change=(?P<rerun_no_change>\S+) rss_100k_224_mb=(?P<rss_100k_224_mb>\S+) "
+    r"train_vs_memory=(?P<train_vs_memory>\S+)"
 )
 
 
@@ -27,7 +28,8 @@ def test_quick_run_prints_its_line_and_keeps_old_shards_and_splits(tmp_path: Pat
     proc = subprocess.run(
         [sys.executable, "bench/data_bench.py", "--quick", "--sizes", "100", "200",
          "--steps", "ingest", "--workers", "1", "--repeats", "1", "--train-steps", "1",
-         "--batch-size", "4", "--cache-dir", str(tmp_path / "cache"), "--json", str(report)],
+         "--batch-size", "4", "--train-memory-epochs", "2", "--cache-dir", str(tmp_path / "cache"),
+         "--json", str(report)],
         cwd=REPO, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -35,7 +37,7 @@ def test_quick_run_prints_its_line_and_keeps_old_shards_and_splits(tmp_path: Pat
     line = LAST_LINE.fullmatch(proc.stdout.strip().splitlines()[-1])
     assert line, proc.stdout[-1000:]
     measured = ("rss_growth_16x", "ingest_vs_decode", "reader_vs_train", "incremental_ingest")
-    for name in (*measured, "rerun_no_change"):
+    for name in (*measured, "rerun_no_change", "train_vs_memory"):
         assert float(line[name]) > 0, name  # measured
     assert line["rss_100k_224_mb"] == "na"  # no --big
 
@@ -53,3 +55,9 @@ def test_quick_run_prints_its_line_and_keeps_old_shards_and_splits(tmp_path: Pat
     assert inc["old_units_reread"] == 0
     # a rerun with nothing changed reuses every unit and writes the same snapshot.json
     assert inc["rerun_units_reused"] == inc["old_units"] and inc["rerun_identical"] is True
+    # the train step reading shards vs in memory: digits and the 64x64 folder, 2 epochs each
+    memory = doc["train_vs_memory"]
+    assert set(memory["runs"]) == {"digits", "resnet18 64x64, 100 images"}
+    for run in memory["runs"].values():
+        assert run["epochs"] == 2 and run["stream"]["cache_mb"] > 0
+        assert len(run["epoch_seconds"]["shards"]) == len(run["epoch_seconds"]["memory"]) == 2

@@ -257,7 +257,8 @@ def test_only_rank_0_writes_checkpoints_and_outputs(two_ranks):
     assert written.findall(logs[1]) == []
     assert "rank 1 done; rank 0 writes the outputs" in logs[1]
     assert "best val_accuracy" in logs[0] and "best val_accuracy" not in logs[1]
-    assert sorted(p.name for p in (two_ranks / "ckpt").iterdir()) == ["last"]
+    # the checkpoint (rank 0's) and the piece cache both ranks share (train.cache_mb)
+    assert sorted(p.name for p in (two_ranks / "ckpt").iterdir()) == ["last", "pieces"]
     assert len((two_ranks / "model.csv").read_text().splitlines()) == EPOCHS + 1
 
 

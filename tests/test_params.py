@@ -26,11 +26,12 @@ from tests.conftest import REPO
 # binary is $PADDLE_MLOPS_SERVER_BINARY or the dev build, for every step that runs it).
 # hpo.katib added (engine katib: the Experiment, its trials, the shared volume, the wait).
 # train.max_steps_per_epoch and train.max_val_steps added (null: the whole split);
-# evaluate.max_samples (0: all) replaced by evaluate.max_steps (null: all).
+# evaluate.max_samples (0: all) replaced by evaluate.max_steps (null: all). train.cache_mb
+# added (1024: preprocessed pieces kept on disk; the values trained on are unchanged).
 EFFECTIVE = {
-    "params.yaml": "9b322b81",
-    "tasks/digits_gan/params.yaml": "624ef984",
-    "tasks/sentiment/params.yaml": "b7e6d56e",
+    "params.yaml": "f9cd9210",
+    "tasks/digits_gan/params.yaml": "9f6dff4c",
+    "tasks/sentiment/params.yaml": "b921075e",
 }
 
 

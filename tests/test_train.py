@@ -17,7 +17,9 @@ import pytest
 import yaml
 
 from components.core.artifacts import read_json
+from components.ml.data import snapshot
 from components.steps.train import EarlyStopping, TrainParams, resolve_amp, run
+from components.tasks import stream
 from tests.conftest import REPO
 
 
@@ -90,9 +92,12 @@ def test_checkpoint_from_other_params_is_not_resumed(tmp_path, digits_data, digi
     assert again.epochs_run == 3
 
 
-def _params_file(tmp_path: Path, epochs: int, workers: int = 1, name: str = "params") -> Path:
+def _params_file(
+    tmp_path: Path, epochs: int, workers: int = 1, name: str = "params", cache_mb: int = 64
+) -> Path:
     """A small LeNet; pieces of 100 rows and a 300-sample shuffle buffer, so the ~1.2k
-    training samples are 13 pieces that never fit the buffer at once."""
+    training samples are 13 pieces that never fit the buffer at once; ``cache_mb`` of
+    preprocessed pieces (0: none)."""
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     params["task"]["options"].update(conv_channels=[6, 16])
     params["train"].update(
@@ -101,6 +106,7 @@ def _params_file(tmp_path: Path, epochs: int, workers: int = 1, name: str = "par
         piece_rows=100,
         shuffle_buffer=300,
         loader_workers=workers,
+        cache_mb=cache_mb,
     )
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(params))
@@ -137,11 +143,12 @@ def _train_cli(params: Path, data: Path, out: Path, ckpt: Path) -> subprocess.Po
 
 def test_killed_training_resumes_to_the_same_result(tmp_path, digits_data):
     """Streamed epochs, killed mid-run and resumed: bit-identical weights and history. The
-    reference reads in-process, the killed run with 2 loader workers and the resumed one with
-    1: the sample order does not depend on the workers either."""
+    reference reads in-process without the piece cache, the killed run with 2 loader workers
+    and the resumed one with 1, both with it (the resumed run reads the pieces the killed one
+    kept): neither the workers nor the cache change the sample order or a value."""
     epochs = 10
     reference = _train_cli(
-        _params_file(tmp_path, epochs, workers=0, name="ref"),
+        _params_file(tmp_path, epochs, workers=0, name="ref", cache_mb=0),
         digits_data,
         tmp_path / "ref",
         tmp_path / "ref_ckpt",
@@ -174,6 +181,11 @@ def test_killed_training_resumes_to_the_same_result(tmp_path, digits_data):
     resumed_epoch = read_json(state)["epoch"]
     assert "resuming from checkpoint after epoch" in err
     assert resumed_epoch == epochs
+    assert not (tmp_path / "ref_ckpt" / "pieces").exists()
+    # every piece kept: the training split's (of 100 rows) and the validation split's (256)
+    snap = snapshot.load(digits_data)
+    pieces = len(stream.piece_table(snap, "train", 100)) + len(stream.piece_table(snap, "val", 256))
+    assert len(list((ckpt / "pieces").glob("*/*.npz"))) == pieces
 
     ref_w = paddle.load(str(tmp_path / "ref" / "model.pdparams"))
     run_w = paddle.load(str(tmp_path / "run" / "model.pdparams"))

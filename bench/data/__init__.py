@@ -1,5 +1,6 @@
 """Data layer benchmark: memory as the data set grows, ingest vs bare decoding, the streaming
-reader vs the train step, incremental ingest. Every ratio is measured side by side in one run.
+reader vs the train step, incremental ingest, the train step reading shards vs in memory. Every
+ratio is measured side by side in one run.
 
 Data: generated image folders of RGB 64x64 JPEGs, 10 classes (noise plus a class-dependent
 shape: 5 shapes x 2 colours at random places and sizes, so a model learns something),
@@ -52,6 +53,14 @@ folder per resolution, and one folder per size made of hard links to its first i
    (``--big-steps``) with their peak RSS; ``rss_100k_224_mb`` = the largest. Train and
    evaluate need a params knob that bounds them (a full ResNet epoch at 224^2 takes hours on
    2 cores): add them to ``--big-steps`` with ``--big-set train.<knob>=<n>`` once it exists.
+6. **Train step reading shards vs in memory** (``--scenarios train_vs_memory`` runs it alone),
+   in a fresh process per data set: digits (the repo's params.yaml, ``builtin:digits``) and
+   the 64x64 folder of ``--train-memory-size`` images (default 500, resnet18).
+   Two fresh models of the same seed train ``--train-memory-epochs`` epochs each, alternately
+   epoch by epoch: (a) the train step's own pipeline (``Inputs``, its reader and piece cache,
+   ``Inputs.batches``, ``Trainer.epoch``); (b) the same ``Trainer.epoch`` on batches of the
+   split preprocessed once and held in memory. ``train_vs_memory`` = samples/s (a) / (b), the
+   worse data set.
 
     .venv/bin/python bench/data_bench.py                # 2k/8k/32k (make bench-data)
     .venv/bin/python bench/data_bench.py --quick        # 500/2000 images: a CI smoke run
@@ -60,9 +69,11 @@ folder per resolution, and one folder per size made of hard links to its first i
 
 The last line printed is machine-readable::
 
-    rss_growth_16x=R ingest_vs_decode=D reader_vs_train=T incremental_ingest=I rss_100k_224_mb=M
+    rss_growth_16x=R ingest_vs_decode=D reader_vs_train=T incremental_ingest=I rss_100k_224_mb=M \
+    train_vs_memory=V
 
-(``na`` for what was not measured, e.g. ``rss_100k_224_mb`` without ``--big``).
+(one line, folded here; ``na`` for what was not measured, e.g. ``rss_100k_224_mb`` without
+``--big``, or a scenario left out of ``--scenarios``).
 
 The parts: :mod:`bench.data.common` (constants, the environment of every child process),
 :mod:`bench.data.corpus` (the generated images), :mod:`bench.data.params` (the params.yaml of

@@ -12,7 +12,7 @@ from pathlib import Path
 import bench.data
 from bench.data.common import GOAL_STEPS, REPO
 from bench.data.report import report
-from bench.data.scenarios import SCENARIOS, setup
+from bench.data.scenarios import SCENARIO_NAMES, SCENARIOS, setup
 from bench.data.workers import run_worker
 
 
@@ -62,6 +62,22 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--throughput-size", type=int, help="default: the largest size")
     parser.add_argument("--reader-size", type=int, help="default: 8000 (or the largest below)")
     parser.add_argument("--incremental-size", type=int, help="default: the largest size")
+    parser.add_argument(
+        "--scenarios",
+        nargs="+",
+        default=list(SCENARIO_NAMES),
+        choices=SCENARIO_NAMES,
+        help="the scenarios run (default: all; throughput and reader read rss's snapshots), "
+        "e.g. --scenarios train_vs_memory alone",
+    )
+    parser.add_argument(
+        "--train-memory-size",
+        type=int,
+        help="train_vs_memory's image folder (default: 500, or the smallest size below it)",
+    )
+    parser.add_argument(
+        "--train-memory-epochs", type=int, default=4, help="train_vs_memory's epochs per side"
+    )
     parser.add_argument("--seed", type=int, default=0, help="of the generated images")
     parser.add_argument("--cache-dir", type=Path, default=REPO / "build" / "bench-data")
     parser.add_argument(
@@ -72,7 +88,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="override a params key of every run, e.g. validate.workers=2",
     )
     parser.add_argument("--json", type=Path, help="also write the results here")
-    parser.add_argument("--worker", choices=["decode", "ingest", "reader"], help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--worker",
+        choices=["decode", "ingest", "reader", "train_vs_memory"],
+        help=argparse.SUPPRESS,
+    )
     parser.add_argument("worker_args", nargs="*", help=argparse.SUPPRESS)
     return parser
 

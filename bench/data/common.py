@@ -26,6 +26,7 @@ GOALS = {  # name: (comparison, limit)
     "incremental_ingest": ("<=", 0.2),
     "rerun_no_change": ("<=", 0.05),
     "rss_100k_224_mb": ("<", 3072.0),
+    "train_vs_memory": (">=", 0.9),
 }
 
 

@@ -8,6 +8,7 @@ import json
 import os
 from collections.abc import Sequence
 from dataclasses import asdict
+from typing import Any
 
 from bench.data.common import ALL_STEPS, GOAL_STEPS, GOALS
 from bench.data.scenarios import Bench
@@ -65,41 +66,82 @@ def rss_growth(sizes: Sequence[int], runs: dict[int, dict[str, StepRun]]) -> dic
 
 
 def goal_values(b: Bench) -> tuple[dict[str, float], str | None, dict[str, float | None]]:
-    """The rss growth per step, the worst step, and the value of each of :data:`GOALS`."""
+    """The rss growth per step, the worst step, and the value of each of :data:`GOALS` (None:
+    its scenario did not run)."""
     runs, _ = b.results["rss"]
     big, _ = b.results["big"]
-    growth = rss_growth(b.sizes, runs)
+    growth = rss_growth(b.sizes, runs) if runs else {}
     worst = max(growth, key=growth.get) if growth else None
+
+    def value(scenario: str, key: str) -> float | None:
+        result = b.results.get(scenario)
+        return None if result is None else result[key]
+
     values = {
         "rss_growth_16x": growth[worst] if worst else None,
-        "ingest_vs_decode": b.results["throughput"]["ingest_vs_decode"],
-        "reader_vs_train": b.results["reader"]["reader_vs_train"],
-        "incremental_ingest": b.results["incremental"]["incremental_ingest"],
-        "rerun_no_change": b.results["incremental"]["rerun_no_change"],
+        "ingest_vs_decode": value("throughput", "ingest_vs_decode"),
+        "reader_vs_train": value("reader", "reader_vs_train"),
+        "incremental_ingest": value("incremental", "incremental_ingest"),
+        "rerun_no_change": value("incremental", "rerun_no_change"),
         "rss_100k_224_mb": max((r.max_rss_mb for r in big.values()), default=None),
+        "train_vs_memory": value("train_vs_memory", "train_vs_memory"),
     }
     return growth, worst, values
 
 
 def print_measurements(b: Bench, growth: dict[str, float], worst: str | None) -> None:
-    """The tables and one paragraph per scenario."""
+    """The tables and one paragraph per scenario that ran."""
     args, sizes, (runs, failed) = b.args, b.sizes, b.results["rss"]
-    throughput, reader, inc = (b.results[k] for k in ("throughput", "reader", "incremental"))
-    loader = reader.get("loader") or {}
     print(
         f"\nCPU: {b.cpu.get('cpu_model', '?')}, {os.cpu_count()} cores; "
         f"{b.started:%Y-%m-%d %H:%M} UTC"
     )
     print(f"ingest.workers = decode processes = {args.workers}; train batch {args.batch_size}")
-    print_tables(sizes, runs, failed)
-    print(f"\nrss_growth ({sizes[-1]:,} vs {sizes[0]:,} images, max RSS): "
-          + ", ".join(f"{s} {v:.2f}" for s, v in growth.items())
-          + (f"; worst {worst}" if worst else ""))  # fmt: skip
-    print(
-        f"ingest vs decode ({b.throughput_n:,} images, median of {b.repeats}): decode "
-        f"{throughput['decode_images_per_s']:.0f} images/s, ingest "
-        f"{throughput['ingest_images_per_s']:.0f} images/s"
-    )
+    if runs:
+        print_tables(sizes, runs, failed)
+        print(f"\nrss_growth ({sizes[-1]:,} vs {sizes[0]:,} images, max RSS): "
+              + ", ".join(f"{s} {v:.2f}" for s, v in growth.items())
+              + (f"; worst {worst}" if worst else ""))  # fmt: skip
+    throughput, reader, inc = (b.results.get(k) for k in ("throughput", "reader", "incremental"))
+    if throughput is not None:
+        print(
+            f"ingest vs decode ({b.throughput_n:,} images, median of {b.repeats}): decode "
+            f"{throughput['decode_images_per_s']:.0f} images/s, ingest "
+            f"{throughput['ingest_images_per_s']:.0f} images/s"
+        )
+    if reader is not None:
+        print_reader(b, reader)
+    if inc is not None:
+        print(
+            f"incremental ({inc['images_full']:,} + {inc['images_added']:,} images): full "
+            f"{inc['full_s']:.2f} s, rerun with no change {inc['rerun_s']:.2f} s (units reused "
+            f"{inc['rerun_units_reused']}/{inc['old_units']}, snapshot.json identical: "
+            f"{inc['rerun_identical']}), incremental {inc['incremental_s']:.2f} s; units "
+            f"reused {inc['units_reused']}/{inc['units']} (old units re-read: "
+            f"{inc['old_units_reread']}); old shards byte-identical: {inc['shards_identical']} "
+            f"({inc['old_shards']} shards); no old sample changed split: {inc['splits_stable']}"
+        )
+    memory = b.results.get("train_vs_memory")
+    if memory is not None:
+        for name, run in memory["runs"].items():
+            print(
+                f"train vs memory ({name}, {run['samples_per_epoch']:,} samples x "
+                f"{run['epochs']} epochs, batch {run['batch_size']}, {run['stream']}): shards "
+                f"{run['shards_samples_per_s']:.0f} samples/s, in memory "
+                f"{run['memory_samples_per_s']:.0f} samples/s -> {run['train_vs_memory']:.2f}; "
+                "epoch seconds shards "
+                + " ".join(f"{t:.2f}" for t in run["epoch_seconds"]["shards"])
+                + ", memory "
+                + " ".join(f"{t:.2f}" for t in run["epoch_seconds"]["memory"])
+            )
+    big, _ = b.results["big"]
+    if big:
+        cells = [f"{s} {r.max_rss_mb:.0f} MB ({r.seconds:.0f} s)" for s, r in big.items()]
+        print(f"{args.big_images:,} images at 224x224: " + ", ".join(cells))
+
+
+def print_reader(b: Bench, reader: dict[str, Any]) -> None:
+    loader = reader.get("loader") or {}
     print(
         f"reader vs train ({reader['reader_samples']:,} train samples of the {b.reader_n:,} "
         f"set): iter_split + preprocess {reader['reader_samples_per_s']:.0f} samples/s, the "
@@ -110,22 +152,9 @@ def print_measurements(b: Bench, growth: dict[str, float], worst: str | None) ->
             else loader.get("error", "not there")
         )
         + f"; resnet18 64x64 train step {reader['train_samples_per_s']:.0f} samples/s "
-        f"(batch {args.batch_size}); reader_vs_train uses {reader['reader']}"
+        f"(batch {b.args.batch_size}); reader_vs_train uses {reader['reader']}"
     )
     print_train_metrics(b)
-    print(
-        f"incremental ({inc['images_full']:,} + {inc['images_added']:,} images): full "
-        f"{inc['full_s']:.2f} s, rerun with no change {inc['rerun_s']:.2f} s (units reused "
-        f"{inc['rerun_units_reused']}/{inc['old_units']}, snapshot.json identical: "
-        f"{inc['rerun_identical']}), incremental {inc['incremental_s']:.2f} s; units reused "
-        f"{inc['units_reused']}/{inc['units']} (old units re-read: {inc['old_units_reread']}); "
-        f"old shards byte-identical: {inc['shards_identical']} ({inc['old_shards']} shards); "
-        f"no old sample changed split: {inc['splits_stable']}"
-    )
-    big, _ = b.results["big"]
-    if big:
-        cells = [f"{s} {r.max_rss_mb:.0f} MB ({r.seconds:.0f} s)" for s, r in big.items()]
-        print(f"{args.big_images:,} images at 224x224: " + ", ".join(cells))
 
 
 def print_train_metrics(b: Bench) -> None:
@@ -146,7 +175,7 @@ def failures_of(b: Bench) -> list[tuple[str, tuple[str, str]]]:
     """(where, (step, why)) of every step that failed, at each size and in the --big run."""
     _, failed = b.results["rss"]
     _, big_failed = b.results["big"]
-    failures = [(f"{n:,} images", f) for n in b.sizes for f in failed[n].items()]
+    failures = [(f"{n:,} images", f) for n in b.sizes for f in failed.get(n, {}).items()]
     failures += [("224x224", f) for f in big_failed.items()]
     return failures
 
@@ -165,6 +194,7 @@ def write_json(b: Bench, growth: dict[str, float], values: dict[str, float | Non
         "throughput": b.results["throughput"],
         "reader": b.results["reader"],
         "incremental": b.results["incremental"],
+        "train_vs_memory": b.results["train_vs_memory"],
         "big": {s: asdict(r) for s, r in big.items()},
         "values": values,
     }
@@ -173,8 +203,8 @@ def write_json(b: Bench, growth: dict[str, float], values: dict[str, float | Non
 
 def report(b: Bench) -> int:
     """Print the measurements, the failures, the goals and the last (machine-readable) line;
-    0 when the incremental ingest kept the old shards and splits and read no old unit, the
-    rerun with no change wrote the same snapshot.json, and no step failed."""
+    0 when the incremental ingest (where run) kept the old shards and splits and read no old
+    unit, the rerun with no change wrote the same snapshot.json, and no step failed."""
     growth, worst, values = goal_values(b)
     print_measurements(b, growth, worst)
     failures = failures_of(b)
@@ -188,19 +218,20 @@ def report(b: Bench) -> int:
     if b.args.json:
         write_json(b, growth, values)
     inc = b.results["incremental"]
-    ok = (
+    kept = inc is None or (
         inc["shards_identical"]
         and inc["splits_stable"]
         and inc["rerun_identical"]
         and not inc["old_units_reread"]
-        and not failures
     )
+    ok = kept and not failures
     print(
         f"rss_growth_16x={fmt(values['rss_growth_16x'])} "
         f"ingest_vs_decode={fmt(values['ingest_vs_decode'])} "
         f"reader_vs_train={fmt(values['reader_vs_train'])} "
         f"incremental_ingest={fmt(values['incremental_ingest'], '.3f')} "
         f"rerun_no_change={fmt(values['rerun_no_change'], '.3f')} "
-        f"rss_100k_224_mb={fmt(values['rss_100k_224_mb'], '.0f')}"
+        f"rss_100k_224_mb={fmt(values['rss_100k_224_mb'], '.0f')} "
+        f"train_vs_memory={fmt(values['train_vs_memory'])}"
     )
     return 0 if ok else 1

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -14,10 +15,10 @@ from typing import Any
 
 import yaml
 
-from bench.data.common import CLASSES, log
+from bench.data.common import CLASSES, REPO, log
 from bench.data.corpus import generated, link_folder
 from bench.data.measurements import incremental, ingest_vs_decode
-from bench.data.params import parse_sets, write_params
+from bench.data.params import parse_sets, set_key, write_params
 from bench.data.steps import StepRun, run_steps
 from bench.data.workers import call_worker
 
@@ -33,6 +34,7 @@ class Bench:
     throughput_n: int
     reader_n: int
     incremental_n: int
+    memory_n: int  # train_vs_memory's image folder
     sets: list[tuple[str, Any]]
     cache: Path
     cpu: dict[str, Any]
@@ -50,6 +52,9 @@ def setup(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Bench:
     throughput_n = args.throughput_size or sizes[-1]
     reader_n = args.reader_size or max([n for n in sizes if n <= 8000] or sizes[:1])
     incremental_n = args.incremental_size or sizes[-1]
+    memory_n = args.train_memory_size or min(500, sizes[0])
+    if memory_n < 20 or memory_n % len(CLASSES):
+        parser.error("--train-memory-size: a multiple of 10, >= 20")
     for name, n in (("throughput", throughput_n), ("reader", reader_n)):
         if n not in sizes:
             parser.error(f"--{name}-size {n} must be one of --sizes {sizes}")
@@ -62,11 +67,14 @@ def setup(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Bench:
     cpu = machine()
     started = datetime.now(UTC)
     log.info("CPU %s, %d cores; cache %s", cpu.get("cpu_model"), os.cpu_count(), cache)
-    most = max(*sizes, incremental_n)
+    # the images the chosen scenarios read: train_vs_memory alone needs only its folder's
+    most = memory_n if set(args.scenarios) <= {"train_vs_memory"} else max(*sizes, incremental_n)
+    most = max(most, memory_n)
     gen = generated(cache, 64, most // 10 + max(1, most // 100), args.seed, args.workers)
     return Bench(
-        args, sizes, repeats, throughput_n, reader_n, incremental_n, sets, cache, cpu, started, gen
-    )
+        args, sizes, repeats, throughput_n, reader_n, incremental_n, memory_n, sets, cache, cpu,
+        started, gen,
+    )  # fmt: skip
 
 
 # --------------------------------------------------------------------------- scenarios
@@ -128,6 +136,60 @@ def scenario_reader(b: Bench) -> dict[str, Any]:
     return reader
 
 
+def digits_params(dest: Path, sets: list[tuple[str, Any]]) -> Path:
+    """The repo's params.yaml (the digits task, its default) reading ``builtin:digits``."""
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params["ingest"].update(source="builtin:digits", kind="builtin", sha256={}, idx_files=[])
+    params["train"]["distributed"]["nproc"] = 1
+    for key, value in sets:
+        set_key(params, key, value)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_text(yaml.safe_dump(params, sort_keys=False))
+    return dest
+
+
+def ingested(params: Path, out: Path) -> Path:
+    """``out``, ingested from ``params`` unless a snapshot of the same ``ingest`` params is
+    there."""
+    stamp = out.parent / (out.name + ".params.yaml")
+    section = yaml.safe_dump(yaml.safe_load(params.read_text())["ingest"], sort_keys=True)
+    fresh = (out / "snapshot.json").exists() and stamp.exists() and stamp.read_text() == section
+    if not fresh:
+        shutil.rmtree(out, ignore_errors=True)
+        call_worker("ingest", str(params), str(out))
+        stamp.write_text(section)
+    return out
+
+
+def scenario_train_vs_memory(b: Bench) -> dict[str, Any]:
+    """The train step reading shards (its own input pipeline) vs the same model on the split
+    held in memory, epoch by epoch in one process: on digits (the repo's task) and on the
+    64x64 image folder (resnet18)."""
+    args, out = b.args, b.cache / "runs" / "train_vs_memory"
+    epochs = str(args.train_memory_epochs)
+    runs: dict[str, Any] = {}
+    digits = digits_params(out / "digits" / "params.yaml", b.sets)
+    folder = link_folder(b.cache / f"folder-64px-{b.memory_n}", b.gen, b.memory_n // len(CLASSES))
+    images = write_params(
+        out / str(b.memory_n) / "params.yaml", folder, image_size=64, workers=args.workers,
+        batch_size=args.batch_size, sets=b.sets,
+    )  # fmt: skip
+    for name, params in (("digits", digits), (f"resnet18 64x64, {b.memory_n:,} images", images)):
+        log.info("train vs memory, %s, %s epochs:", name, epochs)
+        data = ingested(params, params.parent / "ingest")
+        got = call_worker("train_vs_memory", str(params), str(data), epochs)
+        log.info(
+            "  shards %.0f samples/s, memory %.0f samples/s -> train_vs_memory %.2f "
+            "(epoch seconds, shards: %s; memory: %s)",
+            got["shards_samples_per_s"], got["memory_samples_per_s"], got["train_vs_memory"],
+            " ".join(f"{t:.2f}" for t in got["epoch_seconds"]["shards"]),
+            " ".join(f"{t:.2f}" for t in got["epoch_seconds"]["memory"]),
+        )  # fmt: skip
+        runs[name] = got
+    worst = min(runs, key=lambda k: runs[k]["train_vs_memory"])
+    return {"runs": runs, "worst": worst, "train_vs_memory": runs[worst]["train_vs_memory"]}
+
+
 def scenario_incremental(b: Bench) -> dict[str, Any]:
     """Incremental ingest: +10% new files, into the same output directory."""
     log.info("incremental ingest, %d images + 10%%:", b.incremental_n)
@@ -163,11 +225,21 @@ class Scenario:
     default: Any = None
 
 
-# run in this order; each result is Bench.results[name]
+def chosen(name: str) -> Callable[[argparse.Namespace], bool]:
+    """Run scenario ``name`` when ``--scenarios`` names it."""
+    return lambda args: name in args.scenarios
+
+
+# run in this order; each result is Bench.results[name] (None: not run)
 SCENARIOS = (
-    Scenario("rss", scenario_rss),  # 1. peak RSS per step and size
-    Scenario("throughput", scenario_ingest_vs_decode),  # 2. ingest vs the bare decode loop
-    Scenario("reader", scenario_reader),  # 3. the streaming reader vs the train step
-    Scenario("incremental", scenario_incremental),  # 4. incremental ingest
-    Scenario("big", scenario_big, when=lambda args: args.big, default=({}, {})),  # 5. 100k
+    Scenario("rss", scenario_rss, chosen("rss"), ({}, {})),  # 1. peak RSS per step and size
+    # 2. ingest vs the bare decode loop
+    Scenario("throughput", scenario_ingest_vs_decode, chosen("throughput")),
+    Scenario("reader", scenario_reader, chosen("reader")),  # 3. the reader vs the train step
+    Scenario("incremental", scenario_incremental, chosen("incremental")),  # 4. incremental
+    # 5. 100k images at 224x224
+    Scenario("big", scenario_big, when=lambda args: args.big, default=({}, {})),
+    # 6. the train step reading shards vs in memory
+    Scenario("train_vs_memory", scenario_train_vs_memory, chosen("train_vs_memory")),
 )
+SCENARIO_NAMES = ("rss", "throughput", "reader", "incremental", "train_vs_memory")

@@ -10,6 +10,7 @@ import json
 import multiprocessing
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import asdict
@@ -183,6 +184,112 @@ def loader_rate(task: Any, data: Path, train: dict[str, Any], batch: int) -> dic
     }
 
 
+def memory_batches(
+    arrays: tuple[list[np.ndarray], np.ndarray, np.ndarray],
+    share: Any,
+    rng: np.random.Generator,
+) -> Any:
+    """The in-memory path: one epoch of batches of the preprocessed split held whole (a
+    permutation cut into the plan's batch sizes, each batch a fancy index of the arrays)."""
+    from components.tasks.stream import InputBatch
+
+    inputs, labels, keys = arrays
+    order = rng.permutation(len(labels))[: share.used]
+    start = 0
+    for step in range(share.steps):
+        idx = order[start : start + share.batch(0, step)]
+        start += len(idx)
+        yield InputBatch([x[idx] for x in inputs], labels[idx], keys[idx])
+
+
+def worker_train_vs_memory(params_file: Path, data: Path, epochs: int) -> dict[str, Any]:
+    """The train step's epochs reading shards (its own input pipeline: ``Inputs``, the loader,
+    the shuffle buffer, ``Trainer.epoch``) against the same model trained on the same split
+    preprocessed once and held in memory, epoch by epoch alternately in this process; each
+    side its own freshly built model (same seed). Validation is not run on either side."""
+    import paddle
+
+    from components.core.config import load_params
+    from components.ml.data import dataset, snapshot
+    from components.ml.training import training
+    from components.ml.training.distributed import EpochShare, World
+    from components.steps.train import TrainParams
+    from components.tasks import epochs as run_epochs
+    from components.tasks import stream, task_from_params
+    from components.tasks.trainer import Inputs, Trainer
+
+    doc = load_params(params_file)
+    task = task_from_params(doc)
+    params = TrainParams(**{**doc["train"], "epochs": epochs})
+    world = World()
+    paddle.set_device("cpu")
+    amp = training.resolve_amp("off", params.amp_dtype, "cpu")
+    snap = snapshot.load(data)
+    num_classes = len(dataset.read_label_names(data))
+    task.fit_preprocessing(stream.SnapshotData(snap, task, params.stream()))
+    batching = training.resolve_batching(
+        params.distributed, params.batch_size, params.learning_rate, world
+    )
+    share = run_epochs.epoch_share(snap, batching, world, data, params.max_steps_per_epoch)
+
+    def trainer() -> Trainer:
+        return Trainer.build(params, task, num_classes, amp, share.steps, batching, "cpu")
+
+    # the in-memory side: the split preprocessed once, whole (a bench may; a step may not)
+    held: list[list[np.ndarray]] = []
+    labels, keys = [], []
+    for batch in stream.SnapshotData(snap, task, params.stream()).samples():
+        held.append(task.preprocess(batch.samples))
+        labels.append(batch.labels)
+        keys.append(np.frombuffer(batch.keys.tobytes(), np.uint8).reshape(-1, stream.KEY_BYTES))
+    arrays = (
+        [np.concatenate(parts) for parts in zip(*held, strict=True)],
+        np.concatenate(labels),
+        np.concatenate(keys),
+    )
+    # warm-up, untimed: paddle's first steps (kernels, allocator) on a throwaway model
+    warm = trainer()
+    warm_share = EpochShare(min(share.used, 5 * params.batch_size), params.batch_size, 1)
+    rng = np.random.default_rng(0)
+    warm.epoch(task, memory_batches(arrays, warm_share, rng), warm_share, rng, world)
+    mem, shards = trainer(), trainer()
+    # the train step keeps its piece cache under its checkpoint dir: a fresh one here, so the
+    # first epoch reads and preprocesses every piece as a fresh run does
+    scratch = tempfile.TemporaryDirectory(prefix="train-vs-memory-")
+    cache_dir = Path(scratch.name) / "pieces"
+    inputs = Inputs.build(snap, task, params, share, world, shards.objective, cache_dir)
+    times: dict[str, list[float]] = {"memory": [], "shards": []}
+    reader = inputs.reader(range(1, epochs + 1), val=False)
+    try:
+        for epoch in range(1, epochs + 1):
+            # alternately first: neither side always runs after the other
+            for side in ("memory", "shards")[:: 1 if epoch % 2 else -1]:
+                paddle.seed(params.seed * 1000 + epoch)
+                rng = np.random.default_rng([params.seed, epoch, 0])
+                started = time.perf_counter()
+                if side == "memory":
+                    batches = memory_batches(arrays, share, rng)
+                    mem.epoch(task, batches, share, rng, world, epoch)
+                else:
+                    shards.epoch(task, inputs.batches(reader, epoch, rng), share, rng, world, epoch)
+                times[side].append(time.perf_counter() - started)
+    finally:
+        reader.close()
+        scratch.cleanup()
+    rates = {side: share.used * epochs / sum(t) for side, t in times.items()}
+    return {
+        "task": task.name,
+        "samples_per_epoch": share.used,
+        "epochs": epochs,
+        "batch_size": params.batch_size,
+        "stream": asdict(params.stream()),
+        "epoch_seconds": times,
+        "memory_samples_per_s": rates["memory"],
+        "shards_samples_per_s": rates["shards"],
+        "train_vs_memory": rates["shards"] / rates["memory"],
+    }
+
+
 def call_worker(kind: str, *args: str) -> dict[str, Any]:
     """Run one of the worker modes of the benchmark (``bench/data_bench.py --worker KIND``) in
     a fresh process; its JSON answer."""
@@ -202,4 +309,6 @@ def run_worker(kind: str, a: Sequence[str]) -> dict[str, Any]:
         return worker_decode(Path(a[0]), int(a[1]), int(a[2]))
     if kind == "ingest":
         return worker_ingest(Path(a[0]), Path(a[1]))
+    if kind == "train_vs_memory":
+        return worker_train_vs_memory(Path(a[0]), Path(a[1]), int(a[2]))
     return worker_reader(Path(a[0]), Path(a[1]), int(a[2]), int(a[3]))

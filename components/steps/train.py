@@ -10,7 +10,9 @@
 - The data is streamed, never loaded whole (:mod:`components.tasks.stream`): bounded pieces of
   the snapshot's shards, read and preprocessed by ``train.loader_workers`` processes of a
   ``paddle.io.DataLoader``, in an order drawn from ``(seed, epoch)``, through a shuffle buffer
-  of ``train.shuffle_buffer`` samples; validation is scored batch by batch. The task's fitting
+  of ``train.shuffle_buffer`` samples; validation is scored batch by batch. Preprocessed pieces
+  are kept on disk under the checkpoint directory (``pieces/``, up to ``train.cache_mb``), so
+  preprocessing is paid once, not every epoch (augmentation still is). The task's fitting
   hooks (a vocabulary, a judge, pretraining, soft targets) get the split as streams too
   (``TrainingData``). Before training, the reader alone is timed over
   ``train.reader_probe_samples`` samples: ``metrics/train.json`` records its samples/s beside
@@ -86,6 +88,7 @@ class TrainParams:
     shuffle_buffer: AtLeast1 = 2048  # preprocessed samples held for shuffling
     piece_rows: AtLeast1 = 256  # rows of a shard read at once (a piece)
     loader_workers: AtLeast0 = 1  # paddle.io.DataLoader processes reading pieces; 0: this process
+    cache_mb: AtLeast0 = 1024  # preprocessed pieces kept on disk (<checkpoints>/pieces); 0: off
     reader_probe_samples: AtLeast0 = 2048  # timed before training: the reader alone (0: off)
     # a smoke / benchmark bound on an epoch's work (None: the whole split): at most this many
     # optimizer steps per epoch (the first max_steps_per_epoch * global batch samples of the
@@ -95,7 +98,9 @@ class TrainParams:
     max_val_steps: AtLeast1 | None = None
 
     def stream(self) -> StreamSettings:
-        return StreamSettings(self.shuffle_buffer, self.piece_rows, self.loader_workers)
+        return StreamSettings(
+            self.shuffle_buffer, self.piece_rows, self.loader_workers, cache_mb=self.cache_mb
+        )
 
 
 def run(

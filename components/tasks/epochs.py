@@ -39,6 +39,7 @@ from components.tasks.stream import InputBatch
 from components.tasks.trainer import Inputs, Trainer, TrainParamsLike
 
 log = logging.getLogger(__name__)
+PIECES = "pieces"  # under the checkpoint directory: the piece cache (train.cache_mb)
 RANK_SEED_STRIDE = 7919  # paddle.seed offset per rank (a prime: no rank meets another's epoch)
 
 # --------------------------------------------------------------------------- the run
@@ -134,7 +135,8 @@ def train(
         state["pretrain"] = pretrain_facts
     trainer.nets = trainer.objective.parallel(trainer.model, world.size)
     pretrained = {**state["pretrain"], **(trainer.soft.facts if trainer.soft else {})}
-    inputs = Inputs.build(snap, task, params, share, world, trainer.objective)
+    # preprocessed pieces are kept beside the checkpoints (persisted, not DVC-cached)
+    inputs = Inputs.build(snap, task, params, share, world, trainer.objective, ckpt_dir / PIECES)
     reader_rate = probe(inputs, params.reader_probe_samples, world)
     fit(trainer, state, params, task, inputs, ckpt_dir, key, world)
     digests = training.rank_digests(world, trainer.model, state["best_state"])

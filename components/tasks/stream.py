@@ -22,9 +22,15 @@ What the train step and the tasks' fitting hooks read instead of whole splits
   uniformly from it, with a generator seeded from ``(seed, epoch, rank)``. ``Task.batches``
   cuts each block into batches (a text task groups similar lengths there). Kill-and-resume is
   bit-identical: every order, draw and augmentation of an epoch follows from its seed.
+- **Piece cache.** :class:`PieceCache` keeps a piece's preprocessed arrays on disk (the train
+  step: ``<checkpoint_dir>/pieces``, up to ``train.cache_mb``), keyed by its shard's sha256,
+  its rows and :func:`preprocessing_fingerprint`: ``Task.preprocess`` (deterministic; the
+  per-batch ``Task.augment`` is not cached) runs once per piece, not every epoch, and a hit
+  gives the very arrays a read would.
 
 Memory: the buffer, one block, one piece per worker being read and ``prefetch`` items per
-worker; it does not grow with the split.
+worker; it does not grow with the split (the piece cache is on disk, bounded by its own
+setting).
 
 :class:`TrainingData` is what ``Task.fit_preprocessing``, ``Task.pretrain`` and
 ``Task.soft_targets`` receive: the whole training split as streams (stored samples in
@@ -36,9 +42,18 @@ Library layer: imported by the train step and the tasks, imports no step.
 from __future__ import annotations
 
 import abc
+import contextlib
+import hashlib
+import inspect
+import json
 import logging
+import os
+import shutil
+import sys
+import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, is_dataclass
+from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
@@ -98,6 +113,7 @@ class StreamSettings:
     piece_rows: int = 256
     workers: int = 1  # loader processes; 0: read in this process
     prefetch: int = 2  # items in flight per worker
+    cache_mb: int = 0  # preprocessed pieces kept on disk (PieceCache); 0: none
 
 
 def key_strings(keys: np.ndarray) -> np.ndarray:
@@ -170,6 +186,250 @@ class Plan:
                 yield "val", piece
 
 
+# --------------------------------------------------------------------------- the piece cache
+
+CACHE_FORMAT = 1  # bump when what a cached piece holds changes: older entries are never read
+
+
+def _plain(value: Any, depth: int = 4) -> Any:
+    """``value`` as JSON-able data for a fingerprint: data as it is, arrays by their bytes'
+    sha256, other objects by their type and public attributes (``depth`` levels down; below
+    that, and for models, by their type's name)."""
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, np.generic):
+        return value.item()
+    kind = f"<{type(value).__module__}.{type(value).__qualname__}>"
+    if depth <= 0:
+        return kind
+    if is_dataclass(value) and not isinstance(value, type):
+        return _plain(asdict(value), depth - 1)
+    if isinstance(value, dict):
+        items = sorted(value.items(), key=lambda kv: str(kv[0]))
+        return {str(k): _plain(v, depth - 1) for k, v in items}
+    if isinstance(value, list | tuple | set | frozenset):
+        items = sorted(value, key=repr) if isinstance(value, set | frozenset) else value
+        return [_plain(v, depth - 1) for v in items]
+    if isinstance(value, np.ndarray):
+        blob = np.ascontiguousarray(value)
+        data = blob.tobytes() if not blob.dtype.hasobject else repr(blob.tolist()).encode()
+        digest = hashlib.sha256(data).hexdigest()
+        return {"array": digest, "dtype": str(blob.dtype), "shape": list(blob.shape)}
+    if isinstance(value, paddle.nn.Layer) or not hasattr(value, "__dict__"):
+        return kind  # a model's fitted weights reach the fingerprint through its assets
+    public = {k: v for k, v in vars(value).items() if not k.startswith("_")}
+    return {"type": kind, "state": _plain(public, depth - 1)}
+
+
+def _code_sha256(classes: Iterable[type]) -> str:
+    """The sha256 of the source files that define ``classes`` (and their bases), by module
+    name (not path: the same code in another checkout is the same)."""
+    files: dict[str, str] = {}
+    for cls in classes:
+        for base in inspect.getmro(cls):
+            module = sys.modules.get(base.__module__)
+            path = getattr(module, "__file__", None)
+            if path and base.__module__ not in ("builtins", "abc", "typing"):
+                files[base.__module__] = path
+    digest = hashlib.sha256()
+    for name, path in sorted(files.items()):
+        digest.update(name.encode() + b"\0")
+        with contextlib.suppress(OSError):
+            digest.update(Path(path).read_bytes())
+    return digest.hexdigest()
+
+
+def _assets_sha256(task: Task) -> str:
+    """The sha256 of what the task's fitted preprocessing saves (``Task.save_assets``)."""
+    save = getattr(task, "save_assets", None)
+    if not callable(save):
+        return ""
+    digest = hashlib.sha256()
+    with tempfile.TemporaryDirectory(prefix="piece-cache-assets-") as tmp:
+        save(Path(tmp))
+        for path in sorted(Path(tmp).rglob("*")):
+            if path.is_file():
+                digest.update(str(path.relative_to(tmp)).encode() + b"\0")
+                digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+# the libraries preprocessing runs on (image resizing, tokenizers, decoding)
+PREPROCESSING_LIBRARIES = (
+    "numpy",
+    "paddlepaddle",
+    "paddlepaddle-gpu",
+    "opencv-python",
+    "opencv-python-headless",
+    "pillow",
+    "paddlenlp",
+    "pyarrow",
+)
+
+
+def _versions() -> dict[str, str | None]:
+    from importlib import metadata
+
+    out: dict[str, str | None] = {}
+    for name in PREPROCESSING_LIBRARIES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def preprocessing_fingerprint(task: Task) -> str:
+    """What ``task.preprocess`` computes from, as one sha256: the task's class and the source
+    of the modules defining it and its data format, its public attributes (its options), its
+    ``preprocessing_doc``, the assets its fitted preprocessing saves (a vocabulary, say) and
+    the versions of the libraries preprocessing runs on (:data:`PREPROCESSING_LIBRARIES`). A
+    cached piece is served only under the same fingerprint (:class:`PieceCache`)."""
+    doc_fn = getattr(task, "preprocessing_doc", None)
+    state = {k: v for k, v in vars(task).items() if not k.startswith("_")}
+    doc = {
+        "format": CACHE_FORMAT,
+        "task": f"{type(task).__module__}.{type(task).__qualname__}",
+        "code": _code_sha256([type(task), type(task.data)]),
+        "state": _plain(state),
+        "preprocessing": _plain(doc_fn()) if callable(doc_fn) else None,
+        "assets": _assets_sha256(task),
+        "versions": _versions(),
+    }
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
+
+
+class PieceCache:
+    """Preprocessed pieces on disk, so preprocessing is paid once per piece, not every epoch.
+
+    A cached piece is one uncompressed ``.npz`` (its inputs, targets and keys, exactly as
+    :class:`PieceStream` made them) at ``root/<fingerprint>/<shard sha256>-<row group>-<first
+    row>-<end row>.npz``: the shard's content (``snapshot.json`` pins its sha256), the rows and
+    the preprocessing (:func:`preprocessing_fingerprint`) name it, so a changed shard or a
+    changed preprocessing is a miss, never a stale hit. Entries are written once, atomically
+    (a temporary file renamed), and never changed.
+
+    Bounded: at most ``limit_bytes`` of entries under ``root`` (checked under a lock, so loader
+    workers and ranks sharing ``root`` stay within it together). Once full, further pieces are
+    read and preprocessed every epoch as without a cache; nothing is evicted (every piece is
+    read once an epoch, so the first pieces kept are as good as any). :meth:`open` removes the
+    entries of other fingerprints. Only deterministic preprocessing is cached:
+    ``Task.augment`` runs on every batch, every epoch, after the cache."""
+
+    LOCK, USED = ".lock", ".used-bytes"
+
+    def __init__(self, root: Path, fingerprint: str, limit_bytes: int):
+        self.root, self.fingerprint, self.limit_bytes = Path(root), fingerprint, limit_bytes
+        self._full = False
+
+    @classmethod
+    def open(cls, root: Path, task: Task, limit_mb: int) -> PieceCache | None:
+        """The cache of ``task``'s current preprocessing under ``root`` (None when
+        ``limit_mb`` is 0); entries of any other fingerprint are removed."""
+        if limit_mb <= 0:
+            return None
+        try:
+            fingerprint = preprocessing_fingerprint(task)
+        except Exception as exc:  # a task whose state cannot be fingerprinted: no cache
+            log.warning("piece cache off: the preprocessing has no fingerprint (%s)", exc)
+            return None
+        cache = cls(Path(root), fingerprint, limit_mb * 2**20)
+        cache.root.mkdir(parents=True, exist_ok=True)
+        with cache._locked():
+            for entry in cache.root.iterdir():
+                if entry.is_dir() and entry.name != cache.fingerprint:
+                    shutil.rmtree(entry, ignore_errors=True)
+            (cache.root / cache.fingerprint).mkdir(exist_ok=True)
+            used = cache.size()
+            cache._write_used(used)
+        log.info(
+            "piece cache %s (fingerprint %s): %.0f of %d MB used",
+            cache.root,
+            cache.fingerprint[:12],
+            used / 2**20,
+            limit_mb,
+        )
+        return cache
+
+    def path(self, shard: snapshot.Shard, piece: np.ndarray) -> Path:
+        _, group, start, stop = (int(v) for v in piece)
+        return self.root / self.fingerprint / f"{shard.sha256}-{group}-{start}-{stop}.npz"
+
+    def size(self) -> int:
+        """Bytes of entries under the root (every fingerprint's), counted on disk."""
+        return sum(f.stat().st_size for f in self.root.glob("*/*.npz") if f.is_file())
+
+    # the bytes in use, kept in a file beside the entries (counted by open, then added to
+    # under the lock by every store: no directory walk per piece)
+    def _read_used(self) -> int:
+        try:
+            return int((self.root / self.USED).read_text())
+        except (OSError, ValueError):
+            return self.size()
+
+    def _write_used(self, used: int) -> None:
+        (self.root / self.USED).write_text(str(used))
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        import fcntl
+
+        with open(self.root / self.LOCK, "a+b") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+
+    def load(self, path: Path) -> list[np.ndarray] | None:
+        """The arrays cached at ``path``, or None (not cached, or unreadable: then removed)."""
+        if not path.exists():
+            return None
+        try:
+            with np.load(path, allow_pickle=False) as npz:
+                return [npz[f"arr_{i}"] for i in range(len(npz.files))]
+        except (OSError, ValueError, KeyError) as exc:
+            log.warning("piece cache: %s unreadable (%s); reading the piece again", path, exc)
+            with contextlib.suppress(OSError):
+                path.unlink()
+            return None
+
+    def store(self, path: Path, arrays: Sequence[np.ndarray]) -> bool:
+        """Keep ``arrays`` at ``path`` if the bound allows (and they hold no objects). A cache
+        that cannot be written (a full disk, its directory removed) is no error: the piece
+        is read again next time."""
+        if self._full or any(a.dtype.hasobject for a in arrays):
+            return False
+        tmp = None
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".npz", dir=path.parent)
+            with os.fdopen(fd, "wb") as fh:
+                np.savez(fh, *arrays)
+            with self._locked():
+                if path.exists():
+                    return True
+                used, size = self._read_used(), os.path.getsize(tmp)
+                if used + size > self.limit_bytes:
+                    self._full = True
+                    log.info(
+                        "piece cache full (%d MB, train.cache_mb): further pieces are "
+                        "preprocessed every epoch",
+                        self.limit_bytes // 2**20,
+                    )
+                    return False
+                os.replace(tmp, path)
+                self._write_used(used + size)
+                return True
+        except OSError as exc:
+            self._full = True
+            log.warning("piece cache: cannot write %s (%s); caching stops here", path, exc)
+            return False
+        finally:
+            if tmp is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+
+
 # --------------------------------------------------------------------------- reading
 
 
@@ -217,9 +477,30 @@ class PieceStream(paddle.io.IterableDataset):
         fmt: DataFormat,
         preprocess: Callable[[np.ndarray], list[np.ndarray]],
         plan: Plan,
+        cache: PieceCache | None = None,
     ):
         super().__init__()
         self.snap, self.fmt, self.preprocess, self.plan = snap, fmt, preprocess, plan
+        self.cache = cache
+
+    def _piece(
+        self, files: _ShardFiles, split: str, piece: np.ndarray, columns: Sequence[str]
+    ) -> list[np.ndarray]:
+        """The piece's preprocessed inputs, targets and keys: from the cache, or read,
+        preprocessed (and cached)."""
+        path = None
+        if self.cache is not None:
+            path = self.cache.path(files.shards[split][int(piece[0])], piece)
+            cached = self.cache.load(path)
+            if cached is not None:
+                return cached
+        batch = files.read(split, piece, columns)
+        inputs = self.preprocess(self.fmt.to_samples(batch))
+        labels, keys = _labels_keys(batch, self.fmt)
+        arrays = [*(np.asarray(x) for x in inputs), labels, keys]
+        if self.cache is not None and path is not None:
+            self.cache.store(path, arrays)
+        return arrays
 
     def __iter__(self) -> Iterator[list[Any]]:
         info = paddle.io.get_worker_info()
@@ -231,13 +512,11 @@ class PieceStream(paddle.io.IterableDataset):
                 continue
             failpoints.hit("stream.piece", f"{split} piece {g} (loader worker {worker})")
             try:
-                batch = files.read(split, piece, columns)
-                inputs = self.preprocess(self.fmt.to_samples(batch))
-                labels, keys = _labels_keys(batch, self.fmt)
+                arrays = self._piece(files, split, piece, columns)
             except StepError as exc:
                 yield [g, "error", str(exc)]
                 return
-            yield [g, *inputs, labels, keys]
+            yield [g, *arrays]
 
 
 def _worker_init(worker_id: int) -> None:

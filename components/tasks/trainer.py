@@ -15,6 +15,7 @@ import logging
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -243,6 +244,7 @@ class Inputs:
     train_pieces: np.ndarray  # the split's, in manifest order
     val_pieces: np.ndarray  # this rank's
     val_rows: int  # what all ranks validate: the split's (up to train.max_val_steps batches)
+    cache: stream.PieceCache | None = None  # preprocessed pieces (train.cache_mb)
 
     @classmethod
     def build(
@@ -253,7 +255,14 @@ class Inputs:
         share: EpochShare,
         world: World,
         objective: Objective,
+        cache_dir: Path | None = None,
     ) -> Inputs:
+        """``cache_dir``: where preprocessed pieces are kept (up to ``train.cache_mb``; the
+        train step's ``<checkpoint_dir>/pieces``); None: no cache."""
+        settings: StreamSettings = params.stream()
+        cache = None
+        if cache_dir is not None:
+            cache = stream.PieceCache.open(cache_dir, task, settings.cache_mb)
         val = stream.piece_table(snap, "val", params.eval_batch_size)
         if params.max_val_steps is not None:  # a smoke/benchmark bound: the first batches
             val = val[: params.max_val_steps]
@@ -264,13 +273,14 @@ class Inputs:
         return cls(
             snap,
             task,
-            params.stream(),
+            settings,
             params.seed,
             share,
             world.rank,
             stream.piece_table(snap, "train", params.piece_rows),
             mine,
             stream.rows_of(val),
+            cache,
         )
 
     def train(self, epoch: int) -> np.ndarray:
@@ -280,7 +290,9 @@ class Inputs:
 
     def reader(self, epochs: Sequence[int], val: bool = True) -> stream.Reader:
         plan = stream.Plan(tuple(epochs), self.train, self.val_pieces if val else _NO_PIECES)
-        pieces = stream.PieceStream(self.snap, self.task.data, self.task.preprocess, plan)
+        pieces = stream.PieceStream(
+            self.snap, self.task.data, self.task.preprocess, plan, self.cache
+        )
         return stream.Reader(pieces, self.settings.workers, self.settings.prefetch)
 
     def batches(
