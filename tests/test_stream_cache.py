@@ -223,3 +223,37 @@ def test_a_cache_that_cannot_be_written_is_no_error(tmp_path, digits_data, digit
         reader.close()
     _assert_same(_epochs(digits_data, digits_task, None), got)
     assert not cache.exists()
+
+
+def test_the_fingerprint_covers_every_module_of_the_tasks_package(tmp_path, monkeypatch):
+    """Preprocessing may call a helper anywhere in the package that defines the task: a change
+    to any of its modules (not only the task's own) gives another fingerprint, so no piece
+    preprocessed by the old code is served."""
+    import importlib
+
+    from components.tasks.stream import _code_sha256
+
+    package = tmp_path / "fakepkg_piece_cache"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "helpers.py").write_text("SCALE = 1.0\n")
+    (package / "task.py").write_text(
+        "from fakepkg_piece_cache import helpers\n\n\nclass T:\n    scale = helpers.SCALE\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    task_class = importlib.import_module("fakepkg_piece_cache.task").T
+    before = _code_sha256([task_class])
+    assert _code_sha256([task_class]) == before
+    (package / "helpers.py").write_text("SCALE = 2.0\n")
+    assert _code_sha256([task_class]) != before
+
+
+def test_the_cache_size_is_no_part_of_a_checkpoints_identity():
+    """Changing train.cache_mb changes no sample nor step: a checkpoint resumes across it."""
+    from components.ml.training.distributed import Batching
+    from components.ml.training.training import fingerprint
+
+    batching = Batching(1, 32, 32, 0.01, "none", 32)
+    one = fingerprint({"epochs": 3, "cache_mb": 1024}, {}, "sha", batching)
+    assert fingerprint({"epochs": 3, "cache_mb": 0}, {}, "sha", batching) == one
+    assert fingerprint({"epochs": 4, "cache_mb": 1024}, {}, "sha", batching) != one

@@ -222,20 +222,34 @@ def _plain(value: Any, depth: int = 4) -> Any:
 
 
 def _code_sha256(classes: Iterable[type]) -> str:
-    """The sha256 of the source files that define ``classes`` (and their bases), by module
-    name (not path: the same code in another checkout is the same)."""
-    files: dict[str, str] = {}
+    """The sha256 of the code ``classes`` (and their bases) run on: every ``.py`` file of each
+    top-level package that defines one (by its path in the package: the same code in another
+    checkout is the same), since preprocessing calls helpers anywhere in it and a stale piece
+    is worse than a cache refilled after a code change. A package installed as a library
+    (site-packages) counts by its defining modules' files; its version is in
+    :func:`_versions` when it is a preprocessing library."""
+    files: dict[str, Path] = {}
     for cls in classes:
         for base in inspect.getmro(cls):
-            module = sys.modules.get(base.__module__)
-            path = getattr(module, "__file__", None)
-            if path and base.__module__ not in ("builtins", "abc", "typing"):
-                files[base.__module__] = path
+            top = base.__module__.split(".")[0]
+            if top in ("builtins", "abc", "typing"):
+                continue
+            package = getattr(sys.modules.get(top), "__file__", None)
+            module = getattr(sys.modules.get(base.__module__), "__file__", None)
+            if package is None or module is None:
+                continue
+            installed = {"site-packages", "dist-packages"} & set(Path(package).parts)
+            if Path(package).name == "__init__.py" and not installed:
+                root = Path(package).parent
+                for path in root.rglob("*.py"):
+                    files[f"{top}/{path.relative_to(root).as_posix()}"] = path
+            else:
+                files[base.__module__] = Path(module)
     digest = hashlib.sha256()
     for name, path in sorted(files.items()):
         digest.update(name.encode() + b"\0")
         with contextlib.suppress(OSError):
-            digest.update(Path(path).read_bytes())
+            digest.update(path.read_bytes())
     return digest.hexdigest()
 
 

@@ -20,6 +20,7 @@ Library layer: imported by the ingest step's units (``components.tasks.ingest_un
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -80,6 +81,15 @@ class StatCache:
     stats: Stats = field(default_factory=Stats)
     digests: bytes = b""
 
+    @functools.cached_property
+    def _where(self) -> dict[str, int]:
+        """Each cached path's row (built once: a run asks unit by unit)."""
+        return dict(zip(self.stats.paths, range(len(self.stats.paths)), strict=True))
+
+    @functools.cached_property
+    def _hex(self) -> str:
+        return self.digests.hex()
+
     def vouch(self, now: Stats) -> list[str | None]:
         """For each file of ``now``: its sha256 (hex) if the cache's entry can be trusted for
         its stat, else None."""
@@ -90,7 +100,7 @@ class StatCache:
         if now.paths == old.paths:
             idx = np.arange(n)
         else:
-            where = dict(zip(old.paths, range(len(old.paths)), strict=True))
+            where = self._where
             idx = np.fromiter((where.get(p, -1) for p in now.paths), dtype=np.int64, count=n)
         found = np.flatnonzero(idx >= 0)
         ok = np.zeros(n, dtype=bool)
@@ -99,7 +109,7 @@ class StatCache:
             old.times[at] == now.times[found]
         ).all(axis=1)
         ok &= now.times[:, MTIME] < old.taken_ns - RACY_NS  # else racily clean: hash again
-        hexes = self.digests.hex()
+        hexes = self._hex
         return [
             hexes[64 * j : 64 * j + 64] if good else None
             for good, j in zip(ok.tolist(), idx.tolist(), strict=True)

@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 # 2: named optimizers, the best epoch's "score"; 3: streamed epochs (older ones are ignored)
 CHECKPOINT_FORMAT = 3
 # train params a checkpoint does not depend on (how many ranks or loader workers compute it)
-FINGERPRINT_IGNORES = ("distributed", "loader_workers", "reader_probe_samples")
+FINGERPRINT_IGNORES = ("distributed", "loader_workers", "reader_probe_samples", "cache_mb")
 
 
 @dataclass(frozen=True)
