@@ -110,7 +110,7 @@ def _act(point: str, detail: str) -> bool:
         return False
     log.warning("failpoint %s: %s %s", point, action, detail)
     for handler in logging.getLogger().handlers:
-        with contextlib.suppress(OSError):  # a closed stderr must not end it before the act
+        with contextlib.suppress(OSError, ValueError):  # a closed stderr must not end it first
             handler.flush()
     if action == "corrupt":
         return True
