@@ -155,14 +155,16 @@ def _hash_inputs(job: UnitJob) -> tuple[dict[str, str], int]:
     """sha256 of each input of the unit (the stat cache's where it vouches, else read), and
     how many files were read for them."""
     missing = [f for f in job.unit.files if f not in job.known]
-    hashed: dict[str, str] = {}
-    if missing:
-        paths = {f: job.fmt.input_path(job.params, f) for f in missing}
-        if all(paths.values()):
-            hashed = {f: _sha256_of(str(p)) for f, p in paths.items()}
-        else:
-            hashed = job.fmt.unit_inputs(job.params, job.unit)
-    return {f: job.known.get(f) or hashed[f] for f in job.unit.files}, len(hashed)
+    if not missing:
+        return {f: job.known[f] for f in job.unit.files}, 0
+    paths = {f: job.fmt.input_path(job.params, f) for f in missing}
+    if all(paths.values()):
+        hashed = {f: _sha256_of(str(p)) for f, p in paths.items()}
+        return {f: job.known.get(f) or hashed[f] for f in job.unit.files}, len(hashed)
+    # the format hashes its inputs itself, under the names it gives them (a plugin's may
+    # differ from the unit's files)
+    hashed = job.fmt.unit_inputs(job.params, job.unit)
+    return hashed, len(hashed)
 
 
 def _sha256_of(path: str) -> str:
@@ -211,7 +213,8 @@ def _read_unit(job: UnitJob, inputs: dict[str, str]) -> UnitResult:
     if any(f not in inputs for f in unit.files):  # a format that does not hash as it reads
         again, count = _hash_inputs(replace(job, known={**job.known, **inputs}))
         inputs, files_read = {**again, **read}, files_read + count
-    inputs = {f: inputs[f] for f in unit.files}
+    if all(f in inputs for f in unit.files):
+        inputs = {f: inputs[f] for f in unit.files}
     key = unit_key(job, inputs)
     shards = [
         asdict(_renamed(job.shard_dir, s, pending, key[:24]))
