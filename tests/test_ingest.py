@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import gzip
@@ -1207,3 +1208,81 @@ def test_units_are_bounded_and_an_insertion_touches_few_of_them(tmp_path: Path) 
     after = folder_units(params)
     changed = {u.files for u in before} - {u.files for u in after}
     assert 1 <= len(changed) <= 2, changed
+
+
+def test_the_pool_starts_before_old_units_are_stat_ed_and_not_for_a_rerun_with_no_change(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The workers' start-up (a spawn and its imports) overlaps the stat pass over the old
+    units when new units are listed; a rerun with nothing to read starts no process."""
+    from components.tasks import ingest_units
+
+    events: list[str] = []
+    real_stats, real_start = ingest_units.unit_stats, snapshot.WorkerPool.start
+
+    def stats(*a, **k):  # noqa: ANN002, ANN003, ANN202
+        events.append("stat")
+        return real_stats(*a, **k)
+
+    def start(self, workers=None) -> None:  # noqa: ANN001
+        was = self.started
+        real_start(self, workers)
+        if self.started and not was:
+            events.append(f"start {self._pool._max_workers}")
+
+    monkeypatch.setattr(ingest_units, "unit_stats", stats)
+    monkeypatch.setattr(snapshot.WorkerPool, "start", start)
+    root = tmp_path / "folder"
+    for c, cls in enumerate(CLASSES):
+        for i in range(24):
+            _png(root / cls / f"{i:03d}.png", 300 * c + i)
+    _aged(root)
+    params = _folder(root, image_mode="RGB", unit_files=8, workers=2)
+    out = tmp_path / "out"
+    run(params, out)
+    assert events == ["start 2"]  # a fresh ingest: every unit is new, its worker stats it
+    events.clear()
+    run(params, out)
+    assert "start 2" not in events and set(events) == {"stat"}
+    assert _manifest(out)["inputs_read"] == 0
+    old_units = len(snapshot.load(out).doc["units"])
+    for c, cls in enumerate(CLASSES):
+        for i in range(20):
+            _png(root / cls / "2026-12-05" / f"{i:03d}.png", 9000 + 30 * c + i)
+    events.clear()
+    run(params, out)
+    assert events == ["start 2"] + ["stat"] * old_units  # new units' workers stat their own
+    assert _manifest(out)["inputs_read"] == 3 * 20
+
+
+def test_a_format_whose_hashes_miss_its_input_names_is_one_line_naming_the_contract(
+    tmp_path: Path,
+) -> None:
+    """A plugin format keys ``unit_inputs`` by other names than ``input_names`` says: ingest
+    stops with one line naming the format, the unit and the contract, and writes nothing."""
+    from components.tasks.image_data import ImageData
+
+    class Misnamed(ImageData):
+        def input_path(self, params, name):  # noqa: ANN001, ANN201
+            return None  # not local: ingest asks unit_inputs for the hashes
+
+        def unit_inputs(self, params, unit):  # noqa: ANN001, ANN201
+            return {f"other:{f}": "0" * 64 for f in unit.files}
+
+        def read_unit(self, params, unit, params_file):  # noqa: ANN001, ANN201
+            for batch in super().read_unit(params, unit, params_file):  # hashes nothing
+                yield dataclasses.replace(batch, inputs=None)
+
+    root = tmp_path / "folder"
+    for c, cls in enumerate(CLASSES):
+        for i in range(4):
+            _png(root / cls / f"{i:03d}.png", 10 * c + i)
+    task = copy.copy(DIGITS)
+    task.data = Misnamed()  # a plugin task with this format
+    out = tmp_path / "out"
+    with pytest.raises(StepError) as info:
+        ingest_run(_folder(root, image_mode="RGB"), task, out)
+    message = str(info.value)
+    assert "data format 'image'" in message and "unit_inputs" in message
+    assert "input_names" in message and "\n" not in message
+    assert not out.exists()

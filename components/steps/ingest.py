@@ -87,7 +87,7 @@ def run_map(
         listed = task.data.units(params, params_file)
         jobs = units.unit_jobs(params, task, shard_dir, params_file, {}, None, listed)
         mine = [(i, job) for i, job in enumerate(jobs) if i % count == index]
-        results = list(units.map_units([job for _, job in mine], 1))
+        results = units.map_units([job for _, job in mine], snapshot.WorkerPool(1))
         reduce.check_unreadable(results, task.data.sample_noun)
         units.write_part(tmp, [i for i, _ in mine], results, skipped_of(listed))
     log.info("ingest group %s: %d of %d units", group, len(mine), len(jobs))
@@ -120,7 +120,8 @@ def run(
     previous, previous_root = units.previous_units(out_dir)
     cache = stat_cache.load(out_dir)
     started_ns = stat_cache.clock()  # before any input is stat-ed (the racy-entry rule)
-    with atomic_path(out_dir) as tmp:
+    pool = snapshot.WorkerPool(params.workers, units.worker_modules(fmt))
+    with atomic_path(out_dir) as tmp, pool:
         shard_dir = tmp / snapshot.SHARD_DIR
         shard_dir.mkdir(parents=True)
         if parts is not None:
@@ -128,12 +129,15 @@ def run(
             skipped = units.read_skipped([Path(p) for p in parts])
         else:
             listed = fmt.units(params, params_file)
+            # units the last snapshot lacks will be read: their workers start (and import)
+            # while the old units are stat-ed and matched
+            pool.start(units.new_units(listed, previous))
             skipped = skipped_of(listed)
             _log_skipped(params, skipped)
             jobs = units.unit_jobs(
                 params, task, shard_dir, params_file, previous, previous_root, listed, cache
             )
-            results = units.map_units(jobs, params.workers)
+            results = units.map_units(jobs, pool)
         reduce.check_unreadable(results, fmt.sample_noun)
         inputs = reduce.checked_inputs(params, results, expected_source_sha256, params_file)
         total = sum(r.rows for r in results)

@@ -175,6 +175,8 @@ class DataFormat(abc.ABC):
     validate_params: ClassVar[type]  # dataclass of params.yaml: validate (extends the common)
     sample_noun: ClassVar[str] = "sample"  # in messages: "image", "text"
     duplicate_rule: ClassVar[str] = "same sample and label"  # what an exact duplicate is
+    # modules a unit worker reads this format with (imported while ingest lists the source)
+    reader_modules: ClassVar[tuple[str, ...]] = ()
 
     # ---------------------------------------------------------------- ingest
 
@@ -185,7 +187,13 @@ class DataFormat(abc.ABC):
 
     @abc.abstractmethod
     def unit_inputs(self, params: Any, unit: Unit) -> dict[str, str]:
-        """sha256 of each input file of ``unit`` (its raw bytes), by name."""
+        """sha256 of each input of ``unit`` (its raw bytes), keyed by :meth:`input_names`."""
+
+    def input_names(self, params: Any, unit: Unit) -> tuple[str, ...]:
+        """The names of the unit's inputs, as :meth:`unit_inputs`, :meth:`input_path` and
+        ``UnitBatch.inputs`` key them: the unit's files, unless a format names its inputs
+        otherwise (a generated corpus whose units share one file name them by unit)."""
+        return tuple(unit.files)
 
     @abc.abstractmethod
     def read_unit(self, params: Any, unit: Unit, params_file: str) -> Iterator[UnitBatch]:

@@ -878,6 +878,7 @@ class ImageData(DataFormat):
     sample_noun = "image"
     duplicate_rule = "same image bytes and label"
     shard_columns = SHARD_COLUMNS
+    reader_modules = ("PIL.Image", "PIL.JpegImagePlugin", "PIL.PngImagePlugin")
 
     def units(self, params: IngestParams, params_file: str) -> list[Unit]:
         if params.kind == "builtin":

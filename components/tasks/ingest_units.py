@@ -133,9 +133,10 @@ def ingest_unit(job: UnitJob) -> UnitResult:
 def reuse_known(job: UnitJob) -> UnitResult | None:
     """The unit's reuse without reading any file, when the stat cache vouches for every
     input and the key matches the last snapshot's (run here, before any worker starts)."""
-    if not _may_reuse(job) or any(f not in job.known for f in job.unit.files):
+    names = _names(job)
+    if not _may_reuse(job) or any(n not in job.known for n in names):
         return None
-    reused = _reuse_matching(job, {f: job.known[f] for f in job.unit.files})
+    reused = _reuse_matching(job, {n: job.known[n] for n in names})
     return None if reused is None else replace(reused, stats=job.stats)
 
 
@@ -151,20 +152,21 @@ def _reuse_matching(job: UnitJob, inputs: dict[str, str]) -> UnitResult | None:
     return None
 
 
+def _names(job: UnitJob) -> tuple[str, ...]:
+    return job.fmt.input_names(job.params, job.unit)
+
+
 def _hash_inputs(job: UnitJob) -> tuple[dict[str, str], int]:
-    """sha256 of each input of the unit (the stat cache's where it vouches, else read), and
-    how many files were read for them."""
-    missing = [f for f in job.unit.files if f not in job.known]
-    if not missing:
-        return {f: job.known[f] for f in job.unit.files}, 0
-    paths = {f: job.fmt.input_path(job.params, f) for f in missing}
+    """sha256 of each input of the unit (the stat cache's where it vouches, else read: local
+    files here, others by the format), and how many inputs were read for them."""
+    names = _names(job)
+    missing = [n for n in names if n not in job.known]
+    paths = {n: job.fmt.input_path(job.params, n) for n in missing}
     if all(paths.values()):
-        hashed = {f: _sha256_of(str(p)) for f, p in paths.items()}
-        return {f: job.known.get(f) or hashed[f] for f in job.unit.files}, len(hashed)
-    # the format hashes its inputs itself, under the names it gives them (a plugin's may
-    # differ from the unit's files)
-    hashed = job.fmt.unit_inputs(job.params, job.unit)
-    return hashed, len(hashed)
+        hashed = {n: _sha256_of(str(p)) for n, p in paths.items()}
+    else:
+        hashed = job.fmt.unit_inputs(job.params, job.unit)
+    return {n: job.known.get(n) or hashed.get(n, "") for n in names}, len(hashed)
 
 
 def _sha256_of(path: str) -> str:
@@ -204,17 +206,24 @@ def _read_unit(job: UnitJob, inputs: dict[str, str]) -> UnitResult:
         prefixes.append(_prefixes(batch.keys))
         labels_all.append(batch.labels)
         rows_all.append(np.asarray(batch.rows, dtype=np.int64))
+        columns = _columns(batch)
         for index, split in enumerate(SPLITS):
             mask = np.flatnonzero(where == index)
             if mask.size:
-                writers[split].add(_record_batch(schema, batch, mask))
+                writers[split].add(_record_batch(schema, columns, mask))
     inputs = {**inputs, **read}  # what was decoded wins: its bytes are the rows
     files_read = len(read)
-    if any(f not in inputs for f in unit.files):  # a format that does not hash as it reads
+    names = _names(job)
+    if any(n not in inputs for n in names):  # a format that does not hash as it reads
         again, count = _hash_inputs(replace(job, known={**job.known, **inputs}))
         inputs, files_read = {**again, **read}, files_read + count
-    if all(f in inputs for f in unit.files):
-        inputs = {f: inputs[f] for f in unit.files}
+    unnamed = [n for n in names if not inputs.get(n)]
+    if unnamed:
+        raise StepError(
+            f"data format {fmt.name!r}, unit {unit.id}: no sha256 for input(s) {unnamed[:3]} "
+            "(DataFormat.unit_inputs must key its hashes by DataFormat.input_names)"
+        )
+    inputs = {n: inputs[n] for n in names}
     key = unit_key(job, inputs)
     shards = [
         asdict(_renamed(job.shard_dir, s, pending, key[:24]))
@@ -298,32 +307,26 @@ def _read_key_labels(paths: Sequence[Path]) -> tuple[np.ndarray, np.ndarray, np.
     for path in paths:
         table = pq.read_table(path, columns=["key", "label", "row"])
         prefixes.append(_prefixes(table.column("key").to_pylist()))
-        labels.append(_int64s(table.column("label")))
-        rows.append(_int64s(table.column("row")))
+        labels.append(snapshot.int64s(table.column("label")))
+        rows.append(snapshot.int64s(table.column("row")))
     return _cat(prefixes, np.uint64), _cat(labels, np.int64), _cat(rows, np.int64)
 
 
-def _int64s(column: Any) -> np.ndarray:
-    """An int64 Arrow column (chunked or not) as numpy, read from its buffers (``to_numpy``
-    imports pandas: 0.3 s in every worker)."""
-    chunks = getattr(column, "chunks", [column])
-    parts = [
-        np.frombuffer(c.buffers()[1], dtype=np.int64)[c.offset : c.offset + len(c)] for c in chunks
-    ]
-    return _cat(parts, np.int64)
-
-
-def _record_batch(schema: Any, batch: Any, mask: np.ndarray) -> Any:
-    """The rows ``mask`` of a unit batch as an Arrow record batch of ``schema``."""
-    import pyarrow as pa
-
-    columns = {
+def _columns(batch: Any) -> dict[str, Any]:
+    """A unit batch's values by shard column name."""
+    return {
         "key": batch.keys,
         "label": batch.labels,
         "source": batch.sources,
         "row": batch.rows,
         **batch.columns,
     }
+
+
+def _record_batch(schema: Any, columns: dict[str, Any], mask: np.ndarray) -> Any:
+    """The rows ``mask`` of a unit batch's ``columns`` as an Arrow record batch of ``schema``."""
+    import pyarrow as pa
+
     picked = mask.tolist()
     return pa.RecordBatch.from_arrays(
         [_column(_take(columns[f.name], mask, picked), f.type) for f in schema], schema=schema
@@ -424,17 +427,28 @@ def previous_units(out_dir: Path) -> tuple[dict[str, dict[str, Any]], Path | Non
     return by_key, out_dir
 
 
-def map_units(jobs: list[UnitJob], workers: int) -> list[UnitResult]:
+def map_units(jobs: list[UnitJob], pool: snapshot.WorkerPool) -> list[UnitResult]:
     """The units' results in order: those the stat cache shows unchanged are reused here, the
-    rest run on a process pool (``workers`` > 1, started only for them) or here."""
+    rest run on ``pool`` (started now if it was not started ahead: :func:`worker_modules`)."""
     results: list[UnitResult | None] = [reuse_known(job) for job in jobs]
     todo = [i for i, r in enumerate(results) if r is None]
-    done = snapshot.ordered_map(
-        ingest_unit, [jobs[i] for i in todo], workers, "ingest units", "unit"
-    )
+    done = pool.map(ingest_unit, [jobs[i] for i in todo], "ingest units", "unit")
     for i, result in zip(todo, done, strict=True):
         results[i] = result
     return results  # type: ignore[return-value]
+
+
+def worker_modules(fmt: Any) -> tuple[str, ...]:
+    """What a unit worker imports before its first unit (a pool started ahead imports them
+    while the listing runs): this module, the format's and the modules it reads with."""
+    return (__name__, type(fmt).__module__, "pyarrow.parquet", *fmt.reader_modules)
+
+
+def new_units(listed: Sequence[Unit], previous: dict[str, dict[str, Any]]) -> int:
+    """How many listed units have no unit of their id in the last snapshot (they will be
+    read, so their workers may start before the old units are stat-ed)."""
+    ids = {doc["id"] for doc in previous.values()}
+    return sum(unit.id not in ids for unit in listed)
 
 
 @dataclass(frozen=True)
@@ -449,11 +463,12 @@ def unit_stats(fmt: Any, params: Any, unit: Unit) -> UnitStats:
     """Stat the unit's local inputs (before any is read: a file changed after its stat was
     taken has another stat next time, so it is hashed again)."""
     names, paths = [], []
-    for name in unit.files:
+    cwd = os.getcwd()
+    for name in fmt.input_names(params, unit):
         path = fmt.input_path(params, name)
         if path is not None:
             names.append(name)
-            paths.append(path if path.startswith("/") else os.path.join(os.getcwd(), path))
+            paths.append(path if path.startswith("/") else os.path.join(cwd, path))
     stats, where = stat_cache.take(paths)
     return UnitStats([names[i] for i in where], stats)
 

@@ -237,12 +237,7 @@ class ShardWriter:
         self._writer.write_table(table, row_group_size=table.num_rows)
         self._rows += table.num_rows
         self._file_bytes += table.nbytes
-        column = table.column("label")  # from its buffers: to_numpy imports pandas (0.3 s)
-        values = [
-            np.frombuffer(c.buffers()[1], dtype=np.int64)[c.offset : c.offset + len(c)]
-            for c in column.chunks
-        ]
-        labels, counts = np.unique(np.concatenate(values), return_counts=True)
+        labels, counts = np.unique(int64s(table.column("label")), return_counts=True)
         for label, count in zip(labels, counts, strict=True):
             self._counts[str(int(label))] = self._counts.get(str(int(label)), 0) + int(count)
         if self._file_bytes >= self.limits.shard_max_mb * 2**20:
@@ -444,41 +439,95 @@ def _pool_worker_init(parent: int, step: str) -> None:
     failpoints.set_step(step)
 
 
-def ordered_map(
-    fn: Callable[[Any], Any], jobs: Sequence[Any], workers: int, desc: str, unit: str
-) -> Iterator[Any]:
-    """``fn`` over ``jobs`` in order, on a spawned process pool when ``workers`` > 1 (the
-    local form of an orchestrator's fan-out over units or shards), with a progress bar.
+def int64s(column: Any) -> np.ndarray:
+    """An int64 Arrow column (chunked or not) as numpy, read from its buffers (``to_numpy``
+    imports pandas: 0.3 s in every pool worker)."""
+    chunks = getattr(column, "chunks", [column])
+    parts = [
+        np.frombuffer(c.buffers()[1], dtype=np.int64)[c.offset : c.offset + len(c)] for c in chunks
+    ]
+    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+
+def _warm(modules: Sequence[str]) -> None:
+    """A pool worker's first job when the pool is started ahead: import what its jobs need."""
+    import importlib
+
+    for name in modules:
+        importlib.import_module(name)
+
+
+class WorkerPool:
+    """A spawned process pool for :meth:`map` (the local form of an orchestrator's fan-out),
+    started at its first map or ahead of it (:meth:`start`: while the caller still lists and
+    stats its inputs, the workers start and import ``modules``). With ``workers`` <= 1, or a
+    single job and no pool started, the jobs run in this process.
 
     The workers die with this process (:func:`_pool_worker_init`); the pool is started, and
     its results taken, on the calling thread, which must outlive it (the parent-death signal
     follows the thread that started a worker). multiprocessing's resource tracker, started
     with the first worker, ends when the last process holding its pipe (this one and the
-    workers) is gone."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
+    workers) is gone. Leaving the ``with`` block cancels what has not started and waits."""
 
-    from tqdm import tqdm
+    def __init__(self, workers: int, modules: Sequence[str] = ()) -> None:
+        self.workers = int(workers)
+        self.modules = tuple(modules)
+        self._pool: Any = None
 
-    bar = tqdm(total=len(jobs), desc=desc, unit=unit, leave=False)
-    try:
-        if workers > 1 and len(jobs) > 1:
-            ctx = multiprocessing.get_context("spawn")
-            with ProcessPoolExecutor(
-                max_workers=min(workers, len(jobs)),
-                mp_context=ctx,
-                initializer=_pool_worker_init,
-                initargs=(os.getpid(), failpoints.current_step()),
-            ) as pool:
-                for result in pool.map(fn, jobs):
-                    bar.update()
-                    yield result
-        else:
-            for job in jobs:
-                yield fn(job)
+    @property
+    def started(self) -> bool:
+        return self._pool is not None
+
+    def start(self, workers: int | None = None) -> None:
+        """Start ``workers`` (default: all) processes now, each importing ``modules`` first;
+        a no-op when started already or when the work runs here."""
+        count = min(self.workers, self.workers if workers is None else workers)
+        if self._pool is not None or count <= 1:
+            return
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        self._pool = ProcessPoolExecutor(
+            max_workers=count,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=_pool_worker_init,
+            initargs=(os.getpid(), failpoints.current_step()),
+        )
+        for _ in range(count):  # a worker is spawned per job submitted while none is idle
+            self._pool.submit(_warm, self.modules)
+
+    def map(
+        self, fn: Callable[[Any], Any], jobs: Sequence[Any], desc: str, unit: str
+    ) -> Iterator[Any]:
+        """``fn`` over ``jobs``, results in order, with a progress bar."""
+        from tqdm import tqdm
+
+        if self._pool is None and len(jobs) > 1:
+            self.start(len(jobs))
+        bar = tqdm(total=len(jobs), desc=desc, unit=unit, leave=False)
+        try:
+            results = self._pool.map(fn, jobs) if self._pool is not None else map(fn, jobs)
+            for result in results:
                 bar.update()
-    finally:
-        bar.close()
+                yield result
+        finally:
+            bar.close()
+
+    def __enter__(self) -> WorkerPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+
+def ordered_map(
+    fn: Callable[[Any], Any], jobs: Sequence[Any], workers: int, desc: str, unit: str
+) -> Iterator[Any]:
+    """``fn`` over ``jobs`` in order, on a :class:`WorkerPool` of ``workers`` processes."""
+    with WorkerPool(workers) as pool:
+        yield from pool.map(fn, jobs, desc, unit)
 
 
 def unit_key(parts: dict[str, Any]) -> str:

@@ -117,6 +117,12 @@ class SegmentedImages(ImageData):
         ctx = dict(unit.context)
         return {unit.id: f"{SHAPES_VERSION}:{params.shapes_seed}:{ctx['first']}:{ctx['count']}"}
 
+    def input_names(self, params: SegmentationIngestParams, unit: Unit) -> tuple[str, ...]:
+        # every shapes unit lists the one generated source: its input is named by the unit
+        if params.source != SHAPES_SOURCE:
+            return super().input_names(params, unit)
+        return (unit.id,)
+
     def label_source(self, params: SegmentationIngestParams, unit: Unit) -> str:
         return unit.id if params.source == SHAPES_SOURCE else super().label_source(params, unit)
 
