@@ -1070,6 +1070,15 @@ def _aged(root: Path, seconds: float = 60.0) -> None:
             os.utime(path, (then, then))
 
 
+def _aged_pngs(root: Path, per_class: int, seed_step: int) -> Path:
+    """``per_class`` PNGs (``000.png`` ...) in each class folder of ``root``, aged."""
+    for c, cls in enumerate(CLASSES):
+        for i in range(per_class):
+            _png(root / cls / f"{i:03d}.png", seed_step * c + i)
+    _aged(root)
+    return root
+
+
 def test_a_dated_sub_folder_whose_name_sorts_among_old_files_reads_no_old_unit(
     tmp_path: Path,
 ) -> None:
@@ -1099,11 +1108,7 @@ def test_a_dated_sub_folder_whose_name_sorts_among_old_files_reads_no_old_unit(
 def test_a_rerun_with_no_change_reads_no_input_and_writes_the_same_snapshot(
     tmp_path: Path,
 ) -> None:
-    root = tmp_path / "folder"
-    for c, cls in enumerate(CLASSES):
-        for i in range(40):
-            _png(root / cls / f"{i:03d}.png", 500 * c + i)
-    _aged(root)
+    root = _aged_pngs(tmp_path / "folder", 40, 500)
     params = _folder(root, image_mode="RGB", unit_files=8, workers=2)
     out = tmp_path / "out"
     run(params, out)
@@ -1232,11 +1237,7 @@ def test_the_pool_starts_before_old_units_are_stat_ed_and_not_for_a_rerun_with_n
 
     monkeypatch.setattr(ingest_units, "unit_stats", stats)
     monkeypatch.setattr(snapshot.WorkerPool, "start", start)
-    root = tmp_path / "folder"
-    for c, cls in enumerate(CLASSES):
-        for i in range(24):
-            _png(root / cls / f"{i:03d}.png", 300 * c + i)
-    _aged(root)
+    root = _aged_pngs(tmp_path / "folder", 24, 300)
     params = _folder(root, image_mode="RGB", unit_files=8, workers=2)
     out = tmp_path / "out"
     run(params, out)
