@@ -605,6 +605,16 @@ def test_a_thousand_slow_clients_do_not_starve_good_ones(
         assert srv.stop() == 0
 
 
+def _why(e: Exception) -> str:
+    """A client failure for the assertion message (tritonclient's repr drops its message)."""
+    status = getattr(e, "status", None)
+    message = getattr(e, "message", None)
+    return (
+        f"{type(e).__name__}(status={status() if callable(status) else status}, "
+        f"message={message() if callable(message) else message or str(e)!r})"
+    )
+
+
 def _answers_while_loading(
     srv: RunningServer, x: np.ndarray, load: Any, clients: int = 3, each_side: int = 40
 ) -> tuple[list[tuple[str, np.ndarray]], list[str]]:
@@ -628,7 +638,7 @@ def _answers_while_loading(
                     answers.append((r.get_response()["model_version"], r.as_numpy("logits")))
             except Exception as e:  # noqa: BLE001 - every failure is the finding
                 with lock:
-                    errors.append(repr(e))
+                    errors.append(_why(e))
 
     threads = [threading.Thread(target=stream) for _ in range(clients)]
     for t in threads:
