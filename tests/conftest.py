@@ -505,6 +505,10 @@ def sh(
     return proc
 
 
+# serving_image's p50 budget in tests of a pipeline's wiring: the suite's own load (parallel
+# workers on 2 cores) must not decide them; the budget rule is tested in test_serving_image
+WIRING_LATENCY_BUDGET = {"latency_budget_ms_p50": 10_000.0}
+
 # the digits pipeline made tiny for tests of the wiring (not of the accuracy): set_params(**)
 TINY_DIGITS: dict[str, dict] = {
     "task": {"options": {"conv_channels": [6, 16]}},
@@ -520,6 +524,7 @@ TINY_DIGITS: dict[str, dict] = {
     },
     "evaluate": {"latency": {"warmup": 1, "repeats": 3}},
     "register": {"min_accuracy": 0.5},
+    "serving_image": WIRING_LATENCY_BUDGET,
     # no server is left behind by a test's pipeline, nor two on one port: the local target
     # (params.yaml's default) is tested with a free port in tests/test_pipeline_dvc.py
     "deploy": {"target": "none"},

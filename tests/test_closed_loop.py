@@ -231,6 +231,7 @@ def test_monitor_alarm_retrains_judge_promotes_and_rolls_back_in_containers(
                 "variants": ["fp32"],
                 "golden_samples": 16,
                 "latency_requests": 5,
+                **TINY_DIGITS["serving_image"],
             },
         )
         after = ran(project("dvc", "repro", timing="v1_repro_s"))

@@ -46,7 +46,12 @@ from components.steps.serving_image import run as serving_image_run
 from components.tracking.registry import Registry, RegistryParams
 from components.tracking.registry import client as mlflow_client
 from pipelines.containers import free_port
-from tests.conftest import fp32_bundle, track_register_promote, untrained_export
+from tests.conftest import (
+    WIRING_LATENCY_BUDGET,
+    fp32_bundle,
+    track_register_promote,
+    untrained_export,
+)
 from tests.test_registry import TASK_OPTIONS
 
 DIGEST = "sha256:" + "ab" * 32
@@ -243,6 +248,7 @@ def release_version(
             variants=["fp32"],
             golden_samples=16,
             latency_requests=5,
+            **WIRING_LATENCY_BUDGET,
         ),
         task,
         bundle,

@@ -186,6 +186,7 @@ TINY = {
         "builder": "none",
         "golden_samples": 32,
         "latency_requests": 10,
+        **TINY_DIGITS["serving_image"],
     },
     # a short retry window: the rows that stop the server outlast it on purpose
     "track": {"retry": {"retries": 3, "backoff_s": 1, "timeout_s": 20}},

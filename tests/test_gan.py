@@ -25,7 +25,7 @@ import numpy as np
 import paddle
 import pytest
 import yaml
-from conftest import REPO, SERVER_BIN, clone_repo, set_params, sh
+from conftest import REPO, SERVER_BIN, WIRING_LATENCY_BUDGET, clone_repo, set_params, sh
 
 from components.core.config import load_params
 from components.tasks import get_task
@@ -153,6 +153,7 @@ def _tiny(repo: Path, **train) -> None:
             "builder": "none",
             "golden_samples": 16,
             "latency_requests": 5,
+            **WIRING_LATENCY_BUDGET,
         },
     )
 

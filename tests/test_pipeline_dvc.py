@@ -35,6 +35,7 @@ from tests.conftest import (
     STAGES,
     STEP_RUNS,
     TINY_DIGITS,
+    WIRING_LATENCY_BUDGET,
     alive,
     clone_repo,
     ran,
@@ -83,6 +84,7 @@ def repo(
             "image_repository": f"{oci_registry}/paddle-mlops/digits-server",
             "builder": "podman",
             "server_image": images["server"]["ref"],  # the clone has no build/images.json
+            **WIRING_LATENCY_BUDGET,
         },
         # the release path end to end (issue 30): pushed to a local OCI registry, signed with
         # the session's key (tests/conftest.py), verified and served on this machine

@@ -13,7 +13,7 @@ import pytest
 import yaml
 from PIL import Image
 
-from tests.conftest import STAGES, clone_repo, ran, set_params, sh
+from tests.conftest import STAGES, WIRING_LATENCY_BUDGET, clone_repo, ran, set_params, sh
 
 CLASSES = ("red_square", "green_disc", "blue_bar")
 
@@ -86,6 +86,7 @@ def repo(tmp_path_factory: pytest.TempPathFactory, server_binary: Path) -> Path:
             "golden_samples": 24,
             "latency_requests": 5,
             "image_repository": "paddle-mlops/shapes-server",
+            **WIRING_LATENCY_BUDGET,
         },
     )
     return repo

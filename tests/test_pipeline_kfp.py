@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from components.tracking.registry import LINEAGE_TAGS
-from tests.conftest import REPO
+from tests.conftest import REPO, WIRING_LATENCY_BUDGET
 
 STEPS = [
     "fingerprint-op",
@@ -319,7 +319,7 @@ def tiny_params() -> dict:
     params["evaluate"]["latency"].update(warmup=1, repeats=3)
     params["register"]["min_accuracy"] = 0.5
     params["package"]["tune"]["budget_s"] = 0  # the search is tested in test_tuning
-    params["serving_image"].update(golden_samples=32, latency_requests=10)
+    params["serving_image"].update(golden_samples=32, latency_requests=10, **WIRING_LATENCY_BUDGET)
     params["track"]["experiment"] = "kfp-local"
     params["deploy"]["target"] = "none"  # no server left behind (tests/test_pipeline_dvc.py)
     # the search on, tiny: 2 trials of 1 epoch; the current learning rate is the better

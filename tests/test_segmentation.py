@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import yaml
-from conftest import REPO, clone_repo, pip_install_target, set_params, sh
+from conftest import REPO, WIRING_LATENCY_BUDGET, clone_repo, pip_install_target, set_params, sh
 
 EXAMPLE = REPO / "examples" / "segmentation"
 PACKAGE = EXAMPLE / "paddle_mlops_segmentation"
@@ -196,6 +196,7 @@ def pipeline(tmp_path_factory, plugin, server_binary) -> Path:
             "builder": "none",
             "golden_samples": 16,
             "latency_requests": 5,
+            **WIRING_LATENCY_BUDGET,
         },
         # the search on, tiny, in the plugin's own space (the overlay replaces hpo.space: no
         # space in params, so the step asks the task: ShapesSegmentationTask.search_space)

