@@ -70,8 +70,8 @@ def repo(
     set_params(
         repo,
         **{
-            # TINY_DIGITS's deploy (target none) is replaced by the podman release below
-            **{k: v for k, v in TINY_DIGITS.items() if k != "deploy"},
+            # TINY_DIGITS's deploy (target none) and serving_image are replaced below
+            **{k: v for k, v in TINY_DIGITS.items() if k not in ("deploy", "serving_image")},
             # the real search, short: what dvc repro ships is the tuned config, validated
             # (a trial count bounds it, not a time: the same trials on every host)
             "package": {
