@@ -1230,10 +1230,10 @@ def test_the_pool_starts_before_old_units_are_stat_ed_and_not_for_a_rerun_with_n
         return real_stats(*a, **k)
 
     def start(self, workers=None) -> None:  # noqa: ANN001
-        was = self.started
+        was = self.size
         real_start(self, workers)
-        if self.started and not was:
-            events.append(f"start {self._pool._max_workers}")
+        if self.size and not was:
+            events.append(f"start {self.size}")
 
     monkeypatch.setattr(ingest_units, "unit_stats", stats)
     monkeypatch.setattr(snapshot.WorkerPool, "start", start)

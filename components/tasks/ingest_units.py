@@ -58,6 +58,7 @@ class UnitJob:
     previous_root: Path | None
     assignment: dict[bytes, int] | None  # permutation rule: key -> split index
     file_splits: dict[str, str]
+    names: tuple[str, ...]  # the unit's input names (DataFormat.input_names), asked once
     known: dict[str, str] = field(default_factory=dict)  # inputs the stat cache vouches for
     # the stats of the unit's local inputs, taken by the listing's process before any read
     # (a unit the last snapshot has: to vouch for them); None: the worker takes them
@@ -118,7 +119,9 @@ def ingest_unit(job: UnitJob) -> UnitResult:
     unit is read once: each file's bytes are hashed and decoded in one pass (when the format
     says its batches' hashes, ``UnitBatch.inputs``), split and written."""
     failpoints.hit("ingest.unit", job.unit.id)
-    stats = job.stats if job.stats is not None else unit_stats(job.fmt, job.params, job.unit)
+    if job.stats is None:
+        job = replace(job, stats=unit_stats(job.fmt, job.params, job.names))
+    stats = job.stats
     inputs: dict[str, str] = {}
     hashed = 0
     if _may_reuse(job):
@@ -133,10 +136,9 @@ def ingest_unit(job: UnitJob) -> UnitResult:
 def reuse_known(job: UnitJob) -> UnitResult | None:
     """The unit's reuse without reading any file, when the stat cache vouches for every
     input and the key matches the last snapshot's (run here, before any worker starts)."""
-    names = _names(job)
-    if not _may_reuse(job) or any(n not in job.known for n in names):
+    if not _may_reuse(job) or any(n not in job.known for n in job.names):
         return None
-    reused = _reuse_matching(job, {n: job.known[n] for n in names})
+    reused = _reuse_matching(job, {n: job.known[n] for n in job.names})
     return None if reused is None else replace(reused, stats=job.stats)
 
 
@@ -152,16 +154,13 @@ def _reuse_matching(job: UnitJob, inputs: dict[str, str]) -> UnitResult | None:
     return None
 
 
-def _names(job: UnitJob) -> tuple[str, ...]:
-    return job.fmt.input_names(job.params, job.unit)
-
-
 def _hash_inputs(job: UnitJob) -> tuple[dict[str, str], int]:
     """sha256 of each input of the unit (the stat cache's where it vouches, else read: local
     files here, others by the format), and how many inputs were read for them."""
-    names = _names(job)
+    names = job.names
     missing = [n for n in names if n not in job.known]
-    paths = {n: job.fmt.input_path(job.params, n) for n in missing}
+    stated = dict(zip(job.stats.names, job.stats.stats.paths, strict=True)) if job.stats else {}
+    paths = {n: stated.get(n) or job.fmt.input_path(job.params, n) for n in missing}
     if all(paths.values()):
         hashed = {n: _sha256_of(str(p)) for n, p in paths.items()}
     else:
@@ -213,7 +212,7 @@ def _read_unit(job: UnitJob, inputs: dict[str, str]) -> UnitResult:
                 writers[split].add(_record_batch(schema, columns, mask))
     inputs = {**inputs, **read}  # what was decoded wins: its bytes are the rows
     files_read = len(read)
-    names = _names(job)
+    names = job.names
     if any(n not in inputs for n in names):  # a format that does not hash as it reads
         again, count = _hash_inputs(replace(job, known={**job.known, **inputs}))
         inputs, files_read = {**again, **read}, files_read + count
@@ -409,8 +408,8 @@ def _unit_index(root: Path) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarra
     }
 
 
-def previous_units(out_dir: Path) -> tuple[dict[str, dict[str, Any]], Path | None]:
-    """The last snapshot's units by key, each with its shards and (from its unit index) its
+def previous_units(out_dir: Path) -> tuple[dict[str, list[dict[str, Any]]], Path | None]:
+    """The last snapshot's units by id, each with its shards and (from its unit index) its
     key prefixes, labels and rows: what an unchanged unit reuses."""
     try:
         snap = snapshot.load(out_dir)
@@ -420,16 +419,17 @@ def previous_units(out_dir: Path) -> tuple[dict[str, dict[str, Any]], Path | Non
     shards_of: dict[str, list[dict[str, Any]]] = {}
     for s in snap.doc["shards"]:
         shards_of.setdefault(s.get("unit_key", ""), []).append(s)
-    by_key: dict[str, dict[str, Any]] = {}
+    by_id: dict[str, list[dict[str, Any]]] = {}
     for unit_doc in snap.doc.get("units", []):
         key = unit_doc["key"]
-        by_key[key] = {**unit_doc, "shards": shards_of.get(key, []), "arrays": index.get(key)}
-    return by_key, out_dir
+        doc = {**unit_doc, "shards": shards_of.get(key, []), "arrays": index.get(key)}
+        by_id.setdefault(unit_doc["id"], []).append(doc)
+    return by_id, out_dir
 
 
 def map_units(jobs: list[UnitJob], pool: snapshot.WorkerPool) -> list[UnitResult]:
     """The units' results in order: those the stat cache shows unchanged are reused here, the
-    rest run on ``pool`` (started now if it was not started ahead: :func:`worker_modules`)."""
+    rest run on ``pool`` (started now if it was not started ahead)."""
     results: list[UnitResult | None] = [reuse_known(job) for job in jobs]
     todo = [i for i, r in enumerate(results) if r is None]
     done = pool.map(ingest_unit, [jobs[i] for i in todo], "ingest units", "unit")
@@ -444,11 +444,10 @@ def worker_modules(fmt: Any) -> tuple[str, ...]:
     return (__name__, type(fmt).__module__, "pyarrow.parquet", *fmt.reader_modules)
 
 
-def new_units(listed: Sequence[Unit], previous: dict[str, dict[str, Any]]) -> int:
+def new_units(listed: Sequence[Unit], previous: dict[str, list[dict[str, Any]]]) -> int:
     """How many listed units have no unit of their id in the last snapshot (they will be
     read, so their workers may start before the old units are stat-ed)."""
-    ids = {doc["id"] for doc in previous.values()}
-    return sum(unit.id not in ids for unit in listed)
+    return sum(unit.id not in previous for unit in listed)
 
 
 @dataclass(frozen=True)
@@ -459,12 +458,12 @@ class UnitStats:
     stats: stat_cache.Stats
 
 
-def unit_stats(fmt: Any, params: Any, unit: Unit) -> UnitStats:
-    """Stat the unit's local inputs (before any is read: a file changed after its stat was
+def unit_stats(fmt: Any, params: Any, input_names: Sequence[str]) -> UnitStats:
+    """Stat a unit's local inputs (before any is read: a file changed after its stat was
     taken has another stat next time, so it is hashed again)."""
     names, paths = [], []
     cwd = os.getcwd()
-    for name in fmt.input_names(params, unit):
+    for name in input_names:
         path = fmt.input_path(params, name)
         if path is not None:
             names.append(name)
@@ -496,7 +495,7 @@ def unit_jobs(
     task: Task,
     shard_dir: Path,
     params_file: str,
-    previous: dict[str, dict[str, Any]],
+    previous: dict[str, list[dict[str, Any]]],
     previous_root: Path | None,
     listed: list[Unit] | None = None,
     cache: stat_cache.StatCache | None = None,
@@ -521,21 +520,19 @@ def unit_jobs(
         # the class names the source fixes (a class folder's label id is its place among them)
         "names": fixed_names,
     }
-    by_id: dict[str, list[dict[str, Any]]] = {}
-    for doc in previous.values():
-        by_id.setdefault(doc["id"], []).append(doc)
     jobs = []
     for unit in units:
-        candidates = tuple(by_id.get(unit.id, ()))
+        candidates = tuple(previous.get(unit.id, ()))
+        names = tuple(fmt.input_names(params, unit))
         stats, known = None, {}
         if candidates and previous_root is not None:
-            stats = unit_stats(fmt, params, unit)
+            stats = unit_stats(fmt, params, names)
             if cache is not None:
                 vouched = cache.vouch(stats.stats)
                 known = {n: h for n, h in zip(stats.names, vouched, strict=True) if h}
         jobs.append(
             UnitJob(fmt, params, params_file, unit, extra_key, shard_dir, candidates,
-                    previous_root, assignment, dict(params.split.files), known, stats)
+                    previous_root, assignment, dict(params.split.files), names, known, stats)
         )  # fmt: skip
     return jobs
 

@@ -473,10 +473,7 @@ class WorkerPool:
         self.workers = int(workers)
         self.modules = tuple(modules)
         self._pool: Any = None
-
-    @property
-    def started(self) -> bool:
-        return self._pool is not None
+        self.size = 0  # worker processes started (0: none, the work runs in this process)
 
     def start(self, workers: int | None = None) -> None:
         """Start ``workers`` (default: all) processes now, each importing ``modules`` first;
@@ -493,6 +490,7 @@ class WorkerPool:
             initializer=_pool_worker_init,
             initargs=(os.getpid(), failpoints.current_step()),
         )
+        self.size = count
         for _ in range(count):  # a worker is spawned per job submitted while none is idle
             self._pool.submit(_warm, self.modules)
 
