@@ -629,13 +629,15 @@ class Reader:
 class ShuffleBuffer:
     """At most ``capacity`` samples (plus the piece being added) from which blocks are drawn
     uniformly without replacement by ``rng``. Samples are rows of a list of arrays (the
-    inputs, labels and keys), kept in preallocated storage (no copy of the buffer per
-    piece)."""
+    inputs, labels and keys), kept in storage allocated once for ``capacity`` and the
+    largest piece (``piece_rows``): no copy of the buffer per piece, and none when a piece
+    is larger than the first (a piece larger than ``piece_rows`` moves the storage once)."""
 
-    def __init__(self, capacity: int, rng: np.random.Generator):
+    def __init__(self, capacity: int, rng: np.random.Generator, piece_rows: int = 1):
         if capacity < 1:
             raise ValueError(f"shuffle_buffer must be >= 1, got {capacity}")
         self.capacity, self.rng = capacity, rng
+        self.piece_rows = max(1, piece_rows)
         self._store: list[np.ndarray] = []
         self._n = 0
 
@@ -645,11 +647,11 @@ class ShuffleBuffer:
     def add(self, arrays: Sequence[np.ndarray]) -> None:
         k = len(arrays[0])
         if not self._store:
-            size = self.capacity + k
+            size = self.capacity + max(k, self.piece_rows)
             self._store = [np.empty((size, *a.shape[1:]), dtype=a.dtype) for a in arrays]
-        if self._n + k > len(self._store[0]):  # a bigger piece than the first: grow
-            size = self._n + k
-            self._store = [np.resize(s, (size, *s.shape[1:])) for s in self._store]
+        if self._n + k > len(self._store[0]):  # a piece larger than piece_rows: move once
+            size = max(self._n, self.capacity) + k
+            self._store = [_moved(s, size, self._n) for s in self._store]
         for store, a in zip(self._store, arrays, strict=True):
             if a.shape[1:] != store.shape[1:]:
                 raise StepError(
@@ -673,6 +675,13 @@ class ShuffleBuffer:
         return out
 
 
+def _moved(store: np.ndarray, rows: int, used: int) -> np.ndarray:
+    """``store``'s first ``used`` rows in new storage of ``rows`` rows."""
+    out = np.empty((rows, *store.shape[1:]), dtype=store.dtype)
+    out[:used] = store[:used]
+    return out
+
+
 def block_size(capacity: int, batch_size: int) -> int:
     """Samples handed from the buffer to ``Task.batches`` at once: whole batches, about a
     quarter of the buffer."""
@@ -686,11 +695,13 @@ def shuffled_batches(
     capacity: int,
     buffer_rng: np.random.Generator,
     rng: np.random.Generator,
+    piece_rows: int = 1,
 ) -> Iterator[InputBatch]:
-    """Samples of ``items`` through a shuffle buffer of ``capacity``, cut by
-    ``task.batches`` into batches of ``batch_size``. Every block is whole batches but the
-    last; its smaller batch is moved to the end, so only the stream's last batch is short."""
-    buffer = ShuffleBuffer(capacity, buffer_rng)
+    """Samples of ``items`` (each at most ``piece_rows`` samples) through a shuffle buffer
+    of ``capacity``, cut by ``task.batches`` into batches of ``batch_size``. Every block is
+    whole batches but the last; its smaller batch is moved to the end, so only the stream's
+    last batch is short."""
+    buffer = ShuffleBuffer(capacity, buffer_rng, piece_rows)
     block = block_size(capacity, batch_size)
 
     def cut_block(arrays: list[np.ndarray]) -> Iterator[InputBatch]:
@@ -796,6 +807,7 @@ class SnapshotData(TrainingData):
                     self.settings.shuffle_buffer,
                     np.random.default_rng([*seed, epoch, 0, BUFFER]),
                     np.random.default_rng([*seed, epoch, 0]),
+                    self.settings.piece_rows,
                 )
         finally:
             reader.close()
@@ -841,6 +853,7 @@ class ArrayData(TrainingData):
                 max(1, self.rows),
                 np.random.default_rng([*seed, epoch, 0, BUFFER]),
                 np.random.default_rng([*seed, epoch, 0]),
+                self.rows,
             )
 
 

@@ -306,6 +306,7 @@ class Inputs:
             self.settings.shuffle_buffer,
             np.random.default_rng([self.seed, epoch, self.rank, stream.BUFFER]),
             rng,
+            self.settings.piece_rows,
         )
 
     def probe(self, limit: int) -> float:
