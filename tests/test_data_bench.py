@@ -27,7 +27,7 @@ def test_quick_run_prints_its_line_and_keeps_old_shards_and_splits(tmp_path: Pat
     report = tmp_path / "report.json"
     proc = subprocess.run(
         [sys.executable, "bench/data_bench.py", "--quick", "--sizes", "100", "200",
-         "--steps", "ingest", "--workers", "1", "--repeats", "1", "--train-steps", "1",
+         "--steps", "ingest", "--workers", "1", "--repeats", "2", "--train-steps", "1",
          "--batch-size", "4", "--train-memory-epochs", "2", "--cache-dir", str(tmp_path / "cache"),
          "--json", str(report)],
         cwd=REPO, capture_output=True, text=True, timeout=600,
@@ -46,6 +46,9 @@ def test_quick_run_prints_its_line_and_keeps_old_shards_and_splits(tmp_path: Pat
     assert all(doc["runs"][n]["ingest"]["max_rss_mb"] > 0 for n in ("100", "200"))
     inc = doc["incremental"]
     assert inc["images_full"] == 200 and inc["images_added"] == 20  # 2 new per class
+    # two rounds from scratch (--repeats): the ratios are medians, the checks hold in each
+    assert inc["rounds"] == 2 and all(len(v) == 2 for v in inc["by_round"].values())
+    assert min(inc["by_round"]["rerun_s"]) <= inc["rerun_s"] <= max(inc["by_round"]["rerun_s"])
     assert inc["old_shards"] > 0 and inc["old_shards_changed"] == []
     assert inc["shards_identical"] is True
     assert inc["old_samples_moved"] == {"train": 0, "val": 0, "test": 0}

@@ -46,7 +46,9 @@ folder per resolution, and one folder per size made of hard links to its first i
    linking the first N images is ingested in full (timed as in 2.), then +10% new images
    arrive as a new dated sub-folder per class (``<class>/2026-12-03/*.jpg``) and ingest runs
    again into the SAME output directory (unchanged units reuse their shards).
-   ``incremental_ingest`` = time(incremental) / time(full). The bench asserts (and prints)
+   ``incremental_ingest`` = time(incremental) / time(full), and ``rerun_no_change`` =
+   time(rerun with nothing changed) / time(full): the medians of ``--repeats`` rounds, each
+   from scratch. The bench asserts (and prints), in every round,
    that every shard of the old snapshot is in the new one under the same path with the same
    sha256, its bytes hashed again, and that every old sample (key) is in the same split.
 5. ``--big``: 100,000 RGB 224x224 images (not in CI, not by default): ingest and validate

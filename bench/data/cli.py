@@ -57,7 +57,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="ingest.workers and the decode pool's processes",
     )
     parser.add_argument("--batch-size", type=int, default=32, help="train.batch_size")
-    parser.add_argument("--repeats", type=int, default=3, help="ingest/decode rounds")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="ingest/decode rounds, and incremental rounds (each from scratch; medians)",
+    )
     parser.add_argument("--train-steps", type=int, default=20, help="timed resnet18 steps")
     parser.add_argument("--throughput-size", type=int, help="default: the largest size")
     parser.add_argument("--reader-size", type=int, help="default: 8000 (or the largest below)")

@@ -191,11 +191,12 @@ def scenario_train_vs_memory(b: Bench) -> dict[str, Any]:
 
 
 def scenario_incremental(b: Bench) -> dict[str, Any]:
-    """Incremental ingest: +10% new files, into the same output directory."""
-    log.info("incremental ingest, %d images + 10%%:", b.incremental_n)
+    """Incremental ingest: +10% new files, into the same output directory (``repeats``
+    rounds from scratch, the medians)."""
+    log.info("incremental ingest, %d images + 10%%, %d round(s):", b.incremental_n, b.repeats)
     return incremental(
         b.gen, b.cache / "scratch" / "incremental", b.incremental_n, b.args.workers,
-        b.args.batch_size, b.sets,
+        b.args.batch_size, b.sets, b.repeats,
     )  # fmt: skip
 
 
