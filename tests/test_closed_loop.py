@@ -41,7 +41,15 @@ from components.steps.deploy import run as deploy_run
 from components.tracking.registry import Registry, RegistryParams
 from components.tracking.registry import client as mlflow_client
 from pipelines.containers import free_port, mlflow_server
-from tests.conftest import BIN, STAGES, TINY_DIGITS, clone_repo, ran, set_params
+from tests.conftest import (
+    BIN,
+    STAGES,
+    TINY_DIGITS,
+    WIRING_LATENCY_BUDGET,
+    clone_repo,
+    ran,
+    set_params,
+)
 
 NAME = "closed-loop-digits"
 INPUT_RATE = 0.5  # package.model_config.log_input_rate of this test's bundles
@@ -231,7 +239,7 @@ def test_monitor_alarm_retrains_judge_promotes_and_rolls_back_in_containers(
                 "variants": ["fp32"],
                 "golden_samples": 16,
                 "latency_requests": 5,
-                **TINY_DIGITS["serving_image"],
+                **WIRING_LATENCY_BUDGET,
             },
         )
         after = ran(project("dvc", "repro", timing="v1_repro_s"))

@@ -37,7 +37,17 @@ import pytest
 from components.faults.failpoints import ENV as FAILPOINTS
 from components.kernel.step import STEPS
 from components.tracking.registry import TrackingRetry
-from tests.conftest import BIN, REPO, TINY_DIGITS, clone_repo, cmdline, descendants, set_params, sh
+from tests.conftest import (
+    BIN,
+    REPO,
+    TINY_DIGITS,
+    WIRING_LATENCY_BUDGET,
+    clone_repo,
+    cmdline,
+    descendants,
+    set_params,
+    sh,
+)
 
 ALL = os.environ.get("PADDLE_MLOPS_FAULTS") == "all"
 MATRIX_OUT = os.environ.get("PADDLE_MLOPS_FAULTS_MATRIX")
@@ -186,7 +196,7 @@ TINY = {
         "builder": "none",
         "golden_samples": 32,
         "latency_requests": 10,
-        **TINY_DIGITS["serving_image"],
+        **WIRING_LATENCY_BUDGET,
     },
     # a short retry window: the rows that stop the server outlast it on purpose
     "track": {"retry": {"retries": 3, "backoff_s": 1, "timeout_s": 20}},

@@ -114,7 +114,7 @@ def print_measurements(b: Bench, growth: dict[str, float], worst: str | None) ->
     if inc is not None:
         print(
             f"incremental ({inc['images_full']:,} + {inc['images_added']:,} images, median of "
-            f"{inc.get('rounds', 1)}): full "
+            f"{inc['rounds']}): full "
             f"{inc['full_s']:.2f} s, rerun with no change {inc['rerun_s']:.2f} s (units reused "
             f"{inc['rerun_units_reused']}/{inc['old_units']}, snapshot.json identical: "
             f"{inc['rerun_identical']}), incremental {inc['incremental_s']:.2f} s; units "
